@@ -1,0 +1,147 @@
+"""Chained block hashes: the identity of a full block of KV for prefix caching.
+
+The hash of block ``i`` covers the hash of block ``i - 1`` (the parent), the block's token ids
+and the extra keys that change what the KV means: a LoRA/adapter id and a ``cache_salt`` (both
+folded into the root of the chain, so they reach every block) and the multimodal spans that
+overlap the block. Two sequences therefore share block ``i`` only if they agree on every token
+before it and on all of those keys.
+
+Hashes are stable across processes (never Python's salted ``hash()``): the default is sha256,
+collision-resistant; ``blake2b`` is the same strength, and ``xxh3_128`` (when the ``xxhash``
+package is installed) is faster but not collision-resistant.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+BlockHash = bytes
+HashFn = Callable[[bytes], bytes]
+
+# Token ids are serialised as little-endian unsigned 32-bit integers.
+_TOKEN_TYPECODE = "I"
+_TOKEN_BYTES = 4
+
+
+@dataclass(frozen=True)
+class MMSpan:
+    """A multimodal input placed at token positions ``[offset, offset + length)``."""
+
+    content_hash: str
+    offset: int
+    length: int
+
+    def __post_init__(self) -> None:
+        if self.offset < 0 or self.length < 1:
+            raise ValueError(f"multimodal span needs offset >= 0 and length >= 1, got {self}")
+
+
+@dataclass(frozen=True)
+class HashExtraKeys:
+    """Keys besides token ids that decide whether two sequences may share KV."""
+
+    lora_id: str | None = None
+    cache_salt: str | None = None
+    mm_spans: tuple[MMSpan, ...] = ()
+
+
+NO_EXTRA_KEYS = HashExtraKeys()
+
+
+def _sha256(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
+def _blake2b(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=32).digest()
+
+
+def _xxh3_128(data: bytes) -> bytes:
+    import xxhash  # optional dependency, imported only when asked for
+
+    return xxhash.xxh3_128_digest(data)
+
+
+HASH_FUNCTIONS: dict[str, HashFn] = {
+    "sha256": _sha256,
+    "blake2b": _blake2b,
+    "xxh3_128": _xxh3_128,
+}
+
+
+def get_hash_fn(name: str) -> HashFn:
+    """The hash function called ``name``; ValueError names the choices."""
+    try:
+        fn = HASH_FUNCTIONS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown block hash {name!r}; choose one of {', '.join(HASH_FUNCTIONS)}"
+        ) from None
+    if name == "xxh3_128":
+        try:
+            import xxhash  # noqa: F401
+        except ImportError:
+            raise ValueError("block hash 'xxh3_128' needs `pip install xxhash`") from None
+    return fn
+
+
+def root_hash(extra: HashExtraKeys, hash_fn: HashFn = _sha256) -> BlockHash:
+    """The parent hash of block 0: salt and LoRA id live here, so they reach every block."""
+    seed = f"pagedkv-v1\x00lora={extra.lora_id!r}\x00salt={extra.cache_salt!r}".encode()
+    return hash_fn(seed)
+
+
+def _mm_bytes(spans: tuple[MMSpan, ...], start: int, end: int) -> bytes:
+    """The spans overlapping token positions ``[start, end)``, as bytes (empty if none)."""
+    parts = [
+        f"{s.content_hash}@{s.offset}+{s.length}"
+        for s in spans
+        if s.offset < end and s.offset + s.length > start
+    ]
+    return ("\x00mm:" + ";".join(parts)).encode() if parts else b""
+
+
+def token_bytes(token_ids: Sequence[int]) -> bytes:
+    """The serialised token ids, ``_TOKEN_BYTES`` per token (ValueError on a negative id)."""
+    try:
+        return array(_TOKEN_TYPECODE, token_ids).tobytes()
+    except OverflowError:
+        raise ValueError("token ids must be in [0, 2**32)") from None
+
+
+def hash_blocks(
+    token_ids: Sequence[int],
+    block_size: int,
+    parent: BlockHash,
+    first_block: int = 0,
+    num_blocks: int | None = None,
+    extra: HashExtraKeys = NO_EXTRA_KEYS,
+    hash_fn: HashFn = _sha256,
+) -> list[BlockHash]:
+    """Chained hashes of full blocks ``first_block, first_block + 1, ...`` of ``token_ids``.
+
+    ``parent`` is the hash of block ``first_block - 1`` (or ``root_hash(extra)`` for block 0).
+    Stops at ``num_blocks`` blocks or at the last full block, whichever is first. The bytes of
+    the tokens are built once and sliced per block, which keeps this at one C-level hash call
+    per block.
+    """
+    total_full = len(token_ids) // block_size
+    stop = total_full if num_blocks is None else min(total_full, first_block + num_blocks)
+    if stop <= first_block:
+        return []
+    start_tok = first_block * block_size
+    buf = token_bytes(token_ids[start_tok : stop * block_size])
+    stride = block_size * _TOKEN_BYTES
+    spans = extra.mm_spans
+    hashes: list[BlockHash] = []
+    for i in range(stop - first_block):
+        chunk = buf[i * stride : (i + 1) * stride]
+        if spans:
+            lo = start_tok + i * block_size
+            chunk += _mm_bytes(spans, lo, lo + block_size)
+        parent = hash_fn(parent + chunk)
+        hashes.append(parent)
+    return hashes

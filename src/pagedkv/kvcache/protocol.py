@@ -1,0 +1,159 @@
+"""The contract between the scheduler (or the engine) and a KV cache allocator.
+
+Three allocators implement it: ``PagedAllocator`` (fixed-size blocks, hash-chain prefix cache),
+``RadixAllocator`` (radix tree over token ids, page granular) and ``ReservedAllocator`` (one
+contiguous region of ``max_model_len`` slots per sequence). All of them hand out *slots*
+(``slot = block_table[i // block_size] * block_size + i % block_size``), so any of them can
+drive the real model.
+
+Life of a sequence, as the scheduler sees it::
+
+    hit = alloc.match_prefix(seq)                 # query only; nothing is taken yet
+    ok = alloc.allocate(seq, n, num_cached_tokens=hit)   # first call admits: all or nothing
+    ...                                           # seq.num_computed_tokens = hit
+    alloc.slot_mapping(seq, start, end)           # where the KV of tokens [start, end) goes
+    ok = alloc.allocate(seq, 1)                   # later calls grow by n tokens
+    copies = alloc.fork(seq, child)               # copy-on-write: engine copies (src, dst)
+    alloc.free(seq)                               # blocks return; cached ones stay revivable
+
+Contract shared by every allocator:
+
+* ``allocate`` never allocates partially: it returns ``False`` and changes nothing when the
+  free pool (free blocks plus cached blocks that may be evicted) cannot hold the request.
+* Token ids of the tokens being allocated must already be in ``seq.token_ids``: full blocks are
+  registered in the prefix cache at allocation time. The engine writes every new slot of a step
+  before attention reads any, so a block hit in the same step is already filled when read.
+* Misuse (unknown or freed sequence, double admission, negative counts) raises ``ValueError``
+  and leaves the allocator unchanged.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from pagedkv.kvcache.hashing import HashExtraKeys
+
+
+@runtime_checkable
+class SeqLike(Protocol):
+    """What an allocator reads from a sequence. ``sched.Sequence`` satisfies it."""
+
+    @property
+    def seq_id(self) -> int: ...
+
+    @property
+    def token_ids(self) -> Sequence[int]:
+        """Every token known so far: the prompt, then the generated tokens."""
+        ...
+
+    @property
+    def extra_keys(self) -> HashExtraKeys:
+        """Keys besides the token ids that decide whether KV may be shared (salt, LoRA, media)."""
+        ...
+
+
+@dataclass(frozen=True)
+class KVCacheStats:
+    """A snapshot of one allocator. Slots are token positions; blocks hold ``block_size`` slots.
+
+    ``num_free_blocks + num_used_blocks + num_cached_blocks == num_total_blocks`` always.
+    """
+
+    block_size: int
+    num_total_blocks: int
+    num_free_blocks: int  # hold nothing reusable
+    num_used_blocks: int  # referenced by at least one live sequence
+    num_cached_blocks: int  # referenced by none, but still revivable by a prefix hit
+    num_seqs: int
+    used_slots: int  # tokens stored by live sequences (a shared block counts once per owner)
+    allocated_slots: int  # slots of the blocks live sequences hold (shared blocks once per owner)
+    internal_fragmentation_slots: int  # allocated - used, over the paged tail blocks
+    reserved_unused_slots: int  # reserved-allocator regions beyond what the sequence stored
+    block_table_entries: int  # sum over live sequences of their block-table lengths
+    padded_table_bytes: int  # int32 [num_seqs, max_blocks] export of all live sequences
+    prefix_query_tokens: int  # prompt tokens looked up at admission
+    prefix_hit_tokens: int  # of those, tokens whose KV was reused
+    num_evictions: int  # cached blocks dropped to make room
+
+    @property
+    def num_total_slots(self) -> int:
+        return self.num_total_blocks * self.block_size
+
+    @property
+    def kv_utilization(self) -> float:
+        """Used slots over the whole pool (0..1); shared slots are counted once per owner."""
+        return self.used_slots / self.num_total_slots if self.num_total_blocks else 0.0
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.prefix_hit_tokens / self.prefix_query_tokens if self.prefix_query_tokens else 0.0
+
+
+@runtime_checkable
+class KVAllocator(Protocol):
+    """The allocator contract (see the module docstring for the life of a sequence)."""
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per block (pages for the radix allocator, regions for the reserved one)."""
+        ...
+
+    @property
+    def num_total_blocks(self) -> int: ...
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks an allocation may take now: free ones plus evictable cached ones."""
+        ...
+
+    def match_prefix(self, seq: SeqLike) -> int:
+        """Tokens of ``seq.token_ids`` whose KV is already cached, for a sequence not yet
+        admitted. Never all of them: the last token is always recomputed. Mutates nothing."""
+        ...
+
+    def allocate(self, seq: SeqLike, num_new_tokens: int, num_cached_tokens: int = 0) -> bool:
+        """Give ``seq`` slots for ``num_new_tokens`` more tokens, or return False and change
+        nothing. On the first call for a sequence, ``num_cached_tokens`` must be the value
+        ``match_prefix`` just returned (or less, a multiple of ``block_size``); those blocks are
+        shared and the new slots start after them."""
+        ...
+
+    def free(self, seq: SeqLike) -> None:
+        """Release every block of ``seq``. Full blocks stay in the prefix cache until evicted."""
+        ...
+
+    def fork(self, parent: SeqLike, child: SeqLike) -> list[tuple[int, int]] | None:
+        """Admit ``child`` holding the same tokens as ``parent``: full blocks are shared by
+        reference count, the partial tail is copied into a fresh block. Returns the
+        ``(src_block, dst_block)`` copies the engine must apply before the next forward pass, or
+        None (nothing changed) when no block is free for the copy."""
+        ...
+
+    def num_tokens(self, seq: SeqLike) -> int:
+        """Tokens of ``seq`` that have slots."""
+        ...
+
+    def block_table(self, seq: SeqLike) -> Sequence[int]:
+        """The block ids of ``seq`` in logical order. A read-only view: do not keep it across
+        calls that mutate the allocator."""
+        ...
+
+    def slot_mapping(self, seq: SeqLike, start: int, end: int) -> list[int]:
+        """Slots of tokens ``[start, end)`` of ``seq``; ``end <= num_tokens(seq)``."""
+        ...
+
+    def block_tables(
+        self, seqs: Sequence[SeqLike], max_blocks: int | None = None
+    ) -> tuple[array, int]:
+        """Row-major int32 ``[len(seqs), width]`` block tables padded with the null block 0,
+        and ``width`` (``max_blocks`` or the longest table). A fresh array the caller may keep."""
+        ...
+
+    def stats(self) -> KVCacheStats: ...
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError if any bookkeeping invariant is broken."""
+        ...
