@@ -94,7 +94,7 @@ def root_hash(extra: HashExtraKeys, hash_fn: HashFn = _sha256) -> BlockHash:
     return hash_fn(seed)
 
 
-def _mm_bytes(spans: tuple[MMSpan, ...], start: int, end: int) -> bytes:
+def mm_span_bytes(spans: tuple[MMSpan, ...], start: int, end: int) -> bytes:
     """The spans overlapping token positions ``[start, end)``, as bytes (empty if none)."""
     parts = [
         f"{s.content_hash}@{s.offset}+{s.length}"
@@ -141,7 +141,7 @@ def hash_blocks(
         chunk = buf[i * stride : (i + 1) * stride]
         if spans:
             lo = start_tok + i * block_size
-            chunk += _mm_bytes(spans, lo, lo + block_size)
+            chunk += mm_span_bytes(spans, lo, lo + block_size)
         parent = hash_fn(parent + chunk)
         hashes.append(parent)
     return hashes

@@ -1,0 +1,233 @@
+"""``PagedAllocator``: fixed-size blocks with a hash-chain prefix cache (vLLM style).
+
+Any block size >= 1. Full blocks are registered in the pool's hash index when they fill; a new
+sequence reuses the longest chain of cached full blocks (never its last token, so that logits
+exist). Freed blocks keep their hash and are evicted lazily, least recently freed first.
+"""
+
+from __future__ import annotations
+
+from pagedkv.kvcache.block_pool import BlockPool
+from pagedkv.kvcache.block_table import BlockTableAllocator, SeqBlocks, ceil_div
+from pagedkv.kvcache.hashing import BlockHash, HashExtraKeys, get_hash_fn, hash_blocks, root_hash
+from pagedkv.kvcache.protocol import KVCacheStats, SeqLike
+
+
+class PagedAllocator(BlockTableAllocator):
+    """``num_blocks`` blocks of ``block_size`` tokens (block 0 is the null block)."""
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        prefix_caching: bool = True,
+        hash_algorithm: str = "sha256",
+    ) -> None:
+        self.pool = BlockPool(num_blocks, block_size)  # validates both numbers
+        super().__init__(block_size)
+        self.prefix_caching = prefix_caching
+        self._hash_fn = get_hash_fn(hash_algorithm)
+        self._roots: dict[HashExtraKeys, BlockHash] = {}
+        # The hashes computed by the last match_prefix, reused by the admission right after it.
+        self._last_match: tuple[int, int, HashExtraKeys, list[BlockHash]] | None = None
+
+    @property
+    def num_total_blocks(self) -> int:
+        return self.pool.num_usable_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free
+
+    # -- prefix cache ----------------------------------------------------------------------
+
+    def _root(self, extra: HashExtraKeys) -> BlockHash:
+        root = self._roots.get(extra)
+        if root is None:
+            root = self._roots[extra] = root_hash(extra, self._hash_fn)
+        return root
+
+    def _prompt_hashes(self, seq: SeqLike) -> list[BlockHash]:
+        """Chain hashes of every full block of ``seq.token_ids`` (cached for one sequence)."""
+        n = len(seq.token_ids)
+        extra = seq.extra_keys
+        last = self._last_match
+        if last is not None and last[0] == seq.seq_id and last[1] == n and last[2] == extra:
+            return last[3]
+        hashes = hash_blocks(
+            seq.token_ids, self._block_size, self._root(extra), extra=extra, hash_fn=self._hash_fn
+        )
+        self._last_match = (seq.seq_id, n, extra, hashes)
+        return hashes
+
+    def match_prefix(self, seq: SeqLike) -> int:
+        if not self.prefix_caching or seq.seq_id in self._seqs:
+            return 0
+        max_blocks = (len(seq.token_ids) - 1) // self._block_size
+        cached = self.pool.cached
+        num_hit = 0
+        for h in self._prompt_hashes(seq)[:max_blocks]:
+            if h not in cached:
+                break
+            num_hit += 1
+        return num_hit * self._block_size
+
+    # -- allocation ------------------------------------------------------------------------
+
+    def allocate(self, seq: SeqLike, num_new_tokens: int, num_cached_tokens: int = 0) -> bool:
+        st = self._seqs.get(seq.seq_id)
+        if st is None:
+            return self._admit(seq, num_new_tokens, num_cached_tokens)
+        if num_cached_tokens:
+            raise ValueError(f"sequence {seq.seq_id} is already admitted; num_cached_tokens=0")
+        self._check_count("num_new_tokens", num_new_tokens)
+        total = st.num_tokens + num_new_tokens
+        bs = self._block_size
+        self._check_known_tokens(seq, total)
+        need = ceil_div(total, bs) - len(st.block_ids)
+        if need > 0:
+            if need > self.pool.num_free:
+                return False
+            st.block_ids.extend(self.pool.take(need))
+        st.num_tokens = total
+        if self.prefix_caching and total // bs > len(st.block_hashes):
+            self._register_full_blocks(seq, st)
+        return True
+
+    def _admit(self, seq: SeqLike, num_new_tokens: int, num_cached_tokens: int) -> bool:
+        self._check_count("num_new_tokens", num_new_tokens)
+        self._check_count("num_cached_tokens", num_cached_tokens)
+        bs = self._block_size
+        total = num_cached_tokens + num_new_tokens
+        self._check_known_tokens(seq, total)
+        if num_cached_tokens % bs or (
+            num_cached_tokens and num_cached_tokens >= len(seq.token_ids)
+        ):
+            raise ValueError(
+                f"num_cached_tokens={num_cached_tokens} must be a multiple of block_size={bs} "
+                "below the number of tokens, as returned by match_prefix"
+            )
+        if num_cached_tokens and not self.prefix_caching:
+            raise ValueError("num_cached_tokens must be 0 when prefix caching is off")
+        num_hit = num_cached_tokens // bs
+        hashes = self._prompt_hashes(seq) if self.prefix_caching else []
+        hit_ids: list[int] = []
+        refs = self.pool.ref_counts
+        num_revived = 0
+        for h in hashes[:num_hit]:
+            b = self.pool.lookup(h)
+            if b is None:
+                raise ValueError(
+                    f"sequence {seq.seq_id}: the prefix match is stale (a cached block was "
+                    "evicted); call match_prefix again right before allocate"
+                )
+            hit_ids.append(b)
+            num_revived += refs[b] == 0
+        need = ceil_div(total, bs) - num_hit
+        if need + num_revived > self.pool.num_free:
+            return False
+        self.pool.share(hit_ids)
+        hit_ids.extend(self.pool.take(need))
+        st = SeqBlocks(hit_ids, total)
+        st.block_hashes = hashes[:num_hit]
+        self._seqs[seq.seq_id] = st
+        self._prefix.query_tokens += len(seq.token_ids)
+        self._prefix.hit_tokens += num_cached_tokens
+        self._last_match = None
+        if self.prefix_caching and total // bs > num_hit:
+            self._register_full_blocks(seq, st, hashes)
+        return True
+
+    def _register_full_blocks(
+        self, seq: SeqLike, st: SeqBlocks, known: list[BlockHash] | None = None
+    ) -> None:
+        """Hash the blocks of ``st`` that became full and enter them in the index."""
+        first = len(st.block_hashes)
+        num_full = st.num_tokens // self._block_size
+        if known is not None and len(known) >= num_full:
+            new = known[first:num_full]
+        else:
+            parent = st.block_hashes[-1] if st.block_hashes else self._root(seq.extra_keys)
+            new = hash_blocks(
+                seq.token_ids,
+                self._block_size,
+                parent,
+                first_block=first,
+                num_blocks=num_full - first,
+                extra=seq.extra_keys,
+                hash_fn=self._hash_fn,
+            )
+        ids = st.block_ids
+        set_hash = self.pool.set_hash
+        for i, h in enumerate(new, start=first):
+            set_hash(ids[i], h)
+        st.block_hashes.extend(new)
+
+    def free(self, seq: SeqLike) -> None:
+        st = self._state(seq)
+        del self._seqs[seq.seq_id]
+        self.pool.release(reversed(st.block_ids))  # tail first: evicted before the head
+
+    def fork(self, parent: SeqLike, child: SeqLike) -> list[tuple[int, int]] | None:
+        st = self._state(parent)
+        self._check_new(child)
+        n = st.num_tokens
+        if list(child.token_ids[:n]) != list(parent.token_ids[:n]):
+            raise ValueError(f"fork: child {child.seq_id} does not start with the parent's tokens")
+        if child.extra_keys != parent.extra_keys:
+            raise ValueError("fork: child and parent must have the same extra keys")
+        num_full = n // self._block_size
+        partial = num_full < len(st.block_ids)
+        if partial and self.pool.num_free < 1:
+            return None
+        shared = st.block_ids[:num_full]
+        self.pool.share(shared)
+        copies: list[tuple[int, int]] = []
+        ids = list(shared)
+        if partial:
+            (dst,) = self.pool.take(1)
+            copies.append((st.block_ids[-1], dst))
+            ids.append(dst)
+        new = SeqBlocks(ids, n)
+        new.block_hashes = list(st.block_hashes)
+        self._seqs[child.seq_id] = new
+        return copies
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached (unreferenced) block; returns how many were dropped."""
+        return self.pool.evict_all_cached()
+
+    # -- inspection ------------------------------------------------------------------------
+
+    def stats(self) -> KVCacheStats:
+        used, allocated, entries, table_bytes = self._slot_totals()
+        pool = self.pool
+        return KVCacheStats(
+            block_size=self._block_size,
+            num_total_blocks=pool.num_usable_blocks,
+            num_free_blocks=pool.num_free - pool.num_cached_free,
+            num_used_blocks=pool.num_usable_blocks - pool.num_free,
+            num_cached_blocks=pool.num_cached_free,
+            num_seqs=len(self._seqs),
+            used_slots=used,
+            allocated_slots=allocated,
+            internal_fragmentation_slots=allocated - used,
+            reserved_unused_slots=0,
+            block_table_entries=entries,
+            padded_table_bytes=table_bytes,
+            prefix_query_tokens=self._prefix.query_tokens,
+            prefix_hit_tokens=self._prefix.hit_tokens,
+            num_evictions=pool.num_evictions,
+        )
+
+    def check_invariants(self) -> None:
+        self.pool.check_invariants()
+        self._check_tables(self.pool.ref_counts)
+        referenced = {b for st in self._seqs.values() for b in st.block_ids}
+        in_use = sum(1 for b in range(1, self.pool.num_blocks) if self.pool.ref_counts[b] > 0)
+        assert in_use == len(referenced), "a block is in use that no sequence holds"
+        s = self.stats()
+        assert s.num_free_blocks + s.num_used_blocks + s.num_cached_blocks == s.num_total_blocks
+        bs = self._block_size
+        for sid, st in self._seqs.items():
+            assert len(st.block_hashes) <= st.num_tokens // bs, f"seq {sid}: hashed a partial block"

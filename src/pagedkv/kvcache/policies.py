@@ -1,0 +1,90 @@
+"""Framework policies as data: each preset names an allocator, a block size and a prefix mode.
+
+The simulator and the engine both build their allocator here, so a simulated ``vllm`` run and an
+engine run with ``--policy vllm`` page memory the same way. The block sizes are the ones the
+first article tabulates for each framework's default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from pagedkv.kvcache.paged import PagedAllocator
+from pagedkv.kvcache.protocol import KVAllocator
+from pagedkv.kvcache.radix import RadixAllocator
+from pagedkv.kvcache.reserved import ReservedAllocator
+
+AllocatorKind = Literal["paged", "radix", "reserved"]
+ALLOCATOR_KINDS: tuple[str, ...] = ("paged", "radix", "reserved")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How a framework pages its KV cache. ``block_size`` is None for ``reserved`` (one region
+    of ``max_model_len`` slots per sequence)."""
+
+    name: str
+    allocator: AllocatorKind
+    block_size: int | None
+    prefix_caching: bool
+    description: str
+
+    def __post_init__(self) -> None:
+        if self.allocator not in ALLOCATOR_KINDS:
+            raise ValueError(f"unknown allocator {self.allocator!r}; one of {ALLOCATOR_KINDS}")
+        if self.block_size is not None and self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+
+    def with_block_size(self, block_size: int | None) -> Policy:
+        """The same policy at another block size (``None`` keeps the preset's)."""
+        if block_size is None or self.allocator == "reserved":
+            return self
+        return replace(self, name=f"{self.name}@{block_size}", block_size=block_size)
+
+
+POLICIES: dict[str, Policy] = {
+    p.name: p
+    for p in (
+        Policy("vllm", "paged", 16, True, "paged blocks of 16, full-block hash-chain prefix cache"),
+        Policy("sglang", "radix", 1, True, "radix tree over tokens, page size 1, LRU leaves"),
+        Policy("trtllm", "paged", 64, True, "paged blocks of 64, full-block reuse"),
+        Policy("llamacpp", "paged", 1, False, "token cells, no cross-request prefix cache"),
+        Policy("deepinfer", "paged", 128, False, "paged blocks of 128, sharing by explicit fork"),
+        Policy("reserved", "reserved", None, False, "one contiguous max_model_len region each"),
+    )
+}
+
+
+def get_policy(name: str) -> Policy:
+    """A preset by name, or ``KIND:B`` for an explicit combination (``paged:32``,
+    ``radix:16``, ``paged-nocache:8``); ValueError lists the choices."""
+    if name in POLICIES:
+        return POLICIES[name]
+    kind, sep, size = name.partition(":")
+    caching = not kind.endswith("-nocache")
+    kind = kind.removesuffix("-nocache")
+    if sep and kind in ("paged", "radix") and size.isdigit() and int(size) >= 1:
+        return Policy(name, kind, int(size), caching, f"explicit {kind} allocator, block {size}")
+    raise ValueError(
+        f"unknown policy {name!r}; presets: {', '.join(POLICIES)}; "
+        "or KIND:B with KIND in paged, paged-nocache, radix and B >= 1"
+    )
+
+
+def build_allocator(
+    policy: Policy | str, num_slots: int, max_model_len: int, block_size: int | None = None
+) -> KVAllocator:
+    """An allocator over a pool of ``num_slots`` token slots. ``block_size`` overrides the
+    preset's (ignored for ``reserved``). A pool of less than two blocks is a ValueError."""
+    if isinstance(policy, str):
+        policy = get_policy(policy)
+    policy = policy.with_block_size(block_size)
+    if policy.allocator == "reserved":
+        return ReservedAllocator(num_slots, max_model_len)
+    assert policy.block_size is not None
+    if policy.allocator == "radix":
+        return RadixAllocator(num_slots, page_size=policy.block_size)
+    return PagedAllocator(
+        num_slots // policy.block_size, policy.block_size, prefix_caching=policy.prefix_caching
+    )
