@@ -14,7 +14,9 @@ from collections.abc import Sequence
 from pagedkv import __version__
 
 # The order here is the order in `pagedkv --help`.
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = (
+    "pagedkv.commands.plan",
+)
 
 
 class UsageError(Exception):

@@ -1,0 +1,198 @@
+"""`pagedkv plan`: for my model, GPU and workload, which block size, and what does each cost?
+
+A thin edge: parse and validate the arguments (every bad value is one error line, exit 2),
+build a ``KVLayout`` and a ``Workload``, call ``pagedkv.planner.plan.build_plan``, then print a
+rich table or JSON, and optionally a plot. Numbers are parsed here, not by argparse, so that a
+bad value is reported as one line naming the option.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+
+from pagedkv.cli import UsageError
+
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}  # fmt: skip
+
+
+def parse_bytes(option: str, text: str) -> int:
+    """'58GiB' -> 62277025792, '80GB' -> 8e10, '4096' -> 4096 (bare numbers are bytes)."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _SIZE_UNITS:
+        raise UsageError(f"{option}: expected a size such as 58GiB, 80GB or 4096, got {text!r}")
+    return round(float(match.group(1)) * _SIZE_UNITS[unit])
+
+
+def parse_tokens(option: str, text: str) -> int:
+    """'6144' -> 6144; '32k' -> 32768 (k = 1024 tokens, as '32k context' is usually meant)."""
+    match = re.fullmatch(r"\s*([0-9]+)\s*([kK]?)\s*", text)
+    if match is None:
+        raise UsageError(f"{option}: expected a whole number of tokens (or e.g. 32k), got {text!r}")
+    return int(match.group(1)) * (1024 if match.group(2) else 1)
+
+
+def parse_int_list(option: str, text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise UsageError(f"{option}: expected comma-separated integers, got {text!r}") from None
+    if not values:
+        raise UsageError(f"{option}: give at least one value")
+    return values
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "plan",
+        help="price every block size for a model and workload; recommend one",
+        description=(
+            "Compute the four ledgers of the KV block size (block table, internal "
+            "fragmentation, prefix reuse, hard constraints) and W(B); recommend the allowed "
+            "block size with the least waste. MB = 10^6 bytes, KiB = 1024 bytes."
+        ),
+    )
+    model = p.add_argument_group("model (one of)")
+    model.add_argument("--model", help="preset name, config.json (or its folder), or .gguf")
+    model.add_argument("--record-bytes", metavar="C", help="KV bytes per token, all layers")
+    model.add_argument("--kv-dtype", help="fp32, fp16, bf16, fp8, mxfp8, fp4 (default: model's)")
+    work = p.add_argument_group("workload (parameters or --trace)")
+    work.add_argument("--num-seqs", metavar="K", help="live sequences at once (required)")
+    work.add_argument("--mean-len", metavar="L", help="mean sequence length, tokens (32k = 32768)")
+    work.add_argument("--max-len", metavar="L_MAX", help="longest sequence, tokens")
+    work.add_argument("--prefix-len", metavar="P", help="shared prefix length, tokens")
+    work.add_argument("--prefix-range", metavar="A:B", help="P uniform over integers A..B")
+    work.add_argument("--prefix-hits", metavar="H", help="prefix hits (default: K with a prefix)")
+    work.add_argument("--trace", metavar="FILE", help="Azure CSV or Mooncake JSONL trace")
+    p.add_argument("--block-sizes", default="1,8,16,32,64,128", help="candidates (tokens)")
+    p.add_argument("--backend", default="torch-sdpa", help="attention backend (hard limits)")
+    p.add_argument("--alignment-bytes", default="128", help="block base alignment reported")
+    p.add_argument("--swap-bytes", default="1GiB", help="KV volume priced in block transfers")
+    mem = p.add_argument_group("memory budget (optional): --memory, or --gpu-memory minus the rest")
+    mem.add_argument("--memory", metavar="SIZE", help="KV pool size, e.g. 58GiB")
+    mem.add_argument("--gpu-memory", metavar="SIZE", help="device memory, e.g. 80GiB")
+    mem.add_argument("--weights", metavar="SIZE", help="weight bytes (default: the model's)")
+    mem.add_argument("--activations", metavar="SIZE", default="0", help="activation bytes")
+    mem.add_argument("--overhead", metavar="SIZE", default="0", help="other reserved bytes")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.add_argument("--plot", metavar="FILE.png", help="also write the plot (matplotlib)")
+    p.set_defaults(func=run)
+
+
+def _layout(args: argparse.Namespace):
+    from pagedkv.planner.layout import layout_from_record_bytes, load_layout
+
+    if (args.model is None) == (args.record_bytes is None):
+        raise UsageError("give exactly one of --model PRESET|config.json and --record-bytes C")
+    if args.model is not None:
+        return load_layout(args.model, kv_dtype=args.kv_dtype)
+    record_bytes = parse_bytes("--record-bytes", args.record_bytes)
+    if record_bytes < 1:
+        raise UsageError(f"--record-bytes must be >= 1, got {record_bytes}")
+    return layout_from_record_bytes(record_bytes)
+
+
+def _prefixes(args: argparse.Namespace) -> tuple[int, ...]:
+    if args.prefix_len is not None and args.prefix_range is not None:
+        raise UsageError("give --prefix-len or --prefix-range, not both")
+    if args.prefix_len is not None:
+        return (parse_tokens("--prefix-len", args.prefix_len),)
+    if args.prefix_range is not None:
+        parts = args.prefix_range.split(":")
+        if len(parts) != 2:
+            raise UsageError(f"--prefix-range: expected A:B, got {args.prefix_range!r}")
+        low, high = (parse_tokens("--prefix-range", part) for part in parts)
+        if not 0 < low <= high:
+            raise UsageError(f"--prefix-range: need 0 < A <= B, got {args.prefix_range!r}")
+        return tuple(range(low, high + 1))
+    return ()
+
+
+def _workload(args: argparse.Namespace):
+    from pagedkv.planner.workload import Workload, load_trace
+
+    if args.num_seqs is None:
+        raise UsageError("give --num-seqs K (live sequences at once)")
+    num_seqs = parse_tokens("--num-seqs", args.num_seqs)
+    hits = None if args.prefix_hits is None else parse_tokens("--prefix-hits", args.prefix_hits)
+    if args.trace is not None:
+        if any(v is not None for v in (args.mean_len, args.max_len, args.prefix_len)):
+            raise UsageError(
+                "--trace gives the lengths and prefixes: drop --mean-len/--max-len/--prefix-len"
+            )
+        return load_trace(args.trace).to_workload(num_seqs, hits)
+    prefixes = _prefixes(args)
+    if hits is None:
+        hits = num_seqs if prefixes else 0  # every live sequence carries the shared prefix
+    mean_len = None if args.mean_len is None else parse_tokens("--mean-len", args.mean_len)
+    max_len = None if args.max_len is None else parse_tokens("--max-len", args.max_len)
+    return Workload.from_parameters(num_seqs, mean_len, max_len, prefixes, hits)
+
+
+def _pool_bytes(args: argparse.Namespace, layout) -> int | None:
+    if args.memory is not None and args.gpu_memory is not None:
+        raise UsageError("give --memory (the KV pool) or --gpu-memory, not both")
+    if args.memory is not None:
+        return parse_bytes("--memory", args.memory)
+    if args.gpu_memory is None:
+        return None
+    if args.weights is not None:
+        weights = parse_bytes("--weights", args.weights)
+    elif layout.weight_bytes is not None:
+        weights = layout.weight_bytes
+    else:
+        raise UsageError(
+            "--gpu-memory needs --weights SIZE: the model's parameter count is unknown"
+        )
+    pool = parse_bytes("--gpu-memory", args.gpu_memory) - weights
+    pool -= parse_bytes("--activations", args.activations) + parse_bytes(
+        "--overhead", args.overhead
+    )
+    if pool < 1:
+        raise UsageError(f"no memory left for the KV pool ({pool} bytes after weights etc.)")
+    return pool
+
+
+def run(args: argparse.Namespace) -> int:
+    from pagedkv.planner.constraints import resolve_block_size
+    from pagedkv.planner.plan import build_plan
+    from pagedkv.planner.report import plan_to_json, render_plan
+
+    layout = _layout(args)
+    workload = _workload(args)
+    plan = build_plan(
+        layout,
+        workload,
+        block_sizes=parse_int_list("--block-sizes", args.block_sizes),
+        backend=args.backend,
+        pool_bytes=_pool_bytes(args, layout),
+        swap_bytes=parse_bytes("--swap-bytes", args.swap_bytes),
+        alignment_bytes=max(1, parse_bytes("--alignment-bytes", args.alignment_bytes)),
+    )
+    log_line = None
+    if plan.recommended_block_size is not None:
+        log_line = resolve_block_size(plan.recommended_block_size, plan.backend, layout).log_line()
+    if args.plot:
+        from pagedkv.planner.plot import save_plan_plot
+
+        save_plan_plot(plan, args.plot)
+    if args.json:
+        json.dump(plan_to_json(plan, log_line), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        from rich.console import Console
+
+        console = Console()
+        if not console.is_terminal:  # piped: do not squeeze the table into 80 columns
+            console = Console(width=132)
+        render_plan(plan, console, log_line)
+        if args.plot:
+            print(f"plot written to {args.plot}")
+    return 0

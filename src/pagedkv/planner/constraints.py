@@ -1,0 +1,203 @@
+"""Hard constraints on the block size, its resolution at start-up, and the page-format fingerprint.
+
+The article's fourth ledger: attention kernels fix the page size (FlashMLA only 64, FA4 128,
+...), block bases may need an alignment, and a kernel that forms ``block_id * block_bytes`` in
+int32 limits the pool. ``resolve_block_size`` turns a user value into the value used, recording
+every rewrite with its reason ("the log line is the truth"). ``PageFormat`` travels with any
+exported KV; two processes whose formats differ refuse to share KV.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+from pagedkv.planner.layout import KVLayout, int32_max_pool_blocks, is_aligned
+
+ANY_BLOCK_SIZE: tuple[int, ...] = ()  # empty = every block size >= 1 is accepted
+
+
+@dataclass(frozen=True)
+class Backend:
+    """An attention backend's page contract.
+
+    ``allowed_block_sizes`` (empty = any >= 1); ``fallback_block_size`` is what an out-of-set
+    request is rewritten to; ``layouts`` are the attention kinds the kernel reads ("explicit"
+    layouts, known only by record bytes, are always admitted); ``alignment_bytes`` applies to
+    each layer's block base; ``int32_offsets`` says the kernel forms byte offsets in int32.
+    """
+
+    name: str
+    default_block_size: int
+    allowed_block_sizes: tuple[int, ...] = ANY_BLOCK_SIZE
+    fallback_block_size: int | None = None
+    layouts: tuple[str, ...] = ("mha", "mla")
+    alignment_bytes: int = 1
+    int32_offsets: bool = False
+    note: str = ""
+
+    def allows(self, block_size: int) -> bool:
+        """Whether the kernel accepts this block size (alignment and offsets not included)."""
+        if block_size < 1:
+            return False
+        return not self.allowed_block_sizes or block_size in self.allowed_block_sizes
+
+
+_MLA = ("mla",)
+# The article's table (SGLang's backend page constraints, vLLM's platform rules, DeepInfer's
+# model metadata), plus pagedkv's own backends, which index pages in Python/torch with int64.
+BACKENDS: dict[str, Backend] = {
+    b.name: b
+    for b in (
+        Backend("torch-sdpa", 16, note="pagedkv paged attention (gather + SDPA): any B >= 1"),
+        Backend("torch-sdpa-reserved", 16, note="pagedkv contiguous max_len baseline"),
+        Backend("flashmla", 64, (64,), 64, _MLA, note="FlashMLA: only 64"),
+        Backend("trtllm-mla", 64, (32, 64), 64, _MLA, note="TRT-LLM MLA: 32/64"),
+        Backend("tokenspeed-mla", 64, (32, 64), 64, _MLA, note="tokenspeed_mla: 32/64"),
+        Backend("cutedsl-mla", 64, (32, 64), 64, _MLA, note="CuteDSL MLA: 32/64"),
+        Backend("trtllm-mha", 64, (16, 32, 64, 128), 64, ("mha",), note="TRT-LLM MHA"),
+        Backend("hpc-ops", 64, (64,), 64, note="HPC-Ops: only 64"),
+        Backend("fa4", 128, (128,), 128, ("mha",), note="FA4 (non-MLA): 128"),
+        Backend("vllm", 16, (1, 8, 16, 32, 64, 128), 16, note="vLLM CacheConfig BlockSize set"),
+        Backend(
+            "deepinfer", 128, (128,), 128, alignment_bytes=128, note="fixed 128, 128 B aligned"
+        ),
+    )
+}
+
+
+def get_backend(name: str) -> Backend:
+    """The backend called ``name``; ValueError naming the known ones if none."""
+    if name not in BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r} (known: {', '.join(BACKENDS)})")
+    return BACKENDS[name]
+
+
+def constraint_violations(
+    block_size: int, backend: Backend, layout: KVLayout, num_blocks: int | None = None
+) -> list[str]:
+    """Why ``block_size`` breaks a hard constraint (empty list: it is allowed)."""
+    reasons: list[str] = []
+    if not backend.allows(block_size):
+        sizes = "/".join(map(str, backend.allowed_block_sizes)) or "any >= 1"
+        reasons.append(f"{backend.name} supports block sizes {sizes} only")
+    if layout.attention != "explicit" and layout.attention not in backend.layouts:
+        reasons.append(f"{backend.name} does not read {layout.attention.upper()} layouts")
+    layer_block_bytes = layout.layer_record_bytes * max(block_size, 1)
+    if not is_aligned(layer_block_bytes, backend.alignment_bytes):
+        reasons.append(
+            f"block bytes per layer {layer_block_bytes} are not a multiple of "
+            f"the {backend.alignment_bytes}-byte base alignment"
+        )
+    if backend.int32_offsets and num_blocks is not None:
+        limit = int32_max_pool_blocks(layer_block_bytes)
+        if num_blocks > limit:
+            reasons.append(f"{num_blocks} blocks overflow int32 byte offsets (max {limit})")
+    return reasons
+
+
+@dataclass(frozen=True)
+class BlockSizeResolution:
+    """The block size used and how it was reached: ``rewrites`` are (from, to, reason)."""
+
+    block_size: int
+    backend: str
+    rewrites: list[tuple[int | None, int, str]] = field(default_factory=list)
+
+    def log_line(self) -> str:
+        """The one start-up line that tells the truth about the block size."""
+        if not self.rewrites:
+            return f"block_size={self.block_size} tokens (backend {self.backend})"
+        steps = "; ".join(f"{a} -> {b}: {why}" for a, b, why in self.rewrites)
+        return f"block_size={self.block_size} tokens (backend {self.backend}; {steps})"
+
+
+def resolve_block_size(
+    requested: int | None, backend: str, layout: KVLayout, num_blocks: int | None = None
+) -> BlockSizeResolution:
+    """User value -> default -> backend set -> alignment; returns the value and every rewrite.
+
+    Raises ValueError for ``requested < 1``, an unknown backend, a layout the backend cannot
+    read, or when no allowed block size satisfies the alignment / int32-offset limits.
+    """
+    spec = get_backend(backend)
+    if requested is not None and requested < 1:
+        raise ValueError(f"block_size must be >= 1 token, got {requested}")
+    if layout.attention != "explicit" and layout.attention not in spec.layouts:
+        raise ValueError(f"backend {backend} cannot read the {layout.attention.upper()} layout")
+    rewrites: list[tuple[int | None, int, str]] = []
+    block_size = requested
+    if block_size is None:
+        block_size = spec.default_block_size
+        rewrites.append((None, block_size, f"no block size given: {backend} default"))
+    if not spec.allows(block_size):
+        target = spec.fallback_block_size or spec.default_block_size
+        sizes = "/".join(map(str, spec.allowed_block_sizes))
+        rewrites.append((block_size, target, f"{backend} only supports {sizes}"))
+        block_size = target
+    if constraint_violations(block_size, spec, layout, num_blocks):
+        # Alignment or offsets: take the smallest larger block size the kernel accepts.
+        candidates = spec.allowed_block_sizes or range(block_size + 1, 64 * block_size + 1)
+        for candidate in sorted(c for c in candidates if c > block_size):
+            if spec.allows(candidate) and not constraint_violations(
+                candidate, spec, layout, num_blocks
+            ):
+                why = "; ".join(constraint_violations(block_size, spec, layout, num_blocks))
+                rewrites.append((block_size, candidate, why))
+                block_size = candidate
+                break
+        else:
+            why = "; ".join(constraint_violations(block_size, spec, layout, num_blocks))
+            raise ValueError(f"no block size satisfies backend {backend}: {why}")
+    return BlockSizeResolution(block_size, backend, rewrites)
+
+
+@dataclass(frozen=True)
+class PageFormat:
+    """What a page of KV means: two processes may share KV only if these fields all match."""
+
+    block_size: int
+    attention: str
+    kv_dtype: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    record_bytes: int
+
+    @classmethod
+    def from_layout(cls, layout: KVLayout, block_size: int) -> PageFormat:
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1 token, got {block_size}")
+        return cls(
+            block_size=block_size,
+            attention=layout.attention,
+            kv_dtype=layout.kv_dtype,
+            num_layers=layout.num_layers,
+            num_kv_heads=layout.num_kv_heads,
+            head_dim=layout.head_dim,
+            kv_lora_rank=layout.kv_lora_rank,
+            qk_rope_head_dim=layout.qk_rope_head_dim,
+            record_bytes=layout.record_bytes,
+        )
+
+    def to_dict(self) -> dict[str, int | str]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, int | str]) -> PageFormat:
+        """Inverse of ``to_dict``; unknown or missing keys are errors."""
+        names = {f.name for f in fields(cls)}
+        if set(data) != names:
+            raise ValueError(f"page format keys differ: got {sorted(data)}, need {sorted(names)}")
+        return cls(**data)  # type: ignore[arg-type]
+
+    def check_compatible(self, other: PageFormat) -> None:
+        """Raise ValueError naming both sides of every differing field; return if identical."""
+        diffs = [
+            f"{f.name} {getattr(self, f.name)} here vs {getattr(other, f.name)} there"
+            for f in fields(self)
+            if getattr(self, f.name) != getattr(other, f.name)
+        ]
+        if diffs:
+            raise ValueError("KV page format mismatch: " + "; ".join(diffs))

@@ -1,0 +1,212 @@
+"""One plan: every ledger for every candidate block size, hard constraints, a recommendation.
+
+``build_plan`` is the planner's story: for each B it prices the four ledgers for the workload,
+checks the backend's hard constraints, and recommends the allowed B with the least W(B),
+stating the time ledger (kernel loop iterations) beside it, since W(B) counts bytes only.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from pagedkv.planner import ledgers
+from pagedkv.planner.constraints import constraint_violations, get_backend
+from pagedkv.planner.layout import KVLayout, int32_max_pool_blocks, is_aligned
+from pagedkv.planner.workload import Workload
+
+DEFAULT_BLOCK_SIZES: tuple[int, ...] = (1, 8, 16, 32, 64, 128)
+DEFAULT_SWAP_BYTES = 2**30  # the article's example: evicting 1 GiB of KV
+DEFAULT_ALIGNMENT_BYTES = 128  # reported per row; a hard constraint only where a backend says
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    """Every ledger of one block size (bytes are exact; rounding happens when printed)."""
+
+    block_size: int
+    block_bytes: int
+    layer_block_bytes: int
+    table_entries: float
+    table_bytes: int
+    internal_fragmentation_slots: float
+    internal_fragmentation_bytes: float
+    prefix_reuse_tokens: float
+    prefix_lost_tokens: float
+    prefix_reuse_rate: float
+    prefix_waste_bytes: float
+    total_bytes: float
+    kernel_block_iterations: int
+    swap_transfers: int
+    aligned: bool
+    int32_max_pool_blocks: int
+    int32_max_pool_bytes: int
+    paged_capacity_seqs: int | None
+    prefix_shorter_than_block: bool
+    allowed: bool
+    violations: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The whole answer: inputs, one row per block size, capacity and the recommendation."""
+
+    layout: KVLayout
+    workload: Workload
+    backend: str
+    rows: tuple[PlanRow, ...]
+    pool_bytes: int | None
+    swap_bytes: int
+    alignment_bytes: int
+    recommended_block_size: int | None
+    reasons: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def reserved_capacity_seqs(self) -> int | None:
+        """Sequences that fit if each reserves ``max_len`` (None without a memory budget)."""
+        if self.pool_bytes is None:
+            return None
+        return ledgers.reserved_capacity_seqs(
+            self.pool_bytes, self.layout.record_bytes, self.workload.max_len_tokens
+        )
+
+    def row(self, block_size: int) -> PlanRow:
+        return next(r for r in self.rows if r.block_size == block_size)
+
+
+def _median_prefix(workload: Workload) -> float | None:
+    return statistics.median(workload.prefix_lens_tokens) if workload.prefix_lens_tokens else None
+
+
+def _price_row(
+    block_size: int,
+    layout: KVLayout,
+    workload: Workload,
+    pool_bytes: int | None,
+    swap_bytes: int,
+    alignment_bytes: int,
+    backend: str,
+) -> PlanRow:
+    c, k, b = layout.record_bytes, workload.num_seqs, block_size
+    lens = workload.seq_lens_tokens
+    if lens is None:
+        entries = ledgers.expected_table_entries(k, workload.mean_len_tokens, b)
+        frag_slots = ledgers.expected_fragmentation_slots(k, b)
+    else:  # a trace sample: exact ledgers over it, scaled to K live sequences
+        scale = k / len(lens)
+        entries = ledgers.exact_table_entries(lens, b) * scale
+        frag_slots = ledgers.exact_fragmentation_slots(lens, b) * scale
+    prefixes = workload.prefix_lens_tokens
+    lost = ledgers.mean_prefix_lost_tokens(prefixes, b)
+    reused = (
+        sum(ledgers.prefix_reuse_tokens(p, b) for p in prefixes) / len(prefixes)
+        if prefixes
+        else 0.0
+    )
+    table_bytes = ledgers.padded_table_bytes(k, workload.max_len_tokens, b)
+    prefix_waste_bytes = c * lost * workload.num_prefix_hits
+    frag_bytes = c * frag_slots
+    layer_block_bytes = layout.layer_block_bytes(b)
+    max_pool_blocks = int32_max_pool_blocks(layer_block_bytes)
+    num_blocks = None if pool_bytes is None else pool_bytes // layout.block_bytes(b)
+    violations = constraint_violations(b, get_backend(backend), layout, num_blocks)
+    median_prefix = _median_prefix(workload)
+    return PlanRow(
+        block_size=b,
+        block_bytes=layout.block_bytes(b),
+        layer_block_bytes=layer_block_bytes,
+        table_entries=entries,
+        table_bytes=table_bytes,
+        internal_fragmentation_slots=frag_slots,
+        internal_fragmentation_bytes=frag_bytes,
+        prefix_reuse_tokens=reused,
+        prefix_lost_tokens=lost,
+        prefix_reuse_rate=ledgers.mean_prefix_reuse_rate(prefixes, b),
+        prefix_waste_bytes=prefix_waste_bytes,
+        total_bytes=frag_bytes + table_bytes + prefix_waste_bytes,
+        kernel_block_iterations=ledgers.kernel_block_iterations(workload.mean_len_tokens, b),
+        swap_transfers=ledgers.swap_transfers(swap_bytes, layout.block_bytes(b)),
+        aligned=is_aligned(layer_block_bytes, alignment_bytes),
+        int32_max_pool_blocks=max_pool_blocks,
+        int32_max_pool_bytes=max_pool_blocks * layout.block_bytes(b),
+        paged_capacity_seqs=None
+        if pool_bytes is None
+        else ledgers.paged_capacity_seqs(pool_bytes, c, workload.mean_len_tokens, b),
+        prefix_shorter_than_block=median_prefix is not None and 0 < median_prefix < b,
+        allowed=not violations,
+        violations=tuple(violations),
+    )
+
+
+def build_plan(
+    layout: KVLayout,
+    workload: Workload,
+    block_sizes: tuple[int, ...] = DEFAULT_BLOCK_SIZES,
+    backend: str = "torch-sdpa",
+    pool_bytes: int | None = None,
+    swap_bytes: int = DEFAULT_SWAP_BYTES,
+    alignment_bytes: int = DEFAULT_ALIGNMENT_BYTES,
+) -> Plan:
+    """Price every candidate block size and recommend one (ValueError on bad candidates)."""
+    if not block_sizes:
+        raise ValueError("give at least one candidate block size")
+    if any(b < 1 for b in block_sizes):
+        raise ValueError(f"block sizes must be >= 1 token, got {list(block_sizes)}")
+    if pool_bytes is not None and pool_bytes < 1:
+        raise ValueError(f"the KV pool must be > 0 bytes, got {pool_bytes}")
+    get_backend(backend)  # unknown backend: fail before pricing anything
+    rows = tuple(
+        _price_row(b, layout, workload, pool_bytes, swap_bytes, alignment_bytes, backend)
+        for b in sorted(set(block_sizes))
+    )
+    chosen, reasons, warnings = _recommend(rows, workload, backend)
+    return Plan(
+        layout, workload, backend, rows, pool_bytes, swap_bytes, alignment_bytes,
+        chosen, tuple(reasons), tuple(warnings),
+    )  # fmt: skip
+
+
+def _mb(num_bytes: float) -> str:
+    return f"{num_bytes / 1e6:.2f} MB"
+
+
+def _recommend(
+    rows: tuple[PlanRow, ...], workload: Workload, backend: str
+) -> tuple[int | None, list[str], list[str]]:
+    """Least W(B) among allowed rows; ties go to the larger B (fewer kernel iterations)."""
+    allowed = [r for r in rows if r.allowed]
+    excluded = [f"B={r.block_size} ({'; '.join(r.violations)})" for r in rows if not r.allowed]
+    if not allowed:
+        return None, [f"no candidate is allowed by backend {backend}: " + ", ".join(excluded)], []
+    best = min(allowed, key=lambda r: (r.total_bytes, -r.block_size))
+    reasons = [
+        f"B={best.block_size} has the least memory waste W(B) = {_mb(best.total_bytes)} "
+        f"(fragmentation {_mb(best.internal_fragmentation_bytes)} + block table "
+        f"{best.table_bytes / 1024:.0f} KiB + lost prefix {_mb(best.prefix_waste_bytes)})"
+    ]
+    runner_up = [r for r in allowed if r is not best]
+    if runner_up:
+        second = min(runner_up, key=lambda r: (r.total_bytes, -r.block_size))
+        reasons.append(
+            f"next: B={second.block_size} at {_mb(second.total_bytes)} "
+            f"(+{_mb(second.total_bytes - best.total_bytes)})"
+        )
+    if excluded:
+        reasons.append("excluded by hard constraints: " + ", ".join(excluded))
+    larger = [r for r in allowed if r.block_size > best.block_size]
+    time_note = (
+        f"time ledger (not in W): a decode step loops over ceil(L/B) = "
+        f"{best.kernel_block_iterations} blocks per sequence at B={best.block_size}"
+    )
+    if larger:
+        time_note += f", {larger[0].kernel_block_iterations} at B={larger[0].block_size}"
+    reasons.append(time_note)
+    warnings = []
+    median_prefix = _median_prefix(workload)
+    if best.prefix_shorter_than_block and median_prefix is not None:
+        warnings.append(
+            f"typical shared prefix ({median_prefix:g} tokens, median) is shorter than one "
+            f"block of {best.block_size}: it can never hit"
+        )
+    return best.block_size, reasons, warnings

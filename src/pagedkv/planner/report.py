@@ -1,0 +1,174 @@
+"""How a plan is shown: JSON for programs, a rich table for people, a plot for the README.
+
+Rounding convention (stated once, used everywhere): ``*_bytes`` fields are exact byte counts
+rounded to whole bytes; ``*_mb`` fields are 10^6 bytes and ``*_kib`` fields 1024 bytes, both
+rounded to 2 decimals; rates are fractions in [0, 1] rounded to 6 decimals. The article's
+"MB" is 10^6 bytes and its block-table "KB" is KiB; its totals add the KiB column as thousandths
+of an MB, so they can differ from ``total_mb`` here by up to 0.01.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from pagedkv.planner import ledgers
+from pagedkv.planner.plan import Plan, PlanRow
+
+JSON_SCHEMA_VERSION = 1
+
+
+def _mb(num_bytes: float) -> float:
+    return round(num_bytes / 1e6, 2)
+
+
+def _kib(num_bytes: float) -> float:
+    return round(num_bytes / 1024, 2)
+
+
+def row_to_json(row: PlanRow, num_seqs: int) -> dict[str, Any]:
+    """One block size's ledgers as JSON (see docs/planner.md for each field)."""
+    return {
+        "block_size": row.block_size,
+        "block_bytes": row.block_bytes,
+        "block_kib": _kib(row.block_bytes),
+        "layer_block_bytes": row.layer_block_bytes,
+        "table_entries": round(row.table_entries, 2),
+        "table_bytes": row.table_bytes,
+        "table_kib": _kib(row.table_bytes),
+        "internal_fragmentation_slots_per_seq": round(
+            row.internal_fragmentation_slots / num_seqs, 4
+        ),
+        "internal_fragmentation_slots": round(row.internal_fragmentation_slots, 2),
+        "internal_fragmentation_bytes": round(row.internal_fragmentation_bytes),
+        "internal_fragmentation_mb": _mb(row.internal_fragmentation_bytes),
+        "prefix_reuse_tokens": round(row.prefix_reuse_tokens, 2),
+        "prefix_lost_tokens": round(row.prefix_lost_tokens, 2),
+        "prefix_reuse_rate": round(row.prefix_reuse_rate, 6),
+        "prefix_waste_bytes": round(row.prefix_waste_bytes),
+        "prefix_waste_mb": _mb(row.prefix_waste_bytes),
+        "total_bytes": round(row.total_bytes),
+        "total_mb": _mb(row.total_bytes),
+        "kernel_block_iterations": row.kernel_block_iterations,
+        "swap_transfers": row.swap_transfers,
+        "paged_capacity_seqs": row.paged_capacity_seqs,
+        "aligned": row.aligned,
+        "int32_max_pool_blocks": row.int32_max_pool_blocks,
+        "int32_max_pool_bytes": row.int32_max_pool_bytes,
+        "prefix_shorter_than_block": row.prefix_shorter_than_block,
+        "allowed": row.allowed,
+        "violations": list(row.violations),
+    }
+
+
+def plan_to_json(plan: Plan, resolution_log: str | None = None) -> dict[str, Any]:
+    """The whole plan as a JSON-ready dict (stable field names, ``schema_version`` 1)."""
+    layout, workload = plan.layout, plan.workload
+    prefixes = workload.prefix_lens_tokens
+    capacity = None
+    if plan.pool_bytes is not None:
+        capacity = {
+            "pool_bytes": plan.pool_bytes,
+            "max_len_tokens": workload.max_len_tokens,
+            "mean_len_tokens": workload.mean_len_tokens,
+            "reserved_capacity_seqs": plan.reserved_capacity_seqs,
+            "reserved_waste_rate": round(
+                ledgers.reserved_waste_rate(workload.mean_len_tokens, workload.max_len_tokens), 6
+            ),
+        }
+    return {
+        "schema_version": JSON_SCHEMA_VERSION,
+        "model": {
+            "name": layout.name,
+            "attention": layout.attention,
+            "num_layers": layout.num_layers,
+            "num_kv_heads": layout.num_kv_heads,
+            "head_dim": layout.head_dim,
+            "kv_lora_rank": layout.kv_lora_rank,
+            "qk_rope_head_dim": layout.qk_rope_head_dim,
+            "kv_dtype": layout.kv_dtype,
+            "layer_record_bytes": layout.layer_record_bytes,
+            "record_bytes": layout.record_bytes,
+            "num_params": layout.num_params,
+            "weight_bytes": layout.weight_bytes,
+        },
+        "workload": {
+            "source": workload.source,
+            "num_seqs": workload.num_seqs,
+            "mean_len_tokens": round(workload.mean_len_tokens, 2),
+            "max_len_tokens": workload.max_len_tokens,
+            "num_prefix_hits": workload.num_prefix_hits,
+            "prefix_len_tokens": None
+            if not prefixes
+            else {
+                "count": len(prefixes),
+                "min": min(prefixes),
+                "median": statistics.median(prefixes),
+                "max": max(prefixes),
+            },
+        },
+        "backend": plan.backend,
+        "alignment_bytes": plan.alignment_bytes,
+        "swap_bytes": plan.swap_bytes,
+        "rows": [row_to_json(r, workload.num_seqs) for r in plan.rows],
+        "capacity": capacity,
+        "recommendation": {
+            "block_size": plan.recommended_block_size,
+            "reasons": list(plan.reasons),
+            "warnings": list(plan.warnings),
+            "resolution": resolution_log,
+        },
+    }
+
+
+def render_plan(plan: Plan, console: Any, resolution_log: str | None = None) -> None:
+    """Print the plan to a ``rich.console.Console``: summary, one table row per B, verdict."""
+    from rich.table import Table
+
+    layout, workload = plan.layout, plan.workload
+    console.print(
+        f"[bold]{layout.name}[/]: {layout.record_bytes} B/token KV ({layout.kv_dtype}, "
+        f"{layout.num_layers} layer(s) x {layout.layer_record_bytes} B); workload "
+        f"K={workload.num_seqs}, mean {workload.mean_len_tokens:g}, max "
+        f"{workload.max_len_tokens} tokens, H={workload.num_prefix_hits}; backend {plan.backend}"
+    )
+    table = Table(title="What each block size costs (MB = 10^6 B, KiB = 1024 B)")
+    has_capacity = plan.pool_bytes is not None
+    headers = ["B", "block\nKiB", "table\nentries", "table\nKiB", "frag\nslots/seq"]
+    headers += ["frag\nMB", "prefix\nreuse", "prefix\nMB", "W(B)\nMB", "kernel\niters"]
+    headers += ["swap\nxfers"] + (["paged\nseqs"] if has_capacity else [])
+    for header in [*headers, "allowed"]:
+        table.add_column(header, justify="right")
+    for row in plan.rows:
+        cells = [
+            str(row.block_size),
+            f"{row.block_bytes / 1024:.6g}",
+            f"{row.table_entries:.0f}",
+            f"{row.table_bytes / 1024:.6g}",
+            f"{row.internal_fragmentation_slots / workload.num_seqs:g}",
+            f"{row.internal_fragmentation_bytes / 1e6:.2f}",
+            f"{100 * row.prefix_reuse_rate:.1f}%",
+            f"{row.prefix_waste_bytes / 1e6:.2f}",
+            f"{row.total_bytes / 1e6:.2f}",
+            str(row.kernel_block_iterations),
+            str(row.swap_transfers),
+        ]
+        cells += [str(row.paged_capacity_seqs)] if has_capacity else []
+        cells.append("yes" if row.allowed else "[red]no[/]")
+        style = "bold green" if row.block_size == plan.recommended_block_size else None
+        table.add_row(*cells, style=style)
+    console.print(table)
+    if has_capacity:
+        waste = ledgers.reserved_waste_rate(workload.mean_len_tokens, workload.max_len_tokens)
+        console.print(
+            f"capacity: KV pool {plan.pool_bytes / 2**30:.2f} GiB -> reserving max_len fits "
+            f"{plan.reserved_capacity_seqs} sequences ({100 * waste:.0f}% of each reservation "
+            f"unused); paged: see 'paged seqs'"
+        )
+    console.print(f"[bold]recommended block size: {plan.recommended_block_size}[/]")
+    for reason in plan.reasons:
+        console.print(f"  - {reason}")
+    for warning in plan.warnings:
+        console.print(f"  [yellow]warning:[/] {warning}")
+    if resolution_log:
+        console.print(f"  resolved: {resolution_log}")
