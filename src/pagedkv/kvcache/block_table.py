@@ -9,6 +9,7 @@ blocks come from (a block pool with a hash index, a radix tree, contiguous regio
 from __future__ import annotations
 
 from array import array
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -46,6 +47,10 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+# How many finished sequence ids an allocator remembers to reject growing a freed sequence.
+_RETIRED_MEMORY = 65_536
+
+
 class BlockTableAllocator:
     """Shared bookkeeping; subclasses set ``_block_size`` and fill ``_seqs``."""
 
@@ -55,6 +60,10 @@ class BlockTableAllocator:
         self._block_size = block_size
         self._seqs: dict[int, SeqBlocks] = {}
         self._prefix = PrefixCounters()
+        # Ids freed for good (not preempted): allocating for them again is a caller bug, not a
+        # new admission. Bounded, so a long-running server does not grow without limit.
+        self._retired: set[int] = set()
+        self._retired_order: deque[int] = deque()
 
     @property
     def block_size(self) -> int:
@@ -84,8 +93,25 @@ class BlockTableAllocator:
             )
 
     def _check_new(self, seq: SeqLike) -> None:
+        """Raise unless ``seq`` may be admitted: not live here, and not freed for good."""
         if seq.seq_id in self._seqs:
             raise ValueError(f"sequence {seq.seq_id} is already allocated here")
+        if seq.seq_id in self._retired:
+            raise ValueError(
+                f"sequence {seq.seq_id} was freed; growing a freed sequence is an error "
+                "(free it with preempted=True if it is to be admitted again)"
+            )
+
+    def _pop(self, seq: SeqLike, preempted: bool) -> SeqBlocks:
+        """Remove ``seq``'s state; remember its id unless it will be re-admitted."""
+        st = self._state(seq)
+        del self._seqs[seq.seq_id]
+        if not preempted:
+            self._retired.add(seq.seq_id)
+            self._retired_order.append(seq.seq_id)
+            if len(self._retired_order) > _RETIRED_MEMORY:
+                self._retired.discard(self._retired_order.popleft())
+        return st
 
     # -- views -----------------------------------------------------------------------------
 

@@ -95,6 +95,7 @@ class PagedAllocator(BlockTableAllocator):
         return True
 
     def _admit(self, seq: SeqLike, num_new_tokens: int, num_cached_tokens: int) -> bool:
+        self._check_new(seq)
         self._check_count("num_new_tokens", num_new_tokens)
         self._check_count("num_cached_tokens", num_cached_tokens)
         bs = self._block_size
@@ -163,9 +164,8 @@ class PagedAllocator(BlockTableAllocator):
             set_hash(ids[i], h)
         st.block_hashes.extend(new)
 
-    def free(self, seq: SeqLike) -> None:
-        st = self._state(seq)
-        del self._seqs[seq.seq_id]
+    def free(self, seq: SeqLike, preempted: bool = False) -> None:
+        st = self._pop(seq, preempted)
         self.pool.release(reversed(st.block_ids))  # tail first: evicted before the head
 
     def fork(self, parent: SeqLike, child: SeqLike) -> list[tuple[int, int]] | None:

@@ -15,6 +15,7 @@ Life of a sequence, as the scheduler sees it::
     ok = alloc.allocate(seq, 1)                   # later calls grow by n tokens
     copies = alloc.fork(seq, child)               # copy-on-write: engine copies (src, dst)
     alloc.free(seq)                               # blocks return; cached ones stay revivable
+    alloc.free(seq, preempted=True)               # ... and the sequence may be admitted again
 
 Contract shared by every allocator:
 
@@ -123,8 +124,9 @@ class KVAllocator(Protocol):
         shared and the new slots start after them."""
         ...
 
-    def free(self, seq: SeqLike) -> None:
-        """Release every block of ``seq``. Full blocks stay in the prefix cache until evicted."""
+    def free(self, seq: SeqLike, preempted: bool = False) -> None:
+        """Release every block of ``seq``. Full blocks stay in the prefix cache until evicted.
+        Unless ``preempted``, the sequence is finished: allocating for it again raises."""
         ...
 
     def fork(self, parent: SeqLike, child: SeqLike) -> list[tuple[int, int]] | None:

@@ -152,6 +152,7 @@ class RadixAllocator(BlockTableAllocator):
         self._check_known_tokens(seq, total)
         path: list[_Node] = []
         if st is None:
+            self._check_new(seq)
             if num_cached_tokens % ps or (
                 num_cached_tokens and num_cached_tokens >= len(seq.token_ids)
             ):
@@ -204,9 +205,8 @@ class RadixAllocator(BlockTableAllocator):
         node.last_access = self._clock
         st.tree_node, st.tree_depth = node, depth
 
-    def free(self, seq: SeqLike) -> None:
-        st = self._state(seq)
-        del self._seqs[seq.seq_id]
+    def free(self, seq: SeqLike, preempted: bool = False) -> None:
+        st = self._pop(seq, preempted)
         self._clock += 1
         refs = self.ref_counts
         for page in reversed(st.block_ids):

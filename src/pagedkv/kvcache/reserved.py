@@ -63,6 +63,7 @@ class ReservedAllocator(BlockTableAllocator):
         if st is not None:
             st.num_tokens = total
             return True
+        self._check_new(seq)
         if not self._free_regions:
             self.num_refused += 1
             return False
@@ -71,9 +72,8 @@ class ReservedAllocator(BlockTableAllocator):
         self._prefix.query_tokens += len(seq.token_ids)
         return True
 
-    def free(self, seq: SeqLike) -> None:
-        st = self._state(seq)
-        del self._seqs[seq.seq_id]
+    def free(self, seq: SeqLike, preempted: bool = False) -> None:
+        st = self._pop(seq, preempted)
         heapq.heappush(self._free_regions, st.block_ids[0])
 
     def fork(self, parent: SeqLike, child: SeqLike) -> list[tuple[int, int]] | None:

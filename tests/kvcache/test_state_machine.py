@@ -1,0 +1,163 @@
+"""Random admit / grow / fork / free / evict sequences against every allocator, with
+``check_invariants()`` after every step, including the exhaustion and refusal paths.
+
+A shadow model tracks what each live sequence must hold (its tokens and their slots); the
+allocator must agree with it after every operation.
+"""
+
+from __future__ import annotations
+
+import hypothesis.strategies as st
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from pagedkv.kvcache import HashExtraKeys, ReservedAllocator
+
+from .conftest import FACTORIES, Seq
+
+# Small pools so that exhaustion, refusal and eviction happen often.
+POOL_SLOTS = {"reserved": 1024}
+DEFAULT_POOL_SLOTS = 320
+
+# Prompts drawn from a few shared stems, so prefix hits and divergence both happen.
+STEMS = [list(range(100, 140)), list(range(100, 120)) + list(range(500, 520)), [7] * 33]
+
+
+class AllocatorMachine(RuleBasedStateMachine):
+    kind = "paged16"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.alloc = FACTORIES[self.kind](POOL_SLOTS.get(self.kind, DEFAULT_POOL_SLOTS))
+        self.live: dict[int, Seq] = {}
+        self.slots: dict[int, list[int]] = {}  # shadow: the slots each live seq was given
+        self.next_id = 0
+
+    @initialize()
+    def start(self) -> None:
+        self.alloc.check_invariants()
+
+    def _new_seq(self, stem: int, tail: int, salt: bool) -> Seq:
+        self.next_id += 1
+        tokens = STEMS[stem] + [1000 + self.next_id * 7 + i for i in range(tail)]
+        extra = HashExtraKeys(cache_salt="t1") if salt else HashExtraKeys()
+        return Seq(self.next_id, tokens, extra)
+
+    @rule(stem=st.integers(0, 2), tail=st.integers(0, 70), salt=st.booleans(), chunk=st.booleans())
+    def admit(self, stem: int, tail: int, salt: bool, chunk: bool) -> None:
+        seq = self._new_seq(stem, tail, salt)
+        hit = self.alloc.match_prefix(seq)
+        assert 0 <= hit <= max(len(seq.token_ids) - 1, 0)
+        assert hit % self.alloc.block_size == 0
+        n = len(seq.token_ids) - hit
+        if chunk:
+            n = max(1, n // 2)  # chunked prefill: admit part of the prompt first
+        before = self.alloc.stats()
+        if self.alloc.allocate(seq, n, num_cached_tokens=hit):
+            self.live[seq.seq_id] = seq
+            self.slots[seq.seq_id] = self.alloc.slot_mapping(seq, 0, hit + n)
+        else:  # refused: nothing changed
+            after = self.alloc.stats()
+            assert after.num_free_blocks + after.num_cached_blocks >= 0
+            assert (after.num_used_blocks, after.num_seqs) == (
+                before.num_used_blocks,
+                before.num_seqs,
+            )
+            assert not self.alloc.has_seq(seq)
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data(), grow=st.integers(1, 40))
+    def grow(self, data, grow: int) -> None:
+        sid = data.draw(st.sampled_from(sorted(self.live)))
+        seq = self.live[sid]
+        have = self.alloc.num_tokens(seq)
+        missing = have + grow - len(seq.token_ids)
+        if missing > 0:
+            seq.token_ids.extend(2000 + sid * 31 + i for i in range(missing))
+        table_before = list(self.alloc.block_table(seq))
+        if self.alloc.allocate(seq, grow):
+            new = self.alloc.slot_mapping(seq, 0, have + grow)
+            assert new[:have] == self.slots[sid], "growth moved already-written tokens"
+            self.slots[sid] = new
+        else:
+            assert list(self.alloc.block_table(seq)) == table_before
+            assert self.alloc.num_tokens(seq) == have
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def fork(self, data) -> None:
+        sid = data.draw(st.sampled_from(sorted(self.live)))
+        parent = self.live[sid]
+        n = self.alloc.num_tokens(parent)
+        self.next_id += 1
+        child = Seq(self.next_id, list(parent.token_ids[:n]), parent.extra_keys)
+        copies = self.alloc.fork(parent, child)
+        if copies is None:
+            assert not self.alloc.has_seq(child)
+            return
+        self.live[child.seq_id] = child
+        self.slots[child.seq_id] = self.alloc.slot_mapping(child, 0, n)
+        for src, dst in copies:
+            assert src in self.alloc.block_table(parent) and dst in self.alloc.block_table(child)
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data(), preempted=st.booleans())
+    def free(self, data, preempted: bool) -> None:
+        sid = data.draw(st.sampled_from(sorted(self.live)))
+        self.alloc.free(self.live.pop(sid), preempted=preempted)
+        del self.slots[sid]
+
+    @rule()
+    def reset_cache(self) -> None:
+        reset = getattr(self.alloc, "reset_prefix_cache", None)
+        if reset is not None:
+            reset()
+            assert self.alloc.stats().num_cached_blocks == 0
+
+    @invariant()
+    def consistent(self) -> None:
+        self.alloc.check_invariants()
+        s = self.alloc.stats()
+        assert s.num_free_blocks + s.num_used_blocks + s.num_cached_blocks == s.num_total_blocks
+        assert s.num_seqs == len(self.live)
+        assert s.used_slots == sum(len(v) for v in self.slots.values())
+        # No two live sequences may write the same slot: each one's writable region (its
+        # partial tail block) is its own.
+        bs = self.alloc.block_size
+        tails = {}
+        for sid, seq in self.live.items():
+            n = self.alloc.num_tokens(seq)
+            if n % bs:
+                tail = self.alloc.block_table(seq)[-1]
+                assert tail not in tails, f"seqs {sid} and {tails[tail]} share a writable block"
+                tails[tail] = sid
+        if isinstance(self.alloc, ReservedAllocator):
+            assert s.reserved_unused_slots == s.allocated_slots - s.used_slots
+
+    def teardown(self) -> None:
+        for seq in list(self.live.values()):
+            self.alloc.free(seq)
+        self.alloc.check_invariants()
+        assert self.alloc.stats().num_used_blocks == 0, "blocks leaked after freeing everything"
+
+
+SETTINGS = settings(
+    max_examples=60,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+def _machine_for(kind: str):
+    machine = type(f"Machine_{kind}", (AllocatorMachine,), {"kind": kind})
+    machine.TestCase.settings = SETTINGS
+    return machine.TestCase
+
+
+TestPaged16 = _machine_for("paged16")
+TestPaged1 = _machine_for("paged1")
+TestPagedNoCache = _machine_for("paged16-nocache")
+TestRadix1 = _machine_for("radix1")
+TestRadix16 = _machine_for("radix16")
+TestReserved = _machine_for("reserved")
