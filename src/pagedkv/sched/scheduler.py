@@ -1,0 +1,317 @@
+"""``Scheduler``: continuous batching over any ``KVAllocator``, with recompute preemption.
+
+One engine step is ``batch = scheduler.schedule()``, the forward pass over ``batch.seqs``, then
+``scheduler.update(batch, sampled)``. ``schedule`` serves running sequences first (a decode
+token each, or the next chunk of an unfinished prompt), then admits waiting ones in arrival
+order (prefix match, then a prompt chunk within the token budget). When the allocator refuses
+to grow a running sequence, the victim policy picks a sequence to preempt: its blocks are freed
+(full ones stay in the prefix cache) and it returns to the head of the waiting queue to be
+recomputed; no new sequence is admitted in a step that preempted. A request that can never fit
+(prompt + max_new_tokens beyond ``max_model_len`` or the whole pool) is refused when added.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from collections.abc import Sequence as SequenceABC
+
+from pagedkv.kvcache.hashing import NO_EXTRA_KEYS, HashExtraKeys
+from pagedkv.kvcache.protocol import KVAllocator
+from pagedkv.sched.batch import ScheduledBatch, ScheduledSeq
+from pagedkv.sched.preemption import VictimPolicy, latest_arrival
+from pagedkv.sched.sequence import FinishReason, Sequence, SequenceStatus
+
+_RUNNING = SequenceStatus.RUNNING
+
+
+class Scheduler:
+    """Owns the waiting queue and the running list; mutates sequences and the allocator.
+
+    Counters for reports: ``num_preemptions``, ``num_recomputed_tokens`` (tokens computed again
+    after a preemption, prefix hits excluded), ``num_refused``.
+    """
+
+    def __init__(
+        self,
+        allocator: KVAllocator,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 8192,
+        max_model_len: int | None = None,
+        *,
+        chunked_prefill: bool = True,
+        victim_policy: VictimPolicy = latest_arrival,
+    ) -> None:
+        self.allocator = allocator
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.chunked_prefill = chunked_prefill
+        self.victim_policy = victim_policy
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self._live: dict[str, list[Sequence]] = {}  # request id -> its unfinished sequences
+        self._refused: list[Sequence] = []  # refused since the last schedule()
+        self._pending_copies: dict[int, list[tuple[int, int]]] = {}  # forked child -> copies
+        self._next_seq_id = 0
+        self._step = 0
+        self.num_preemptions = 0
+        self.num_recomputed_tokens = 0
+        self.num_refused = 0
+
+    # -- requests --------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Iterable[int],
+        max_new_tokens: int,
+        *,
+        arrival_time_s: float = 0.0,
+        stop_token_ids: Iterable[int] = (),
+        extra_keys: HashExtraKeys = NO_EXTRA_KEYS,
+        n: int = 1,
+    ) -> Sequence:
+        """Queue a request and return its (parent) sequence. A request that can never fit is
+        returned already finished with ``FinishReason.REFUSED`` and a ``finish_detail``; it is
+        also reported in the next batch's ``refused``. ValueError on a duplicate live id."""
+        if request_id in self._live:
+            raise ValueError(f"request {request_id!r} is already queued or running")
+        seq = Sequence(
+            self._new_seq_id(),
+            request_id,
+            prompt_token_ids,
+            max_new_tokens,
+            arrival_time_s=arrival_time_s,
+            stop_token_ids=stop_token_ids,
+            extra_keys=extra_keys,
+            num_samples=n,
+        )
+        reason = self._never_fits(seq)
+        if reason:
+            seq.status = SequenceStatus.FINISHED
+            seq.finish_reason = FinishReason.REFUSED
+            seq.finish_detail = reason
+            self._refused.append(seq)
+            self.num_refused += 1
+            return seq
+        self._live[request_id] = [seq]
+        self.waiting.append(seq)
+        return seq
+
+    def _never_fits(self, seq: Sequence) -> str:
+        """Why ``seq`` can never run to completion, or "" if it can."""
+        total = seq.max_total_tokens
+        if self.max_model_len is not None and total > self.max_model_len:
+            return (
+                f"prompt ({seq.num_prompt_tokens}) + max_new_tokens ({seq.max_new_tokens}) "
+                f"= {total} tokens exceeds max_model_len {self.max_model_len}"
+            )
+        bs = self.allocator.block_size
+        pool_tokens = self.allocator.num_total_blocks * bs
+        if -(-total // bs) > self.allocator.num_total_blocks:
+            return f"{total} tokens exceed the whole KV pool ({pool_tokens} tokens)"
+        if not self.chunked_prefill and seq.num_prompt_tokens > self.max_num_batched_tokens:
+            return (
+                f"prompt ({seq.num_prompt_tokens}) exceeds max_num_batched_tokens "
+                f"({self.max_num_batched_tokens}) and chunked prefill is off"
+            )
+        return ""
+
+    def abort(self, request_id: str) -> list[Sequence]:
+        """Finish every sequence of ``request_id`` with ``ABORT`` and free its blocks now.
+        Returns them (empty for an unknown or already finished request). Safe between
+        ``schedule`` and ``update``: ``update`` skips finished sequences."""
+        seqs = self._live.pop(request_id, [])
+        for seq in seqs:
+            if seq.status is _RUNNING:
+                self.allocator.free(seq)
+                self.running.remove(seq)
+            else:
+                self.waiting.remove(seq)
+            self._pending_copies.pop(seq.seq_id, None)
+            seq.status = SequenceStatus.FINISHED
+            seq.finish_reason = FinishReason.ABORT
+        return seqs
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- one step --------------------------------------------------------------------------
+
+    def schedule(self) -> ScheduledBatch:
+        """Plan one step (see the module docstring). Mutates the allocator (slots for every
+        scheduled token are allocated here), the queues and the preempted sequences;
+        ``num_computed_tokens`` advances only in ``update``."""
+        self._step += 1
+        alloc = self.allocator
+        running = self.running
+        budget = self.max_num_batched_tokens
+        out: list[ScheduledSeq] = []
+        preempted: list[Sequence] = []
+
+        # 1. Running sequences, in order: a decode token, or the next chunk of a prompt.
+        i = 0
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            start = seq.num_computed_tokens
+            num_new = min(seq.num_tokens - start, budget)
+            while not alloc.allocate(seq, num_new):
+                # Only sequences not yet scheduled this step may give way (the current one too).
+                victim = self.victim_policy(running[i:])
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is seq:
+                    break
+            else:
+                out.append(ScheduledSeq(seq, start, num_new, self._samples(seq, num_new), 0))
+                budget -= num_new
+                i += 1
+
+        # 2. Waiting sequences in order (preempted ones first), unless this step preempted:
+        # admitting now would only hand the freed blocks to a newcomer.
+        waiting = self.waiting
+        while not preempted and waiting and budget > 0 and len(running) < self.max_num_seqs:
+            seq = waiting[0]
+            hit = alloc.match_prefix(seq)
+            num_new = seq.num_tokens - hit
+            if num_new > budget:
+                if not self.chunked_prefill:
+                    break
+                num_new = budget
+            if not alloc.allocate(seq, num_new, num_cached_tokens=hit):
+                break  # first come, first served: nobody overtakes the head of the queue
+            waiting.popleft()
+            seq.status = _RUNNING
+            seq.num_computed_tokens = hit
+            running.append(seq)
+            out.append(ScheduledSeq(seq, hit, num_new, self._samples(seq, num_new), hit))
+            budget -= num_new
+
+        copies = [c for cs in self._pending_copies.values() for c in cs]
+        self._pending_copies.clear()
+        refused, self._refused = self._refused, []
+        return ScheduledBatch(
+            self._step, tuple(out), tuple(copies), tuple(preempted), tuple(refused)
+        )
+
+    @staticmethod
+    def _samples(seq: Sequence, num_new: int) -> int:
+        """Tokens to sample after computing ``num_new`` more tokens of ``seq`` (0: no logits)."""
+        if seq.num_computed_tokens + num_new < seq.num_tokens:
+            return 0
+        return seq.num_samples if seq.num_output_tokens == 0 else 1
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.allocator.free(seq, preempted=True)  # it will be admitted again
+        self.running.remove(seq)
+        self._pending_copies.pop(seq.seq_id, None)  # its copy target is gone
+        seq.status = SequenceStatus.WAITING
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    # -- after the forward pass ------------------------------------------------------------
+
+    def update(
+        self, batch: ScheduledBatch, sampled_token_ids: SequenceABC[SequenceABC[int]]
+    ) -> list[Sequence]:
+        """Record the step: advance ``num_computed_tokens``, append the sampled tokens (one list
+        per entry of ``batch.seqs``, ``num_samples`` long), finish sequences on a stop token or
+        ``max_new_tokens`` and free their blocks, fork the children of ``n > 1`` requests.
+        Returns the sequences finished by this call. Sequences aborted since ``schedule`` are
+        skipped. ValueError if the token lists do not match the batch."""
+        if len(sampled_token_ids) != len(batch.seqs):
+            raise ValueError(
+                f"update: {len(sampled_token_ids)} token lists for {len(batch.seqs)} sequences"
+            )
+        finished: list[Sequence] = []
+        for item, tokens in zip(batch.seqs, sampled_token_ids, strict=True):
+            seq = item.seq
+            if len(tokens) != item.num_samples:
+                raise ValueError(
+                    f"update: sequence {seq.seq_id} needs {item.num_samples} sampled tokens, "
+                    f"got {len(tokens)}"
+                )
+            if seq.status is not _RUNNING:
+                continue
+            start = item.num_computed_tokens
+            end = start + item.num_new_tokens
+            if seq.max_computed_tokens > start:
+                self.num_recomputed_tokens += min(end, seq.max_computed_tokens) - start
+            seq.max_computed_tokens = max(seq.max_computed_tokens, end)
+            seq.num_computed_tokens = end
+            if not tokens:
+                continue
+            if len(tokens) > 1:
+                self._fork_children(seq, tokens[1:], finished)
+            self._append(seq, tokens[0], finished)
+        return finished
+
+    def _append(self, seq: Sequence, token_id: int, finished: list[Sequence]) -> None:
+        seq.append_token(token_id)
+        reason = self._stop_reason(seq)
+        if reason is not None:
+            self._finish(seq, reason, finished)
+
+    @staticmethod
+    def _stop_reason(seq: Sequence) -> FinishReason | None:
+        """Why ``seq`` stops after its last appended token, or None if it goes on."""
+        if seq.token_ids[-1] in seq.stop_token_ids:
+            return FinishReason.STOP
+        if seq.num_output_tokens >= seq.max_new_tokens:
+            return FinishReason.LENGTH
+        return None
+
+    def _finish(self, seq: Sequence, reason: FinishReason, finished: list[Sequence]) -> None:
+        if seq.status is _RUNNING:
+            self.allocator.free(seq)
+            self.running.remove(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        live = self._live.get(seq.request_id)
+        if live is not None:
+            live.remove(seq)
+            if not live:
+                del self._live[seq.request_id]
+        finished.append(seq)
+
+    def _fork_children(
+        self, parent: Sequence, tokens: SequenceABC[int], finished: list[Sequence]
+    ) -> None:
+        """Fork one child per extra sample of ``parent``'s first token. A child shares the
+        prompt's blocks (copy-on-write of the partial tail, applied next step); when the
+        allocator has no block for the copy, or the batch is full, it waits and recomputes."""
+        parent.num_samples = 1
+        for token_id in tokens:
+            child = parent.fork(self._new_seq_id())
+            self._live[parent.request_id].append(child)
+            child.append_token(token_id)
+            reason = self._stop_reason(child)
+            if reason is not None:  # done before it ever held a block
+                self._finish(child, reason, finished)
+                continue
+            copies = None
+            if len(self.running) < self.max_num_seqs:
+                copies = self.allocator.fork(parent, child)
+            if copies is None:
+                child.num_computed_tokens = 0
+                self.waiting.appendleft(child)
+                continue
+            child.status = _RUNNING
+            self.running.append(child)
+            if copies:
+                self._pending_copies[child.seq_id] = copies
+
+    def _new_seq_id(self) -> int:
+        self._next_seq_id += 1
+        return self._next_seq_id

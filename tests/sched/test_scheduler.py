@@ -1,0 +1,217 @@
+"""The scheduler step by step on hand-built sequences: budget, chunking, preemption, refusal."""
+
+from __future__ import annotations
+
+import pytest
+
+from pagedkv.kvcache import PagedAllocator
+from pagedkv.sched import (
+    FinishReason,
+    Scheduler,
+    SchedulerConfig,
+    SequenceStatus,
+    least_computed,
+)
+from tests.sched.helpers import run_to_completion, step
+
+
+def rows(batch):
+    """(request, computed before, new tokens, samples, prefix hit) for each scheduled entry."""
+    return [
+        (
+            s.seq.request_id,
+            s.num_computed_tokens,
+            s.num_new_tokens,
+            s.num_samples,
+            s.prefix_hit_tokens,
+        )
+        for s in batch.seqs
+    ]
+
+
+def test_token_budget_chunks_prompts_and_serves_running_first() -> None:
+    alloc = PagedAllocator(33, 4, prefix_caching=False)
+    sched = Scheduler(alloc, max_num_seqs=8, max_num_batched_tokens=8)
+    sched.add_request("A", range(1, 11), max_new_tokens=3)  # 10 prompt tokens
+    sched.add_request("B", range(101, 107), max_new_tokens=3)  # 6 prompt tokens
+
+    b1, _ = step(sched)  # A takes the whole budget: a chunk of 8, no logits yet
+    assert rows(b1) == [("A", 0, 8, 0, 0)]
+    assert sched.num_waiting == 1 and alloc.num_tokens(sched.running[0]) == 8
+
+    b2, _ = step(sched)  # A's last 2 prompt tokens first, then B's whole prompt
+    assert rows(b2) == [("A", 8, 2, 1, 0), ("B", 0, 6, 1, 0)]
+    assert b2.num_batched_tokens == 8
+
+    b3, _ = step(sched)  # both decode one token
+    assert rows(b3) == [("A", 10, 1, 1, 0), ("B", 6, 1, 1, 0)]
+    a, b = sched.running
+    assert (a.num_output_tokens, b.num_output_tokens) == (2, 2)
+
+    _, finished = step(sched)
+    assert [s.request_id for s in finished] == ["A", "B"]
+    assert all(
+        s.finish_reason is FinishReason.LENGTH and s.num_output_tokens == 3 for s in finished
+    )
+    assert alloc.stats().num_used_blocks == 0
+
+
+def test_without_chunked_prefill_a_prompt_waits_for_a_whole_budget() -> None:
+    sched = Scheduler(PagedAllocator(33, 4), max_num_batched_tokens=8, chunked_prefill=False)
+    sched.add_request("A", range(1, 7), max_new_tokens=2)  # 6 tokens
+    sched.add_request("B", range(11, 15), max_new_tokens=2)  # 4 tokens: 6 + 4 > 8
+    b1, _ = step(sched)
+    assert rows(b1) == [("A", 0, 6, 1, 0)]
+    b2, _ = step(sched)
+    assert rows(b2) == [("A", 6, 1, 1, 0), ("B", 0, 4, 1, 0)]
+
+
+def test_max_num_seqs_caps_admission() -> None:
+    sched = Scheduler(PagedAllocator(33, 4), max_num_seqs=2)
+    for r in "ABC":
+        sched.add_request(r, [ord(r)] * 3, max_new_tokens=2)
+    b1, _ = step(sched)
+    assert [s.seq.request_id for s in b1.seqs] == ["A", "B"] and sched.num_waiting == 1
+
+
+def _three_seqs_full_pool(policy):
+    """3 usable blocks of 4; A (4 tokens), B (2), C (3) fill one block each. After one step
+    A needs a second block for its 5th token; B and C still fit in theirs."""
+    alloc = PagedAllocator(4, 4)
+    sched = Scheduler(alloc, victim_policy=policy)
+    sched.add_request("A", [1, 2, 3, 4], max_new_tokens=4, arrival_time_s=0.0)
+    sched.add_request("B", [5, 6], max_new_tokens=4, arrival_time_s=1.0)
+    sched.add_request("C", [7, 8, 9], max_new_tokens=4, arrival_time_s=2.0)
+    b1, _ = step(sched)
+    assert rows(b1) == [("A", 0, 4, 1, 0), ("B", 0, 2, 1, 0), ("C", 0, 3, 1, 0)]
+    assert alloc.num_free_blocks == 0
+    return sched
+
+
+def test_preemption_default_victim_is_the_latest_arrival() -> None:
+    sched = _three_seqs_full_pool(Scheduler.__init__.__kwdefaults__["victim_policy"])
+    b2, _ = step(sched)
+    assert rows(b2) == [("A", 4, 1, 1, 0), ("B", 2, 1, 1, 0)]
+    assert [s.request_id for s in b2.preempted] == ["C"]
+    (c,) = b2.preempted
+    assert c.status is SequenceStatus.WAITING and c.num_computed_tokens == 0
+    assert c.num_preemptions == 1 and sched.waiting[0] is c
+    assert c.num_output_tokens == 1  # keeps its sampled token; it is recomputed, not resampled
+
+
+def test_preemption_least_computed_victim() -> None:
+    sched = _three_seqs_full_pool(least_computed)
+    b2, _ = step(sched)
+    assert rows(b2) == [("A", 4, 1, 1, 0), ("C", 3, 1, 1, 0)]
+    assert [s.request_id for s in b2.preempted] == ["B"]
+
+
+def test_no_admission_in_a_step_that_preempted() -> None:
+    sched = _three_seqs_full_pool(Scheduler.__init__.__kwdefaults__["victim_policy"])
+    sched.add_request("D", [42], max_new_tokens=1)  # would fit in C's freed block
+    b2, _ = step(sched)
+    assert [s.seq.request_id for s in b2.seqs] == ["A", "B"]
+    assert [s.request_id for s in sched.waiting] == ["C", "D"]  # preempted at the head
+
+
+def test_preempted_sequences_finish_like_unpreempted_ones() -> None:
+    prompts = {f"r{i}": [i * 10 + j for j in range(3 + 2 * i)] for i in range(6)}
+
+    def outputs(num_blocks: int) -> tuple[dict[str, list[int]], int]:
+        sched = Scheduler(PagedAllocator(num_blocks, 4), max_num_batched_tokens=16)
+        for rid, prompt in prompts.items():
+            sched.add_request(rid, prompt, max_new_tokens=9)
+        done = run_to_completion(sched)
+        stats = sched.allocator.stats()
+        assert stats.num_used_blocks == 0 and stats.num_seqs == 0  # no leak
+        assert all(s.finish_reason is FinishReason.LENGTH for s in done)
+        return {s.request_id: s.output_token_ids for s in done}, sched.num_preemptions
+
+    roomy, roomy_preemptions = outputs(200)
+    tight, tight_preemptions = outputs(9)  # 8 blocks = 32 slots for six 12..22-token requests
+    assert roomy_preemptions == 0 and tight_preemptions > 0
+    assert tight == roomy
+    assert all(len(v) == 9 for v in tight.values())
+
+
+def test_recomputed_tokens_are_counted_once_per_redo() -> None:
+    sched = _three_seqs_full_pool(Scheduler.__init__.__kwdefaults__["victim_policy"])
+    run_to_completion(sched)
+    # C had computed 3 tokens when preempted; its block was partial (not cached), so all 3 are
+    # computed again, plus any later preemptions of the same kind.
+    assert sched.num_preemptions >= 1
+    assert sched.num_recomputed_tokens >= 3
+
+
+def test_requests_that_can_never_fit_are_refused_at_once() -> None:
+    sched = Scheduler(PagedAllocator(5, 4), max_model_len=16)  # 4 blocks = 16 slots
+    too_long = sched.add_request("ctx", range(10), max_new_tokens=7)
+    assert too_long.finish_reason is FinishReason.REFUSED and too_long.is_finished
+    assert "exceeds max_model_len 16" in too_long.finish_detail
+    ok = sched.add_request("ok", range(10), max_new_tokens=6)
+    b1, _ = step(sched)
+    assert b1.refused == (too_long,) and [s.seq for s in b1.seqs] == [ok]
+    assert sched.num_refused == 1 and too_long not in sched.waiting
+
+    big = Scheduler(PagedAllocator(5, 4)).add_request("pool", range(10), max_new_tokens=8)
+    assert big.finish_reason is FinishReason.REFUSED
+    assert "exceed the whole KV pool (16 tokens)" in big.finish_detail
+
+    strict = Scheduler(PagedAllocator(50, 4), max_num_batched_tokens=8, chunked_prefill=False)
+    assert strict.add_request("chunk", range(9), 1).finish_reason is FinishReason.REFUSED
+
+
+def test_stop_token_finishes_and_frees() -> None:
+    alloc = PagedAllocator(9, 4)
+    sched = Scheduler(alloc)
+    seq = sched.add_request("s", [1, 2, 3], max_new_tokens=10, stop_token_ids=[99])
+    batch = sched.schedule()
+    assert sched.update(batch, [[5]]) == []
+    batch = sched.schedule()
+    assert sched.update(batch, [[99]]) == [seq]
+    assert seq.finish_reason is FinishReason.STOP and seq.output_token_ids == [5, 99]
+    assert alloc.stats().num_used_blocks == 0 and not sched.has_unfinished()
+
+
+def test_update_rejects_mismatched_token_lists() -> None:
+    sched = Scheduler(PagedAllocator(9, 4))
+    sched.add_request("s", [1, 2, 3], max_new_tokens=2)
+    batch = sched.schedule()
+    with pytest.raises(ValueError, match="1 sampled tokens"):
+        sched.update(batch, [[]])
+    with pytest.raises(ValueError, match="token lists"):
+        sched.update(batch, [])
+
+
+def test_prefix_hit_is_reported_at_admission() -> None:
+    alloc = PagedAllocator(33, 4)
+    sched = Scheduler(alloc)
+    sched.add_request("A", range(10), max_new_tokens=2)
+    step(sched)
+    sched.add_request("B", [*range(9), 77], max_new_tokens=2)  # shares 9 tokens = 2 blocks
+    b2, _ = step(sched)
+    assert rows(b2)[1] == ("B", 8, 2, 1, 8) and b2.prefix_hit_tokens == 8
+
+
+def test_abort_frees_blocks_at_once() -> None:
+    alloc = PagedAllocator(17, 4)
+    sched = Scheduler(alloc)
+    sched.add_request("A", range(10), max_new_tokens=5)
+    sched.add_request("W", range(100, 103), max_new_tokens=5, n=2)
+    batch = sched.schedule()
+    assert alloc.num_free_blocks < 16
+    aborted = sched.abort("A") + sched.abort("W")
+    assert all(s.finish_reason is FinishReason.ABORT for s in aborted) and len(aborted) == 2
+    assert alloc.stats().num_used_blocks == 0 and not sched.has_unfinished()
+    alloc.check_invariants()
+    assert sched.update(batch, [[1], [2, 3]]) == []  # a step in flight is ignored
+    assert sched.abort("A") == []
+
+
+def test_config_validates_and_builds() -> None:
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        SchedulerConfig(max_num_seqs=0)
+    with pytest.raises(ValueError, match="preemption policy"):
+        SchedulerConfig(preemption="random")
+    sched = SchedulerConfig(max_num_seqs=3, preemption="least_computed").build(PagedAllocator(9, 4))
+    assert sched.max_num_seqs == 3 and sched.victim_policy is least_computed
