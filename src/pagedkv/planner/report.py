@@ -145,7 +145,7 @@ def render_plan(plan: Plan, console: Any, resolution_log: str | None = None) -> 
             f"{row.block_bytes / 1024:.6g}",
             f"{row.table_entries:.0f}",
             f"{row.table_bytes / 1024:.6g}",
-            f"{row.internal_fragmentation_slots / workload.num_seqs:g}",
+            f"{row.internal_fragmentation_slots / workload.num_seqs:.2f}",
             f"{row.internal_fragmentation_bytes / 1e6:.2f}",
             f"{100 * row.prefix_reuse_rate:.1f}%",
             f"{row.prefix_waste_bytes / 1e6:.2f}",

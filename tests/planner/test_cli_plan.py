@@ -1,0 +1,123 @@
+"""`pagedkv plan` at the CLI edge: errors are one line with exit 2; table, JSON and plot."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.planner.helpers import plan_json, rows_by_block_size, run_plan
+
+BASE = ("--record-bytes", "4096", "--num-seqs", "128", "--max-len", "8192")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((*BASE, "--block-sizes", "0,16"), "block sizes must be >= 1"),
+        ((*BASE, "--block-sizes", "8,x"), "--block-sizes: expected comma-separated integers"),
+        (
+            ("--record-bytes", "4096", "--num-seqs", "0", "--max-len", "8"),
+            "num_seqs (K) must be >= 1",
+        ),
+        (("--record-bytes", "4096", "--max-len", "8"), "give --num-seqs K"),
+        (("--record-bytes", "4096", "--num-seqs", "-3", "--max-len", "8"), "--num-seqs: expected"),
+        (
+            ("--model", "llama-9", "--num-seqs", "1", "--max-len", "8"),
+            "unknown model preset 'llama-9'",
+        ),
+        (
+            ("--model", "/nonexistent/config.json", "--num-seqs", "1", "--max-len", "8"),
+            "cannot read",
+        ),
+        (("--num-seqs", "1", "--max-len", "8"), "give exactly one of --model"),
+        (("--model", "llama-3-8b", *BASE), "give exactly one of --model"),
+        (
+            ("--model", "llama-3-8b", "--kv-dtype", "int2", "--num-seqs", "1", "--max-len", "8"),
+            "unknown KV dtype",
+        ),
+        ((*BASE, "--backend", "cudnn"), "unknown attention backend 'cudnn'"),
+        ((*BASE, "--memory", "58XB"), "--memory: expected a size"),
+        ((*BASE, "--prefix-range", "10:5"), "--prefix-range: need 0 < A <= B"),
+        ((*BASE, "--prefix-len", "10", "--prefix-range", "1:5"), "not both"),
+        (
+            ("--record-bytes", "4096", "--num-seqs", "1", "--trace", "/nonexistent.csv"),
+            "cannot read trace",
+        ),
+        (
+            ("--record-bytes", "0", "--num-seqs", "1", "--max-len", "8"),
+            "--record-bytes must be >= 1",
+        ),
+        (("--record-bytes", "4096", "--num-seqs", "1"), "--mean-len"),
+        ((*BASE, "--gpu-memory", "80GiB"), "--gpu-memory needs --weights"),
+        (
+            ("--model", "llama-3-8b", "--num-seqs", "1", "--max-len", "8", "--gpu-memory", "10GB"),
+            "no memory left",
+        ),
+    ],
+)
+def test_invalid_input_is_one_error_line_and_exit_2(args, message):
+    code, out, err = run_plan(*args)
+    assert code == 2
+    assert out == ""
+    assert err.count("\n") == 1 and err.startswith("pagedkv plan: error: ")
+    assert message in err
+
+
+def test_bad_config_file_is_one_error_line(tmp_path):
+    bad = tmp_path / "config.json"
+    bad.write_text("{oops")
+    code, _, err = run_plan("--model", str(bad), "--num-seqs", "1", "--max-len", "8")
+    assert code == 2 and err.count("\n") == 1 and "cannot read model config" in err
+
+
+def test_table_output_names_the_recommendation_and_units():
+    code, out, err = run_plan(*BASE, "--prefix-len", "1200", "--block-sizes", "8,16,32")
+    assert code == 0 and err == ""
+    assert "MB = 10^6 B, KiB = 1024 B" in out
+    assert "recommended block size: 8" in out
+    assert "time ledger" in out
+    assert "resolved: block_size=8 tokens (backend torch-sdpa)" in out
+
+
+def test_json_carries_the_documented_fields():
+    report = plan_json(*BASE, "--prefix-len", "1200", "--memory", "1GiB")
+    required = {"block_size", "table_entries", "table_bytes", "internal_fragmentation_bytes",
+                "prefix_reuse_rate", "prefix_waste_bytes", "total_bytes", "allowed"}  # fmt: skip
+    for row in report["rows"]:
+        assert required <= set(row)
+    assert report["recommendation"]["block_size"] == 8
+    assert report["recommendation"]["resolution"] == "block_size=8 tokens (backend torch-sdpa)"
+    assert report["capacity"]["pool_bytes"] == 2**30
+
+
+def test_backend_constraints_drive_the_recommendation():
+    report = plan_json("--model", "deepseek-v3", "--num-seqs", "64", "--max-len", "4096",
+                       "--backend", "flashmla")  # fmt: skip
+    rows = rows_by_block_size(report)
+    assert [b for b, r in rows.items() if r["allowed"]] == [64]
+    assert rows[16]["violations"] == ["flashmla supports block sizes 64 only"]
+    assert report["recommendation"]["block_size"] == 64
+    assert any("excluded by hard constraints" in r for r in report["recommendation"]["reasons"])
+
+
+def test_no_allowed_candidate_is_reported_not_invented():
+    report = plan_json("--model", "llama-3-8b", "--num-seqs", "4", "--max-len", "512",
+                       "--backend", "fa4", "--block-sizes", "16,32")  # fmt: skip
+    assert report["recommendation"]["block_size"] is None
+    assert "no candidate is allowed by backend fa4" in report["recommendation"]["reasons"][0]
+
+
+def test_short_prefix_warning():
+    # P = 40 tokens can never fill a 64-token block: a prefix cache at B >= 64 never hits.
+    report = plan_json(*BASE, "--prefix-len", "40", "--block-sizes", "64,128")
+    assert rows_by_block_size(report)[64]["prefix_reuse_rate"] == 0
+    assert rows_by_block_size(report)[64]["prefix_shorter_than_block"] is True
+    (warning,) = report["recommendation"]["warnings"]
+    assert "shorter than one block of 64" in warning
+
+
+def test_plot_is_written(tmp_path):
+    png = tmp_path / "plan.png"
+    code, out, _ = run_plan(*BASE, "--prefix-range", "64:256", "--plot", str(png))
+    assert code == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"plot written to {png}" in out
