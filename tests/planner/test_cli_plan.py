@@ -42,6 +42,7 @@ BASE = ("--record-bytes", "4096", "--num-seqs", "128", "--max-len", "8192")
             ("--record-bytes", "4096", "--num-seqs", "1", "--trace", "/nonexistent.csv"),
             "cannot read trace",
         ),
+        (("--record-bytes", "1", "--num-seqs", "1", "--trace", "t.csv", "--max-len", "8"), "drop"),
         (
             ("--record-bytes", "0", "--num-seqs", "1", "--max-len", "8"),
             "--record-bytes must be >= 1",

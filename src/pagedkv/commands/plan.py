@@ -123,9 +123,10 @@ def _workload(args: argparse.Namespace):
     num_seqs = parse_tokens("--num-seqs", args.num_seqs)
     hits = None if args.prefix_hits is None else parse_tokens("--prefix-hits", args.prefix_hits)
     if args.trace is not None:
-        if any(v is not None for v in (args.mean_len, args.max_len, args.prefix_len)):
+        given = (args.mean_len, args.max_len, args.prefix_len, args.prefix_range)
+        if any(v is not None for v in given):
             raise UsageError(
-                "--trace gives the lengths and prefixes: drop --mean-len/--max-len/--prefix-len"
+                "--trace gives lengths and prefixes: drop --mean-len/--max-len/--prefix-*"
             )
         return load_trace(args.trace).to_workload(num_seqs, hits)
     prefixes = _prefixes(args)
