@@ -1,0 +1,32 @@
+"""The model layer: configs, loaders (GGUF, safetensors), tokenizer, and the paged forward.
+
+Public API the engine uses::
+
+    config, model, tokenizer = load_model(path_or_none, dtype="float32")
+    kv_caches = allocate_kv_caches(config.num_layers, num_blocks, block_size,
+                                   config.num_kv_heads, config.head_dim, dtype)
+    hidden = model(input_ids, positions, kv_caches, AttentionMetadata(...))
+    logits = model.compute_logits(hidden[rows])
+"""
+
+from pagedkv.model.attention import (
+    BACKEND_INFO,
+    AttentionMetadata,
+    allocate_kv_caches,
+    copy_blocks,
+)
+from pagedkv.model.config import ModelConfig
+from pagedkv.model.llama import CausalLM
+from pagedkv.model.loader import load_model
+from pagedkv.model.tokenizer import Tokenizer
+
+__all__ = [
+    "BACKEND_INFO",
+    "AttentionMetadata",
+    "CausalLM",
+    "ModelConfig",
+    "Tokenizer",
+    "allocate_kv_caches",
+    "copy_blocks",
+    "load_model",
+]

@@ -1,0 +1,224 @@
+"""Paged attention in plain torch: write new K/V by slot, gather each sequence's context by its
+block table, attend with ``scaled_dot_product_attention`` over a padded, masked batch.
+
+KV storage (one pair per layer, allocated by the engine, see ``allocate_kv_caches``)::
+
+    k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]
+    slot = block_id * block_size + offset      # token i of a sequence: block_table[i // B], i % B
+
+A step's batch is the concatenation of every scheduled sequence's *new* tokens: a prefill chunk
+(possibly on top of a cached prefix) or one decode token. ``AttentionMetadata`` describes it.
+Any ``block_size >= 1`` works, including one block of ``max_model_len`` slots per sequence (the
+reserved, contiguous baseline), because the gather only ever computes slots.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+KVCache = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class AttentionBackendInfo:
+    """What the planner needs to know about this backend when it resolves the block size."""
+
+    name: str
+    min_block_size: int
+    block_size_multiple: int
+
+
+BACKEND_INFO = AttentionBackendInfo("torch-sdpa-gather", min_block_size=1, block_size_multiple=1)
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """One step's batch layout, shared by every layer. The model reads it and never mutates it.
+
+    slot_mapping:     int64 ``[num_tokens]``; where each new token's K/V is written.
+    block_tables:     int32 ``[num_seqs, max_blocks]``; physical block ids per sequence, padded
+                      with 0; must cover ``ceil(context_lens.max() / block_size)`` blocks.
+    context_lens:     int32 ``[num_seqs]``; tokens of each sequence after this step (cached
+                      prefix + new tokens).
+    query_start_loc:  int32 ``[num_seqs + 1]``; cumulative new-token counts, starting at 0. Every
+                      sequence has >= 1 new token; they are the last of its context.
+    """
+
+    slot_mapping: torch.Tensor
+    block_tables: torch.Tensor
+    context_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+
+    @property
+    def num_seqs(self) -> int:
+        return int(self.context_lens.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.slot_mapping.shape[0])
+
+
+@dataclass(frozen=True)
+class _PaddedGroup:
+    """Index plan for a group of sequences padded to ``[S, max_q]`` queries × ``[S, max_ctx]`` keys."""
+
+    token_index: torch.Tensor  # int64 [T_g]: rows of the flat batch that belong to the group
+    padded_index: torch.Tensor  # int64 [T_g]: the same rows in the padded [S * max_q] layout
+    gather_slots: torch.Tensor  # int64 [S, max_ctx]: cache slot of every context position
+    mask: torch.Tensor  # bool [S, 1, group * max_q, max_ctx]: True = may attend
+    num_seqs: int
+    max_q: int
+
+
+class AttentionPlan:
+    """Everything the layers need that depends only on the metadata; built once per forward.
+
+    Sequences are split into decode (1 new token) and prefill (more) groups so one long prefill
+    chunk does not pad thirty decode queries up to its length.
+    """
+
+    def __init__(self, meta: AttentionMetadata, block_size: int, num_queries_per_kv: int) -> None:
+        self.slot_mapping = meta.slot_mapping.to(torch.int64)
+        starts = meta.query_start_loc.to(torch.int64)
+        q_lens = starts[1:] - starts[:-1]
+        ctx_lens = meta.context_lens.to(torch.int64)
+        _validate(meta, q_lens, ctx_lens, block_size)
+        self.groups: list[_PaddedGroup] = []
+        for members in (q_lens == 1, q_lens > 1):
+            seq_ids = members.nonzero().flatten()
+            if seq_ids.numel():
+                self.groups.append(
+                    _plan_group(
+                        seq_ids,
+                        starts,
+                        q_lens,
+                        ctx_lens,
+                        meta.block_tables.to(torch.int64),
+                        block_size,
+                        num_queries_per_kv,
+                    )
+                )
+
+
+def _validate(
+    meta: AttentionMetadata, q_lens: torch.Tensor, ctx_lens: torch.Tensor, block_size: int
+) -> None:
+    num_seqs = meta.num_seqs
+    if meta.query_start_loc.shape != (num_seqs + 1,) or meta.block_tables.shape[0] != num_seqs:
+        raise ValueError("query_start_loc must be [num_seqs + 1] and block_tables [num_seqs, *]")
+    if int(meta.query_start_loc[0]) != 0 or int(meta.query_start_loc[-1]) != meta.num_tokens:
+        raise ValueError("query_start_loc must run from 0 to num_tokens")
+    if bool((q_lens < 1).any()) or bool((ctx_lens < q_lens).any()):
+        raise ValueError("every sequence needs 1 <= new tokens <= context_lens")
+    if int(ctx_lens.max()) > meta.block_tables.shape[1] * block_size:
+        raise ValueError("block_tables do not cover context_lens")
+
+
+def _plan_group(
+    seq_ids: torch.Tensor,
+    starts: torch.Tensor,
+    q_lens: torch.Tensor,
+    ctx_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    block_size: int,
+    num_queries_per_kv: int,
+) -> _PaddedGroup:
+    q = q_lens[seq_ids]
+    ctx = ctx_lens[seq_ids]
+    num_seqs, max_q, max_ctx = int(seq_ids.numel()), int(q.max()), int(ctx.max())
+    # Token j of the group belongs to local sequence `owner[j]`, at index `within[j]` of its chunk.
+    owner = torch.repeat_interleave(torch.arange(num_seqs), q)
+    group_starts = torch.cumsum(q, 0) - q
+    within = torch.arange(int(q.sum())) - group_starts[owner]
+    token_index = starts[seq_ids][owner] + within
+    padded_index = owner * max_q + within
+    cols = torch.arange(max_ctx)
+    gather_slots = block_tables[seq_ids][:, cols // block_size] * block_size + cols % block_size
+    # Query i of a sequence sits at position ctx - q + i and sees keys 0..that position. Padded
+    # queries (i >= q) see the whole context plus padding: never all-masked, and discarded.
+    last_visible = (ctx - q)[:, None] + torch.arange(max_q)[None, :]  # [S, max_q]
+    mask = cols[None, None, :] <= last_visible[:, :, None]  # [S, max_q, max_ctx]
+    # Grouped-query layout: the queries of one KV head's group are stacked along the query axis.
+    mask = mask[:, None].expand(num_seqs, num_queries_per_kv, max_q, max_ctx)
+    mask = mask.reshape(num_seqs, 1, num_queries_per_kv * max_q, max_ctx)
+    return _PaddedGroup(token_index, padded_index, gather_slots, mask, num_seqs, max_q)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_cache: KVCache,
+    plan: AttentionPlan,
+    scale: float,
+) -> torch.Tensor:
+    """Attention of one layer. ``q`` ``[T, Hq, D]``, ``k``/``v`` ``[T, Hkv, D]`` (RoPE applied).
+
+    Mutates ``kv_cache``: the new K/V land in their slots *before* any sequence reads, so a
+    prefill chunk sees itself. Returns ``[T, Hq * D]``, a new tensor.
+    """
+    k_cache, v_cache = kv_cache
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    k_flat = k_cache.view(-1, num_kv_heads, head_dim)
+    v_flat = v_cache.view(-1, num_kv_heads, head_dim)
+    k_flat.index_copy_(0, plan.slot_mapping, k.to(k_cache.dtype))
+    v_flat.index_copy_(0, plan.slot_mapping, v.to(v_cache.dtype))
+
+    num_tokens, num_heads, _ = q.shape
+    group = num_heads // num_kv_heads
+    out = q.new_empty(num_tokens, num_heads * head_dim)
+    for g in plan.groups:
+        s, max_q = g.num_seqs, g.max_q
+        q_pad = q.new_zeros(s * max_q, num_heads, head_dim)
+        q_pad[g.padded_index] = q[g.token_index]
+        # [S, max_q, Hkv, group, D] -> [S, Hkv, group * max_q, D]: no K/V repeat for GQA.
+        q_pad = q_pad.view(s, max_q, num_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
+        q_pad = q_pad.reshape(s, num_kv_heads, group * max_q, head_dim)
+        keys = k_flat[g.gather_slots].to(q.dtype).transpose(1, 2)  # [S, Hkv, max_ctx, D]
+        values = v_flat[g.gather_slots].to(q.dtype).transpose(1, 2)
+        attn = F.scaled_dot_product_attention(q_pad, keys, values, attn_mask=g.mask, scale=scale)
+        attn = attn.view(s, num_kv_heads, group, max_q, head_dim).permute(0, 3, 1, 2, 4)
+        out[g.token_index] = attn.reshape(s * max_q, num_heads * head_dim)[g.padded_index]
+    return out
+
+
+def allocate_kv_caches(
+    num_layers: int,
+    num_blocks: int,
+    block_size: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> list[KVCache]:
+    """Zero-filled ``(k, v)`` pools per layer, ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+
+    Zeros matter: masked-out slots are still multiplied by a zero weight, and garbage NaNs from
+    uninitialised memory would poison real rows. The caller owns the tensors.
+    """
+    if num_blocks < 1 or block_size < 1:
+        raise ValueError(
+            f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}"
+        )
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    return [
+        (
+            torch.zeros(shape, dtype=dtype, device=device),
+            torch.zeros(shape, dtype=dtype, device=device),
+        )
+        for _ in range(num_layers)
+    ]
+
+
+def copy_blocks(kv_caches: list[KVCache], src_dst: torch.Tensor) -> None:
+    """Copy whole blocks ``src -> dst`` (int64 ``[N, 2]``) in every layer: copy-on-write after a
+    fork, applied before the forward pass that writes into ``dst``. Mutates the caches."""
+    if src_dst.numel() == 0:
+        return
+    src, dst = src_dst[:, 0].to(torch.int64), src_dst[:, 1].to(torch.int64)
+    for k_cache, v_cache in kv_caches:
+        k_cache[dst] = k_cache[src]
+        v_cache[dst] = v_cache[src]

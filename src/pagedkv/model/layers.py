@@ -1,0 +1,102 @@
+"""The position-wise building blocks: RMSNorm, rotary embeddings (plain and llama3), SwiGLU."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pagedkv.model.config import Llama3RopeScaling
+
+
+class RMSNorm(nn.Module):
+    """``weight * x / rms(x)``, computed in fp32 whatever the model dtype (as the references do)."""
+
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.to(torch.float32)
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+def rope_inverse_frequencies(
+    head_dim: int, theta: float, scaling: Llama3RopeScaling | None
+) -> torch.Tensor:
+    """fp32 ``[head_dim // 2]`` angular frequencies, with the llama3 rescaling when asked."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim
+    inv_freq = 1.0 / (theta**exponents)
+    if scaling is None:
+        return inv_freq
+    # llama3: wavelengths longer than the original context / low_freq_factor are slowed by
+    # `factor`; shorter than context / high_freq_factor stay; in between, a linear blend.
+    old_ctx = scaling.original_max_position_embeddings
+    wavelen = 2 * math.pi / inv_freq
+    slowed = inv_freq / scaling.factor
+    blend = (old_ctx / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
+    blended = (1 - blend) * slowed + blend * inv_freq
+    out = torch.where(wavelen > old_ctx / scaling.low_freq_factor, slowed, inv_freq)
+    medium = (wavelen >= old_ctx / scaling.high_freq_factor) & (
+        wavelen <= old_ctx / scaling.low_freq_factor
+    )
+    return torch.where(medium, blended, out)
+
+
+class RotaryEmbedding(nn.Module):
+    """Half-split ("NeoX") rotary embedding, the layout of Hugging Face Llama/Qwen2 weights.
+
+    GGUF Llama weights are stored for llama.cpp's adjacent-pair rotation; the GGUF loader
+    un-permutes their Q/K rows so this one rotation serves every source.
+    """
+
+    def __init__(self, head_dim: int, theta: float, scaling: Llama3RopeScaling | None) -> None:
+        super().__init__()
+        inv_freq = rope_inverse_frequencies(head_dim, theta, scaling)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def scale_frequencies(self, factors: torch.Tensor) -> None:
+        """Divide the frequencies by per-frequency ``factors`` (GGUF ``rope_freqs.weight``)."""
+        if factors.shape != self.inv_freq.shape:
+            raise ValueError(
+                f"rope_freqs has shape {tuple(factors.shape)}, want {tuple(self.inv_freq.shape)}"
+            )
+        self.inv_freq = self.inv_freq / factors.to(torch.float32)
+
+    def cos_sin(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cos, sin`` of shape ``[T, 1, head_dim // 2]`` (broadcast over heads), in ``dtype``.
+
+        Angles are formed in fp32: at position 8k a bf16 angle would be off by whole radians.
+        """
+        angles = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
+        return angles.cos().to(dtype)[:, None, :], angles.sin().to(dtype)[:, None, :]
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` ``[T, heads, head_dim]``; pairs are (i, i + head_dim/2). Returns a new tensor."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class SwiGLU(nn.Module):
+    """``down(silu(gate(x)) * up(x))`` with gate and up fused into one matmul."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.intermediate_size = intermediate_size
+        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)

@@ -1,0 +1,105 @@
+"""``load_model``: any supported model path (or the embedded default) → config, model, tokenizer."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from pagedkv.model.config import ModelConfig
+from pagedkv.model.embedded import embedded_model_path
+from pagedkv.model.gguf import config_from_gguf, gguf_metadata, iter_gguf_weights, read_gguf
+from pagedkv.model.llama import CausalLM, build_model
+from pagedkv.model.safetensors import iter_hf_weights, read_hf_config
+from pagedkv.model.tokenizer import (
+    Tokenizer,
+    tokenizer_from_gguf_metadata,
+    tokenizer_from_hf_folder,
+)
+
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class _StatusLine:
+    """A one-line progress report on stderr (rewritten in place on a terminal)."""
+
+    def __init__(self, label: str, enabled: bool) -> None:
+        self.label, self.enabled = label, enabled
+        self.tty = sys.stderr.isatty()
+        self.started = time.perf_counter()
+        self.last_percent = -1
+
+    def __call__(self, done: int, total: int) -> None:
+        percent = 100 * done // max(total, 1)
+        if not self.enabled or percent == self.last_percent or (not self.tty and percent % 25):
+            return
+        self.last_percent = percent
+        end = "\n" if not self.tty or done == total else ""
+        print(
+            f"\r{self.label}: {done}/{total} tensors ({percent}%)",
+            end=end,
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def finish(self, what: str) -> None:
+        if self.enabled:
+            print(
+                f"{what} in {time.perf_counter() - self.started:.1f} s", file=sys.stderr, flush=True
+            )
+
+
+def resolve_model_path(path: str | os.PathLike[str] | None) -> Path:
+    """None → the embedded GGUF; a ``.gguf`` file; a folder with ``config.json``; or a folder
+    holding exactly one ``.gguf``. Anything else: ``FileNotFoundError`` / ``ValueError``."""
+    if path is None:
+        return embedded_model_path()
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"model path not found: {p}")
+    if p.is_file():
+        return p
+    if (p / "config.json").is_file():
+        return p
+    ggufs = sorted(p.glob("*.gguf"))
+    if len(ggufs) == 1:
+        return ggufs[0]
+    raise ValueError(
+        f"{p} holds neither config.json nor exactly one .gguf file ({len(ggufs)} found)"
+    )
+
+
+def load_model(
+    path: str | os.PathLike[str] | None = None, dtype: str = "float32", progress: bool = True
+) -> tuple[ModelConfig, CausalLM, Tokenizer]:
+    """Load a model for inference (eval mode, no grads, weights in ``dtype``).
+
+    ``path``: None (embedded SmolLM2-135M-Instruct), a GGUF file, or a Hugging Face folder.
+    Progress goes to stderr when ``progress``. Errors: ``FileNotFoundError`` for a missing
+    path, ``ValueError`` for anything unreadable or unsupported (e.g. the architecture).
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"unsupported dtype {dtype!r} (supported: {sorted(DTYPES)})")
+    torch_dtype = DTYPES[dtype]
+    resolved = resolve_model_path(path)
+    status = _StatusLine(f"loading {resolved.name}", progress)
+    if resolved.is_dir():
+        config = read_hf_config(resolved)
+        tokenizer = tokenizer_from_hf_folder(resolved, config.eos_token_ids)
+        weights = dict(iter_hf_weights(resolved, config, torch_dtype, status))
+    else:
+        reader = read_gguf(resolved)
+        config = config_from_gguf(reader)
+        tokenizer = tokenizer_from_gguf_metadata(gguf_metadata(reader))
+        weights = dict(iter_gguf_weights(reader, config, torch_dtype, status))
+        del reader  # releases the memory map: every tensor is a copy now
+    model = build_model(config)
+    model.load_weights(weights, torch_dtype)
+    model.eval()
+    status.finish(
+        f"loaded {config.architecture} ({config.num_layers} layers, hidden {config.hidden_size}, {dtype})"
+    )
+    return config, model, tokenizer

@@ -1,0 +1,92 @@
+"""Hugging Face folders: ``config.json`` + ``*.safetensors`` → ``ModelConfig`` + canonical weights."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+
+from pagedkv.model.config import ModelConfig
+
+# Hugging Face tensor name → canonical name (see llama.py). Llama, Mistral and Qwen2 agree.
+HF_GLOBAL_NAMES: dict[str, str] = {
+    "model.embed_tokens.weight": "embed_tokens.weight",
+    "model.norm.weight": "norm.weight",
+    "lm_head.weight": "lm_head.weight",
+}
+HF_LAYER_NAMES: dict[str, str] = {
+    "input_layernorm.weight": "input_layernorm.weight",
+    "post_attention_layernorm.weight": "post_attention_layernorm.weight",
+    "self_attn.q_proj.weight": "q_proj.weight",
+    "self_attn.k_proj.weight": "k_proj.weight",
+    "self_attn.v_proj.weight": "v_proj.weight",
+    "self_attn.q_proj.bias": "q_proj.bias",
+    "self_attn.k_proj.bias": "k_proj.bias",
+    "self_attn.v_proj.bias": "v_proj.bias",
+    "self_attn.o_proj.weight": "o_proj.weight",
+    "mlp.gate_proj.weight": "gate_proj.weight",
+    "mlp.up_proj.weight": "up_proj.weight",
+    "mlp.down_proj.weight": "down_proj.weight",
+}
+# Present in some checkpoints, never needed: recomputed from the config.
+HF_IGNORED = re.compile(r"^model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq$")
+_LAYER_NAME = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+
+ProgressCallback = Callable[[int, int], None]
+
+
+def read_hf_config(folder: str | os.PathLike[str]) -> ModelConfig:
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no config.json in {folder}")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path} is not readable JSON: {exc}") from exc
+    return ModelConfig.from_hf_config(raw)
+
+
+def canonical_name(hf_name: str) -> str | None:
+    """Canonical name of an HF tensor; ``None`` when it is ignored; ``ValueError`` if unknown."""
+    if hf_name in HF_GLOBAL_NAMES:
+        return HF_GLOBAL_NAMES[hf_name]
+    if HF_IGNORED.match(hf_name):
+        return None
+    match = _LAYER_NAME.match(hf_name)
+    if match and match.group(2) in HF_LAYER_NAMES:
+        return f"layers.{match.group(1)}.{HF_LAYER_NAMES[match.group(2)]}"
+    raise ValueError(f"unexpected tensor {hf_name!r} in safetensors checkpoint")
+
+
+def iter_hf_weights(
+    folder: str | os.PathLike[str],
+    config: ModelConfig,
+    dtype: torch.dtype = torch.float32,
+    progress: ProgressCallback | None = None,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(canonical name, tensor)`` from every ``*.safetensors`` file of ``folder``.
+
+    A tied checkpoint that still stores ``lm_head.weight`` has it skipped (the model reuses the
+    embedding). Yielded tensors are owned by the caller.
+    """
+    from safetensors import safe_open
+
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {folder}")
+    handles = [safe_open(str(f), framework="pt") for f in files]
+    total = sum(len(list(h.keys())) for h in handles)
+    done = 0
+    for handle in handles:
+        for hf_name in handle.keys():  # noqa: SIM118 - safe_open is not a dict
+            done += 1
+            name = canonical_name(hf_name)
+            if name is None or (name == "lm_head.weight" and config.tie_word_embeddings):
+                continue
+            yield name, handle.get_tensor(hf_name).to(dtype)
+            if progress is not None:
+                progress(done, total)
