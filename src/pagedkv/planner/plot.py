@@ -5,6 +5,7 @@ matplotlib is imported inside ``save_plan_plot`` only: the planner must import w
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 from pagedkv.planner import ledgers
@@ -28,13 +29,27 @@ def save_plan_plot(plan: Plan, path: str | Path) -> Path:
     prefixes = plan.workload.prefix_lens_tokens
     fig, (ax_reuse, ax_waste) = plt.subplots(1, 2, figsize=(11, 4.2))
 
-    all_sizes = range(1, max(r.block_size for r in rows) + 1)
+    all_sizes = list(range(1, max(r.block_size for r in rows) + 1))
+    mean_label = "mean over the P distribution" if len(set(prefixes)) > 1 else "one prefix"
     ax_reuse.plot(
-        list(all_sizes),
+        all_sizes,
         [100 * ledgers.mean_prefix_reuse_rate(prefixes, b) for b in all_sizes],
         color="tab:blue",
-        linewidth=1.2,
+        linewidth=1.4,
+        label=mean_label,
     )
+    if len(set(prefixes)) > 1:
+        # A distribution smooths the teeth out; show the sawtooth of its median prefix too.
+        median = int(statistics.median(prefixes))
+        ax_reuse.plot(
+            all_sizes,
+            [100 * ledgers.mean_prefix_reuse_rate([median], b) for b in all_sizes],
+            color="tab:blue",
+            linestyle="--",
+            linewidth=0.9,
+            alpha=0.7,
+            label=f"P = {median} (median)",
+        )
     ax_reuse.scatter(
         [r.block_size for r in rows],
         [100 * r.prefix_reuse_rate for r in rows],
@@ -53,7 +68,7 @@ def save_plan_plot(plan: Plan, path: str | Path) -> Path:
         )
     ax_reuse.set_xlabel("block size B (tokens)")
     ax_reuse.set_ylabel("prefix reuse rate (%)")
-    ax_reuse.set_title("Prefix reuse floor(P/B)*B / P vs B")
+    ax_reuse.set_title("Prefix reuse floor(P/B)*B / P")
     ax_reuse.set_ylim(0, 105)
     ax_reuse.grid(alpha=0.3)
     ax_reuse.legend(loc="lower left")
@@ -79,7 +94,7 @@ def save_plan_plot(plan: Plan, path: str | Path) -> Path:
         )
     ax_waste.set_xlabel("block size B (tokens)")
     ax_waste.set_ylabel("W(B) (MB = 10^6 bytes)")
-    ax_waste.set_title(f"Memory waste W(B) by ledger (* = recommended, {plan.backend})")
+    ax_waste.set_title(f"W(B) by ledger; * = recommended ({plan.backend})")
     ax_waste.legend(loc="upper left")
     ax_waste.grid(axis="y", alpha=0.3)
 
