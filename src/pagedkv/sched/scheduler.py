@@ -134,6 +134,15 @@ class Scheduler:
             seq.finish_reason = FinishReason.ABORT
         return seqs
 
+    def finish_sequence(self, seq: Sequence, reason: FinishReason = FinishReason.STOP) -> None:
+        """Finish one sequence now (the engine matched a stop string) and free its blocks.
+        Its siblings of an ``n > 1`` request go on. No-op if it is already finished."""
+        if seq.is_finished:
+            return
+        if seq.status is not _RUNNING:
+            self.waiting.remove(seq)
+        self._finish(seq, reason, [])
+
     @property
     def num_waiting(self) -> int:
         return len(self.waiting)

@@ -1,0 +1,106 @@
+"""``ModelRunner``: one ``ScheduledBatch`` in, the logits of the rows that need a token out.
+
+It owns the KV pools of every layer and turns the scheduler's plan into the model's inputs:
+input ids, positions, the slot mapping (where each new token's K/V goes), the padded block
+tables, the context lengths and the query start offsets. All of it comes from the allocator, so
+the paged, radix and reserved allocators drive the model through the same path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pagedkv.kvcache.protocol import KVAllocator
+from pagedkv.model.attention import AttentionMetadata, KVCache, allocate_kv_caches, copy_blocks
+from pagedkv.model.config import ModelConfig
+from pagedkv.model.llama import CausalLM
+from pagedkv.sched.batch import ScheduledBatch
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """The tensors of one forward pass (exposed for tests and benchmarks)."""
+
+    input_ids: torch.Tensor  # int64 [T]
+    positions: torch.Tensor  # int64 [T]
+    metadata: AttentionMetadata
+    logit_rows: torch.Tensor  # int64 [R]: index in [T] of each last token that needs logits
+
+
+class ModelRunner:
+    """Holds the model and its KV pools ``[num_blocks, block_size, kv_heads, head_dim]`` per
+    layer. ``execute`` mutates the pools (new K/V, copy-on-write copies) and nothing else."""
+
+    def __init__(
+        self,
+        model: CausalLM,
+        config: ModelConfig,
+        num_blocks: int,
+        block_size: int,
+        kv_dtype: torch.dtype = torch.float32,
+    ) -> None:
+        self.model = model
+        self.config = config
+        self.block_size = block_size
+        self.kv_caches: list[KVCache] = allocate_kv_caches(
+            config.num_layers,
+            num_blocks,
+            block_size,
+            config.num_kv_heads,
+            config.head_dim,
+            kv_dtype,
+        )
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return sum(k.numel() * k.element_size() * 2 for k, _ in self.kv_caches)
+
+    def prepare(self, batch: ScheduledBatch, allocator: KVAllocator) -> StepInputs:
+        """Build the step's tensors from the batch and the allocator's block tables."""
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        context_lens: list[int] = []
+        query_start = [0]
+        logit_rows: list[int] = []
+        for item in batch.seqs:
+            seq, start = item.seq, item.num_computed_tokens
+            end = start + item.num_new_tokens
+            input_ids.extend(seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            slots.extend(allocator.slot_mapping(seq, start, end))
+            context_lens.append(end)
+            query_start.append(query_start[-1] + item.num_new_tokens)
+            if item.needs_logits:
+                logit_rows.append(query_start[-1] - 1)
+        tables, width = allocator.block_tables([item.seq for item in batch.seqs])
+        block_tables = torch.tensor(tables, dtype=torch.int32).view(len(batch.seqs), width)
+        metadata = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.int64),
+            block_tables=block_tables,
+            context_lens=torch.tensor(context_lens, dtype=torch.int32),
+            query_start_loc=torch.tensor(query_start, dtype=torch.int32),
+        )
+        return StepInputs(
+            torch.tensor(input_ids, dtype=torch.int64),
+            torch.tensor(positions, dtype=torch.int64),
+            metadata,
+            torch.tensor(logit_rows, dtype=torch.int64),
+        )
+
+    def execute(self, batch: ScheduledBatch, allocator: KVAllocator) -> torch.Tensor:
+        """Apply the batch's block copies, run the forward pass, and return fp32 logits
+        ``[R, vocab]`` for the entries of ``batch.seqs`` that need logits, in batch order."""
+        if batch.block_copies:
+            copy_blocks(self.kv_caches, torch.tensor(batch.block_copies, dtype=torch.int64))
+        if not batch.seqs:
+            return torch.empty(0, self.config.vocab_size)
+        inputs = self.prepare(batch, allocator)
+        hidden = self.model(
+            inputs.input_ids, inputs.positions, self.kv_caches, inputs.metadata, self.block_size
+        )
+        if inputs.logit_rows.numel() == 0:
+            return torch.empty(0, self.config.vocab_size)
+        return self.model.compute_logits(hidden[inputs.logit_rows])

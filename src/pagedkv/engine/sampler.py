@@ -1,0 +1,88 @@
+"""The sampler: logits of the sequences that need a token -> next token ids (+ logprobs).
+
+Temperature, top-k and top-p are applied to the whole batch at once; only the random draw is
+per row, because each seeded request owns a ``torch.Generator`` (so its tokens do not depend on
+which other requests share the batch). Greedy rows take the argmax and draw nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pagedkv.engine.params import SamplingParams
+
+
+@dataclass(frozen=True)
+class SampleResult:
+    """Per row: the chosen token id, its log-probability under the model (before temperature
+    and truncation), and the top alternatives ``[(token_id, logprob)]`` when asked for."""
+
+    token_ids: list[int]
+    logprobs: list[float | None]
+    top_logprobs: list[list[tuple[int, float]] | None]
+
+
+def _truncate(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Mask (to -inf) everything outside each row's top-k and nucleus top-p."""
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    vocab = logits.shape[-1]
+    ranks = torch.arange(vocab, device=logits.device).expand_as(sorted_logits)
+    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab)).unsqueeze(-1)
+    drop = ranks >= k
+    probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
+    # Keep a token while the mass before it is below top_p (the first token always stays).
+    mass_before = probs.cumsum(dim=-1) - probs
+    drop |= mass_before >= top_p.unsqueeze(-1)
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+
+
+def sample(
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+) -> SampleResult:
+    """Pick one token per row of ``logits`` ``[rows, vocab]`` (fp32). ``generators[i]`` is the
+    row's seeded generator or None (global RNG). Mutates the generators' states only."""
+    rows = logits.shape[0]
+    logits = logits.float()
+    greedy = [p.greedy for p in params]
+    chosen = logits.argmax(dim=-1)
+    if not all(greedy):
+        temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params])
+        top_k = torch.tensor([p.top_k for p in params])
+        top_p = torch.tensor([p.top_p for p in params], dtype=logits.dtype)
+        probs = _truncate(logits / temps.unsqueeze(-1), top_k, top_p).softmax(dim=-1)
+        for i in range(rows):
+            if not greedy[i]:
+                chosen[i] = torch.multinomial(probs[i], 1, generator=generators[i])[0]
+    token_ids = chosen.tolist()
+    want = [p.logprobs for p in params]
+    logprobs: list[float | None] = [None] * rows
+    top: list[list[tuple[int, float]] | None] = [None] * rows
+    if any(w is not None for w in want):
+        log_probs = logits.log_softmax(dim=-1)
+        for i, w in enumerate(want):
+            if w is None:
+                continue
+            logprobs[i] = float(log_probs[i, token_ids[i]])
+            if w > 0:
+                values, ids = log_probs[i].topk(w)
+                top[i] = list(zip(ids.tolist(), values.tolist(), strict=True))
+    return SampleResult(token_ids, logprobs, top)
+
+
+_GOLDEN = 0x9E3779B97F4A7C15  # spreads consecutive seeds apart before mixing in the position
+
+
+def seeded_generator(seed: int | None, position: int) -> torch.Generator | None:
+    """The generator for output token ``position`` of a sample seeded ``seed`` (None: use the
+    global RNG). Stateless: the draw depends only on (seed, position), so a sample's tokens do
+    not depend on batching, preemption or whether it was forked from a parent."""
+    if seed is None:
+        return None
+    gen = torch.Generator()
+    gen.manual_seed((seed * _GOLDEN + position) & 0x7FFF_FFFF_FFFF_FFFF)
+    return gen

@@ -1,0 +1,100 @@
+"""Engine statistics: what paging bought, measured step by step on the real model."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from pagedkv.kvcache.protocol import KVAllocator
+from pagedkv.sched.batch import ScheduledBatch
+from pagedkv.sched.scheduler import Scheduler
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    num_steps: int
+    elapsed_s: float
+    computed_tokens: int  # tokens that went through the model (prompts, recomputes, decodes)
+    generated_tokens: int
+    prefix_hit_tokens: int
+    prefix_query_tokens: int
+    peak_used_blocks: int
+    total_blocks: int
+    kv_utilization_mean: float  # used slots / pool, averaged over steps
+    kv_utilization_peak: float
+    peak_running: int
+    preemptions: int
+
+    @property
+    def generated_tokens_per_s(self) -> float:
+        return self.generated_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def rows(self) -> list[tuple[str, str]]:
+        """(label, value) pairs for a two-column table."""
+        hit = self.prefix_hit_tokens / self.prefix_query_tokens if self.prefix_query_tokens else 0
+        return [
+            ("generated tokens", f"{self.generated_tokens}"),
+            ("generated tokens/s", f"{self.generated_tokens_per_s:.1f}"),
+            ("steps", f"{self.num_steps}"),
+            (
+                "prefix-hit tokens",
+                f"{self.prefix_hit_tokens} of {self.prefix_query_tokens} ({hit:.1%})",
+            ),
+            ("peak blocks in use", f"{self.peak_used_blocks} of {self.total_blocks}"),
+            (
+                "KV utilization mean / peak",
+                f"{self.kv_utilization_mean:.1%} / {self.kv_utilization_peak:.1%}",
+            ),
+            ("peak running sequences", f"{self.peak_running}"),
+            ("preemptions", f"{self.preemptions}"),
+        ]
+
+
+class StatsRecorder:
+    """Samples the allocator after every step. Cheap: one ``stats()`` call per step."""
+
+    def __init__(self, allocator: KVAllocator) -> None:
+        self._allocator = allocator
+        self._start: float | None = None
+        self._last = 0.0
+        self.num_steps = 0
+        self.computed_tokens = 0
+        self.generated_tokens = 0
+        self.peak_used_blocks = 0
+        self.peak_running = 0
+        self._util_sum = 0.0
+        self._util_peak = 0.0
+
+    def record_step(self, batch: ScheduledBatch, scheduler: Scheduler) -> None:
+        now = time.perf_counter()
+        if self._start is None:
+            self._start = now
+        self._last = now
+        if batch.is_empty:
+            return
+        self.num_steps += 1
+        for item in batch.seqs:
+            self.generated_tokens += item.num_samples
+            self.computed_tokens += item.num_new_tokens
+        s = self._allocator.stats()
+        self.peak_used_blocks = max(self.peak_used_blocks, s.num_used_blocks)
+        self.peak_running = max(self.peak_running, len(batch.seqs))
+        self._util_sum += s.kv_utilization
+        self._util_peak = max(self._util_peak, s.kv_utilization)
+
+    def summary(self, scheduler: Scheduler) -> EngineStats:
+        s = self._allocator.stats()
+        return EngineStats(
+            num_steps=self.num_steps,
+            elapsed_s=(self._last - self._start) if self._start is not None else 0.0,
+            computed_tokens=self.computed_tokens,
+            generated_tokens=self.generated_tokens,
+            prefix_hit_tokens=s.prefix_hit_tokens,
+            prefix_query_tokens=s.prefix_query_tokens,
+            peak_used_blocks=self.peak_used_blocks,
+            total_blocks=s.num_total_blocks,
+            kv_utilization_mean=self._util_sum / self.num_steps if self.num_steps else 0.0,
+            kv_utilization_peak=self._util_peak,
+            peak_running=self.peak_running,
+            preemptions=scheduler.num_preemptions,
+        )
