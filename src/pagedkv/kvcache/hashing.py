@@ -106,6 +106,8 @@ def mm_span_bytes(spans: tuple[MMSpan, ...], start: int, end: int) -> bytes:
 
 def token_bytes(token_ids: Sequence[int]) -> bytes:
     """The serialised token ids, ``_TOKEN_BYTES`` per token (ValueError on a negative id)."""
+    if isinstance(token_ids, array) and token_ids.typecode == _TOKEN_TYPECODE:
+        return token_ids.tobytes()  # already in the wire layout (sched.Sequence keeps this)
     try:
         return array(_TOKEN_TYPECODE, token_ids).tobytes()
     except OverflowError:
