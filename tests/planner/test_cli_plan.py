@@ -19,7 +19,10 @@ BASE = ("--record-bytes", "4096", "--num-seqs", "128", "--max-len", "8192")
             "num_seqs (K) must be >= 1",
         ),
         (("--record-bytes", "4096", "--max-len", "8"), "give --num-seqs K"),
-        (("--record-bytes", "4096", "--num-seqs", "-3", "--max-len", "8"), "--num-seqs: expected"),
+        (
+            ("--record-bytes", "4096", "--num-seqs", "-3", "--max-len", "8"),
+            "--num-seqs: expected a whole number",
+        ),
         (
             ("--model", "llama-9", "--num-seqs", "1", "--max-len", "8"),
             "unknown model preset 'llama-9'",
@@ -34,6 +37,8 @@ BASE = ("--record-bytes", "4096", "--num-seqs", "128", "--max-len", "8192")
             ("--model", "llama-3-8b", "--kv-dtype", "int2", "--num-seqs", "1", "--max-len", "8"),
             "unknown KV dtype",
         ),
+        ((*BASE, "--kv-dtype", "fp8"), "--kv-dtype needs --model"),
+        ((*BASE, "--prefix-len", "8", "--prefix-hits", "x"), "--prefix-hits: expected a whole"),
         ((*BASE, "--backend", "cudnn"), "unknown attention backend 'cudnn'"),
         ((*BASE, "--memory", "58XB"), "--memory: expected a size"),
         ((*BASE, "--prefix-range", "10:5"), "--prefix-range: need 0 < A <= B"),

@@ -85,6 +85,15 @@ def test_alignment_rewrites_to_the_smallest_aligned_block(monkeypatch):
     assert "128-byte base alignment" in reason
 
 
+def test_alignment_of_odd_records_needs_the_whole_alignment(monkeypatch):
+    # 1-byte (or any odd) records align to 128 bytes only at multiples of 128 tokens.
+    monkeypatch.setitem(BACKENDS, "aligned", Backend("aligned", 1, alignment_bytes=128))
+    assert resolve_block_size(1, "aligned", layout_from_record_bytes(1)).block_size == 128
+    assert resolve_block_size(129, "aligned", layout_from_record_bytes(3)).block_size == 256
+    # 24-byte records align every 16 tokens: 20 -> 32
+    assert resolve_block_size(20, "aligned", layout_from_record_bytes(24)).block_size == 32
+
+
 def test_int32_offset_limit(monkeypatch):
     monkeypatch.setitem(BACKENDS, "i32", Backend("i32", 16, int32_offsets=True))
     layout = layout_from_record_bytes(4096)  # 64 KiB blocks at B=16: 32768 blocks fit int32
@@ -100,6 +109,8 @@ def test_deepinfer_128_always_aligns():
         layout = layout_from_record_bytes(record_bytes)
         assert constraint_violations(128, BACKENDS["deepinfer"], layout) == []
         assert resolve_block_size(None, "deepinfer", layout).block_size == 128
+    # The article's DeepInfer block: 128 compressed records of 890 B, about 111 KiB.
+    assert layout_from_record_bytes(890).block_bytes(128) / 1024 == 111.25
 
 
 def test_page_format_fingerprint():

@@ -39,6 +39,13 @@ def parse_tokens(option: str, text: str) -> int:
     return int(match.group(1)) * (1024 if match.group(2) else 1)
 
 
+def parse_count(option: str, text: str) -> int:
+    """A whole number of things (sequences, hits): '128' -> 128."""
+    if not text.strip().isdigit():
+        raise UsageError(f"{option}: expected a whole number, got {text!r}")
+    return int(text)
+
+
 def parse_int_list(option: str, text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(part) for part in text.split(",") if part.strip())
@@ -93,6 +100,8 @@ def _layout(args: argparse.Namespace):
         raise UsageError("give exactly one of --model PRESET|config.json and --record-bytes C")
     if args.model is not None:
         return load_layout(args.model, kv_dtype=args.kv_dtype)
+    if args.kv_dtype is not None:
+        raise UsageError("--kv-dtype needs --model: --record-bytes already fixes the bytes")
     record_bytes = parse_bytes("--record-bytes", args.record_bytes)
     if record_bytes < 1:
         raise UsageError(f"--record-bytes must be >= 1, got {record_bytes}")
@@ -120,8 +129,8 @@ def _workload(args: argparse.Namespace):
 
     if args.num_seqs is None:
         raise UsageError("give --num-seqs K (live sequences at once)")
-    num_seqs = parse_tokens("--num-seqs", args.num_seqs)
-    hits = None if args.prefix_hits is None else parse_tokens("--prefix-hits", args.prefix_hits)
+    num_seqs = parse_count("--num-seqs", args.num_seqs)
+    hits = None if args.prefix_hits is None else parse_count("--prefix-hits", args.prefix_hits)
     if args.trace is not None:
         given = (args.mean_len, args.max_len, args.prefix_len, args.prefix_range)
         if any(v is not None for v in given):

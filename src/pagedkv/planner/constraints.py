@@ -135,19 +135,22 @@ def resolve_block_size(
         rewrites.append((block_size, target, f"{backend} only supports {sizes}"))
         block_size = target
     if constraint_violations(block_size, spec, layout, num_blocks):
-        # Alignment or offsets: take the smallest larger block size the kernel accepts.
-        candidates = spec.allowed_block_sizes or range(block_size + 1, 64 * block_size + 1)
-        for candidate in sorted(c for c in candidates if c > block_size):
-            if spec.allows(candidate) and not constraint_violations(
-                candidate, spec, layout, num_blocks
-            ):
-                why = "; ".join(constraint_violations(block_size, spec, layout, num_blocks))
-                rewrites.append((block_size, candidate, why))
-                block_size = candidate
-                break
-        else:
-            why = "; ".join(constraint_violations(block_size, spec, layout, num_blocks))
+        # Alignment or offsets: take the smallest larger block size that satisfies everything.
+        # B * record_bytes is aligned for every multiple of alignment / gcd(record, alignment),
+        # so a window of `alignment_bytes` sizes above B holds one if any does; a larger block
+        # never cures an int32 overflow of a fixed block count, so that ends in the error.
+        why = "; ".join(constraint_violations(block_size, spec, layout, num_blocks))
+        window = range(block_size + 1, block_size + spec.alignment_bytes + 1)
+        candidates = spec.allowed_block_sizes or window
+        fitting = [
+            c
+            for c in sorted(candidates)
+            if c > block_size and not constraint_violations(c, spec, layout, num_blocks)
+        ]
+        if not fitting:
             raise ValueError(f"no block size satisfies backend {backend}: {why}")
+        rewrites.append((block_size, fitting[0], why))
+        block_size = fitting[0]
     return BlockSizeResolution(block_size, backend, rewrites)
 
 

@@ -92,6 +92,14 @@ def mean_prefix_reuse_rate(prefix_lens_tokens: Sequence[int], block_size: int) -
     return sum(ratios) / len(ratios) if ratios else 1.0
 
 
+def mean_prefix_reuse_tokens(prefix_lens_tokens: Sequence[int], block_size: int) -> float:
+    """Mean of floor(P/B) * B over the prefix distribution (0.0 for an empty one)."""
+    if not prefix_lens_tokens:
+        return 0.0
+    reused = [prefix_reuse_tokens(p, block_size) for p in prefix_lens_tokens]
+    return sum(reused) / len(reused)
+
+
 def mean_prefix_lost_tokens(prefix_lens_tokens: Sequence[int], block_size: int) -> float:
     """Mean of (P mod B) over the prefix distribution (0.0 for an empty one)."""
     if not prefix_lens_tokens:

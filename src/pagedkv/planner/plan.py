@@ -8,7 +8,7 @@ stating the time ledger (kernel loop iterations) beside it, since W(B) counts by
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pagedkv.planner import ledgers
 from pagedkv.planner.constraints import constraint_violations, get_backend
@@ -60,7 +60,7 @@ class Plan:
     alignment_bytes: int
     recommended_block_size: int | None
     reasons: tuple[str, ...] = ()
-    warnings: tuple[str, ...] = field(default_factory=tuple)
+    warnings: tuple[str, ...] = ()
 
     @property
     def reserved_capacity_seqs(self) -> int | None:
@@ -99,11 +99,7 @@ def _price_row(
         frag_slots = ledgers.exact_fragmentation_slots(lens, b) * scale
     prefixes = workload.prefix_lens_tokens
     lost = ledgers.mean_prefix_lost_tokens(prefixes, b)
-    reused = (
-        sum(ledgers.prefix_reuse_tokens(p, b) for p in prefixes) / len(prefixes)
-        if prefixes
-        else 0.0
-    )
+    reused = ledgers.mean_prefix_reuse_tokens(prefixes, b)
     table_bytes = ledgers.padded_table_bytes(k, workload.max_len_tokens, b)
     prefix_waste_bytes = c * lost * workload.num_prefix_hits
     frag_bytes = c * frag_slots

@@ -10,10 +10,13 @@ of an MB, so they can differ from ``total_mb`` here by up to 0.01.
 from __future__ import annotations
 
 import statistics
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pagedkv.planner import ledgers
 from pagedkv.planner.plan import Plan, PlanRow
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 JSON_SCHEMA_VERSION = 1
 
@@ -121,7 +124,7 @@ def plan_to_json(plan: Plan, resolution_log: str | None = None) -> dict[str, Any
     }
 
 
-def render_plan(plan: Plan, console: Any, resolution_log: str | None = None) -> None:
+def render_plan(plan: Plan, console: Console, resolution_log: str | None = None) -> None:
     """Print the plan to a ``rich.console.Console``: summary, one table row per B, verdict."""
     from rich.table import Table
 
