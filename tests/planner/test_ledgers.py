@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pagedkv.planner import ledgers
 
@@ -76,3 +78,23 @@ def test_capacity():
 def test_block_size_below_one_is_refused(call):
     with pytest.raises(ValueError):
         call()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 10_000), min_size=1, max_size=40), st.integers(1, 256))
+def test_exact_ledgers_account_for_every_allocated_slot(seq_lens, block_size):
+    entries = ledgers.exact_table_entries(seq_lens, block_size)
+    frag = ledgers.exact_fragmentation_slots(seq_lens, block_size)
+    assert entries * block_size == sum(seq_lens) + frag
+    assert 0 <= frag <= len(seq_lens) * (block_size - 1)
+
+
+@pytest.mark.parametrize("block_size", [1, 8, 16, 128])
+def test_expected_fragmentation_is_the_mean_over_all_residues(block_size):
+    # One sequence per residue class mod B: the exact waste averages to (B - 1)/2 per sequence.
+    seq_lens = range(1000, 1000 + block_size)
+    exact = ledgers.exact_fragmentation_slots(seq_lens, block_size)
+    assert exact == ledgers.expected_fragmentation_slots(block_size, block_size)
+    mean_len = sum(seq_lens) / block_size
+    expected_entries = ledgers.expected_table_entries(block_size, mean_len, block_size)
+    assert ledgers.exact_table_entries(seq_lens, block_size) == pytest.approx(expected_entries)
