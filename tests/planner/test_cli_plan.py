@@ -127,3 +127,10 @@ def test_plot_is_written(tmp_path):
     assert code == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"plot written to {png}" in out
+
+
+def test_unwritable_plot_path_is_one_error_line(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    code, _, err = run_plan(*BASE, "--plot", str(blocker / "sub" / "plan.png"))
+    assert code == 2 and err.count("\n") == 1 and "--plot: cannot write" in err

@@ -188,11 +188,13 @@ def run(args: argparse.Namespace) -> int:
     )
     log_line = None
     if plan.recommended_block_size is not None:
-        log_line = resolve_block_size(plan.recommended_block_size, plan.backend, layout).log_line()
+        block_size = plan.recommended_block_size
+        num_blocks = (
+            None if plan.pool_bytes is None else plan.pool_bytes // layout.block_bytes(block_size)
+        )
+        log_line = resolve_block_size(block_size, plan.backend, layout, num_blocks).log_line()
     if args.plot:
-        from pagedkv.planner.plot import save_plan_plot
-
-        save_plan_plot(plan, args.plot)
+        _save_plot(plan, args.plot)
     if args.json:
         json.dump(plan_to_json(plan, log_line), sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -206,3 +208,14 @@ def run(args: argparse.Namespace) -> int:
         if args.plot:
             print(f"plot written to {args.plot}")
     return 0
+
+
+def _save_plot(plan, path: str) -> None:
+    try:
+        from pagedkv.planner.plot import save_plan_plot
+
+        save_plan_plot(plan, path)
+    except ImportError as exc:
+        raise UsageError(f"--plot needs matplotlib (pip install 'pagedkv[plot]'): {exc}") from None
+    except OSError as exc:
+        raise UsageError(f"--plot: cannot write {path!r}: {exc.strerror or exc}") from None
