@@ -1,0 +1,71 @@
+"""Run one trace under several policies and block sizes: the core of ``pagedkv simulate``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pagedkv.kvcache.policies import Policy, get_policy
+from pagedkv.sched import SchedulerConfig
+from pagedkv.sim.cost_model import CostModel
+from pagedkv.sim.prefix_oracle import ideal_prefix_hit_tokens, shared_prefix_tokens
+from pagedkv.sim.simulator import ProgressFn, RunResult, Simulation
+from pagedkv.sim.summary import summarize
+from pagedkv.sim.traces import TraceRequest
+
+
+def expand_policies(names: Sequence[str], block_sizes: Sequence[int] = ()) -> list[Policy]:
+    """Each named policy at each block size (``reserved`` once: it has no block size), in the
+    given order, without duplicates. ValueError for an unknown name."""
+    policies: list[Policy] = []
+    for name in names:
+        base = get_policy(name)
+        variants = [base] if not block_sizes else [base.with_block_size(b) for b in block_sizes]
+        for p in variants:
+            if p not in policies:
+                policies.append(p)
+    return policies
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A set of runs over one trace and pool."""
+
+    requests: Sequence[TraceRequest]
+    num_kv_slots: int
+    config: SchedulerConfig
+    cost: CostModel
+    sample_interval_s: float = 1.0
+
+    def run(
+        self,
+        policies: Sequence[Policy],
+        progress: Callable[[Policy], ProgressFn | None] | None = None,
+    ) -> list[tuple[RunResult, dict[str, Any]]]:
+        """One ``Simulation`` per policy; each summary carries the ideal prefix hits of its
+        block size (over the requests that were not refused)."""
+        out: list[tuple[RunResult, dict[str, Any]]] = []
+        shared = shared_prefix_tokens(self.requests)
+        for policy in policies:
+            sim = Simulation(
+                self.requests,
+                policy,
+                self.num_kv_slots,
+                self.config,
+                self.cost,
+                sample_interval_s=self.sample_interval_s,
+                progress=progress(policy) if progress else None,
+            )
+            result = sim.run()
+            ideal = None
+            if policy.prefix_caching:
+                kept = [i for i, r in enumerate(result.records) if not r.refused]
+                if len(kept) == len(result.records):
+                    ideal = ideal_prefix_hit_tokens(self.requests, result.block_size, shared)
+                else:  # refused requests never entered the cache: recompute without them
+                    ideal = ideal_prefix_hit_tokens(
+                        [self.requests[i] for i in kept], result.block_size
+                    )
+            out.append((result, summarize(result, ideal)))
+        return out

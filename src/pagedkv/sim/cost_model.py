@@ -1,0 +1,123 @@
+"""Step time without a model: a roofline over the GPU's spec plus a fixed per-step overhead.
+
+One step reads every weight once, reads the KV of every context token its sequences attend to,
+writes the KV of the new tokens, and spends ``2 * num_params`` FLOPs per new token plus the
+attention FLOPs (``4 * num_layers * q_dim`` per query-key pair: QK^T and PV, 2 FLOPs a
+multiply-add). The step takes the longer of bytes / bandwidth and FLOPs / peak compute, plus
+``step_overhead_s`` (scheduling, sampling, kernel launches).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from pagedkv.planner.layout import KVLayout, load_preset_config
+from pagedkv.sim.gpus import GPUSpec
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What a step computes. ``kv_read_tokens``: context tokens attended to, summed over the
+    sequences (each new token's own position included); ``attention_pairs``: query-key pairs
+    (causal, so a chunk of ``n`` new tokens after ``c`` cached ones has ``n*c + n*(n+1)/2``)."""
+
+    num_batched_tokens: int
+    kv_read_tokens: int
+    attention_pairs: int
+
+
+class CostModel(Protocol):
+    def step_time_s(self, shape: StepShape) -> float:
+        """Seconds one step of ``shape`` takes (> 0)."""
+        ...
+
+
+@dataclass(frozen=True)
+class LinearCostModel:
+    """``per_step_s + per_token_s * num_batched_tokens``: for hand-computed tests."""
+
+    per_step_s: float
+    per_token_s: float = 0.0
+
+    def step_time_s(self, shape: StepShape) -> float:
+        return self.per_step_s + self.per_token_s * shape.num_batched_tokens
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    """The numbers of a model a roofline needs (from the planner's ``KVLayout``)."""
+
+    name: str
+    weight_bytes: int
+    num_params: int
+    kv_record_bytes: int  # one token's K and V over all layers
+    attention_flops_per_pair: int  # 4 * num_layers * query width
+
+    @classmethod
+    def from_layout(cls, layout: KVLayout, query_dim: int | None = None) -> ModelCost:
+        """``query_dim`` (heads x head dim of the queries) defaults to what the preset config
+        says, else to the KV width (exact for MHA, low for GQA: attention is then undercounted).
+        ValueError if the layout does not know its parameter count."""
+        if layout.num_params is None or layout.weight_bytes is None:
+            raise ValueError(
+                f"model {layout.name!r}: the roofline needs num_params (add it to the config)"
+            )
+        if query_dim is None:
+            query_dim = _preset_query_dim(layout.name) or layout.num_kv_heads * layout.head_dim
+        return cls(
+            layout.name,
+            layout.weight_bytes,
+            layout.num_params,
+            layout.record_bytes,
+            4 * layout.num_layers * query_dim,
+        )
+
+
+def _preset_query_dim(name: str) -> int | None:
+    try:
+        cfg = load_preset_config(name)
+    except ValueError:
+        return None
+    heads = cfg.get("num_attention_heads")
+    head_dim = cfg.get("head_dim") or (
+        cfg["hidden_size"] // heads if heads and cfg.get("hidden_size") else None
+    )
+    return heads * head_dim if heads and head_dim else None
+
+
+@dataclass(frozen=True)
+class RooflineCostModel:
+    model: ModelCost
+    gpu: GPUSpec
+    step_overhead_s: float = 0.002
+
+    def __post_init__(self) -> None:
+        if self.step_overhead_s < 0:
+            raise ValueError(f"step overhead must be >= 0, got {self.step_overhead_s}")
+
+    def step_time_s(self, shape: StepShape) -> float:
+        m = self.model
+        kv_bytes = (shape.kv_read_tokens + shape.num_batched_tokens) * m.kv_record_bytes
+        memory_s = (m.weight_bytes + kv_bytes) / self.gpu.mem_bandwidth_bytes_per_s
+        flops = 2 * m.num_params * shape.num_batched_tokens
+        flops += m.attention_flops_per_pair * shape.attention_pairs
+        compute_s = flops / self.gpu.peak_flops_per_s
+        return self.step_overhead_s + max(memory_s, compute_s)
+
+
+def kv_pool_bytes(
+    gpu: GPUSpec, weight_bytes: int, utilization: float = 0.9, activation_bytes: int = 4 * 2**30
+) -> int:
+    """The KV pool a GPU leaves: memory x utilization - weights - activation reserve.
+    ValueError when nothing is left."""
+    if not 0 < utilization <= 1:
+        raise ValueError(f"GPU memory utilization must be in (0, 1], got {utilization}")
+    pool = int(gpu.memory_bytes * utilization) - weight_bytes - activation_bytes
+    if pool <= 0:
+        raise ValueError(
+            f"{gpu.name}: {gpu.memory_bytes * utilization / 1e9:.1f} GB usable leaves no KV pool "
+            f"after {weight_bytes / 1e9:.1f} GB of weights and {activation_bytes / 1e9:.1f} GB "
+            "of activations"
+        )
+    return pool

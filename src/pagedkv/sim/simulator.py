@@ -1,0 +1,195 @@
+"""Replay a trace through the engine's own ``Scheduler`` and allocator; only the model is
+replaced by a cost model that says how long each step takes.
+
+The clock is simulated: requests join the scheduler at the first step boundary at or after
+their arrival, each step lasts ``cost.step_time_s``, and a token sampled in a step exists at the
+end of that step. Nothing is random here, so a run is a pure function of its inputs.
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from pagedkv.kvcache.policies import Policy, build_allocator
+from pagedkv.sched import SchedulerConfig
+from pagedkv.sim.cost_model import CostModel, StepShape
+from pagedkv.sim.metrics import RequestRecord, TimeSeries
+from pagedkv.sim.traces import TraceRequest, segment_tokens
+
+# Generated tokens the trace does not know get ids above every segment token: never shared.
+_FRESH_TOKEN_BASE = 2**31
+
+ProgressFn = Callable[[int, float], None]  # (requests done, simulated seconds)
+
+
+@dataclass
+class RunResult:
+    """Everything one run produced. ``records`` follow the trace order."""
+
+    policy: Policy
+    block_size: int
+    num_kv_slots: int
+    records: list[RequestRecord]
+    series: TimeSeries
+    duration_s: float
+    num_steps: int
+    peak_running: int
+    mean_running: float  # time-weighted over steps
+    preemptions: int
+    recomputed_tokens: int
+    evictions: int
+    wall_time_s: float  # real seconds the replay took (not part of the simulated result)
+
+
+class Simulation:
+    """One replay: ``Simulation(requests, policy, num_kv_slots, config, cost).run()``.
+
+    ``config.max_model_len`` must be set (the reserved allocator reserves exactly that).
+    """
+
+    def __init__(
+        self,
+        requests: Sequence[TraceRequest],
+        policy: Policy,
+        num_kv_slots: int,
+        config: SchedulerConfig,
+        cost: CostModel,
+        *,
+        sample_interval_s: float = 1.0,
+        progress: ProgressFn | None = None,
+        check_invariants: bool = False,
+    ) -> None:
+        """``check_invariants`` (for tests) checks the allocator after every step."""
+        if config.max_model_len is None:
+            raise ValueError("the simulator needs max_model_len")
+        if sample_interval_s <= 0:
+            raise ValueError(f"sample interval must be > 0 s, got {sample_interval_s}")
+        self.requests = requests
+        self.policy = policy
+        self.allocator = build_allocator(policy, num_kv_slots, config.max_model_len)
+        self.scheduler = config.build(self.allocator)
+        self.num_kv_slots = num_kv_slots
+        self.cost = cost
+        self.sample_interval_s = sample_interval_s
+        self.progress = progress
+        self.check_invariants = check_invariants
+
+    def run(self) -> RunResult:
+        wall_start = time.perf_counter()
+        sched, reqs = self.scheduler, self.requests
+        records = [RequestRecord(r.arrival_time_s, r.prompt_len_tokens) for r in reqs]
+        index_of: dict[int, int] = {}  # seq id -> request index
+        planned: dict[int, array] = {}  # seq id -> the answer tokens the trace knows
+        series = TimeSeries()
+        num_reqs, next_req = len(reqs), 0
+        now = next_sample_s = 0.0
+        fresh_token = _FRESH_TOKEN_BASE
+        num_steps = peak_running = num_done = 0
+        running_time = 0.0  # integral of running sequences over time
+
+        while True:
+            while next_req < num_reqs and reqs[next_req].arrival_time_s <= now:
+                req = reqs[next_req]
+                seq = sched.add_request(
+                    str(next_req),
+                    segment_tokens(req.prompt),
+                    req.output_len_tokens,
+                    arrival_time_s=req.arrival_time_s,
+                )
+                if seq.is_finished:
+                    records[next_req].refused = True
+                    num_done += 1
+                else:
+                    index_of[seq.seq_id] = next_req
+                    if req.output:
+                        planned[seq.seq_id] = segment_tokens(req.output)
+                next_req += 1
+            if not sched.has_unfinished():
+                if next_req >= num_reqs:
+                    break
+                now = max(now, reqs[next_req].arrival_time_s)
+                continue
+
+            batch = sched.schedule()
+            if not batch.seqs:
+                raise RuntimeError(f"scheduler stalled at t={now:.3f}s with work waiting")
+            num_tokens = kv_read = pairs = 0
+            sampled: list[list[int]] = []
+            first_tokens: list[RequestRecord] = []
+            for seq, start, n, num_samples, hit in batch.seqs:
+                num_tokens += n
+                kv_read += start + n
+                pairs += n * start + n * (n + 1) // 2
+                if start == hit:  # an admission (decode steps always have start > hit == 0)
+                    rec = records[index_of[seq.seq_id]]
+                    if rec.admitted_s is None:
+                        rec.admitted_s = now
+                        rec.prefix_hit_tokens = hit
+                if not num_samples:
+                    sampled.append([])
+                    continue
+                answer = planned.get(seq.seq_id)
+                k = seq.num_output_tokens
+                if answer is not None and k < len(answer):
+                    sampled.append([answer[k]])
+                else:
+                    sampled.append([fresh_token])
+                    fresh_token += 1
+                if k == 0:
+                    first_tokens.append(records[index_of[seq.seq_id]])
+
+            dt = self.cost.step_time_s(StepShape(num_tokens, kv_read, pairs))
+            now += dt
+            num_steps += 1
+            num_running = len(sched.running)
+            peak_running = max(peak_running, num_running)
+            running_time += num_running * dt
+            for rec in first_tokens:
+                rec.first_token_s = now
+            for seq in sched.update(batch, sampled):
+                rec = records[index_of.pop(seq.seq_id)]
+                planned.pop(seq.seq_id, None)
+                rec.finish_s = now
+                rec.num_output_tokens = seq.num_output_tokens
+                num_done += 1
+            if self.check_invariants:
+                self.allocator.check_invariants()
+            if now >= next_sample_s:
+                self._sample(series, now)
+                next_sample_s = now + self.sample_interval_s
+                if self.progress is not None:
+                    self.progress(num_done, now)
+
+        if self.progress is not None:
+            self.progress(num_done, now)
+        start_s = reqs[0].arrival_time_s if reqs else 0.0
+        duration = now - start_s
+        return RunResult(
+            policy=self.policy,
+            block_size=self.allocator.block_size,
+            num_kv_slots=self.num_kv_slots,
+            records=records,
+            series=series,
+            duration_s=duration,
+            num_steps=num_steps,
+            peak_running=peak_running,
+            mean_running=running_time / duration if duration > 0 else 0.0,
+            preemptions=sched.num_preemptions,
+            recomputed_tokens=sched.num_recomputed_tokens,
+            evictions=self.allocator.stats().num_evictions,
+            wall_time_s=time.perf_counter() - wall_start,
+        )
+
+    def _sample(self, series: TimeSeries, now: float) -> None:
+        s = self.allocator.stats()
+        total = s.num_total_slots or 1
+        series.time_s.append(now)
+        series.running.append(self.scheduler.num_running)
+        series.waiting.append(self.scheduler.num_waiting)
+        series.kv_utilization.append(s.used_slots / total)
+        series.fragmentation_frac.append(s.internal_fragmentation_slots / total)
+        series.reserved_unused_frac.append(s.reserved_unused_slots / total)
+        series.cached_frac.append(s.num_cached_blocks * s.block_size / total)

@@ -1,0 +1,77 @@
+"""One flat JSON-ready dict per run: the numbers the table, the JSON output and the README use.
+
+Fields (times in simulated seconds unless the name says otherwise):
+
+* ``policy``, ``allocator``, ``block_size``, ``prefix_caching``, ``num_kv_slots`` (pool tokens);
+* ``num_requests``, ``num_finished``, ``refused`` (could never fit), ``prompt_tokens`` and
+  ``output_tokens`` of the finished requests;
+* ``prefix_hit_tokens`` (prompt tokens reused at first admission), ``prefix_hit_rate`` (of
+  ``prompt_tokens``), ``ideal_prefix_hit_tokens`` (what the trace allows at this block size);
+* ``duration_s`` (first arrival to last finish), ``num_steps``, ``throughput_tokens_per_s``
+  (generated tokens / duration), ``total_tokens_per_s`` (prompt + generated);
+* ``ttft_*_s``, ``tpot_*_s``, ``e2e_*_s`` at p50 / p90 / p99;
+* ``peak_running``, ``mean_running`` (time-weighted), ``kv_utilization_mean`` and ``_peak`` (used
+  slots / pool), the waste split as mean fractions of the pool: ``fragmentation_mean`` (unused
+  slots in the tail blocks), ``reserved_unused_mean`` (reserved regions beyond what was
+  stored), ``cached_mean`` (unreferenced blocks kept for prefix hits);
+* ``preemptions``, ``recomputed_tokens``, ``evictions``; ``wall_time_s`` (real replay time).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pagedkv.sim.metrics import percentile
+from pagedkv.sim.simulator import RunResult
+
+
+def _round(x: float) -> float | None:
+    return None if math.isnan(x) else round(x, 6)
+
+
+def summarize(result: RunResult, ideal_prefix_hit_tokens: int | None = None) -> dict[str, Any]:
+    """The flat summary of ``result`` (see the module docstring for the fields)."""
+    done = [r for r in result.records if r.finish_s is not None]
+    prompt = sum(r.prompt_tokens for r in done)
+    output = sum(r.num_output_tokens for r in done)
+    hit = sum(r.prefix_hit_tokens for r in done)
+    dur = result.duration_s
+    out: dict[str, Any] = {
+        "policy": result.policy.name,
+        "allocator": result.policy.allocator,
+        "block_size": result.block_size,
+        "prefix_caching": result.policy.prefix_caching,
+        "num_kv_slots": result.num_kv_slots,
+        "num_requests": len(result.records),
+        "num_finished": len(done),
+        "refused": sum(r.refused for r in result.records),
+        "prompt_tokens": prompt,
+        "output_tokens": output,
+        "prefix_hit_tokens": hit,
+        "prefix_hit_rate": round(hit / prompt, 6) if prompt else 0.0,
+        "ideal_prefix_hit_tokens": ideal_prefix_hit_tokens,
+        "duration_s": round(dur, 6),
+        "num_steps": result.num_steps,
+        "throughput_tokens_per_s": round(output / dur, 3) if dur > 0 else 0.0,
+        "total_tokens_per_s": round((prompt + output) / dur, 3) if dur > 0 else 0.0,
+    }
+    for name in ("ttft", "tpot", "e2e"):
+        values = [v for r in done if (v := getattr(r, f"{name}_s")) is not None]
+        for q in (50, 90, 99):
+            out[f"{name}_p{q}_s"] = _round(percentile(values, q))
+    s = result.series
+    out.update(
+        peak_running=result.peak_running,
+        mean_running=round(result.mean_running, 3),
+        kv_utilization_mean=round(s.mean("kv_utilization"), 6),
+        kv_utilization_peak=round(max(s.kv_utilization, default=0.0), 6),
+        fragmentation_mean=round(s.mean("fragmentation_frac"), 6),
+        reserved_unused_mean=round(s.mean("reserved_unused_frac"), 6),
+        cached_mean=round(s.mean("cached_frac"), 6),
+        preemptions=result.preemptions,
+        recomputed_tokens=result.recomputed_tokens,
+        evictions=result.evictions,
+        wall_time_s=round(result.wall_time_s, 3),
+    )
+    return out
