@@ -17,14 +17,14 @@ from pagedkv.commands.plan import parse_bytes, parse_tokens
 
 @dataclass(frozen=True)
 class SimulateArgs:
-    """The validated arguments. ``kv_memory_bytes`` None: derive the pool from the GPU."""
+    """The validated arguments. ``kv_memory_bytes`` empty: derive the pool from the GPU."""
 
     trace: str | None
     synthetic: str | None
     model: str
     kv_dtype: str | None
     gpu: str
-    kv_memory_bytes: int | None
+    kv_memory_bytes: tuple[int, ...]
     gpu_memory_utilization: float
     activation_bytes: int
     max_model_len: int
@@ -76,7 +76,9 @@ def validate(a: argparse.Namespace) -> SimulateArgs:
         model=a.model,
         kv_dtype=a.kv_dtype,
         gpu=a.gpu,
-        kv_memory_bytes=parse_bytes("--kv-memory", a.kv_memory) if a.kv_memory else None,
+        kv_memory_bytes=tuple(
+            parse_bytes("--kv-memory", v) for v in (a.kv_memory or "").split(",") if v.strip()
+        ),
         gpu_memory_utilization=_number("--gpu-memory-utilization", a.gpu_memory_utilization),
         activation_bytes=parse_bytes("--activation-memory", a.activation_memory),
         max_model_len=parse_tokens("--max-model-len", a.max_model_len),
@@ -122,7 +124,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     hw.add_argument("--model", default="llama-3-8b", help="preset name or config.json")
     hw.add_argument("--kv-dtype", help="KV cache dtype (default: the model's)")
     hw.add_argument("--gpu", default="A100-80GB", help="A100-80GB, H100-80GB, H200-141GB, L4")
-    hw.add_argument("--kv-memory", metavar="SIZE", help="KV pool size (e.g. 58GiB); else derived")
+    hw.add_argument(
+        "--kv-memory", metavar="SIZE[,SIZE]", help="KV pool size(s), e.g. 58GiB; else derived"
+    )
     hw.add_argument("--gpu-memory-utilization", default="0.9", metavar="F")
     hw.add_argument("--activation-memory", default="4GiB", metavar="SIZE")
     hw.add_argument("--step-overhead-ms", default="2", metavar="MS", help="fixed cost per step")
@@ -163,10 +167,10 @@ def run(a: argparse.Namespace) -> int:
     layout = load_layout(args.model, kv_dtype=args.kv_dtype)
     model = ModelCost.from_layout(layout)
     gpu = get_gpu(args.gpu)
-    pool_bytes = args.kv_memory_bytes or kv_pool_bytes(
-        gpu, model.weight_bytes, args.gpu_memory_utilization, args.activation_bytes
+    pools_bytes = args.kv_memory_bytes or (
+        kv_pool_bytes(gpu, model.weight_bytes, args.gpu_memory_utilization, args.activation_bytes),
     )
-    num_slots = pool_bytes // model.kv_record_bytes
+    pools_slots = [b // model.kv_record_bytes for b in pools_bytes]
     policies = expand_policies(args.policies, args.block_sizes)
     if args.trace:
         requests = load_trace(args.trace, args.max_requests, args.rate_scale)
@@ -183,13 +187,12 @@ def run(a: argparse.Namespace) -> int:
         max_model_len=args.max_model_len,
         preemption=args.preemption,
     )
-    if num_slots < args.max_model_len and any(p.allocator == "reserved" for p in policies):
+    if min(pools_slots) < args.max_model_len and any(p.allocator == "reserved" for p in policies):
         raise UsageError(
-            f"the KV pool ({num_slots} tokens) cannot hold one max_model_len region "
+            f"a KV pool of {min(pools_slots)} tokens cannot hold one max_model_len region "
             f"({args.max_model_len}) for the reserved policy"
         )
     cost = RooflineCostModel(model, gpu, args.step_overhead_s)
-    comparison = Comparison(requests, num_slots, config, cost, args.sample_interval_s)
 
     err = Console(stderr=True, soft_wrap=True)
     mean_prompt = sum(r.prompt_len_tokens for r in requests) / len(requests)
@@ -199,7 +202,11 @@ def run(a: argparse.Namespace) -> int:
         f"output {mean_output:,.0f} tokens over {requests[-1].arrival_time_s:,.1f} s\n"
         f"{layout.name}: {model.kv_record_bytes:,} KV bytes/token ({layout.kv_dtype}), "
         f"weights {model.weight_bytes / 1e9:.1f} GB on {gpu.name}; KV pool "
-        f"{pool_bytes / 2**30:.2f} GiB = {num_slots:,} tokens; max_model_len "
+        + ", ".join(
+            f"{b / 2**30:,.2f} GiB = {n:,} tokens"
+            for b, n in zip(pools_bytes, pools_slots, strict=True)
+        )
+        + f"; max_model_len "
         f"{args.max_model_len:,}, max_num_seqs {args.max_num_seqs}, budget "
         f"{args.max_num_batched_tokens:,} tokens/step"
     )
@@ -212,12 +219,17 @@ def run(a: argparse.Namespace) -> int:
         transient=True,
         disable=not err.is_terminal,
     ) as progress:
+        runs = []
+        for slots in pools_slots:
 
-        def track(policy):  # one bar per run
-            task = progress.add_task(policy.name, total=len(requests), sim_s=0.0)
-            return lambda done, sim_s: progress.update(task, completed=done, sim_s=sim_s)
+            def track(policy, slots=slots):  # one bar per run
+                task = progress.add_task(
+                    f"{policy.name} ({slots:,} slots)", total=len(requests), sim_s=0.0
+                )
+                return lambda done, sim_s: progress.update(task, completed=done, sim_s=sim_s)
 
-        runs = comparison.run(policies, track)
+            comparison = Comparison(requests, slots, config, cost, args.sample_interval_s)
+            runs += comparison.run(policies, track)
     summaries = [s for _, s in runs]
     if args.json:
         print(json.dumps(summaries, indent=2))

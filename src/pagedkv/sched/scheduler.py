@@ -54,6 +54,7 @@ class Scheduler:
         self._refused: list[Sequence] = []  # refused since the last schedule()
         self._pending_copies: dict[int, list[tuple[int, int]]] = {}  # forked child -> copies
         self._next_seq_id = 0
+        self._blocked = (-1, 0)  # (seq id, free blocks) of the last refused admission
         self._step = 0
         self.num_preemptions = 0
         self.num_recomputed_tokens = 0
@@ -190,6 +191,13 @@ class Scheduler:
         waiting = self.waiting
         while not preempted and waiting and budget > 0 and len(running) < self.max_num_seqs:
             seq = waiting[0]
+            num_free = alloc.num_free_blocks
+            # Every admission needs at least one new block. A head refused before is retried
+            # only once the free pool has grown: retrying a 10k-token prompt every step of an
+            # overloaded replay costs a prefix walk each time and cannot succeed, unless a
+            # running prefill meanwhile cached more of its prefix (then it waits a bit longer).
+            if num_free == 0 or (seq.seq_id == self._blocked[0] and num_free <= self._blocked[1]):
+                break
             hit = alloc.match_prefix(seq)
             num_new = seq.num_tokens - hit
             if num_new > budget:
@@ -197,6 +205,7 @@ class Scheduler:
                     break
                 num_new = budget
             if not alloc.allocate(seq, num_new, num_cached_tokens=hit):
+                self._blocked = (seq.seq_id, num_free)
                 break  # first come, first served: nobody overtakes the head of the queue
             waiting.popleft()
             seq.status = _RUNNING

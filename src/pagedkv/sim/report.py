@@ -31,7 +31,7 @@ def _hits(s: dict[str, Any]) -> str:
 
 
 _COLUMNS = (
-    "policy", "B", "done", "refused", "peak run", "mean run", "KV used", "tail frag",
+    "policy", "B", "pool tokens", "done", "refused", "peak run", "mean run", "KV used", "tail frag",
     "rsv unused", "cached", "prefix hit", "preempt", "out tok/s", "TTFT p50", "TTFT p99",
     "TPOT p50", "replay",
 )  # fmt: skip
@@ -47,6 +47,7 @@ def comparison_table(summaries: Sequence[dict[str, Any]], title: str = "") -> Ta
         table.add_row(
             s["policy"],
             str(s["block_size"]),
+            f"{s['num_kv_slots']:,}",
             str(s["num_finished"]),
             str(s["refused"]),
             str(s["peak_running"]),
