@@ -74,3 +74,22 @@ def test_greedy_answers_are_sensible(embedded, hf_reference):
     """A smoke check on the text itself: the capital question gets Paris."""
     _, _, tokenizer = embedded
     assert "Paris" in tokenizer.decode(hf_reference[0][0])
+
+
+def test_dequantized_weights_equal_transformers(embedded, hf_embedded):
+    """Same file, same dequantizer: every weight must be bit-identical, Q/K rows included."""
+    config, model, _ = embedded
+    hf_layers = hf_embedded.model.layers
+    q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    for ours, theirs in zip(model.layers, hf_layers, strict=True):
+        qkv = ours.qkv_proj.weight
+        assert torch.equal(qkv[:q], theirs.self_attn.q_proj.weight)
+        assert torch.equal(qkv[q : q + kv], theirs.self_attn.k_proj.weight)
+        assert torch.equal(qkv[q + kv :], theirs.self_attn.v_proj.weight)
+        assert torch.equal(ours.o_proj.weight, theirs.self_attn.o_proj.weight)
+        gate, up = ours.mlp.gate_up_proj.weight.split(config.intermediate_size)
+        assert torch.equal(gate, theirs.mlp.gate_proj.weight)
+        assert torch.equal(up, theirs.mlp.up_proj.weight)
+        assert torch.equal(ours.mlp.down_proj.weight, theirs.mlp.down_proj.weight)
+    assert torch.equal(model.embed_tokens.weight, hf_embedded.model.embed_tokens.weight)
+    assert model.lm_head.weight is model.embed_tokens.weight  # tied
