@@ -215,3 +215,28 @@ def test_config_validates_and_builds() -> None:
         SchedulerConfig(preemption="random")
     sched = SchedulerConfig(max_num_seqs=3, preemption="least_computed").build(PagedAllocator(9, 4))
     assert sched.max_num_seqs == 3 and sched.victim_policy is least_computed
+
+
+class CountingPaged(PagedAllocator):
+    """A paged allocator that counts prefix lookups."""
+
+    num_matches = 0
+
+    def match_prefix(self, seq):
+        self.num_matches += 1
+        return super().match_prefix(seq)
+
+
+def test_a_refused_head_is_retried_only_after_blocks_free_up() -> None:
+    alloc = CountingPaged(5, 4)  # 4 usable blocks
+    sched = Scheduler(alloc)
+    sched.add_request("A", range(1, 13), max_new_tokens=3)  # 12 tokens: 3 blocks, then a 4th
+    sched.add_request("B", range(50, 56), max_new_tokens=1)  # 6 tokens: needs 2 blocks
+    b1, _ = step(sched)  # A admitted; B refused by the allocator (1 block free)
+    assert [s.seq.request_id for s in b1.seqs] == ["A"] and alloc.num_matches == 2
+    b2, _ = step(sched)  # A takes the last block: B is not even looked up
+    assert [s.seq.request_id for s in b2.seqs] == ["A"] and alloc.num_matches == 2
+    _, finished = step(sched)  # A finishes and frees its 4 blocks
+    assert [s.request_id for s in finished] == ["A"]
+    b4, _ = step(sched)
+    assert [s.seq.request_id for s in b4.seqs] == ["B"] and alloc.num_matches == 3
