@@ -15,6 +15,8 @@ from pagedkv import __version__
 
 # The order here is the order in `pagedkv --help`.
 COMMAND_MODULES: tuple[str, ...] = (
+    "pagedkv.commands.demo",
+    "pagedkv.commands.generate",
     "pagedkv.commands.plan",
     "pagedkv.commands.simulate",
 )

@@ -11,36 +11,6 @@ DTYPES = ("float32", "bfloat16")
 MIB = 1 << 20
 
 
-def parse_size(text: str | int) -> int:
-    """Bytes from ``"512MiB"``, ``"2GiB"``, ``"80GB"``, ``"1e9"`` or an int. ValueError if bad."""
-    if isinstance(text, int):
-        size = text
-    else:
-        units = {
-            "kib": 1 << 10,
-            "mib": 1 << 20,
-            "gib": 1 << 30,
-            "kb": 10**3,
-            "mb": 10**6,
-            "gb": 10**9,
-            "b": 1,
-        }
-        s = text.strip().lower().replace(" ", "")
-        for unit, factor in units.items():
-            if s.endswith(unit):
-                s, mult = s[: -len(unit)], factor
-                break
-        else:
-            mult = 1
-        try:
-            size = int(float(s) * mult)
-        except ValueError:
-            raise ValueError(f"cannot read size {text!r} (use e.g. 512MiB, 2GiB, 80GB)") from None
-    if size <= 0:
-        raise ValueError(f"size must be positive, got {text!r}")
-    return size
-
-
 @dataclass(frozen=True)
 class EngineConfig:
     """``model`` None = the embedded SmolLM2-135M-Instruct. ``block_size`` None = the policy's.

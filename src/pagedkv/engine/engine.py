@@ -112,9 +112,9 @@ class LLMEngine:
         return True
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or any(
-            not s.finished for s in self._requests.values()
-        )
+        """Whether a request is still running or waits to report (a refusal is reported by the
+        next ``step``)."""
+        return self.scheduler.has_unfinished() or bool(self._requests)
 
     # -- one step --------------------------------------------------------------------------
 

@@ -1,0 +1,136 @@
+"""n > 1 by copy-on-write forks, seeded sampling, stop strings, logprobs, abort, bad input."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pagedkv.engine import EngineConfig, SamplingParams
+
+from .conftest import assert_no_leaks
+
+PROMPT = "Once upon a time, in a small village by the sea, there lived"
+
+
+def test_n4_shares_prompt_blocks_and_matches_independent_runs(make_engine):
+    engine = make_engine(block_size=4)
+    params = SamplingParams(max_tokens=10, temperature=0.9, top_p=0.95, seed=1234, n=4)
+    request_id = engine.add_request(PROMPT, params)
+    engine.step()  # prefill + first tokens of all four samples; the children fork now
+    parent = engine._requests[request_id].seq_of(0)
+    full_blocks = list(engine.allocator.block_table(parent))[: parent.num_prompt_tokens // 4]
+    assert full_blocks
+    refs = engine.allocator.pool.ref_counts
+    assert [refs[b] for b in full_blocks] == [4] * len(full_blocks)  # one copy, four owners
+    outs = []
+    while engine.has_unfinished():
+        outs += [o for o in engine.step() if o.finished]
+    (out,) = outs
+    assert_no_leaks(engine)
+    samples = [c.token_ids for c in out.outputs]
+    assert len({tuple(s) for s in samples}) > 1, "four seeds gave four identical samples"
+    alone = make_engine(block_size=4)
+    for i in range(4):
+        one = SamplingParams(max_tokens=10, temperature=0.9, top_p=0.95, seed=1234 + i)
+        (res,) = alone.generate([PROMPT], one)
+        assert res.outputs[0].token_ids == samples[i], f"sample {i} differs from its own run"
+
+
+def test_seeded_sampling_is_reproducible_and_batch_independent(make_engine):
+    params = SamplingParams(max_tokens=8, temperature=1.0, top_k=50, seed=7)
+    engine = make_engine()
+    (a,) = engine.generate([PROMPT], params)
+    batch = engine.generate([PROMPT, "Another prompt entirely", "And a third"], params)
+    assert batch[0].outputs[0].token_ids == a.outputs[0].token_ids
+
+
+def test_stop_string_cuts_text_and_frees_blocks(make_engine):
+    engine = make_engine()
+    (free_run,) = engine.generate(["1, 2, 3, 4,"], SamplingParams(max_tokens=12))
+    text = free_run.outputs[0].text
+    assert "7" in text, text
+    (out,) = engine.generate(["1, 2, 3, 4,"], SamplingParams(max_tokens=12, stop=("7",)))
+    c = out.outputs[0]
+    assert c.finish_reason == "stop" and c.text == text[: text.index("7")]
+    assert len(c.token_ids) < len(free_run.outputs[0].token_ids)
+    assert_no_leaks(engine)
+
+
+def test_logprobs_are_log_probabilities(make_engine):
+    engine = make_engine()
+    (out,) = engine.generate([PROMPT], SamplingParams(max_tokens=5, logprobs=3))
+    c = out.outputs[0]
+    assert len(c.logprobs) == len(c.token_ids) == 5
+    for token, lp, top in zip(c.token_ids, c.logprobs, c.top_logprobs, strict=True):
+        assert lp <= 0 and len(top) == 3
+        assert top[0][0] == token and math.isclose(top[0][1], lp, abs_tol=1e-5)  # greedy
+        assert sum(math.exp(v) for _, v in top) <= 1 + 1e-5
+
+
+def test_abort_frees_blocks_at_once(make_engine):
+    engine = make_engine()
+    keep = engine.add_request(PROMPT, SamplingParams(max_tokens=6))
+    drop = engine.add_request("Tell me everything about", SamplingParams(max_tokens=50))
+    engine.step()
+    used = engine.allocator.stats().num_used_blocks
+    assert engine.abort(drop)
+    assert engine.allocator.stats().num_used_blocks < used
+    assert not engine.abort(drop)  # already gone
+    finished = []
+    while engine.has_unfinished():
+        finished += [o.request_id for o in engine.step() if o.finished]
+    assert finished == [keep]
+    assert_no_leaks(engine)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"max_tokens": 0}, {"temperature": -1.0}, {"top_p": 0.0}, {"top_k": -5}, {"n": 0},
+     {"n": 10_000}, {"logprobs": 999}, {"temperature": 1e9}, {"stop": ("",)}],
+)  # fmt: skip
+def test_absurd_sampling_parameters_are_rejected(kwargs):
+    with pytest.raises(ValueError):
+        SamplingParams(**kwargs)
+
+
+def test_bad_prompts_get_one_error_each_and_others_carry_on(make_engine):
+    engine = make_engine(max_model_len=64)
+    outs = engine.generate(
+        ["Hello there", "", "word " * 200, [], "General Kenobi"], SamplingParams(max_tokens=4)
+    )
+    assert [o.error is None for o in outs] == [True, False, False, False, True]
+    assert "empty" in outs[1].error and "exceeds the context" in outs[2].error
+    assert len(outs[0].outputs[0].token_ids) == 4 and len(outs[4].outputs[0].token_ids) == 4
+    with pytest.raises(ValueError, match="token ids must be in"):
+        engine.add_request([10**9])
+    assert_no_leaks(engine)
+
+
+def test_request_too_big_for_the_pool_is_refused_not_hung(make_engine):
+    engine = make_engine(kv_cache_memory_bytes=2 << 20, block_size=16)  # ~45 tokens of KV
+    (out,) = engine.generate(["word " * 60], SamplingParams(max_tokens=8))
+    assert out.outputs[0].finish_reason == "refused" and "KV pool" in out.error
+    assert_no_leaks(engine)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"block_size": 0},
+        {"policy": "nope"},
+        {"kv_cache_memory_bytes": 0},
+        {"dtype": "float64"},
+        {"max_num_seqs": 0},
+    ],
+)
+def test_bad_engine_config_is_a_clear_error(config):
+    with pytest.raises(ValueError):
+        EngineConfig(**config)
+
+
+def test_unreadable_model_path_is_a_clear_error():
+    from pagedkv.engine import LLMEngine
+
+    with pytest.raises((FileNotFoundError, ValueError), match="nonexistent"):
+        LLMEngine(EngineConfig(model="/nonexistent/model.gguf", log_startup=False))
