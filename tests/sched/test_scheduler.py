@@ -240,3 +240,22 @@ def test_a_refused_head_is_retried_only_after_blocks_free_up() -> None:
     assert [s.request_id for s in finished] == ["A"]
     b4, _ = step(sched)
     assert [s.seq.request_id for s in b4.seqs] == ["B"] and alloc.num_matches == 3
+
+
+def test_sequence_is_seqlike_and_a_cache_salt_isolates_prefixes() -> None:
+    from pagedkv.kvcache import HashExtraKeys
+    from pagedkv.kvcache.protocol import SeqLike
+
+    alloc = PagedAllocator(33, 4)
+    sched = Scheduler(alloc)
+    a = sched.add_request("A", range(10), max_new_tokens=2)
+    assert isinstance(a, SeqLike) and a.cache_salt is None
+    step(sched)
+    salted = sched.add_request(
+        "S", range(10), max_new_tokens=2, extra_keys=HashExtraKeys(cache_salt="user-7")
+    )
+    plain = sched.add_request("P", range(10), max_new_tokens=2)
+    b2, _ = step(sched)
+    assert salted.cache_salt == "user-7"
+    assert [(s.seq.request_id, s.prefix_hit_tokens) for s in b2.seqs[1:]] == [("S", 0), ("P", 8)]
+    assert plain.prompt_token_ids.tolist() == list(range(10)) and not plain.is_prefilling

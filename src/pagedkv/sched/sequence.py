@@ -106,6 +106,11 @@ class Sequence:
     def token_ids(self) -> SequenceABC[int]:
         return self._token_ids
 
+    @property
+    def cache_salt(self) -> str | None:
+        """The salt that keeps this sequence's KV from being shared with unsalted requests."""
+        return self.extra_keys.cache_salt
+
     # -- derived facts ---------------------------------------------------------------------
 
     @property
