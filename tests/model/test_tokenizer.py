@@ -69,3 +69,10 @@ def test_hf_folder_tokenizer_and_template(tmp_path):
     ids = tok.encode_chat([{"role": "user", "content": "hé"}])
     assert ids[0] == 256 and 257 in ids
     assert tok.decode(ids) == "[user] hé[assistant] "
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_text_stream_concatenates_to_the_full_decode(tokenizer, text):
+    ids = tokenizer.encode_chat([{"role": "user", "content": text}])
+    stream = tokenizer.text_stream()
+    assert "".join(stream.push(i) for i in ids) == tokenizer.decode(ids)

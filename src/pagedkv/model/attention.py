@@ -67,7 +67,7 @@ class _PaddedGroup:
 
     token_index: torch.Tensor  # int64 [T_g]: rows of the flat batch that belong to the group
     padded_index: torch.Tensor  # int64 [T_g]: the same rows in the padded [S * max_q] layout
-    gather_slots: torch.Tensor  # int64 [S, max_ctx]: cache slot of every context position
+    gather_slots: torch.Tensor  # int64 [S * max_ctx]: cache slot of every context position
     mask: torch.Tensor  # bool [S, 1, group * max_q, max_ctx]: True = may attend
     num_seqs: int
     max_q: int
@@ -137,6 +137,7 @@ def _plan_group(
     padded_index = owner * max_q + within
     cols = torch.arange(max_ctx)
     gather_slots = block_tables[seq_ids][:, cols // block_size] * block_size + cols % block_size
+    gather_slots = gather_slots.flatten()
     # Query i of a sequence sits at position ctx - q + i and sees keys 0..that position. Padded
     # queries (i >= q) see the whole context plus padding: never all-masked, and discarded.
     last_visible = (ctx - q)[:, None] + torch.arange(max_q)[None, :]  # [S, max_q]
@@ -177,8 +178,10 @@ def paged_attention(
         # [S, max_q, Hkv, group, D] -> [S, Hkv, group * max_q, D]: no K/V repeat for GQA.
         q_pad = q_pad.view(s, max_q, num_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
         q_pad = q_pad.reshape(s, num_kv_heads, group * max_q, head_dim)
-        keys = k_flat[g.gather_slots].to(q.dtype).transpose(1, 2)  # [S, Hkv, max_ctx, D]
-        values = v_flat[g.gather_slots].to(q.dtype).transpose(1, 2)
+        # index_select on flat slots is ~2x faster than advanced indexing on this CPU.
+        gathered = (s, -1, num_kv_heads, head_dim)
+        keys = k_flat.index_select(0, g.gather_slots).view(gathered).to(q.dtype).transpose(1, 2)
+        values = v_flat.index_select(0, g.gather_slots).view(gathered).to(q.dtype).transpose(1, 2)
         attn = F.scaled_dot_product_attention(q_pad, keys, values, attn_mask=g.mask, scale=scale)
         attn = attn.view(s, num_kv_heads, group, max_q, head_dim).permute(0, 3, 1, 2, 4)
         out[g.token_index] = attn.reshape(s * max_q, num_heads * head_dim)[g.padded_index]

@@ -68,6 +68,10 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def text_stream(self, skip_special_tokens: bool = True) -> TextStream:
+        """A fresh incremental decoder for one generated sequence (streaming output)."""
+        return TextStream(self.backend, skip_special_tokens)
+
     def token_text(self, token_id: int) -> str | None:
         return self.backend.id_to_token(token_id)
 
@@ -92,6 +96,18 @@ class Tokenizer:
         """Token ids of the rendered chat; the template already placed any BOS it wants."""
         text = self.apply_chat_template(messages, add_generation_prompt)
         return self.encode(text, add_special_tokens=False)
+
+
+class TextStream:
+    """Incremental detokenization of one sequence: ``push(id)`` returns the text that id
+    completes ("" while a multi-byte character is still partial). Mutates itself only."""
+
+    def __init__(self, backend: HFTokenizer, skip_special_tokens: bool) -> None:
+        self._backend = backend
+        self._stream = decoders.DecodeStream(skip_special_tokens=skip_special_tokens)
+
+    def push(self, token_id: int) -> str:
+        return self._stream.step(self._backend, token_id) or ""
 
 
 def _compile(template: str) -> Any:
