@@ -126,14 +126,17 @@ def test_simulation_is_deterministic_for_a_seed() -> None:
     assert first["preemptions"] > 0 and first["prefix_hit_tokens"] > 0
 
 
-def _mooncake_hits(requests, slots: int) -> tuple[int, int]:
+def _mooncake_hits(requests, slots: int, policy: str = "vllm") -> tuple[int, int]:
     cost = LinearCostModel(0.01, 1e-6)
     config = SchedulerConfig(max_num_seqs=64, max_model_len=131072)
-    (_, s), = Comparison(requests, slots, config, cost).run(expand_policies(["vllm"]))  # fmt: skip
+    (_, s), = Comparison(requests, slots, config, cost).run(expand_policies([policy]))  # fmt: skip
     return s["prefix_hit_tokens"], s["ideal_prefix_hit_tokens"]
 
 
-def test_prefix_hits_equal_the_trace_with_a_large_pool_and_fall_as_it_shrinks(tmp_path) -> None:
+@pytest.mark.parametrize("policy", ["vllm", "sglang", "trtllm", "paged:7"])
+def test_prefix_hits_equal_the_trace_with_a_large_pool_and_fall_as_it_shrinks(
+    tmp_path, policy: str
+) -> None:
     # A hand-built Mooncake-style trace: 6 conversations of 3 growing turns over shared ids.
     rows, next_id = [], 100
     for conv in range(6):
@@ -147,9 +150,9 @@ def test_prefix_hits_equal_the_trace_with_a_large_pool_and_fall_as_it_shrinks(tm
     from tests.sim.test_traces import write_mooncake
 
     requests = load_trace(write_mooncake(path, rows))
-    big_hits, ideal = _mooncake_hits(requests, slots=200_000)
+    big_hits, ideal = _mooncake_hits(requests, slots=200_000, policy=policy)
     assert big_hits == ideal > 0
-    small_hits, _ = _mooncake_hits(requests, slots=9_000)
+    small_hits, _ = _mooncake_hits(requests, slots=9_000, policy=policy)
     assert small_hits < big_hits
 
 
