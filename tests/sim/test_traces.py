@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pagedkv.sim.prefix_oracle import ideal_prefix_hit_tokens, shared_prefix_tokens
-from pagedkv.sim.synthetic import generate, parse_spec
+from pagedkv.sim.synthetic import LengthDist, generate, parse_spec
 from pagedkv.sim.traces import TraceRequest, load_trace, segment_tokens
 
 SHARED_TRACES = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces"
@@ -100,7 +100,7 @@ def test_unknown_format_and_missing_file(tmp_path: Path) -> None:
 
 def test_synthetic_spec_parsing_and_determinism() -> None:
     spec = parse_spec("requests=5,prompt=100-200,output=7,rate=2,system=600,turns=2,gap=3")
-    assert spec.prompt_tokens == (100, 200) and spec.output_tokens == (7, 7)
+    assert spec.prompt_tokens == LengthDist(100, 200) and spec.output_tokens == LengthDist(7, 7)
     reqs = generate(spec, seed=1)
     assert reqs == generate(spec, seed=1) and reqs != generate(spec, seed=2)
     assert len(reqs) == 10 and all(r.output_len_tokens == 7 for r in reqs)
@@ -110,7 +110,7 @@ def test_synthetic_spec_parsing_and_determinism() -> None:
     # Turn 2 = turn 1's prompt + its 7-token answer + new text, 3 s later.
     assert second.arrival_time_s == pytest.approx(first.arrival_time_s + 3)
     assert second.prompt[len(first.prompt)] == first.output[0] and first.output[0][1] == 7
-    for bad in ("requests=0", "prompt=9-3", "color=red", "rate=fast", "prompt"):
+    for bad in ("requests=0", "prompt=9-3", "color=red", "rate=fast", "prompt", "output=exp:0"):
         with pytest.raises(ValueError, match="synthetic spec|must|>= 1"):
             parse_spec(bad)
 
@@ -124,3 +124,11 @@ def test_real_traces_load_if_present() -> None:
     assert len(reqs) == 100 and reqs[0].arrival_time_s == 0.0
     assert reqs[0].prompt_len_tokens == 6758 and reqs[0].output_len_tokens == 500
     assert len(load_trace(azure, max_requests=50)) == 50
+
+
+def test_exponential_lengths_have_the_mean_and_respect_the_cap() -> None:
+    spec = parse_spec("requests=4000,prompt=exp:600:2000,output=1")
+    lengths = [r.prompt_len_tokens for r in generate(spec, seed=5)]
+    assert max(lengths) == 2000 and min(lengths) >= 1
+    # exp(mean 600) clipped at 2000 has mean 600 * (1 - e^(-2000/600)) ~ 578
+    assert abs(sum(lengths) / len(lengths) - 578) < 25

@@ -5,8 +5,9 @@
     requests=200,prompt=2000-9000,output=200-800,rate=inf,system=0,turns=1,gap=10
 
 * ``requests``: conversations (each of ``turns`` requests);
-* ``prompt`` / ``output``: tokens, a fixed ``N`` or a uniform range ``A-B``; ``prompt`` is the new
-  user text of each turn;
+* ``prompt`` / ``output``: tokens, a fixed ``N``, a uniform range ``A-B``, or ``exp:MEAN[:MAX]``
+  (exponential with that mean, at least 1, at most MAX); ``prompt`` is the new user text of
+  each turn;
 * ``rate``: conversations per second, Poisson arrivals (``inf``: all at time 0);
 * ``system``: a system prompt of that many tokens shared by every request;
 * ``turns``, ``gap``: turn ``k`` arrives ``k * gap`` seconds after the conversation starts and its
@@ -26,12 +27,31 @@ _KEYS = ("requests", "prompt", "output", "rate", "system", "turns", "gap")
 
 
 @dataclass(frozen=True)
+class LengthDist:
+    """A token-count distribution: uniform over ``[low, high]`` (fixed when equal), or with
+    ``kind="exp"`` exponential with mean ``low``, rounded, clipped to ``[1, high]``."""
+
+    low: int
+    high: int
+    kind: str = "uniform"
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("uniform", "exp") or not 1 <= self.low <= self.high:
+            raise ValueError(f"a length needs 1 <= low <= high, got {self.low}-{self.high}")
+
+    def sample(self, rng: random.Random) -> int:
+        if self.kind == "exp":
+            return min(self.high, max(1, round(rng.expovariate(1.0 / self.low))))
+        return rng.randint(self.low, self.high)
+
+
+@dataclass(frozen=True)
 class SyntheticSpec:
-    """A parsed spec (validated). Ranges are inclusive ``(low, high)`` token counts."""
+    """A parsed spec (validated)."""
 
     num_conversations: int = 100
-    prompt_tokens: tuple[int, int] = (512, 2048)
-    output_tokens: tuple[int, int] = (128, 512)
+    prompt_tokens: LengthDist = LengthDist(512, 2048)
+    output_tokens: LengthDist = LengthDist(128, 512)
     rate_per_s: float = math.inf
     system_tokens: int = 0
     turns: int = 1
@@ -40,19 +60,21 @@ class SyntheticSpec:
     def __post_init__(self) -> None:
         if self.num_conversations < 1 or self.turns < 1:
             raise ValueError("requests and turns must be >= 1")
-        for name, (lo, hi) in (("prompt", self.prompt_tokens), ("output", self.output_tokens)):
-            if not 1 <= lo <= hi:
-                raise ValueError(f"{name} range must satisfy 1 <= low <= high, got {lo}-{hi}")
         if self.rate_per_s <= 0 or self.system_tokens < 0 or self.turn_gap_s < 0:
             raise ValueError("rate must be > 0; system and gap must be >= 0")
 
 
-def _range(key: str, text: str) -> tuple[int, int]:
-    lo, sep, hi = text.partition("-")
+def _length(key: str, text: str) -> LengthDist:
     try:
-        return (int(lo), int(hi)) if sep else (int(lo), int(lo))
+        if text.startswith("exp:"):
+            mean, _, top = text[4:].partition(":")
+            return LengthDist(int(mean), int(top) if top else 2**31 - 1, "exp")
+        lo, sep, hi = text.partition("-")
+        return LengthDist(int(lo), int(hi) if sep else int(lo))
     except ValueError:
-        raise ValueError(f"synthetic spec: {key}={text!r} is not N or A-B") from None
+        raise ValueError(
+            f"synthetic spec: {key}={text!r} is not N, A-B or exp:MEAN[:MAX] with 1 <= A <= B"
+        ) from None
 
 
 def parse_spec(text: str) -> SyntheticSpec:
@@ -64,7 +86,7 @@ def parse_spec(text: str) -> SyntheticSpec:
             raise ValueError(f"synthetic spec: {item!r} is not one of {', '.join(_KEYS)}=VALUE")
         try:
             if key in ("prompt", "output"):
-                fields[f"{key}_tokens"] = _range(key, value)
+                fields[f"{key}_tokens"] = _length(key, value)
             elif key == "requests":
                 fields["num_conversations"] = int(value)
             elif key == "rate":
@@ -92,8 +114,8 @@ def generate(spec: SyntheticSpec, seed: int = 0) -> list[TraceRequest]:
             start_s += rng.expovariate(spec.rate_per_s)
         history = system
         for turn in range(spec.turns):
-            prompt = history + fresh.take(rng.randint(*spec.prompt_tokens))
-            num_out = rng.randint(*spec.output_tokens)
+            prompt = history + fresh.take(spec.prompt_tokens.sample(rng))
+            num_out = spec.output_tokens.sample(rng)
             answer = fresh.take(num_out) if turn + 1 < spec.turns else ()
             requests.append(TraceRequest(start_s + turn * spec.turn_gap_s, prompt, num_out, answer))
             history = prompt + answer
