@@ -29,9 +29,15 @@ class AttentionBackendInfo:
     name: str
     min_block_size: int
     block_size_multiple: int
+    kv_layout: str  # axis order of one layer's K (and V) pool
 
 
-BACKEND_INFO = AttentionBackendInfo("torch-sdpa-gather", min_block_size=1, block_size_multiple=1)
+BACKEND_INFO = AttentionBackendInfo(
+    "torch-sdpa-gather",
+    min_block_size=1,
+    block_size_multiple=1,
+    kv_layout="num_blocks,block_size,num_kv_heads,head_dim",
+)
 
 
 @dataclass(frozen=True)
@@ -107,6 +113,8 @@ def _validate(
     meta: AttentionMetadata, q_lens: torch.Tensor, ctx_lens: torch.Tensor, block_size: int
 ) -> None:
     num_seqs = meta.num_seqs
+    if num_seqs < 1:
+        raise ValueError("a step needs at least one sequence")
     if meta.query_start_loc.shape != (num_seqs + 1,) or meta.block_tables.shape[0] != num_seqs:
         raise ValueError("query_start_loc must be [num_seqs + 1] and block_tables [num_seqs, *]")
     if int(meta.query_start_loc[0]) != 0 or int(meta.query_start_loc[-1]) != meta.num_tokens:
@@ -130,17 +138,18 @@ def _plan_group(
     ctx = ctx_lens[seq_ids]
     num_seqs, max_q, max_ctx = int(seq_ids.numel()), int(q.max()), int(ctx.max())
     # Token j of the group belongs to local sequence `owner[j]`, at index `within[j]` of its chunk.
-    owner = torch.repeat_interleave(torch.arange(num_seqs), q)
+    device = q.device  # plans live where the metadata lives
+    owner = torch.repeat_interleave(torch.arange(num_seqs, device=device), q)
     group_starts = torch.cumsum(q, 0) - q
-    within = torch.arange(int(q.sum())) - group_starts[owner]
+    within = torch.arange(int(q.sum()), device=device) - group_starts[owner]
     token_index = starts[seq_ids][owner] + within
     padded_index = owner * max_q + within
-    cols = torch.arange(max_ctx)
+    cols = torch.arange(max_ctx, device=device)
     gather_slots = block_tables[seq_ids][:, cols // block_size] * block_size + cols % block_size
     gather_slots = gather_slots.flatten()
     # Query i of a sequence sits at position ctx - q + i and sees keys 0..that position. Padded
     # queries (i >= q) see the whole context plus padding: never all-masked, and discarded.
-    last_visible = (ctx - q)[:, None] + torch.arange(max_q)[None, :]  # [S, max_q]
+    last_visible = (ctx - q)[:, None] + torch.arange(max_q, device=device)[None, :]  # [S, max_q]
     mask = cols[None, None, :] <= last_visible[:, :, None]  # [S, max_q, max_ctx]
     # Grouped-query layout: the queries of one KV head's group are stacked along the query axis.
     mask = mask[:, None].expand(num_seqs, num_queries_per_kv, max_q, max_ctx)

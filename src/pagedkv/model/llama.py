@@ -108,12 +108,20 @@ class CausalLM(nn.Module):
     ) -> torch.Tensor:
         """Run the new tokens of one step; returns the final-normed hidden states ``[T, H]``.
 
-        ``input_ids``/``positions``: int64 ``[T]`` in batch order (``query_start_loc``).
+        ``input_ids``/``positions``: int64 ``[T]`` in batch order (``query_start_loc``); the
+        position of new token i of a sequence must be ``context_len - new_tokens + i`` (RoPE
+        reads ``positions``, the causal mask reads the metadata; they must agree).
         ``kv_caches``: one ``(k, v)`` pair per layer; the new tokens' K/V are written into their
         slots (mutated in place). ``block_size`` defaults to the caches' dimension 1.
         """
         if len(kv_caches) != self.config.num_layers:
             raise ValueError(f"need {self.config.num_layers} KV caches, got {len(kv_caches)}")
+        num_tokens = attn_metadata.num_tokens
+        if input_ids.shape != (num_tokens,) or positions.shape != (num_tokens,):
+            raise ValueError(
+                f"input_ids {tuple(input_ids.shape)} and positions {tuple(positions.shape)} "
+                f"must both be [{num_tokens}] (one per slot_mapping entry)"
+            )
         block_size = block_size or kv_caches[0][0].shape[1]
         plan = AttentionPlan(attn_metadata, block_size, self.config.num_queries_per_kv)
         cos, sin = self.rotary.cos_sin(positions, self.dtype)
