@@ -259,3 +259,24 @@ def test_sequence_is_seqlike_and_a_cache_salt_isolates_prefixes() -> None:
     assert salted.cache_salt == "user-7"
     assert [(s.seq.request_id, s.prefix_hit_tokens) for s in b2.seqs[1:]] == [("S", 0), ("P", 8)]
     assert plain.prompt_token_ids.tolist() == list(range(10)) and not plain.is_prefilling
+
+
+def test_finish_sequence_frees_one_sequence_and_keeps_its_siblings() -> None:
+    alloc = PagedAllocator(20, 4)
+    sched = Scheduler(alloc)
+    parent = sched.add_request("r", range(1, 7), max_new_tokens=5, n=2)
+    other = sched.add_request("o", range(30, 33), max_new_tokens=5)
+    b1 = sched.schedule()
+    sched.update(b1, [[10, 11], [12]])
+    child = sched.running[-1]
+    assert child.parent is parent
+    assert sched.finish_sequence(parent) and parent.finish_reason is FinishReason.STOP
+    assert not sched.finish_sequence(parent)  # already finished
+    alloc.check_invariants()
+    assert parent not in sched.running and child in sched.running
+    assert sched.finish_sequence(other, FinishReason.ABORT) and sched.num_running == 1
+    queued = sched.add_request("q", [5], max_new_tokens=1)
+    assert sched.finish_sequence(queued) and sched.num_waiting == 0
+    done = run_to_completion(sched)
+    assert done == [child] and child.num_output_tokens == 5
+    assert alloc.stats().num_used_blocks == 0 and not sched.abort("r")

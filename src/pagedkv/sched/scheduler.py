@@ -135,14 +135,17 @@ class Scheduler:
             seq.finish_reason = FinishReason.ABORT
         return seqs
 
-    def finish_sequence(self, seq: Sequence, reason: FinishReason = FinishReason.STOP) -> None:
-        """Finish one sequence now (the engine matched a stop string) and free its blocks.
-        Its siblings of an ``n > 1`` request go on. No-op if it is already finished."""
+    def finish_sequence(self, seq: Sequence, reason: FinishReason = FinishReason.STOP) -> bool:
+        """Finish one sequence now (the engine matched a stop string, say) and free its blocks.
+        Its siblings of an ``n > 1`` request go on. False (nothing changed) if it was already
+        finished. Safe between ``schedule`` and ``update``: ``update`` skips it."""
         if seq.is_finished:
-            return
-        if seq.status is not _RUNNING:
+            return False
+        if seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
+        self._pending_copies.pop(seq.seq_id, None)
         self._finish(seq, reason, [])
+        return True
 
     @property
     def num_waiting(self) -> int:
