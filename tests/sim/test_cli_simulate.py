@@ -69,3 +69,25 @@ def test_bad_input_is_one_line_and_exit_2(args, message, capsys) -> None:
     assert main(["simulate", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+def test_runs_are_identical_across_processes_with_different_hash_seeds() -> None:
+    """Nothing in a replay may depend on Python's salted hash() or set order."""
+    import os
+    import subprocess
+    import sys
+
+    args = [sys.executable, "-m", "pagedkv", "simulate", "--synthetic",
+            "requests=30,prompt=100-900,output=5-60,system=300,turns=3,rate=50",
+            "--max-model-len", "4k", "--kv-memory", "200MiB", "--policy", "vllm,sglang",
+            "--json"]  # fmt: skip
+    outs = []
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120)
+        assert done.returncode == 0, done.stderr
+        runs = json.loads(done.stdout)
+        for r in runs:
+            del r["wall_time_s"]
+        outs.append(runs)
+    assert outs[0] == outs[1] and outs[0][0]["preemptions"] > 0
