@@ -115,9 +115,8 @@ def test_simulation_is_deterministic_for_a_seed() -> None:
         spec = parse_spec("requests=40,prompt=50-400,output=5-60,rate=100,system=64,turns=2")
         cost = LinearCostModel(0.002, 1e-5)
         config = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=512, max_model_len=2048)
-        (_, s), = Comparison(generate(spec, seed), 1500, config, cost).run(
-            expand_policies(["vllm"])
-        )  # fmt: skip
+        comparison = Comparison(generate(spec, seed), 1500, config, cost, check_invariants=True)
+        ((_, s),) = comparison.run(expand_policies(["vllm"]))
         del s["wall_time_s"]  # real time, not part of the simulated result
         return s
 
@@ -126,10 +125,13 @@ def test_simulation_is_deterministic_for_a_seed() -> None:
     assert first["preemptions"] > 0 and first["prefix_hit_tokens"] > 0
 
 
-def _mooncake_hits(requests, slots: int, policy: str = "vllm") -> tuple[int, int]:
+def _mooncake_hits(
+    requests, slots: int, policy: str = "vllm", check: bool = False
+) -> tuple[int, int]:
     cost = LinearCostModel(0.01, 1e-6)
     config = SchedulerConfig(max_num_seqs=64, max_model_len=131072)
-    (_, s), = Comparison(requests, slots, config, cost).run(expand_policies([policy]))  # fmt: skip
+    comparison = Comparison(requests, slots, config, cost, check_invariants=check)
+    ((_, s),) = comparison.run(expand_policies([policy]))
     return s["prefix_hit_tokens"], s["ideal_prefix_hit_tokens"]
 
 
@@ -150,9 +152,9 @@ def test_prefix_hits_equal_the_trace_with_a_large_pool_and_fall_as_it_shrinks(
     from tests.sim.test_traces import write_mooncake
 
     requests = load_trace(write_mooncake(path, rows))
-    big_hits, ideal = _mooncake_hits(requests, slots=200_000, policy=policy)
+    big_hits, ideal = _mooncake_hits(requests, slots=60_000, policy=policy, check=True)
     assert big_hits == ideal > 0
-    small_hits, _ = _mooncake_hits(requests, slots=9_000, policy=policy)
+    small_hits, _ = _mooncake_hits(requests, slots=9_000, policy=policy, check=True)
     assert small_hits < big_hits
 
 

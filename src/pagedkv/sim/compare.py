@@ -37,6 +37,7 @@ class Comparison:
     config: SchedulerConfig
     cost: CostModel
     sample_interval_s: float = 1.0
+    check_invariants: bool = False  # tests: check the allocator after every step
 
     def run(
         self,
@@ -56,6 +57,7 @@ class Comparison:
                 self.cost,
                 sample_interval_s=self.sample_interval_s,
                 progress=progress(policy) if progress else None,
+                check_invariants=self.check_invariants,
             )
             result = sim.run()
             ideal = None
