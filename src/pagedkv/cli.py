@@ -19,6 +19,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pagedkv.commands.generate",
     "pagedkv.commands.plan",
     "pagedkv.commands.simulate",
+    "pagedkv.commands.serve",
 )
 
 

@@ -1,0 +1,217 @@
+"""The OpenAI wire format: pydantic models of the requests we accept and the bodies we send.
+
+Requests are validated strictly (JSON types as sent: ``"5"`` is not an integer) and unknown keys
+are errors, as everywhere in pagedkv's configuration. OpenAI fields we do not implement
+(penalties, ``logit_bias``, ``echo``, ``suffix``, ``best_of``) are declared so that clients
+sending their neutral defaults keep working; any other value is refused in ``sampling.py``.
+Responses are plain models dumped to JSON; their shapes follow OpenAI's so that the official
+client parses them unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# -- requests ------------------------------------------------------------------------------
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class _SamplingFields(_Strict):
+    """Fields shared by both generation routes. ``top_k``, ``cache_salt``, ``ignore_eos`` and
+    ``stop_token_ids`` are the vLLM extensions (clients send them through ``extra_body``)."""
+
+    model: str | None = None
+    n: int = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    cache_salt: str | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+
+
+PromptInput = str | list[str] | list[int] | list[list[int]]
+
+
+class CompletionRequest(_SamplingFields):
+    """``POST /v1/completions``. ``prompt``: text, token ids, or a batch of either; each prompt
+    of a batch yields ``n`` choices (index ``prompt_index * n + sample``). ``logprobs``: the
+    number of top alternatives per token (0 = the chosen token only)."""
+
+    prompt: PromptInput
+    max_tokens: int | None = None
+    logprobs: int | None = None
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "user", "assistant", "developer"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text"]
+
+
+class ChatCompletionRequest(_SamplingFields):
+    """``POST /v1/chat/completions``. ``max_completion_tokens`` is OpenAI's newer name for
+    ``max_tokens``; giving both is an error. ``logprobs`` is a flag here and ``top_logprobs``
+    the number of alternatives."""
+
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    response_format: ResponseFormat | None = None
+
+
+# -- responses -----------------------------------------------------------------------------
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
+class CompletionLogprobs(BaseModel):
+    """The legacy completions layout: parallel lists, one entry per generated token."""
+
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class Completion(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    system_fingerprint: str | None = None
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprob] | None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage | None = None
+    system_fingerprint: str | None = None
+
+
+class DeltaMessage(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: DeltaMessage
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "pagedkv"
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
+
+
+def dump(model: BaseModel) -> dict[str, Any]:
+    """The JSON object of a response model (``None`` fields kept: OpenAI sends them too)."""
+    return model.model_dump(mode="json")

@@ -1,0 +1,169 @@
+"""From engine outputs to OpenAI bodies: whole responses, stream chunks, usage, logprobs.
+
+Streaming sends text deltas. The engine cuts a matched stop string out of text it may already
+have reported one token earlier (the stop string's first characters arrived first), so while a
+choice runs, the last ``len(longest stop) - 1`` characters are held back: what was sent is
+never taken back. Choice ``index`` = ``prompt_index * n + sample index``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pagedkv.engine import CompletionOutput, RequestOutput
+from pagedkv.model.tokenizer import Tokenizer
+from pagedkv.server import protocol as p
+
+# The engine's finish reasons a client can see; "abort" and "refused" never reach one.
+_FINISH = {"stop": "stop", "length": "length"}
+
+
+@dataclass(frozen=True)
+class ResponseHeader:
+    """What every body of one response repeats."""
+
+    id: str
+    created_s: int
+    model: str
+    chat: bool
+    n: int
+    want_logprobs: bool
+    holdback_chars: int
+
+
+def usage(outputs: list[RequestOutput]) -> p.Usage:
+    prompt = sum(len(o.prompt_token_ids) for o in outputs)
+    completion = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    cached = sum(o.num_cached_tokens for o in outputs)
+    return p.Usage(prompt_tokens=prompt, completion_tokens=completion,
+                   total_tokens=prompt + completion,
+                   prompt_tokens_details=p.PromptTokensDetails(cached_tokens=cached))  # fmt: skip
+
+
+def _token_str(tokenizer: Tokenizer, token_id: int) -> str:
+    return tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def completion_logprobs(
+    tokenizer: Tokenizer, c: CompletionOutput, start: int, text_offset: int
+) -> p.CompletionLogprobs:
+    """The legacy layout for tokens ``start:`` of ``c``; offsets count from ``text_offset``."""
+    out = p.CompletionLogprobs()
+    offset = text_offset
+    for k in range(start, len(c.logprobs or [])):
+        token = _token_str(tokenizer, c.token_ids[k])
+        out.tokens.append(token)
+        out.token_logprobs.append(c.logprobs[k])
+        top = (c.top_logprobs or [])[k]
+        out.top_logprobs.append({_token_str(tokenizer, t): lp for t, lp in top})
+        out.text_offset.append(offset)
+        offset += len(token)
+    return out
+
+
+def chat_logprobs(tokenizer: Tokenizer, c: CompletionOutput, start: int) -> p.ChoiceLogprobs:
+    content = []
+    for k in range(start, len(c.logprobs or [])):
+        token = _token_str(tokenizer, c.token_ids[k])
+        top = [
+            p.TopLogprob(token=(s := _token_str(tokenizer, t)), logprob=lp,
+                         bytes=list(s.encode()))
+            for t, lp in (c.top_logprobs or [])[k]
+        ]  # fmt: skip
+        lp = c.logprobs[k]
+        content.append(p.TokenLogprob(token=token, logprob=lp if lp is not None else 0.0,
+                                      bytes=list(token.encode()), top_logprobs=top))  # fmt: skip
+    return p.ChoiceLogprobs(content=content)
+
+
+def full_response(
+    head: ResponseHeader, tokenizer: Tokenizer, outputs: list[RequestOutput]
+) -> p.Completion | p.ChatCompletion:
+    """The non-streaming body of a finished run (outputs in prompt order)."""
+    samples = [(i * head.n + c.index, c) for i, o in enumerate(outputs) for c in o.outputs]
+    if head.chat:
+        choices = [
+            p.ChatChoice(index=k, message=p.AssistantMessage(content=c.text),
+                         finish_reason=_FINISH.get(c.finish_reason or ""),
+                         logprobs=chat_logprobs(tokenizer, c, 0) if head.want_logprobs else None)
+            for k, c in samples
+        ]  # fmt: skip
+        return p.ChatCompletion(id=head.id, created=head.created_s, model=head.model,
+                                choices=choices, usage=usage(outputs))  # fmt: skip
+    choices = [
+        p.CompletionChoice(index=k, text=c.text, finish_reason=_FINISH.get(c.finish_reason or ""),
+                           logprobs=completion_logprobs(tokenizer, c, 0, 0)
+                           if head.want_logprobs else None)
+        for k, c in samples
+    ]  # fmt: skip
+    return p.Completion(id=head.id, created=head.created_s, model=head.model, choices=choices,
+                        usage=usage(outputs))  # fmt: skip
+
+
+@dataclass
+class _Sent:
+    """What one choice's client has received so far."""
+
+    chars: int = 0
+    tokens: int = 0
+    role_sent: bool = False
+    done: bool = False
+
+
+@dataclass
+class StreamRenderer:
+    """Turns successive snapshots of a run into chunk bodies; one renderer per response."""
+
+    head: ResponseHeader
+    tokenizer: Tokenizer
+    _sent: dict[int, _Sent] = field(default_factory=dict)
+
+    def chunks(self, prompt_index: int, out: RequestOutput) -> list[dict]:
+        bodies = []
+        for c in out.outputs:
+            k = prompt_index * self.head.n + c.index
+            sent = self._sent.setdefault(k, _Sent())
+            if sent.done:
+                continue
+            end = len(c.text) if c.finished else max(len(c.text) - self.head.holdback_chars, 0)
+            delta = c.text[sent.chars : end] if end > sent.chars else ""
+            if not delta and not c.finished and sent.role_sent:
+                continue  # nothing printable yet; its tokens go out with the next text
+            bodies.append(self._chunk(k, c, sent, delta))
+            sent.chars = max(sent.chars, end)
+            sent.tokens = len(c.token_ids)
+            sent.role_sent = True
+            sent.done = c.finished
+        return bodies
+
+    def _chunk(self, k: int, c: CompletionOutput, sent: _Sent, delta: str) -> dict:
+        h = self.head
+        finish = _FINISH.get(c.finish_reason or "") if c.finished else None
+        if h.chat:
+            logprobs = chat_logprobs(self.tokenizer, c, sent.tokens) if h.want_logprobs else None
+            role = None if sent.role_sent else "assistant"
+            choice = p.ChatChunkChoice(index=k, delta=p.DeltaMessage(role=role, content=delta),
+                                       logprobs=logprobs, finish_reason=finish)  # fmt: skip
+            body = p.ChatCompletionChunk(id=h.id, created=h.created_s, model=h.model,
+                                         choices=[choice])  # fmt: skip
+        else:
+            logprobs = (
+                completion_logprobs(self.tokenizer, c, sent.tokens, sent.chars)
+                if h.want_logprobs
+                else None
+            )
+            choice = p.CompletionChoice(index=k, text=delta, logprobs=logprobs,
+                                        finish_reason=finish)  # fmt: skip
+            body = p.Completion(id=h.id, created=h.created_s, model=h.model, choices=[choice])
+        data = p.dump(body)
+        data.pop("usage", None)  # only the final usage chunk carries usage
+        if not h.chat:
+            data.pop("system_fingerprint", None)
+        return data
+
+    def usage_chunk(self, outputs: list[RequestOutput]) -> dict:
+        """The last chunk when ``stream_options.include_usage``: no choices, the usage."""
+        h = self.head
+        kind = p.ChatCompletionChunk if h.chat else p.Completion
+        body = kind(id=h.id, created=h.created_s, model=h.model, choices=[], usage=usage(outputs))
+        return p.dump(body)

@@ -1,0 +1,114 @@
+"""``Run``: the engine requests of one HTTP request, seen from the asyncio side.
+
+A completions request may carry a batch of prompts: each becomes its own engine request (they
+batch together anyway), and their outputs arrive, tagged with the prompt's index, on one
+asyncio queue fed from the engine thread through ``loop.call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Sequence
+
+from starlette.requests import Request
+
+from pagedkv.engine import RequestOutput, SamplingParams
+from pagedkv.server.engine_loop import Delivery, EngineLoop, Failure
+from pagedkv.server.errors import APIError
+from pagedkv.server.metrics import ServerMetrics
+
+# How often a request that waits for the engine checks whether its client is still there.
+DISCONNECT_POLL_S = 0.25
+
+
+class ClientGone(Exception):
+    """The client closed its connection; the run has been aborted."""
+
+
+class Run:
+    """Submits one engine request per prompt on construction (call it on the event loop).
+
+    ``next`` yields ``(prompt_index, output)`` until ``finished``; the caller must call
+    ``abort`` (idempotent) if it stops early, so that the engine frees the blocks.
+    """
+
+    def __init__(
+        self,
+        engine_loop: EngineLoop,
+        metrics: ServerMetrics,
+        request_id: str,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        cache_salt: str | None,
+    ) -> None:
+        self._engine_loop = engine_loop
+        self._metrics = metrics
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[tuple[int, Delivery]] = asyncio.Queue()
+        self.arrival_s = time.monotonic()
+        self.request_ids = (
+            [request_id]
+            if len(prompts) == 1
+            else [f"{request_id}-{i}" for i in range(len(prompts))]
+        )
+        self.latest: list[RequestOutput | None] = [None] * len(prompts)
+        self._first_token_seen = [False] * len(prompts)
+        self._open = set(range(len(prompts)))
+        for i, prompt in enumerate(prompts):
+            deliver = self._deliverer(i)
+            engine_loop.submit(self.request_ids[i], prompt, params, cache_salt, deliver)
+
+    def _deliverer(self, index: int):
+        loop, queue = self._loop, self._queue
+
+        def deliver(item: Delivery) -> None:  # runs on the engine thread
+            # A closed event loop (server shut down) raises: nobody is listening then.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(queue.put_nowait, (index, item))
+
+        return deliver
+
+    @property
+    def finished(self) -> bool:
+        return not self._open
+
+    async def next(self, request: Request | None) -> tuple[int, RequestOutput]:
+        """The next output. Raises ``APIError`` for a failure or a refusal (the rest of the
+        run is aborted then), ``ClientGone`` when ``request``'s client disconnected."""
+        while True:
+            try:
+                index, item = await asyncio.wait_for(self._queue.get(), DISCONNECT_POLL_S)
+            except asyncio.TimeoutError:
+                if request is not None and await request.is_disconnected():
+                    self.abort()
+                    raise ClientGone() from None
+                continue
+            if isinstance(item, Failure):
+                self._open.discard(index)
+                self.abort()
+                raise APIError(item.message, item.status_code, code=item.code)
+            if item.error:  # refused by the scheduler: it can never fit the KV pool
+                self._open.discard(index)
+                self.abort()
+                raise APIError(item.error, 400, param="prompt", code="kv_pool_too_small")
+            self.latest[index] = item
+            if not self._first_token_seen[index] and any(c.token_ids for c in item.outputs):
+                self._first_token_seen[index] = True
+                self._metrics.observe_ttft(time.monotonic() - self.arrival_s)
+            if item.finished:
+                self._open.discard(index)
+            return index, item
+
+    async def wait_finished(self, request: Request | None) -> list[RequestOutput]:
+        """Every prompt's final output, in prompt order."""
+        while not self.finished:
+            await self.next(request)
+        return [out for out in self.latest if out is not None]
+
+    def abort(self) -> None:
+        """Abort every engine request of this run that has not finished (frees its blocks)."""
+        for index in sorted(self._open):
+            self._engine_loop.abort(self.request_ids[index])
+        self._open.clear()

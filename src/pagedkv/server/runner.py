@@ -1,0 +1,91 @@
+"""Running the app under uvicorn: in the foreground (``pagedkv serve``) or on a background
+thread (tests, benchmarks). The socket is bound here, so port 0 yields a free port that is
+known before the first request."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+import uvicorn
+from fastapi import FastAPI
+
+from pagedkv.server.config import ServerConfig
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening-ready TCP socket on ``host:port`` (IPv6 if ``host`` is an IPv6 address)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
+def _uvicorn(app: FastAPI, config: ServerConfig) -> uvicorn.Server:
+    return uvicorn.Server(
+        uvicorn.Config(
+            app,
+            log_level=config.log_level,
+            timeout_graceful_shutdown=config.graceful_shutdown_s,
+            # Keep-alive connections of idle load-test clients should not pile up forever.
+            timeout_keep_alive=30,
+        )
+    )
+
+
+def url_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def serve_forever(app: FastAPI, config: ServerConfig) -> None:
+    """Serve until interrupted (Ctrl-C / SIGTERM): uvicorn then lets open streams finish for
+    ``graceful_shutdown_s`` and the app's lifespan stops the engine loop."""
+    sock = bind(config.host, config.port)
+    print(f"pagedkv serve: listening on {url_of(sock)}/v1", flush=True)
+    _uvicorn(app, config).run(sockets=[sock])
+
+
+@dataclass
+class BackgroundServer:
+    """A server on a daemon thread. ``url`` is the base URL (no ``/v1``)."""
+
+    url: str
+    _server: uvicorn.Server
+    _thread: threading.Thread
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout_s)
+
+    def __enter__(self) -> BackgroundServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_in_background(
+    app: FastAPI, config: ServerConfig, startup_timeout_s: float = 30.0
+) -> BackgroundServer:
+    """Start serving on a thread; returns once the server accepts connections."""
+    sock = bind(config.host, config.port)
+    server = _uvicorn(app, config)
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, name="pagedkv-http", daemon=True
+    )
+    thread.start()
+    deadline = time.monotonic() + startup_timeout_s
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            raise RuntimeError("the server did not start (see its log above)")
+        time.sleep(0.01)
+    return BackgroundServer(url_of(sock), server, thread)
