@@ -20,6 +20,7 @@ from pagedkv.kvcache.hashing import NO_EXTRA_KEYS, HashExtraKeys
 from pagedkv.kvcache.protocol import KVAllocator
 from pagedkv.sched.batch import ScheduledBatch, ScheduledSeq
 from pagedkv.sched.preemption import VictimPolicy, latest_arrival
+from pagedkv.sched.refusal import never_fits
 from pagedkv.sched.sequence import FinishReason, Sequence, SequenceStatus
 
 _RUNNING = SequenceStatus.RUNNING
@@ -88,7 +89,12 @@ class Scheduler:
             extra_keys=extra_keys,
             num_samples=n,
         )
-        reason = self._never_fits(seq)
+        reason = never_fits(
+            seq,
+            self.allocator,
+            max_model_len=self.max_model_len,
+            max_num_batched_tokens=None if self.chunked_prefill else self.max_num_batched_tokens,
+        )
         if reason:
             seq.status = SequenceStatus.FINISHED
             seq.finish_reason = FinishReason.REFUSED
@@ -99,25 +105,6 @@ class Scheduler:
         self._live[request_id] = [seq]
         self.waiting.append(seq)
         return seq
-
-    def _never_fits(self, seq: Sequence) -> str:
-        """Why ``seq`` can never run to completion, or "" if it can."""
-        total = seq.max_total_tokens
-        if self.max_model_len is not None and total > self.max_model_len:
-            return (
-                f"prompt ({seq.num_prompt_tokens}) + max_new_tokens ({seq.max_new_tokens}) "
-                f"= {total} tokens exceeds max_model_len {self.max_model_len}"
-            )
-        bs = self.allocator.block_size
-        pool_tokens = self.allocator.num_total_blocks * bs
-        if -(-total // bs) > self.allocator.num_total_blocks:
-            return f"{total} tokens exceed the whole KV pool ({pool_tokens} tokens)"
-        if not self.chunked_prefill and seq.num_prompt_tokens > self.max_num_batched_tokens:
-            return (
-                f"prompt ({seq.num_prompt_tokens}) exceeds max_num_batched_tokens "
-                f"({self.max_num_batched_tokens}) and chunked prefill is off"
-            )
-        return ""
 
     def abort(self, request_id: str) -> list[Sequence]:
         """Finish every sequence of ``request_id`` with ``ABORT`` and free its blocks now.
@@ -185,7 +172,7 @@ class Scheduler:
                 if victim is seq:
                     break
             else:
-                out.append(ScheduledSeq(seq, start, num_new, self._samples(seq, num_new), 0))
+                out.append(ScheduledSeq(seq, start, num_new, seq.samples_after(num_new), 0))
                 budget -= num_new
                 i += 1
 
@@ -214,7 +201,7 @@ class Scheduler:
             seq.status = _RUNNING
             seq.num_computed_tokens = hit
             running.append(seq)
-            out.append(ScheduledSeq(seq, hit, num_new, self._samples(seq, num_new), hit))
+            out.append(ScheduledSeq(seq, hit, num_new, seq.samples_after(num_new), hit))
             budget -= num_new
 
         copies = [c for cs in self._pending_copies.values() for c in cs]
@@ -223,13 +210,6 @@ class Scheduler:
         return ScheduledBatch(
             self._step, tuple(out), tuple(copies), tuple(preempted), tuple(refused)
         )
-
-    @staticmethod
-    def _samples(seq: Sequence, num_new: int) -> int:
-        """Tokens to sample after computing ``num_new`` more tokens of ``seq`` (0: no logits)."""
-        if seq.num_computed_tokens + num_new < seq.num_tokens:
-            return 0
-        return seq.num_samples if seq.num_output_tokens == 0 else 1
 
     def _preempt(self, seq: Sequence) -> None:
         self.allocator.free(seq, preempted=True)  # it will be admitted again
@@ -280,18 +260,9 @@ class Scheduler:
 
     def _append(self, seq: Sequence, token_id: int, finished: list[Sequence]) -> None:
         seq.append_token(token_id)
-        reason = self._stop_reason(seq)
+        reason = seq.stop_reason()
         if reason is not None:
             self._finish(seq, reason, finished)
-
-    @staticmethod
-    def _stop_reason(seq: Sequence) -> FinishReason | None:
-        """Why ``seq`` stops after its last appended token, or None if it goes on."""
-        if seq.token_ids[-1] in seq.stop_token_ids:
-            return FinishReason.STOP
-        if seq.num_output_tokens >= seq.max_new_tokens:
-            return FinishReason.LENGTH
-        return None
 
     def _finish(self, seq: Sequence, reason: FinishReason, finished: list[Sequence]) -> None:
         if seq.status is _RUNNING:
@@ -317,7 +288,7 @@ class Scheduler:
             child = parent.fork(self._new_seq_id())
             self._live[parent.request_id].append(child)
             child.append_token(token_id)
-            reason = self._stop_reason(child)
+            reason = child.stop_reason()
             if reason is not None:  # done before it ever held a block
                 self._finish(child, reason, finished)
                 continue

@@ -151,6 +151,22 @@ class Sequence:
         """Tokens this sequence may hold at most: prompt plus every allowed new token."""
         return self._num_prompt_tokens + self.max_new_tokens
 
+    def samples_after(self, num_new_tokens: int) -> int:
+        """Tokens to sample once ``num_new_tokens`` more are computed: 0 if that does not reach
+        the last known token (no logits needed), ``num_samples`` for the first output token
+        (``n > 1`` forks from it), else 1."""
+        if self.num_computed_tokens + num_new_tokens < len(self._token_ids):
+            return 0
+        return self.num_samples if len(self._token_ids) == self._num_prompt_tokens else 1
+
+    def stop_reason(self) -> FinishReason | None:
+        """Why this sequence stops after its last appended token, or None if it goes on."""
+        if self._token_ids[-1] in self.stop_token_ids and self.num_output_tokens:
+            return FinishReason.STOP
+        if self.num_output_tokens >= self.max_new_tokens:
+            return FinishReason.LENGTH
+        return None
+
     # -- mutation (scheduler only) ----------------------------------------------------------
 
     def append_token(self, token_id: int) -> None:
