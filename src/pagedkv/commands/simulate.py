@@ -127,14 +127,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     hw.add_argument(
         "--kv-memory", metavar="SIZE[,SIZE]", help="KV pool size(s), e.g. 58GiB; else derived"
     )
-    hw.add_argument("--gpu-memory-utilization", default="0.9", metavar="F")
-    hw.add_argument("--activation-memory", default="4GiB", metavar="SIZE")
-    hw.add_argument("--step-overhead-ms", default="2", metavar="MS", help="fixed cost per step")
+    hw.add_argument(
+        "--gpu-memory-utilization", default="0.9", metavar="F", help="share of GPU memory (0.9)"
+    )
+    hw.add_argument(
+        "--activation-memory", default="4GiB", metavar="SIZE", help="reserved for activations"
+    )
+    hw.add_argument("--step-overhead-ms", default="2", metavar="MS", help="fixed cost per step (2)")
     sc = p.add_argument_group("scheduler")
-    sc.add_argument("--max-model-len", default="32k", metavar="N")
-    sc.add_argument("--max-num-seqs", default="256", metavar="N")
-    sc.add_argument("--max-num-batched-tokens", default="8192", metavar="N")
-    sc.add_argument("--preemption", default="latest_arrival", help="or least_computed")
+    sc.add_argument("--max-model-len", default="32k", metavar="N", help="context limit (32k)")
+    sc.add_argument("--max-num-seqs", default="256", metavar="N", help="running at most (256)")
+    sc.add_argument(
+        "--max-num-batched-tokens", default="8192", metavar="N", help="tokens per step (8192)"
+    )
+    sc.add_argument(
+        "--preemption", default="latest_arrival", help="victim: latest_arrival or least_computed"
+    )
     pol = p.add_argument_group("policies")
     pol.add_argument(
         "--policy",
