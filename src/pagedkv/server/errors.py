@@ -66,10 +66,22 @@ def from_validation(exc: ValidationError | RequestValidationError) -> APIError:
                         code="invalid_json")  # fmt: skip
     if first.get("type") == "model_type" and not loc:
         return APIError("the body must be a JSON object", code="invalid_json")
-    param = ".".join(loc) or None
+    # A field typed as a union reports one error per alternative, each under a loc that ends
+    # in the alternative's name ("prompt", "str"): name the field, i.e. their common prefix.
+    same_field = [[str(x) for x in e.get("loc", ()) if x != "body"] for e in errors]
+    same_field = [other for other in same_field if other[:1] == loc[:1]]
+    common = loc
+    for other in same_field[1:]:
+        n = 0
+        while n < min(len(common), len(other)) and common[n] == other[n]:
+            n += 1
+        common = common[:n]
+    param = ".".join(common) or None
     where = f"{param}: " if param else ""
-    more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
-    return APIError(f"{where}{first['msg']}{more}", param=param, code="invalid_value")
+    alternatives = " (nor any other accepted type)" if len(same_field) > 1 else ""
+    more = len(errors) - len(same_field)
+    tail = f" (and {more} more problems)" if more else ""
+    return APIError(f"{where}{first['msg']}{alternatives}{tail}", param=param, code="invalid_value")
 
 
 def install_error_handlers(app: FastAPI) -> None:

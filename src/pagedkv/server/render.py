@@ -41,7 +41,12 @@ def usage(outputs: list[RequestOutput]) -> p.Usage:
 
 
 def _token_str(tokenizer: Tokenizer, token_id: int) -> str:
-    return tokenizer.decode([token_id], skip_special_tokens=False)
+    """The token's text; a token that is only part of a UTF-8 character has none of its own,
+    so its vocabulary entry is used (unique, unlike the replacement character)."""
+    text = tokenizer.decode([token_id], skip_special_tokens=False)
+    if "\ufffd" in text:
+        return tokenizer.token_text(token_id) or text
+    return text
 
 
 def completion_logprobs(
@@ -55,7 +60,10 @@ def completion_logprobs(
         out.tokens.append(token)
         out.token_logprobs.append(c.logprobs[k])
         top = (c.top_logprobs or [])[k]
-        out.top_logprobs.append({_token_str(tokenizer, t): lp for t, lp in top})
+        alternatives: dict[str, float] = {}
+        for t, lp in top:  # best first: two ids with one text keep the better logprob
+            alternatives.setdefault(_token_str(tokenizer, t), lp)
+        out.top_logprobs.append(alternatives)
         out.text_offset.append(offset)
         offset += len(token)
     return out

@@ -1,0 +1,89 @@
+"""Server fixtures: models are loaded once; each server runs on a free loopback port."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+
+import httpx
+import pytest
+import torch
+from prometheus_client.parser import text_string_to_metric_families
+
+from pagedkv.engine import EngineConfig, LLMEngine
+from pagedkv.engine.startup import build_parts
+from pagedkv.model import load_model
+from pagedkv.server import ServerConfig, create_app, start_in_background
+
+LOOPBACK = "127.0.0.1"
+MODEL_NAME = "test-model"
+
+
+@pytest.fixture(scope="package", autouse=True)
+def _one_torch_thread():
+    """One intra-op thread: the cores are shared with other jobs, and a two-thread OpenMP team
+    that loses a core stalls at every barrier; speed is measured in benchmarks/, not here."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def tiny_loaded(tmp_path_factory):
+    """A tiny random Llama (vocab 300, context 128): fast, its text means nothing."""
+    from tests.model.tiny import make_tiny_model
+
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    make_tiny_model("llama", folder)
+    return load_model(folder, progress=False)
+
+
+@contextlib.contextmanager
+def running_server(loaded, api_key: str | None = None, **engine_overrides) -> Iterator:
+    """Yield ``(base_url, app)`` of a server on a free loopback port; stops it afterwards."""
+    engine_overrides.setdefault("log_startup", False)
+    config = EngineConfig(**engine_overrides)
+    engine = LLMEngine(config, parts=build_parts(config, loaded))
+    server_config = ServerConfig(
+        served_model_name=MODEL_NAME, host=LOOPBACK, port=0, api_key=api_key, log_level="warning"
+    )
+    app = create_app(engine, server_config)
+    with start_in_background(app, server_config) as server:
+        yield server.url, app
+
+
+def metrics(base_url: str) -> dict[str, float]:
+    """``/metrics`` as {"name{label=value,...}": value}, labels sorted."""
+    text = httpx.get(f"{base_url}/metrics", timeout=10).text
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return out
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Poll until ``predicate()`` holds; fail the test with ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def assert_idle(base_url: str, timeout_s: float = 10.0) -> None:
+    """Eventually no block in use, nothing running, waiting or in flight."""
+
+    def idle() -> bool:
+        m = metrics(base_url)
+        return (
+            m["pagedkv_kv_blocks_used"] == 0
+            and m["pagedkv_sequences_running"] == 0
+            and m["pagedkv_sequences_waiting"] == 0
+            and m["pagedkv_requests_in_flight"] == 0
+        )
+
+    wait_for(idle, timeout_s, "the server to hold no KV block and no request")

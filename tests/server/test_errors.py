@@ -1,0 +1,130 @@
+"""Every malformed request gets an OpenAI-style JSON error with the right status, and the
+server keeps serving; ``--api-key`` guards every ``/v1`` route; an engine failure is a 500."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from .conftest import MODEL_NAME, assert_idle, metrics, running_server
+from .test_api import POOL
+
+GOOD = {"prompt": "hello", "max_tokens": 2}
+CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+# (route, raw body, status, error code, param)
+BAD_REQUESTS = [
+    ("completions", b"{not json", 400, "invalid_json", None),
+    ("completions", b"", 400, "invalid_json", None),
+    ("completions", b"[1, 2]", 400, "invalid_json", None),
+    ("completions", {"prompt": "x", "max_tokens": "5"}, 400, "invalid_value", "max_tokens"),
+    ("completions", {"prompt": "x", "temperature": "hot"}, 400, "invalid_value", "temperature"),
+    ("completions", {"prompt": 5}, 400, "invalid_value", "prompt"),
+    ("completions", {"max_tokens": 2}, 400, "invalid_value", "prompt"),
+    ("completions", {"prompt": "x", "no_such_field": 1}, 400, "invalid_value", "no_such_field"),
+    ("completions", {"prompt": "x", "max_tokens": 0}, 400, "invalid_value", "max_tokens"),
+    ("completions", {"prompt": "x", "max_tokens": -3}, 400, "invalid_value", "max_tokens"),
+    ("completions", {"prompt": "y" * 120, "max_tokens": 20}, 400, "context_length_exceeded",
+     "max_tokens"),
+    ("completions", {"prompt": "y" * 200, "max_tokens": 1}, 400, "context_length_exceeded",
+     "prompt"),
+    # 10 + 100 tokens fit the context; 4 samples of them need 106 blocks of a 64-block pool.
+    ("completions", {"prompt": "0123456789", "max_tokens": 100, "n": 4}, 400,
+     "kv_pool_too_small", "n"),
+    ("completions", {"prompt": "x", "n": 0}, 400, "invalid_value", "n"),
+    ("completions", {"prompt": "x", "temperature": -1}, 400, "invalid_value", None),
+    ("completions", {"prompt": "x", "top_p": 0}, 400, "invalid_value", None),
+    ("completions", {"prompt": "x", "logprobs": 99}, 400, "invalid_value", "logprobs"),
+    ("completions", {"prompt": [5, 99999]}, 400, "invalid_value", "prompt"),
+    ("completions", {"prompt": []}, 400, "invalid_value", "prompt"),
+    ("completions", {"prompt": "x", "presence_penalty": 0.5}, 400, "unsupported",
+     "presence_penalty"),
+    ("completions", {"prompt": "x", "echo": True}, 400, "unsupported", "echo"),
+    ("completions", {"prompt": "x", "model": "gpt-4"}, 404, "model_not_found", "model"),
+    ("chat/completions", {"messages": []}, 400, "invalid_value", "messages"),
+    ("chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, 400,
+     "invalid_value", "messages.0.role"),
+    ("chat/completions", {**CHAT, "top_logprobs": 2}, 400, "invalid_value", "top_logprobs"),
+    ("chat/completions", {**CHAT, "max_completion_tokens": 2}, 400, "invalid_value",
+     "max_completion_tokens"),
+    ("chat/completions", {**CHAT, "model": "nope"}, 404, "model_not_found", "model"),
+    ("chat/completions", {**CHAT, "stream": True, "max_tokens": 0}, 400, "invalid_value",
+     "max_tokens"),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def server(tiny_loaded):
+    with running_server(tiny_loaded, **POOL) as (url, app):
+        yield url
+
+
+@pytest.mark.parametrize(("route", "body", "status", "code", "param"), BAD_REQUESTS)
+def test_bad_request_gets_an_openai_error_and_the_server_goes_on(
+    server, route, body, status, code, param
+):
+    with httpx.Client(base_url=f"{server}/v1", timeout=30) as http:
+        if isinstance(body, bytes):
+            r = http.post(route, content=body, headers={"Content-Type": "application/json"})
+        else:
+            r = http.post(route, json=body)
+        assert r.status_code == status, r.text
+        assert r.headers["content-type"].startswith("application/json")
+        error = r.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+        assert error["message"] and error["code"] == code and error["param"] == param
+        assert error["type"] == ("invalid_request_error" if status == 400 else "not_found_error")
+        good = http.post(route, json=GOOD if route == "completions" else CHAT)
+        assert good.status_code == 200, good.text
+    assert_idle(server)
+
+
+def test_client_raises_the_matching_exceptions(server):
+    with openai.OpenAI(base_url=f"{server}/v1", api_key="x", max_retries=0) as client:
+        with pytest.raises(openai.BadRequestError, match="max_tokens"):
+            client.completions.create(model=MODEL_NAME, prompt="x", max_tokens=0)
+        with pytest.raises(openai.BadRequestError, match="KV blocks"):
+            client.completions.create(model=MODEL_NAME, prompt="0123456789", max_tokens=100,
+                                      n=8, stream=True)  # fmt: skip
+        with pytest.raises(openai.NotFoundError):
+            client.chat.completions.create(
+                model="other", messages=[{"role": "user", "content": "x"}]
+            )
+    assert httpx.get(f"{server}/v1/no-such-route").status_code == 404
+    assert metrics(server)["pagedkv_requests_total{outcome=rejected}"] >= 3
+
+
+def test_api_key_guards_every_v1_route(tiny_loaded):
+    with running_server(tiny_loaded, api_key="s3cret", **POOL) as (url, _):
+        for method, path in [("GET", "/v1/models"), ("POST", "/v1/completions"),
+                             ("POST", "/v1/chat/completions"), ("GET", "/v1/anything")]:  # fmt: skip
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+                r = httpx.request(method, url + path, json=GOOD, headers=headers)
+                assert r.status_code == 401, (path, headers)
+                assert r.json()["error"]["code"] == "invalid_api_key"
+        assert httpx.get(f"{url}/health").status_code == 200  # probes need no key
+        assert httpx.get(f"{url}/metrics").status_code == 200
+        with (
+            openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0) as bad,
+            pytest.raises(openai.AuthenticationError),
+        ):
+            bad.models.list()
+        with openai.OpenAI(base_url=f"{url}/v1", api_key="s3cret", max_retries=0) as good:
+            assert good.completions.create(model=MODEL_NAME, **GOOD).usage.completion_tokens >= 1
+
+
+def test_engine_failure_is_a_500_then_503_and_health_says_so(tiny_loaded):
+    with running_server(tiny_loaded, **POOL) as (url, app):
+        engine = app.state.engine_loop.engine
+
+        def broken_step():
+            raise RuntimeError("simulated kernel failure")
+
+        engine.step = broken_step
+        r = httpx.post(f"{url}/v1/completions", json=GOOD, timeout=30)
+        assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+        assert "simulated kernel failure" in r.json()["error"]["message"]
+        health = httpx.get(f"{url}/health")
+        assert health.status_code == 503 and "simulated" in health.json()["error"]["message"]
+        assert httpx.post(f"{url}/v1/completions", json=GOOD, timeout=30).status_code == 503
