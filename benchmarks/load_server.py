@@ -1,0 +1,208 @@
+"""A bounded load test of `pagedkv serve`: many concurrent streaming clients on loopback.
+
+Each of ``--clients`` clients sends ``--requests-per-client`` streaming chat or completion
+requests one after another (the official ``openai`` async client), so up to ``--clients``
+requests are in flight at once and join the running batch as they arrive. Every request must
+end as completed or with an explicit error; one that hangs past ``--request-timeout-s`` or
+ends without ``[DONE]`` is *lost*. After the load, ``/metrics`` must show no block in use.
+
+Reports requests/s, generated tokens/s, time to first token p50/p99, the peak number of
+sequences in the running batch, and lost requests; exits 1 if any request was lost or a block
+stayed in use. By default it starts its own server (embedded SmolLM2) on 127.0.0.1; ``--url``
+targets a running one, loopback only.
+
+    python benchmarks/load_server.py [--clients 64] [--requests-per-client 4] [--max-tokens 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+import httpx
+import openai
+from prometheus_client.parser import text_string_to_metric_families
+
+TOPICS = ["the ocean", "a lighthouse", "compilers", "bread", "winter", "a violin", "trains",
+          "the moon", "gardening", "chess", "volcanoes", "libraries", "bees", "rain"]  # fmt: skip
+SYSTEM = "You are a helpful assistant. Answer in a few sentences."  # a prefix all requests share
+
+
+@dataclass
+class Outcome:
+    completed: bool
+    error: str | None  # explicit error (status or error event); None if completed or lost
+    ttft_s: float | None
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class Report:
+    clients: int
+    requests: int
+    completed: int
+    explicit_errors: int
+    lost: int
+    wall_s: float
+    requests_per_s: float
+    generated_tokens_per_s: float
+    ttft_p50_s: float
+    ttft_p99_s: float
+    peak_running_seqs: int
+    kv_blocks_used_after: int
+    requests_in_flight_after: int
+
+
+async def one_request(client: openai.AsyncOpenAI, model: str, k: int, args) -> Outcome:
+    start = time.perf_counter()
+    ttft, tokens, done = None, 0, False
+    try:
+        messages = [{"role": "system", "content": SYSTEM},
+                    {"role": "user", "content": f"Tell me about {TOPICS[k % len(TOPICS)]}."}]  # fmt: skip
+        stream = await client.chat.completions.create(
+            model=model, messages=messages, max_tokens=args.max_tokens, temperature=0.7,
+            seed=k, stream=True, stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        async for chunk in stream:
+            if ttft is None and chunk.choices and chunk.choices[0].delta.content:
+                ttft = time.perf_counter() - start
+            if chunk.usage is not None:
+                tokens, done = chunk.usage.completion_tokens, True
+    except openai.APIStatusError as exc:  # an explicit error status: not lost
+        return Outcome(False, f"{exc.status_code}: {exc.message}", None, 0)
+    except openai.APIError as exc:
+        if isinstance(exc, openai.APIConnectionError | openai.APITimeoutError):
+            return Outcome(False, None, ttft, tokens)  # hung or dropped: lost
+        return Outcome(False, f"error event: {exc.message}", None, 0)
+    # The usage chunk comes last, just before [DONE]: without it the stream was cut short.
+    return Outcome(done, None, ttft, tokens)
+
+
+async def run_load(base_url: str, model: str, args) -> tuple[list[Outcome], float]:
+    limits = httpx.Limits(max_connections=args.clients, max_keepalive_connections=args.clients)
+    http = httpx.AsyncClient(limits=limits, timeout=args.request_timeout_s)
+    async with openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key=args.api_key or "none",
+                                  http_client=http, max_retries=0) as client:  # fmt: skip
+
+        async def one_client(c: int) -> list[Outcome]:
+            n = args.requests_per_client
+            return [await one_request(client, model, c * n + r, args) for r in range(n)]
+
+        t0 = time.perf_counter()
+        per_client = await asyncio.gather(*(one_client(c) for c in range(args.clients)))
+        wall_s = time.perf_counter() - t0
+    return [o for outs in per_client for o in outs], wall_s
+
+
+def scrape(base_url: str) -> dict[str, float]:
+    text = httpx.get(f"{base_url}/metrics", timeout=30).text
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+            if not s.labels}  # fmt: skip
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def summarize(outcomes: list[Outcome], wall_s: float, base_url: str, args) -> Report:
+    deadline = time.monotonic() + 10  # the last aborts/finishes land within a step or two
+    after = scrape(base_url)
+    while (after["pagedkv_kv_blocks_used"] or after["pagedkv_requests_in_flight"]) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.1)
+        after = scrape(base_url)
+    completed = [o for o in outcomes if o.completed]
+    errors = [o for o in outcomes if o.error is not None]
+    ttfts = [o.ttft_s for o in completed if o.ttft_s is not None]
+    tokens = sum(o.completion_tokens for o in completed)
+    return Report(
+        clients=args.clients,
+        requests=len(outcomes),
+        completed=len(completed),
+        explicit_errors=len(errors),
+        lost=len(outcomes) - len(completed) - len(errors),
+        wall_s=round(wall_s, 2),
+        requests_per_s=round(len(completed) / wall_s, 2),
+        generated_tokens_per_s=round(tokens / wall_s, 1),
+        ttft_p50_s=round(statistics.median(ttfts), 3) if ttfts else float("nan"),
+        ttft_p99_s=round(percentile(ttfts, 0.99), 3),
+        peak_running_seqs=int(after["pagedkv_sequences_running_peak"]),
+        kv_blocks_used_after=int(after["pagedkv_kv_blocks_used"]),
+        requests_in_flight_after=int(after["pagedkv_requests_in_flight"]),
+    )
+
+
+def check_loopback(url: str) -> None:
+    host = urlparse(url).hostname or ""
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback:
+        raise SystemExit(f"load_server: --url must be a loopback address, got {host!r}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--clients", type=int, default=64)
+    ap.add_argument("--requests-per-client", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=32, help="new tokens per request")
+    ap.add_argument("--request-timeout-s", type=float, default=600.0)
+    ap.add_argument("--url", help="a running server (loopback only); default: start one here")
+    ap.add_argument("--api-key", help="bearer token of --url's server")
+    ap.add_argument("--model", help="model for the server started here (default: embedded)")
+    ap.add_argument("--torch-threads", type=int, default=1, help="for the server started here")
+    ap.add_argument("--json", type=Path, help="also write the report here")
+    args = ap.parse_args(argv)
+    if min(args.clients, args.requests_per_client, args.max_tokens) < 1:
+        raise SystemExit("load_server: counts must be >= 1")
+
+    server = None
+    if args.url:
+        check_loopback(args.url)
+        base_url = args.url.rstrip("/").removesuffix("/v1")
+    else:
+        import torch
+
+        from pagedkv.engine import EngineConfig, LLMEngine
+        from pagedkv.server import ServerConfig, create_app, start_in_background
+
+        torch.set_num_threads(args.torch_threads)
+        engine = LLMEngine(EngineConfig(model=args.model, max_model_len=512, max_num_seqs=64))
+        config = ServerConfig(served_model_name="load-test", port=0, log_level="warning")
+        server = start_in_background(create_app(engine, config), config)
+        base_url = server.url
+    model = httpx.get(f"{base_url}/v1/models", timeout=30,
+                      headers={"Authorization": f"Bearer {args.api_key}"} if args.api_key else {},
+                      ).json()["data"][0]["id"]  # fmt: skip
+    try:
+        outcomes, wall_s = asyncio.run(run_load(base_url, model, args))
+        report = summarize(outcomes, wall_s, base_url, args)
+    finally:
+        if server is not None:
+            server.stop()
+    for name, value in asdict(report).items():
+        print(f"{name:28} {value}")
+    for o in outcomes:
+        if o.error:
+            print(f"error: {o.error}", file=sys.stderr)
+    if args.json:
+        args.json.write_text(json.dumps(asdict(report), indent=2) + "\n")
+    return 1 if report.lost or report.kv_blocks_used_after else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
