@@ -79,3 +79,97 @@ def _write_tokenizer(folder: Path) -> None:
     tok.save(str(folder / "tokenizer.json"))
     config = {"bos_token": "<s>", "eos_token": "</s>", "chat_template": CHAT_TEMPLATE}
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
+
+
+def llama_cpp_permute(w: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """The Q/K row order llama.cpp's converter writes for Llama models: within each head, rows
+    i and i + d/2 become the adjacent pair (2i, 2i + 1). Written as a loop, on purpose."""
+    d = w.shape[0] // num_heads
+    out = torch.empty_like(w)
+    for h in range(num_heads):
+        for i in range(d // 2):
+            out[h * d + 2 * i] = w[h * d + i]
+            out[h * d + 2 * i + 1] = w[h * d + d // 2 + i]
+    return out
+
+
+# transformers name (after "model.layers.{i}.") → llama.cpp tensor name (after "blk.{i}.").
+_TO_GGUF = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def write_tiny_gguf(hf_model, arch: str, path: Path) -> None:
+    """Write ``hf_model`` as an F32 GGUF the way llama.cpp's converter lays it out: Llama Q/K
+    rows permuted, tied embeddings without ``output.weight``, llama3 RoPE as ``rope_freqs``."""
+    import gguf
+    import numpy as np
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    cfg = hf_model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    writer.add_vocab_size(cfg.vocab_size)
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tokens = alphabet + ["<s>", "</s>"] + [f"<unused{i}>" for i in range(VOCAB_SIZE - 258)]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * 256 + [3] * (len(tokens) - 256))
+    writer.add_token_merges([])
+    writer.add_bos_token_id(256)
+    writer.add_eos_token_id(257)
+    writer.add_chat_template(CHAT_TEMPLATE)
+
+    permute = arch == "llama"
+    for name, tensor in hf_model.state_dict().items():
+        t = tensor.detach().float()
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        if name == "model.embed_tokens.weight":
+            out = "token_embd.weight"
+        elif name == "model.norm.weight":
+            out = "output_norm.weight"
+        elif name == "lm_head.weight":
+            out = "output.weight"
+        else:
+            _, _, index, rest = name.split(".", 3)
+            out = f"blk.{index}.{_TO_GGUF[rest]}"
+            if permute and rest.startswith("self_attn.q_proj"):
+                t = llama_cpp_permute(t, cfg.num_attention_heads)
+            elif permute and rest.startswith("self_attn.k_proj"):
+                t = llama_cpp_permute(t, cfg.num_key_value_heads)
+        writer.add_tensor(out, np.ascontiguousarray(t.numpy()))
+    if cfg.rope_parameters.get("rope_type") == "llama3":
+        # transformers' own llama3 frequencies against its defaults: llama.cpp's factors.
+        scaled, _ = ROPE_INIT_FUNCTIONS["llama3"](cfg, "cpu")
+        plain = 1.0 / (
+            cfg.rope_parameters["rope_theta"] ** (torch.arange(0, head_dim, 2) / head_dim)
+        )
+        writer.add_tensor("rope_freqs.weight", (plain / scaled).float().numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
