@@ -41,16 +41,25 @@ def tiny_loaded(tmp_path_factory):
 
 
 @contextlib.contextmanager
-def running_server(loaded, api_key: str | None = None, **engine_overrides) -> Iterator:
-    """Yield ``(base_url, app)`` of a server on a free loopback port; stops it afterwards."""
+def running_server(
+    loaded, api_key: str | None = None, graceful_shutdown_s: float = 5.0, **engine_overrides
+) -> Iterator:
+    """Yield ``(base_url, app)`` of a server on a free loopback port; stops it afterwards.
+    ``app.state.server`` is the ``BackgroundServer`` (for tests that stop it themselves)."""
     engine_overrides.setdefault("log_startup", False)
     config = EngineConfig(**engine_overrides)
     engine = LLMEngine(config, parts=build_parts(config, loaded))
     server_config = ServerConfig(
-        served_model_name=MODEL_NAME, host=LOOPBACK, port=0, api_key=api_key, log_level="warning"
+        served_model_name=MODEL_NAME,
+        host=LOOPBACK,
+        port=0,
+        api_key=api_key,
+        log_level="warning",
+        graceful_shutdown_s=graceful_shutdown_s,
     )
     app = create_app(engine, server_config)
     with start_in_background(app, server_config) as server:
+        app.state.server = server
         yield server.url, app
 
 

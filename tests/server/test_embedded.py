@@ -3,6 +3,8 @@ clients that leave mid-request get their request aborted and its blocks freed.""
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import openai
 import pytest
@@ -71,9 +73,7 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks(client, server):
         stream=True,
         extra_body={"ignore_eos": True},
     )
-    received = 0
-    for _ in stream:
-        received += 1
+    for received, _ in enumerate(stream, start=1):
         if received == 3:
             break
     assert metrics(server)["pagedkv_kv_blocks_used"] > 0  # it is still decoding
@@ -95,3 +95,24 @@ def test_client_timeout_on_a_plain_request_aborts_it(server):
         httpx.post(f"{server}/v1/completions", json=body, timeout=1.0)
     wait_for(lambda: _aborted(server) == before + 1, 20, "the request to be counted as aborted")
     assert_idle(server)
+
+
+def test_stopping_the_server_ends_open_streams_with_an_error(embedded):
+    with running_server(embedded, graceful_shutdown_s=1.0, **ENGINE) as (url, app):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        stream = client.completions.create(
+            model=MODEL_NAME, prompt="Once upon a time", max_tokens=LONG_TOKENS, stream=True,
+            extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        chunks = iter(stream)
+        next(chunks)
+        t0 = time.monotonic()
+        app.state.server.stop()
+        assert time.monotonic() - t0 < 10
+        # An explicit error event, not a cut connection (APIConnectionError).
+        with pytest.raises(openai.APIError, match="shutting down"):
+            list(chunks)
+        loop = app.state.engine_loop
+        assert not loop.alive
+        loop.engine.allocator.check_invariants()
+        assert loop.engine.allocator.stats().num_used_blocks == 0

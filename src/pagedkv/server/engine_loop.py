@@ -105,8 +105,8 @@ class EngineLoop:
         self._thread.start()
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Fail every request still in flight with 503 and end the thread."""
-        if self._thread is None:
+        """Fail every request still in flight with 503 and end the thread. Idempotent."""
+        if self._thread is None or not self._thread.is_alive():
             return
         self._commands.put(_STOP)
         self._thread.join(timeout_s)

@@ -1,12 +1,20 @@
 """Running the app under uvicorn: in the foreground (``pagedkv serve``) or on a background
 thread (tests, benchmarks). The socket is bound here, so port 0 yields a free port that is
-known before the first request."""
+known before the first request.
+
+Shutdown: uvicorn stops accepting connections and lets open requests run for
+``graceful_shutdown_s``; shortly before that runs out we stop the engine loop, so that each
+request still open ends with an explicit 503 error (an SSE error event on a stream) instead of
+a cut connection.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import uvicorn
@@ -28,15 +36,38 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+class _Server(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, stop_engine: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._stop_engine = stop_engine
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        grace_s = self.config.timeout_graceful_shutdown or 0.0
+        # Leave the last part of the grace period for the error events to go out.
+        fail_at_s = max(grace_s - min(1.0, grace_s / 2), 0.0)
+
+        async def fail_leftovers() -> None:
+            await asyncio.sleep(fail_at_s)
+            await asyncio.to_thread(self._stop_engine)
+
+        task = asyncio.create_task(fail_leftovers())
+        try:
+            await super().shutdown(sockets)
+        finally:
+            task.cancel()
+
+
 def _uvicorn(app: FastAPI, config: ServerConfig) -> uvicorn.Server:
-    return uvicorn.Server(
+    """``app`` comes from ``create_app`` (its ``state.engine_loop`` is stopped at shutdown)."""
+    return _Server(
         uvicorn.Config(
             app,
             log_level=config.log_level,
             timeout_graceful_shutdown=config.graceful_shutdown_s,
             # Keep-alive connections of idle load-test clients should not pile up forever.
             timeout_keep_alive=30,
-        )
+        ),
+        app.state.engine_loop.stop,
     )
 
 
