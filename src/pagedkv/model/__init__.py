@@ -5,7 +5,8 @@ Public API the engine uses::
     config, model, tokenizer = load_model(path_or_none, dtype="float32")
     kv_caches = allocate_kv_caches(config.num_layers, num_blocks, block_size,
                                    config.num_kv_heads, config.head_dim, dtype)
-    hidden = model(input_ids, positions, kv_caches, AttentionMetadata(...))
+    positions, meta = build_attention_metadata(block_tables, context_lens, new_counts, block_size)
+    hidden = model(input_ids, positions, kv_caches, meta)   # [T, H]; writes the new K/V
     logits = model.compute_logits(hidden[rows])
 """
 
@@ -13,6 +14,7 @@ from pagedkv.model.attention import (
     BACKEND_INFO,
     AttentionMetadata,
     allocate_kv_caches,
+    build_attention_metadata,
     copy_blocks,
 )
 from pagedkv.model.config import ModelConfig
@@ -27,6 +29,7 @@ __all__ = [
     "ModelConfig",
     "Tokenizer",
     "allocate_kv_caches",
+    "build_attention_metadata",
     "copy_blocks",
     "load_model",
 ]
