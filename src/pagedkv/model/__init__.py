@@ -10,14 +10,10 @@ Public API the engine uses::
     logits = model.compute_logits(hidden[rows])
 """
 
-from pagedkv.model.attention import (
-    BACKEND_INFO,
-    AttentionMetadata,
-    allocate_kv_caches,
-    build_attention_metadata,
-    copy_blocks,
-)
+from pagedkv.model.attention import BACKEND_INFO
+from pagedkv.model.attention_metadata import AttentionMetadata, build_attention_metadata
 from pagedkv.model.config import ModelConfig
+from pagedkv.model.kv_pool import KVCache, allocate_kv_caches, copy_blocks
 from pagedkv.model.llama import CausalLM
 from pagedkv.model.loader import load_model
 from pagedkv.model.tokenizer import Tokenizer
@@ -26,6 +22,7 @@ __all__ = [
     "BACKEND_INFO",
     "AttentionMetadata",
     "CausalLM",
+    "KVCache",
     "ModelConfig",
     "Tokenizer",
     "allocate_kv_caches",

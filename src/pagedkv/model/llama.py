@@ -19,8 +19,10 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from pagedkv.model.attention import AttentionMetadata, AttentionPlan, KVCache, paged_attention
+from pagedkv.model.attention import AttentionPlan, paged_attention
+from pagedkv.model.attention_metadata import AttentionMetadata
 from pagedkv.model.config import ModelConfig
+from pagedkv.model.kv_pool import KVCache
 from pagedkv.model.layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rotary
 
 # Fused parameter of a layer → the canonical pieces it is the concatenation of (rows).

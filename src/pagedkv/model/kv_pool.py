@@ -1,0 +1,46 @@
+"""The KV pools: per layer, K and V of shape ``[num_blocks, block_size, num_kv_heads, head_dim]``."""
+
+from __future__ import annotations
+
+import torch
+
+KVCache = tuple[torch.Tensor, torch.Tensor]
+
+
+def allocate_kv_caches(
+    num_layers: int,
+    num_blocks: int,
+    block_size: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> list[KVCache]:
+    """Zero-filled ``(k, v)`` pools per layer, ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+
+    Zeros matter: masked-out slots are still multiplied by a zero weight, and garbage NaNs from
+    uninitialised memory would poison real rows. The caller owns the tensors.
+    """
+    if num_blocks < 1 or block_size < 1:
+        raise ValueError(
+            f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}"
+        )
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    return [
+        (
+            torch.zeros(shape, dtype=dtype, device=device),
+            torch.zeros(shape, dtype=dtype, device=device),
+        )
+        for _ in range(num_layers)
+    ]
+
+
+def copy_blocks(kv_caches: list[KVCache], src_dst: torch.Tensor) -> None:
+    """Copy whole blocks ``src -> dst`` (int64 ``[N, 2]``) in every layer: copy-on-write after a
+    fork, applied before the forward pass that writes into ``dst``. Mutates the caches."""
+    if src_dst.numel() == 0:
+        return
+    src, dst = src_dst[:, 0].to(torch.int64), src_dst[:, 1].to(torch.int64)
+    for k_cache, v_cache in kv_caches:
+        k_cache[dst] = k_cache[src]
+        v_cache[dst] = v_cache[src]
