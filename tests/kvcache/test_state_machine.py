@@ -120,7 +120,9 @@ class AllocatorMachine(RuleBasedStateMachine):
         s = self.alloc.stats()
         assert s.num_free_blocks + s.num_used_blocks + s.num_cached_blocks == s.num_total_blocks
         assert s.num_seqs == len(self.live)
-        assert s.used_slots == sum(len(v) for v in self.slots.values())
+        # Physical slots: a block shared by a prefix hit or a fork counts once.
+        assert s.used_slots == len(set().union(*self.slots.values()))
+        assert s.allocated_slots == s.num_used_blocks * self.alloc.block_size
         # No two live sequences may write the same slot: each one's writable region (its
         # partial tail block) is its own.
         bs = self.alloc.block_size

@@ -156,16 +156,21 @@ class BlockTableAllocator:
 
     # -- statistics --------------------------------------------------------------------------
 
-    def _slot_totals(self) -> tuple[int, int, int, int]:
-        """(used slots, allocated slots, block-table entries, padded int32 table bytes)."""
-        used = allocated = entries = longest = 0
+    def _slot_totals(self, num_used_blocks: int) -> tuple[int, int, int, int]:
+        """(used slots, allocated slots, block-table entries, padded int32 table bytes).
+
+        Slots are physical: a block shared by several sequences counts once. Only a sequence's
+        tail block can be partly empty, and tails are never shared, so the empty slots are the
+        sum of each sequence's tail gap."""
+        gap = entries = longest = 0
         bs = self._block_size
         for st in self._seqs.values():
             n = len(st.block_ids)
-            used += st.num_tokens
-            allocated += n * bs
+            gap += n * bs - st.num_tokens
             entries += n
             longest = max(longest, n)
+        allocated = num_used_blocks * bs
+        used = allocated - gap
         return used, allocated, entries, len(self._seqs) * longest * INT32_BYTES
 
     def _check_tables(self, ref_counts: Sequence[int] | None) -> None:

@@ -200,8 +200,10 @@ class PagedAllocator(BlockTableAllocator):
     # -- inspection ------------------------------------------------------------------------
 
     def stats(self) -> KVCacheStats:
-        used, allocated, entries, table_bytes = self._slot_totals()
         pool = self.pool
+        used, allocated, entries, table_bytes = self._slot_totals(
+            pool.num_usable_blocks - pool.num_free
+        )
         return KVCacheStats(
             block_size=self._block_size,
             num_total_blocks=pool.num_usable_blocks,

@@ -69,9 +69,9 @@ class KVCacheStats:
     num_used_blocks: int  # referenced by at least one live sequence
     num_cached_blocks: int  # referenced by none, but still revivable by a prefix hit
     num_seqs: int
-    used_slots: int  # tokens stored by live sequences (a shared block counts once per owner)
-    allocated_slots: int  # slots of the blocks live sequences hold (shared blocks once per owner)
-    internal_fragmentation_slots: int  # allocated - used, over the paged tail blocks
+    used_slots: int  # slots holding a token of a live sequence (a shared block counts once)
+    allocated_slots: int  # slots of the blocks in use (num_used_blocks * block_size)
+    internal_fragmentation_slots: int  # allocated - used: the empty ends of tail blocks
     reserved_unused_slots: int  # reserved-allocator regions beyond what the sequence stored
     block_table_entries: int  # sum over live sequences of their block-table lengths
     padded_table_bytes: int  # int32 [num_seqs, max_blocks] export of all live sequences
@@ -85,7 +85,7 @@ class KVCacheStats:
 
     @property
     def kv_utilization(self) -> float:
-        """Used slots over the whole pool (0..1); shared slots are counted once per owner."""
+        """Used slots over the whole pool (0..1); a shared slot counts once."""
         return self.used_slots / self.num_total_slots if self.num_total_blocks else 0.0
 
     @property

@@ -249,7 +249,9 @@ class RadixAllocator(BlockTableAllocator):
     # -- inspection ------------------------------------------------------------------------
 
     def stats(self) -> KVCacheStats:
-        used, allocated, entries, table_bytes = self._slot_totals()
+        used, allocated, entries, table_bytes = self._slot_totals(
+            self.num_pages - 1 - len(self._free_pages) - self.num_evictable
+        )
         num_free = len(self._free_pages)
         return KVCacheStats(
             block_size=self._block_size,

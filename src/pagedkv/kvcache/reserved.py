@@ -88,7 +88,7 @@ class ReservedAllocator(BlockTableAllocator):
         return [(st.block_ids[0], region)]
 
     def stats(self) -> KVCacheStats:
-        used, allocated, entries, table_bytes = self._slot_totals()
+        used, allocated, entries, table_bytes = self._slot_totals(len(self._seqs))
         num_used = len(self._seqs)
         return KVCacheStats(
             block_size=self._block_size,
