@@ -131,6 +131,14 @@ def test_n2_samples_are_the_seeded_single_requests(client, server):
     assert_idle(server)
 
 
+def test_subnormal_temperature_is_greedy_not_a_crash(client, server):
+    """1e-45 overflows the engine's sampler (inf logits); the server samples it greedily."""
+    args = dict(model=MODEL_NAME, prompt=PROMPT, max_tokens=5, extra_body=NO_EOS)
+    tiny = client.completions.create(**args, temperature=1e-45).choices[0].text
+    assert tiny == client.completions.create(**args, temperature=0).choices[0].text
+    assert httpx.get(f"{server}/health").status_code == 200
+
+
 def test_batch_of_prompts(client):
     out = client.completions.create(
         model=MODEL_NAME, prompt=[PROMPT, "another prompt"], max_tokens=3, n=2, temperature=0

@@ -34,6 +34,7 @@ BAD_REQUESTS = [
      "kv_pool_too_small", "n"),
     ("completions", {"prompt": "x", "n": 0}, 400, "invalid_value", "n"),
     ("completions", {"prompt": "x", "temperature": -1}, 400, "invalid_value", None),
+    ("completions", b'{"prompt": "x", "temperature": NaN}', 400, "invalid_value", "temperature"),
     ("completions", {"prompt": "x", "top_p": 0}, 400, "invalid_value", None),
     ("completions", {"prompt": "x", "logprobs": 99}, 400, "invalid_value", "logprobs"),
     ("completions", {"prompt": [5, 99999]}, 400, "invalid_value", "prompt"),

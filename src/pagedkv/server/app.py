@@ -11,7 +11,7 @@ import hmac
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, FastAPI, Request
@@ -168,14 +168,18 @@ def create_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
             run.abort()
             raise
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        events = _events(run, StreamRenderer(head, tokenizer), first, include_usage)
-        return StreamingResponse(events, media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})  # fmt: skip
+        outcome = ["aborted"]  # what the stream reached; counted once it is closed
 
-    async def _events(run: Run, renderer: StreamRenderer, first, include_usage: bool):
+        def on_close() -> None:
+            run.abort()  # a no-op unless the client left or the stream never started
+            metrics.count_request(outcome[0])
+
+        events = _events(run, StreamRenderer(head, tokenizer), first, include_usage, outcome)
+        return _EventStream(events, on_close)
+
+    async def _events(run: Run, renderer: StreamRenderer, first, include_usage: bool, outcome):
         """Server-sent events until ``[DONE]``. Starlette cancels this generator when the
-        client disconnects: ``finally`` then aborts the run, which frees its blocks."""
-        outcome = "aborted"
+        client disconnects (``_EventStream`` then aborts the run, which frees its blocks)."""
         try:
             item = first
             while True:
@@ -186,17 +190,30 @@ def create_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
                 item = await run.next(None)
             if include_usage:
                 yield _sse(renderer.usage_chunk([o for o in run.latest if o is not None]))
-            outcome = "finished"
+            outcome[0] = "finished"
         except APIError as exc:  # a failure after the status line went out: an error event
-            outcome = "rejected" if exc.status_code < 500 else "failed"
+            outcome[0] = "rejected" if exc.status_code < 500 else "failed"
             yield _sse(exc.body())
-        finally:
-            run.abort()
-            metrics.count_request(outcome)
         yield "data: [DONE]\n\n"
 
     app.include_router(v1)
     return app
+
+
+class _EventStream(StreamingResponse):
+    """An SSE response that calls ``on_close`` however it ends: finished, cancelled by a
+    disconnect, or never started because the client left before the first byte."""
+
+    def __init__(self, events: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+        super().__init__(events, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache"})  # fmt: skip
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
 
 
 async def _parse(request: Request, kind: type[BaseModel]):

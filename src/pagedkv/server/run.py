@@ -1,8 +1,10 @@
 """``Run``: the engine requests of one HTTP request, seen from the asyncio side.
 
 A completions request may carry a batch of prompts: each becomes its own engine request (they
-batch together anyway), and their outputs arrive, tagged with the prompt's index, on one
-asyncio queue fed from the engine thread through ``loop.call_soon_threadsafe``.
+batch together anyway). Their outputs arrive from the engine thread through
+``loop.call_soon_threadsafe``. Each output is a complete snapshot (text, tokens and logprobs so
+far), so only the newest one per prompt is kept: a slow client costs one pending snapshot per
+prompt, not one per step, and gets larger deltas instead.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ class Run:
         self._engine_loop = engine_loop
         self._metrics = metrics
         self._loop = asyncio.get_running_loop()
-        self._queue: asyncio.Queue[tuple[int, Delivery]] = asyncio.Queue()
+        self._pending: dict[int, Delivery] = {}  # prompt index -> newest undelivered item
+        self._ready = asyncio.Event()
         self.arrival_s = time.monotonic()
         self.request_ids = (
             [request_id]
@@ -61,14 +64,26 @@ class Run:
             engine_loop.submit(self.request_ids[i], prompt, params, cache_salt, deliver)
 
     def _deliverer(self, index: int):
-        loop, queue = self._loop, self._queue
+        loop, push = self._loop, self._push
 
         def deliver(item: Delivery) -> None:  # runs on the engine thread
             # A closed event loop (server shut down) raises: nobody is listening then.
             with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(queue.put_nowait, (index, item))
+                loop.call_soon_threadsafe(push, index, item)
 
         return deliver
+
+    def _push(self, index: int, item: Delivery) -> None:  # on the event loop
+        # A newer snapshot supersedes an older one; nothing follows a final item.
+        self._pending[index] = item
+        self._ready.set()
+
+    async def _take(self) -> tuple[int, Delivery]:
+        while not self._pending:
+            self._ready.clear()
+            await self._ready.wait()
+        index = next(iter(self._pending))  # oldest first: insertion order
+        return index, self._pending.pop(index)
 
     @property
     def finished(self) -> bool:
@@ -79,7 +94,7 @@ class Run:
         run is aborted then), ``ClientGone`` when ``request``'s client disconnected."""
         while True:
             try:
-                index, item = await asyncio.wait_for(self._queue.get(), DISCONNECT_POLL_S)
+                index, item = await asyncio.wait_for(self._take(), DISCONNECT_POLL_S)
             except asyncio.TimeoutError:
                 if request is not None and await request.is_disconnected():
                     self.abort()

@@ -16,6 +16,10 @@ from pagedkv.server.errors import APIError
 from pagedkv.server.protocol import ChatCompletionRequest, CompletionRequest
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions route
+# Below this a temperature is sampled as 0 (greedy), the limit it tends to: dividing fp32
+# logits by a subnormal temperature overflows to inf, and the engine's sampler then raises
+# inside ``step`` (failing the whole batch), e.g. at 1e-45.
+MIN_TEMPERATURE = 1e-5
 
 
 @dataclass(frozen=True)
@@ -109,7 +113,7 @@ def sampling_params(
     try:
         return SamplingParams(
             max_tokens=max_tokens,
-            temperature=1.0 if req.temperature is None else req.temperature,
+            temperature=_temperature(req.temperature),
             top_k=req.top_k or 0,
             top_p=1.0 if req.top_p is None else req.top_p,
             seed=req.seed,
@@ -122,6 +126,12 @@ def sampling_params(
     except ValueError as exc:
         # SamplingParams appends its own repr; the first clause is the useful part.
         raise APIError(str(exc).split(" (got ")[0], code="invalid_value") from None
+
+
+def _temperature(value: float | None) -> float:
+    if value is None:
+        return 1.0  # OpenAI's default
+    return 0.0 if 0.0 < value < MIN_TEMPERATURE else value
 
 
 def _max_tokens(
