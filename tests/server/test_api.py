@@ -48,8 +48,9 @@ def test_models_and_health(client, server):
 
 def test_completion_usage_and_finish(client, server):
     out = client.completions.create(
-        model=MODEL_NAME, prompt=PROMPT, max_tokens=7, temperature=0, extra_body=NO_EOS
-    )
+        model=MODEL_NAME, prompt=PROMPT, max_tokens=7, temperature=0, user="alice",
+        extra_body=NO_EOS,
+    )  # fmt: skip
     (choice,) = out.choices
     assert out.object == "text_completion" and out.model == MODEL_NAME
     assert choice.finish_reason == "length" and choice.index == 0

@@ -1,0 +1,87 @@
+"""``EngineLoop`` without HTTP: the contract its handlers rely on (one final item per request,
+nothing after an abort, shutdown fails what is left) on a tiny random model."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
+from pagedkv.engine.startup import build_parts
+from pagedkv.server.engine_loop import EngineLoop, Failure
+
+from .conftest import wait_for
+
+LONG = SamplingParams(max_tokens=100, ignore_eos=True)
+
+
+class Inbox:
+    """A thread-safe ``deliver`` that records what arrives."""
+
+    def __init__(self) -> None:
+        self.items: list = []
+        self._lock = threading.Lock()
+
+    def __call__(self, item) -> None:
+        with self._lock:
+            self.items.append(item)
+
+    @property
+    def final(self):
+        last = self.items[-1] if self.items else None
+        return last if isinstance(last, Failure) or (last and last.finished) else None
+
+
+@pytest.fixture
+def loop(tiny_loaded):
+    config = EngineConfig(log_startup=False, block_size=4, max_model_len=128)
+    engine_loop = EngineLoop(LLMEngine(config, parts=build_parts(config, tiny_loaded)))
+    engine_loop.start()
+    yield engine_loop
+    engine_loop.stop()
+
+
+def test_every_request_ends_with_exactly_one_final_item(loop):
+    inboxes = [Inbox() for _ in range(5)]
+    for i, inbox in enumerate(inboxes):
+        loop.submit(f"r{i}", [1, 2, 3 + i], SamplingParams(max_tokens=6, ignore_eos=True), None,
+                    inbox)  # fmt: skip
+    wait_for(lambda: all(b.final for b in inboxes), 30, "every request to finish")
+    for inbox in inboxes:
+        assert sum(1 for o in inbox.items if o.finished) == 1
+        assert len(inbox.final.outputs[0].token_ids) == 6
+    wait_for(lambda: loop.snapshot.num_used_blocks == 0, 5, "the blocks to be freed")
+    assert loop.snapshot.peak_running_seqs >= 2  # they shared steps
+
+
+def test_engine_refusal_is_a_400_failure(loop):
+    inbox = Inbox()
+    loop.submit("bad", [1] * 100, SamplingParams(max_tokens=100), None, inbox)  # > context
+    wait_for(lambda: inbox.final is not None, 10, "the refusal")
+    (failure,) = inbox.items
+    assert failure.status_code == 400 and "exceeds the context" in failure.message
+
+
+def test_abort_frees_blocks_and_nothing_follows(loop):
+    inbox = Inbox()
+    loop.submit("long", [1, 2, 3], LONG, None, inbox)
+    wait_for(lambda: inbox.items, 10, "the first output")
+    loop.abort("long")
+    wait_for(lambda: loop.snapshot.num_requests_in_flight == 0, 10, "the abort")
+    seen = len(inbox.items)
+    wait_for(lambda: loop.snapshot.num_used_blocks == 0, 5, "the blocks to be freed")
+    assert inbox.final is None and len(inbox.items) == seen
+
+
+def test_stop_fails_requests_in_flight_and_later_submits(loop):
+    inbox, late = Inbox(), Inbox()
+    loop.submit("long", [1, 2, 3], LONG, None, inbox)
+    wait_for(lambda: inbox.items, 10, "the first output")
+    loop.stop()
+    assert not loop.alive
+    assert isinstance(inbox.final, Failure) and inbox.final.status_code == 503
+    loop.submit("late", [1], LONG, None, late)
+    assert isinstance(late.final, Failure) and late.final.code == "shutting_down"
+    loop.engine.allocator.check_invariants()
+    assert loop.engine.allocator.stats().num_used_blocks == 0
