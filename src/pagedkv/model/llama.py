@@ -2,7 +2,7 @@
 
 Usage by the engine (one call per step)::
 
-    model = CausalLM(config)                     # then model.load_weights(named_tensors)
+    model = build_model(config)                  # on "meta"; then model.load_weights(...)
     kv = allocate_kv_caches(config.num_layers, num_blocks, block_size, config.num_kv_heads,
                             config.head_dim, dtype)
     hidden = model(input_ids, positions, kv, AttentionMetadata(...), block_size)  # [T, H]
