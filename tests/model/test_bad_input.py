@@ -117,3 +117,15 @@ def test_attention_metadata_that_cannot_be_right():
         AttentionPlan(_meta([2], [0, 3], [[0]]), block_size=4, num_queries_per_kv=1)
     with pytest.raises(ValueError, match="block_size >= 1"):
         allocate_kv_caches(1, num_blocks=4, block_size=0, num_kv_heads=1, head_dim=2)
+
+
+def test_forward_with_caches_of_another_model(tmp_path):
+    make_tiny_model("qwen2", tmp_path)
+    config, model, _ = load_model(tmp_path, progress=False)
+    wrong = allocate_kv_caches(config.num_layers, 4, 4, config.num_kv_heads + 1, config.head_dim)
+    meta = _meta([3], [0, 3], [[0]])
+    with pytest.raises(ValueError, match="KV caches must be"):
+        model(torch.tensor([1, 2, 3]), torch.arange(3), wrong, meta)
+    right = allocate_kv_caches(config.num_layers, 4, 4, config.num_kv_heads, config.head_dim)
+    with pytest.raises(ValueError, match="must both be \\[3\\]"):
+        model(torch.tensor([1, 2]), torch.arange(2), right, meta)

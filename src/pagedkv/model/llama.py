@@ -118,6 +118,12 @@ class CausalLM(nn.Module):
         """
         if len(kv_caches) != self.config.num_layers:
             raise ValueError(f"need {self.config.num_layers} KV caches, got {len(kv_caches)}")
+        want = (self.config.num_kv_heads, self.config.head_dim)
+        if kv_caches[0][0].dim() != 4 or tuple(kv_caches[0][0].shape[2:]) != want:
+            raise ValueError(
+                f"KV caches must be [num_blocks, block_size, {want[0]}, {want[1]}], "
+                f"got {tuple(kv_caches[0][0].shape)}"
+            )
         num_tokens = attn_metadata.num_tokens
         if input_ids.shape != (num_tokens,) or positions.shape != (num_tokens,):
             raise ValueError(
