@@ -134,3 +134,14 @@ def test_unreadable_model_path_is_a_clear_error():
 
     with pytest.raises((FileNotFoundError, ValueError), match="nonexistent"):
         LLMEngine(EngineConfig(model="/nonexistent/model.gguf", log_startup=False))
+
+
+def test_tiny_temperature_is_greedy_not_nan(make_engine):
+    engine = make_engine()
+    greedy, tiny = engine.generate(
+        [PROMPT, PROMPT],
+        [SamplingParams(max_tokens=5), SamplingParams(max_tokens=5, temperature=1e-30, seed=1)],
+    )
+    assert tiny.outputs[0].token_ids == greedy.outputs[0].token_ids
+    with pytest.raises(ValueError):
+        SamplingParams(temperature=float("nan"))

@@ -51,7 +51,7 @@ def sample(
     greedy = [p.greedy for p in params]
     chosen = logits.argmax(dim=-1)
     if not all(greedy):
-        temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params])
+        temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params])
         top_k = torch.tensor([p.top_k for p in params])
         top_p = torch.tensor([p.top_p for p in params], dtype=logits.dtype)
         probs = _truncate(logits / temps.unsqueeze(-1), top_k, top_p).softmax(dim=-1)
