@@ -56,7 +56,7 @@ def engine_config(args: argparse.Namespace, **overrides):
         dtype=args.dtype,
         policy=args.policy,
         block_size=args.block_size,
-        kv_cache_memory_bytes=parse_bytes(args.kv_cache_memory, "--kv-cache-memory"),
+        kv_cache_memory_bytes=parse_bytes("--kv-cache-memory", args.kv_cache_memory),
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 
 from pagedkv.cli import UsageError
-from pagedkv.commands.plan import parse_bytes, parse_tokens
+from pagedkv.units import parse_bytes, parse_tokens
 
 
 @dataclass(frozen=True)
