@@ -74,19 +74,26 @@ class RadixAllocator(BlockTableAllocator):
             root = self._roots[key] = _Node((), NULL_BLOCK_ID, None)
         return root
 
-    def _page_key(self, tokens: Sequence[int], i: int, extra: HashExtraKeys) -> tuple:
+    def _page_keys(
+        self, tokens: Sequence[int], first: int, stop: int, extra: HashExtraKeys
+    ) -> list:
+        """Tree keys of pages ``[first, stop)``: the token id itself at page size 1, else the
+        page's tokens as a tuple; a multimodal span overlapping a page joins its key."""
         ps = self._block_size
-        key = tuple(tokens[i * ps : (i + 1) * ps])
+        window = tokens[first * ps : stop * ps]
+        keys: list = list(window) if ps == 1 else list(zip(*[iter(window)] * ps, strict=False))
         if extra.mm_spans:
-            mm = mm_span_bytes(extra.mm_spans, i * ps, (i + 1) * ps)
-            if mm:
-                key = (key, mm)
-        return key
+            for j in range(len(keys)):
+                lo = (first + j) * ps
+                mm = mm_span_bytes(extra.mm_spans, lo, lo + ps)
+                if mm:
+                    keys[j] = (keys[j], mm)
+        return keys
 
     def _walk(self, seq: SeqLike, max_pages: int) -> list[_Node]:
-        node, path, extra, tokens = self._root(seq.extra_keys), [], seq.extra_keys, seq.token_ids
-        for i in range(max_pages):
-            node = node.children.get(self._page_key(tokens, i, extra))
+        node, path = self._root(seq.extra_keys), []
+        for key in self._page_keys(seq.token_ids, 0, max_pages, seq.extra_keys):
+            node = node.children.get(key)
             if node is None:
                 break
             path.append(node)
@@ -191,9 +198,8 @@ class RadixAllocator(BlockTableAllocator):
         if not st.on_tree or depth >= num_full:
             return
         self._clock += 1
-        while depth < num_full:
-            page = st.block_ids[depth]
-            key = self._page_key(seq.token_ids, depth, seq.extra_keys)
+        keys = self._page_keys(seq.token_ids, depth, num_full, seq.extra_keys)
+        for page, key in zip(st.block_ids[depth:num_full], keys, strict=True):
             if key in node.children:  # the same prefix already lives in another page
                 st.on_tree = False
                 break
