@@ -93,3 +93,26 @@ def test_dequantized_weights_equal_transformers(embedded, hf_embedded):
         assert torch.equal(ours.mlp.down_proj.weight, theirs.mlp.down_proj.weight)
     assert torch.equal(model.embed_tokens.weight, hf_embedded.model.embed_tokens.weight)
     assert model.lm_head.weight is model.embed_tokens.weight  # tied
+
+
+def test_chunked_prefill_of_a_long_prompt_matches_transformers(embedded, hf_embedded):
+    """700 tokens prefilled in three chunks, each on top of the cached ones, beside a decode."""
+    from tests.model.helpers import Chunk, run_steps
+
+    _, model, tokenizer = embedded
+    paragraph = (
+        "Paged attention stores the keys and values of every sequence in fixed-size blocks. "
+        "A block table maps each sequence's logical blocks to physical ones, 1 to 1024. "
+    )
+    long_ids = tokenizer.encode(paragraph * 40)[:700]
+    short_ids = tokenizer.encode("Once upon a time")
+    steps = [
+        [Chunk(0, 0, 300), Chunk(1, 0, 3)],
+        [Chunk(1, 3, 4), Chunk(0, 300, 600)],
+        [Chunk(0, 600, 700)],
+    ]
+    logits = run_steps(model, [long_ids, short_ids], steps, block_size=16, max_len=704)
+    with torch.no_grad():
+        expected = hf_embedded(torch.tensor([long_ids])).logits[0]
+    ours = torch.cat([logits[0][:300], logits[1][1:], logits[2]])
+    assert (ours - expected).abs().max().item() < 1e-3
