@@ -81,6 +81,15 @@ def test_bad_request_gets_an_openai_error_and_the_server_goes_on(
     assert_idle(server)
 
 
+def test_oversized_body_is_refused(server):
+    from pagedkv.server.app import MAX_BODY_BYTES
+
+    body = b'{"prompt": "' + b"x" * MAX_BODY_BYTES + b'"}'
+    r = httpx.post(f"{server}/v1/completions", content=body, timeout=60)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+    assert httpx.post(f"{server}/v1/completions", json=GOOD, timeout=30).status_code == 200
+
+
 def test_client_raises_the_matching_exceptions(server):
     with openai.OpenAI(base_url=f"{server}/v1", api_key="x", max_retries=0) as client:
         with pytest.raises(openai.BadRequestError, match="max_tokens"):

@@ -37,6 +37,8 @@ from pagedkv.server.sampling import (
 
 # Sent instead of a response to a client that already left (nginx's convention).
 CLIENT_CLOSED_REQUEST = 499
+# Far above any prompt that fits a context of 128k tokens as JSON (token ids or text).
+MAX_BODY_BYTES = 8 << 20
 
 
 class BearerAuth:
@@ -217,7 +219,15 @@ class _EventStream(StreamingResponse):
 
 
 async def _parse(request: Request, kind: type[BaseModel]):
-    body = await request.body()
+    """The validated request model; a body over ``MAX_BODY_BYTES`` is refused (413) while it
+    is still arriving, before it is held in memory whole."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise APIError(f"the body exceeds {MAX_BODY_BYTES} bytes", 413, code="body_too_large")
+        chunks.append(chunk)
+    body = b"".join(chunks)
     try:
         return kind.model_validate_json(body or b"")
     except ValidationError as exc:
