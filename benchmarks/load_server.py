@@ -9,9 +9,11 @@ ends without ``[DONE]`` is *lost*. After the load, ``/metrics`` must show no blo
 Reports requests/s, generated tokens/s, time to first token p50/p99, the peak number of
 sequences in the running batch, and lost requests; exits 1 if any request was lost or a block
 stayed in use. By default it starts its own server (embedded SmolLM2) on 127.0.0.1; ``--url``
-targets a running one, loopback only.
+targets a running one, loopback only. ``--engine-baseline`` then runs the same requests through
+the engine directly (no HTTP, all queued at once), for the cost of the server around it.
 
     python benchmarks/load_server.py [--clients 64] [--requests-per-client 4] [--max-tokens 32]
+                                     [--engine-baseline] [--json results/load_server.json]
 """
 
 from __future__ import annotations
@@ -34,6 +36,26 @@ from prometheus_client.parser import text_string_to_metric_families
 TOPICS = ["the ocean", "a lighthouse", "compilers", "bread", "winter", "a violin", "trains",
           "the moon", "gardening", "chess", "volcanoes", "libraries", "bees", "rain"]  # fmt: skip
 SYSTEM = "You are a helpful assistant. Answer in a few sentences."  # a prefix all requests share
+
+
+def chat(k: int) -> list[dict[str, str]]:
+    """The messages of request ``k`` (every request shares the system prompt)."""
+    return [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": f"Tell me about {TOPICS[k % len(TOPICS)]}."}]  # fmt: skip
+
+
+def engine_baseline_tokens_per_s(engine, num_requests: int, args) -> float:
+    """The same requests straight through ``LLMEngine.generate`` (all queued at once, no
+    HTTP): what the server's tokens/s compares with. Run after the server stopped."""
+    from pagedkv.engine import SamplingParams
+
+    prompts = [engine.tokenizer.apply_chat_template(chat(k)) for k in range(num_requests)]
+    params = [SamplingParams(max_tokens=args.max_tokens, temperature=0.7, seed=k,
+                             ignore_eos=True) for k in range(num_requests)]  # fmt: skip
+    t0 = time.perf_counter()
+    outs = engine.generate(prompts, params)
+    elapsed = time.perf_counter() - t0
+    return sum(len(c.token_ids) for o in outs for c in o.outputs) / elapsed
 
 
 @dataclass
@@ -65,8 +87,7 @@ async def one_request(client: openai.AsyncOpenAI, model: str, k: int, args) -> O
     start = time.perf_counter()
     ttft, tokens, done = None, 0, False
     try:
-        messages = [{"role": "system", "content": SYSTEM},
-                    {"role": "user", "content": f"Tell me about {TOPICS[k % len(TOPICS)]}."}]  # fmt: skip
+        messages = chat(k)
         stream = await client.chat.completions.create(
             model=model, messages=messages, max_tokens=args.max_tokens, temperature=0.7,
             seed=k, stream=True, stream_options={"include_usage": True},
@@ -166,11 +187,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", help="model for the server started here (default: embedded)")
     ap.add_argument("--torch-threads", type=int, default=1, help="for the server started here")
     ap.add_argument("--json", type=Path, help="also write the report here")
+    ap.add_argument(
+        "--engine-baseline",
+        action="store_true",
+        help="afterwards, run the same requests through the engine directly (no HTTP)",
+    )
     args = ap.parse_args(argv)
     if min(args.clients, args.requests_per_client, args.max_tokens) < 1:
         raise SystemExit("load_server: counts must be >= 1")
 
-    server = None
+    server = engine = None
     if args.url:
         check_loopback(args.url)
         base_url = args.url.rstrip("/").removesuffix("/v1")
@@ -194,13 +220,17 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if server is not None:
             server.stop()
-    for name, value in asdict(report).items():
-        print(f"{name:28} {value}")
+    result = asdict(report)
+    if args.engine_baseline and engine is not None:
+        baseline = engine_baseline_tokens_per_s(engine, report.requests, args)
+        result["engine_baseline_generated_tokens_per_s"] = round(baseline, 1)
+    for name, value in result.items():
+        print(f"{name:38} {value}")
     for o in outcomes:
         if o.error:
             print(f"error: {o.error}", file=sys.stderr)
     if args.json:
-        args.json.write_text(json.dumps(asdict(report), indent=2) + "\n")
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 1 if report.lost or report.kv_blocks_used_after else 0
 
 
