@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from pagedkv.kvcache.block_pool import NULL_BLOCK_ID
 from pagedkv.kvcache.hashing import BlockHash
-from pagedkv.kvcache.protocol import SeqLike
+from pagedkv.kvcache.protocol import KVCacheStats, SeqLike
 
 INT32_BYTES = 4
 
@@ -156,12 +156,20 @@ class BlockTableAllocator:
 
     # -- statistics --------------------------------------------------------------------------
 
-    def _slot_totals(self, num_used_blocks: int) -> tuple[int, int, int, int]:
-        """(used slots, allocated slots, block-table entries, padded int32 table bytes).
+    def _make_stats(
+        self,
+        num_total_blocks: int,
+        num_free_blocks: int,
+        num_cached_blocks: int,
+        num_evictions: int,
+        reserved: bool = False,
+    ) -> KVCacheStats:
+        """The snapshot every allocator reports, from its block counts.
 
         Slots are physical: a block shared by several sequences counts once. Only a sequence's
         tail block can be partly empty, and tails are never shared, so the empty slots are the
-        sum of each sequence's tail gap."""
+        sum of each sequence's tail gap: internal fragmentation for paged blocks, reserved but
+        unused slots for reserved regions (``reserved``)."""
         gap = entries = longest = 0
         bs = self._block_size
         for st in self._seqs.values():
@@ -169,9 +177,25 @@ class BlockTableAllocator:
             gap += n * bs - st.num_tokens
             entries += n
             longest = max(longest, n)
-        allocated = num_used_blocks * bs
-        used = allocated - gap
-        return used, allocated, entries, len(self._seqs) * longest * INT32_BYTES
+        num_used = num_total_blocks - num_free_blocks - num_cached_blocks
+        allocated = num_used * bs
+        return KVCacheStats(
+            block_size=bs,
+            num_total_blocks=num_total_blocks,
+            num_free_blocks=num_free_blocks,
+            num_used_blocks=num_used,
+            num_cached_blocks=num_cached_blocks,
+            num_seqs=len(self._seqs),
+            used_slots=allocated - gap,
+            allocated_slots=allocated,
+            internal_fragmentation_slots=0 if reserved else gap,
+            reserved_unused_slots=gap if reserved else 0,
+            block_table_entries=entries,
+            padded_table_bytes=len(self._seqs) * longest * INT32_BYTES,
+            prefix_query_tokens=self._prefix.query_tokens,
+            prefix_hit_tokens=self._prefix.hit_tokens,
+            num_evictions=num_evictions,
+        )
 
     def _check_tables(self, ref_counts: Sequence[int] | None) -> None:
         """Invariants over the block tables: lengths match token counts, every entry is owned,

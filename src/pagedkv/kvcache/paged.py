@@ -201,25 +201,11 @@ class PagedAllocator(BlockTableAllocator):
 
     def stats(self) -> KVCacheStats:
         pool = self.pool
-        used, allocated, entries, table_bytes = self._slot_totals(
-            pool.num_usable_blocks - pool.num_free
-        )
-        return KVCacheStats(
-            block_size=self._block_size,
-            num_total_blocks=pool.num_usable_blocks,
-            num_free_blocks=pool.num_free - pool.num_cached_free,
-            num_used_blocks=pool.num_usable_blocks - pool.num_free,
-            num_cached_blocks=pool.num_cached_free,
-            num_seqs=len(self._seqs),
-            used_slots=used,
-            allocated_slots=allocated,
-            internal_fragmentation_slots=allocated - used,
-            reserved_unused_slots=0,
-            block_table_entries=entries,
-            padded_table_bytes=table_bytes,
-            prefix_query_tokens=self._prefix.query_tokens,
-            prefix_hit_tokens=self._prefix.hit_tokens,
-            num_evictions=pool.num_evictions,
+        return self._make_stats(
+            pool.num_usable_blocks,
+            pool.num_free - pool.num_cached_free,
+            pool.num_cached_free,
+            pool.num_evictions,
         )
 
     def check_invariants(self) -> None:

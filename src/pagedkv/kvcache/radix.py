@@ -255,26 +255,8 @@ class RadixAllocator(BlockTableAllocator):
     # -- inspection ------------------------------------------------------------------------
 
     def stats(self) -> KVCacheStats:
-        used, allocated, entries, table_bytes = self._slot_totals(
-            self.num_pages - 1 - len(self._free_pages) - self.num_evictable
-        )
-        num_free = len(self._free_pages)
-        return KVCacheStats(
-            block_size=self._block_size,
-            num_total_blocks=self.num_pages - 1,
-            num_free_blocks=num_free,
-            num_used_blocks=self.num_pages - 1 - num_free - self.num_evictable,
-            num_cached_blocks=self.num_evictable,
-            num_seqs=len(self._seqs),
-            used_slots=used,
-            allocated_slots=allocated,
-            internal_fragmentation_slots=allocated - used,
-            reserved_unused_slots=0,
-            block_table_entries=entries,
-            padded_table_bytes=table_bytes,
-            prefix_query_tokens=self._prefix.query_tokens,
-            prefix_hit_tokens=self._prefix.hit_tokens,
-            num_evictions=self.num_evictions,
+        return self._make_stats(
+            self.num_pages - 1, len(self._free_pages), self.num_evictable, self.num_evictions
         )
 
     def check_invariants(self) -> None:

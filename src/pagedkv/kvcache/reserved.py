@@ -88,25 +88,7 @@ class ReservedAllocator(BlockTableAllocator):
         return [(st.block_ids[0], region)]
 
     def stats(self) -> KVCacheStats:
-        used, allocated, entries, table_bytes = self._slot_totals(len(self._seqs))
-        num_used = len(self._seqs)
-        return KVCacheStats(
-            block_size=self._block_size,
-            num_total_blocks=self._num_regions,
-            num_free_blocks=self._num_regions - num_used,
-            num_used_blocks=num_used,
-            num_cached_blocks=0,
-            num_seqs=num_used,
-            used_slots=used,
-            allocated_slots=allocated,
-            internal_fragmentation_slots=0,
-            reserved_unused_slots=allocated - used,
-            block_table_entries=entries,
-            padded_table_bytes=table_bytes,
-            prefix_query_tokens=self._prefix.query_tokens,
-            prefix_hit_tokens=0,
-            num_evictions=0,
-        )
+        return self._make_stats(self._num_regions, len(self._free_regions), 0, 0, reserved=True)
 
     def check_invariants(self) -> None:
         held = [st.block_ids[0] for st in self._seqs.values()]
