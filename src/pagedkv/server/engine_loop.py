@@ -138,16 +138,30 @@ class EngineLoop:
 
     def _run(self) -> None:
         while True:
-            idle = not self.engine.has_unfinished() or self.failed is not None
-            commands = self._drain(block=idle)
-            for k, command in enumerate(commands):
-                if command is _STOP:
-                    self._shut_down(commands[k + 1 :])
+            try:
+                if self._iterate():
                     return
-                self._apply(command)
-            if self.failed is None and self.engine.has_unfinished():
-                self._step()
-            self.snapshot = self._take_snapshot()
+                self.snapshot = self._take_snapshot()
+            except Exception as exc:  # engine (or our) bug: fail every request, never hang one
+                self._mark_failed(exc)
+
+    def _iterate(self) -> bool:
+        """Apply the queued commands, then run one step; True once stopped."""
+        idle = not self.engine.has_unfinished() or self.failed is not None
+        commands = self._drain(block=idle)
+        for k, command in enumerate(commands):
+            if command is _STOP:
+                self._shut_down(commands[k + 1 :])
+                return True
+            self._apply(command)
+        if self.failed is None and self.engine.has_unfinished():
+            self._step()
+        return False
+
+    def _mark_failed(self, exc: Exception) -> None:
+        log.error("the engine loop failed; failing every request", exc_info=exc)
+        self.failed = f"{type(exc).__name__}: {exc}"
+        self._fail_all(f"the engine failed: {self.failed}", 500, "engine_failed")
 
     def _shut_down(self, pending: list[Any]) -> None:
         with self._lock:  # no submit can queue behind us from now on
@@ -187,13 +201,7 @@ class EngineLoop:
         self._delivers[command.request_id] = command.deliver
 
     def _step(self) -> None:
-        try:
-            outputs = self.engine.step()
-        except Exception as exc:  # the engine's state is unknown now: stop using it
-            log.exception("engine step failed; failing every request")
-            self.failed = f"{type(exc).__name__}: {exc}"
-            self._fail_all(f"the engine failed: {self.failed}", 500, "engine_failed")
-            return
+        outputs = self.engine.step()  # raising: _run marks the engine failed
         for out in outputs:
             deliver = self._delivers.get(out.request_id)
             if deliver is None:
