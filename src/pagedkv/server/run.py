@@ -51,6 +51,7 @@ class Run:
         self._pending: dict[int, Delivery] = {}  # prompt index -> newest undelivered item
         self._ready = asyncio.Event()
         self.arrival_s = time.monotonic()
+        self._next_check_s = self.arrival_s + DISCONNECT_POLL_S
         self.request_ids = (
             [request_id]
             if len(prompts) == 1
@@ -93,12 +94,16 @@ class Run:
         """The next output. Raises ``APIError`` for a failure or a refusal (the rest of the
         run is aborted then), ``ClientGone`` when ``request``'s client disconnected."""
         while True:
+            # Checked on a clock, not only when idle: a busy engine delivers more often than
+            # the poll period, and a gone client must still be noticed.
+            if request is not None and time.monotonic() >= self._next_check_s:
+                self._next_check_s = time.monotonic() + DISCONNECT_POLL_S
+                if await request.is_disconnected():
+                    self.abort()
+                    raise ClientGone()
             try:
                 index, item = await asyncio.wait_for(self._take(), DISCONNECT_POLL_S)
             except asyncio.TimeoutError:
-                if request is not None and await request.is_disconnected():
-                    self.abort()
-                    raise ClientGone() from None
                 continue
             if isinstance(item, Failure):
                 self._open.discard(index)
