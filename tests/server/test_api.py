@@ -171,6 +171,25 @@ def test_logprobs(client):
     assert all(t.logprob <= 0 for t in content)
 
 
+def test_streamed_logprobs_cover_every_token_once(client):
+    """Tokens that print nothing yet (part of a UTF-8 character) report their logprobs with
+    the next chunk that has text: every token exactly once, in order."""
+    args = dict(model=MODEL_NAME, max_tokens=20, temperature=0, extra_body=NO_EOS)
+    whole = client.completions.create(**args, prompt=PROMPT, logprobs=1).choices[0].logprobs
+    streamed = []
+    for chunk in client.completions.create(**args, prompt=PROMPT, logprobs=1, stream=True):
+        if chunk.choices[0].logprobs is not None:
+            streamed += chunk.choices[0].logprobs.token_logprobs
+    assert streamed == whole.token_logprobs and len(streamed) == 20
+    chat = []
+    for chunk in client.chat.completions.create(
+        **args, messages=[{"role": "user", "content": PROMPT}], logprobs=True, stream=True
+    ):
+        if chunk.choices and chunk.choices[0].logprobs is not None:
+            chat += [t.logprob for t in chunk.choices[0].logprobs.content]
+    assert len(chat) == 20
+
+
 def test_cache_salt_isolates_tenants(client):
     """Same prompt: the same tenant hits its own prefix, another tenant (or no salt) does not."""
     prompt = "tenant-isolation " * 3  # 51 tokens: 12 full blocks of 4
