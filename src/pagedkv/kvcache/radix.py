@@ -1,39 +1,27 @@
 """``RadixAllocator``: SGLang-style prefix sharing over a radix tree of token ids.
 
 The pool is cut into pages of ``page_size`` slots (``page_size=1``: reuse at any token). The
-tree is keyed by page contents: each node holds one full page, its key is that page's token ids
-(plus any multimodal span overlapping it), and a root per (LoRA id, cache salt) keeps tenants
-apart. A page joins the tree the moment it fills, so sequences admitted later reuse it.
+prefix index is a radix tree (``radix_tree.py``) whose edges are runs of full pages, with a root
+per (LoRA id, cache salt) to keep tenants apart. As in SGLang, a sequence's full pages enter the
+tree at the end of each prompt chunk and when it is freed (finished or preempted), not at every
+decode token; a page whose prefix is already in the tree is swapped for the tree's copy (same
+tokens after the same prefix, hence the same KV) and the duplicate is freed.
 
-A node's lock count is the reference count of its page: the number of live sequences whose
-block table holds it. Because a block table is always a root path, a locked node's ancestors are
-locked too, so every unlocked node is reachable by evicting leaves: eviction takes the least
-recently used unlocked leaf first and never strands a descendant (unlike the hash-chain index,
-where evicting a head block leaves its cached tail unreachable). Partial tail pages, and pages
-whose prefix already exists in the tree under another page, stay private to their sequences.
+A node's lock count is the reference count of its pages: the number of live sequences whose
+block table holds them. Eviction takes the least recently used unlocked leaf first and never
+strands a descendant (unlike the hash-chain index, where evicting a head block leaves its cached
+tail unreachable).
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
-from itertools import count
 
 from pagedkv.kvcache.block_pool import NULL_BLOCK_ID
 from pagedkv.kvcache.block_table import BlockTableAllocator, SeqBlocks, ceil_div
 from pagedkv.kvcache.hashing import HashExtraKeys, mm_span_bytes
 from pagedkv.kvcache.protocol import KVCacheStats, SeqLike
-
-
-class _Node:
-    __slots__ = ("key", "page", "parent", "children", "last_access")
-
-    def __init__(self, key: tuple, page: int, parent: _Node | None) -> None:
-        self.key = key
-        self.page = page
-        self.parent = parent
-        self.children: dict[tuple, _Node] = {}
-        self.last_access = 0
+from pagedkv.kvcache.radix_tree import RadixNode, RadixTree
 
 
 class RadixAllocator(BlockTableAllocator):
@@ -49,10 +37,8 @@ class RadixAllocator(BlockTableAllocator):
         self.ref_counts = [0] * self.num_pages
         self.ref_counts[NULL_BLOCK_ID] = 1
         self._free_pages = list(range(self.num_pages - 1, 0, -1))  # a stack, lowest on top
-        self._node_of_page: dict[int, _Node] = {}
-        self._roots: dict[tuple[str | None, str | None], _Node] = {}
-        self._evictable: list[tuple[int, int, _Node]] = []  # heap of LRU leaf candidates
-        self._tiebreak = count()
+        self.tree = RadixTree(self.ref_counts)
+        self._roots: dict[tuple[str | None, str | None], RadixNode] = {}
         self._clock = 0
         self.num_evictable = 0  # tree pages with ref_count 0
         self.num_evictions = 0
@@ -65,18 +51,16 @@ class RadixAllocator(BlockTableAllocator):
     def num_free_blocks(self) -> int:
         return len(self._free_pages) + self.num_evictable
 
-    # -- tree helpers ----------------------------------------------------------------------
+    # -- keys and lookup -------------------------------------------------------------------
 
-    def _root(self, extra: HashExtraKeys) -> _Node:
+    def _root(self, extra: HashExtraKeys) -> RadixNode:
         key = (extra.lora_id, extra.cache_salt)
         root = self._roots.get(key)
         if root is None:
-            root = self._roots[key] = _Node((), NULL_BLOCK_ID, None)
+            root = self._roots[key] = RadixTree.new_root()
         return root
 
-    def _page_keys(
-        self, tokens: Sequence[int], first: int, stop: int, extra: HashExtraKeys
-    ) -> list:
+    def _page_keys(self, tokens: Sequence[int], first: int, stop: int, extra: HashExtraKeys):
         """Tree keys of pages ``[first, stop)``: the token id itself at page size 1, else the
         page's tokens as a tuple; a multimodal span overlapping a page joins its key."""
         ps = self._block_size
@@ -90,60 +74,45 @@ class RadixAllocator(BlockTableAllocator):
                     keys[j] = (keys[j], mm)
         return keys
 
-    def _walk(self, seq: SeqLike, max_pages: int) -> list[_Node]:
-        node, path = self._root(seq.extra_keys), []
-        for key in self._page_keys(seq.token_ids, 0, max_pages, seq.extra_keys):
-            node = node.children.get(key)
-            if node is None:
-                break
-            path.append(node)
-        return path
+    def _match(self, seq: SeqLike, max_pages: int) -> list[tuple[RadixNode, int]]:
+        keys = self._page_keys(seq.token_ids, 0, max_pages, seq.extra_keys)
+        return self.tree.match(self._root(seq.extra_keys), keys)
 
     def match_prefix(self, seq: SeqLike) -> int:
         if seq.seq_id in self._seqs:
             return 0
         max_pages = (len(seq.token_ids) - 1) // self._block_size
-        return len(self._walk(seq, max_pages)) * self._block_size
+        return sum(m for _, m in self._match(seq, max_pages)) * self._block_size
 
     # -- pages -----------------------------------------------------------------------------
 
     def _take(self, num_pages: int) -> list[int]:
-        while len(self._free_pages) < num_pages:
-            self._evict_one()
+        short = num_pages - len(self._free_pages)
+        if short > 0:
+            evicted = self.tree.evict(short)
+            self.num_evictable -= len(evicted)
+            self.num_evictions += len(evicted)
+            self._free_pages.extend(evicted)
         out = [self._free_pages.pop() for _ in range(num_pages)]
         for p in out:
             self.ref_counts[p] = 1
         return out
 
-    def _evict_one(self) -> None:
-        while True:
-            access, _, node = heapq.heappop(self._evictable)
-            page = node.page
-            if (
-                self._node_of_page.get(page) is node
-                and self.ref_counts[page] == 0
-                and not node.children
-                and node.last_access == access
-            ):
-                break
-        parent = node.parent
-        del parent.children[node.key]
-        del self._node_of_page[page]
-        self._free_pages.append(page)
-        self.num_evictable -= 1
-        self.num_evictions += 1
-        if parent.parent is not None and not parent.children and self.ref_counts[parent.page] == 0:
-            self._push_evictable(parent)
-
-    def _push_evictable(self, node: _Node) -> None:
-        heapq.heappush(self._evictable, (node.last_access, next(self._tiebreak), node))
-
-    def _lock(self, path: list[_Node]) -> None:
+    def _lock(self, node: RadixNode) -> None:
         refs = self.ref_counts
-        for node in path:
-            if refs[node.page] == 0:
-                self.num_evictable -= 1
-            refs[node.page] += 1
+        if refs[node.pages[0]] == 0:
+            self.num_evictable -= len(node.pages)
+        for p in node.pages:
+            refs[p] += 1
+
+    def _release(self, page: int) -> None:
+        refs = self.ref_counts
+        refs[page] -= 1
+        if refs[page] == 0:
+            if page in self.tree.node_of_page:
+                self.num_evictable += 1
+            else:
+                self._free_pages.append(page)
 
     # -- allocation ------------------------------------------------------------------------
 
@@ -154,79 +123,120 @@ class RadixAllocator(BlockTableAllocator):
         st = self._seqs.get(seq.seq_id)
         if st is not None and num_cached_tokens:
             raise ValueError(f"sequence {seq.seq_id} is already admitted; num_cached_tokens=0")
-        base = st.num_tokens if st is not None else num_cached_tokens
-        total = base + num_new_tokens
+        total = (st.num_tokens if st is not None else num_cached_tokens) + num_new_tokens
         self._check_known_tokens(seq, total)
-        path: list[_Node] = []
-        if st is None:
-            self._check_new(seq)
-            if num_cached_tokens % ps or (
-                num_cached_tokens and num_cached_tokens >= len(seq.token_ids)
-            ):
-                raise ValueError(
-                    f"num_cached_tokens={num_cached_tokens} must be a multiple of page_size={ps} "
-                    "below the number of tokens, as returned by match_prefix"
-                )
-            path = self._walk(seq, num_cached_tokens // ps)
-            if len(path) * ps != num_cached_tokens:
-                raise ValueError(f"sequence {seq.seq_id}: the prefix match is stale")
-        held = len(st.block_ids) if st is not None else len(path)
-        need = ceil_div(total, ps) - held
-        num_revived = sum(1 for n in path if self.ref_counts[n.page] == 0)
-        if need + num_revived > self.num_free_blocks:
+        if st is not None:
+            need = ceil_div(total, ps) - len(st.block_ids)
+            if need > self.num_free_blocks:
+                return False
+            if need > 0:
+                st.block_ids.extend(self._take(need))
+            st.num_tokens = total
+            if num_new_tokens > 1:  # the end of a prompt chunk: share it
+                self._insert(seq, st, dedup=False)
+            return True
+        return self._admit(seq, num_new_tokens, num_cached_tokens)
+
+    def _admit(self, seq: SeqLike, num_new_tokens: int, num_cached_tokens: int) -> bool:
+        self._check_new(seq)
+        ps = self._block_size
+        if num_cached_tokens % ps or (
+            num_cached_tokens and num_cached_tokens >= len(seq.token_ids)
+        ):
+            raise ValueError(
+                f"num_cached_tokens={num_cached_tokens} must be a multiple of page_size={ps} "
+                "below the number of tokens, as returned by match_prefix"
+            )
+        hit_pages = num_cached_tokens // ps
+        path = self._match(seq, hit_pages)
+        if sum(m for _, m in path) != hit_pages:
+            raise ValueError(f"sequence {seq.seq_id}: the prefix match is stale")
+        total = num_cached_tokens + num_new_tokens
+        need = ceil_div(total, ps) - hit_pages
+        revived = sum(m for node, m in path if not self.tree.is_locked(node))
+        if need + revived > self.num_free_blocks:
             return False
-        if st is None:
-            self._lock(path)  # before taking pages, so that eviction cannot reach the path
-            st = SeqBlocks([n.page for n in path], total)
-            st.tree_node = path[-1] if path else self._root(seq.extra_keys)
-            st.tree_depth = len(path)
-            self._seqs[seq.seq_id] = st
-            self._prefix.query_tokens += len(seq.token_ids)
-            self._prefix.hit_tokens += num_cached_tokens
+        nodes = [node for node, _ in path]
+        if path and path[-1][1] < len(path[-1][0].keys):  # admitted mid-run: cut the run there
+            nodes[-1] = self.tree.split(path[-1][0], path[-1][1])
+        for node in nodes:
+            self._lock(node)  # before taking pages, so that eviction cannot reach the path
+        st = SeqBlocks([p for node in nodes for p in node.pages], total)
+        st.tree_node = nodes[-1] if nodes else self._root(seq.extra_keys)
+        st.tree_depth = hit_pages
+        self._clock += 1
+        st.tree_node.last_access = self._clock
         if need > 0:
             st.block_ids.extend(self._take(need))
-        st.num_tokens = total
-        self._insert_full_pages(seq, st)
+        self._seqs[seq.seq_id] = st
+        self._prefix.query_tokens += len(seq.token_ids)
+        self._prefix.hit_tokens += num_cached_tokens
+        if num_new_tokens > 1:
+            self._insert(seq, st, dedup=False)
         return True
 
-    def _insert_full_pages(self, seq: SeqLike, st: SeqBlocks) -> None:
-        """Enter the pages of ``st`` that filled since the last call into the tree."""
-        node = st.tree_node
-        assert isinstance(node, _Node)
-        depth = st.tree_depth
-        num_full = st.num_tokens // self._block_size
-        if not st.on_tree or depth >= num_full:
+    def _insert(self, seq: SeqLike, st: SeqBlocks, dedup: bool) -> None:
+        """Enter ``st``'s full pages beyond its tree path into the tree.
+
+        Where the tree already holds the same tokens in other pages, a running sequence stops
+        (its pages stay private: the other copy may not be computed yet, and two sequences must
+        never write one slot); a sequence being freed (``dedup``) switches to the tree's pages
+        and releases its duplicates instead."""
+        first, num_full = st.tree_depth, st.num_tokens // self._block_size
+        if num_full <= first:
             return
-        self._clock += 1
-        keys = self._page_keys(seq.token_ids, depth, num_full, seq.extra_keys)
-        for page, key in zip(st.block_ids[depth:num_full], keys, strict=True):
-            if key in node.children:  # the same prefix already lives in another page
-                st.on_tree = False
+        keys = self._page_keys(seq.token_ids, first, num_full, seq.extra_keys)
+        node = st.tree_node
+        assert isinstance(node, RadixNode)
+        i, switched = 0, False
+        while i < len(keys):
+            path = self.tree.match(node, keys[i:])
+            if not path:
+                pages = st.block_ids[first + i : num_full]
+                if switched and self.ref_counts[pages[0]] > 1:
+                    # A forked sibling still holds these pages under the pages we just swapped
+                    # away: they can join the tree only under the sibling's own path.
+                    break
+                node = self._add_run(node, keys[i:], pages)
+                i = len(keys)
                 break
-            child = _Node(key, page, node)
-            node.children[key] = child
-            self._node_of_page[page] = child
-            node = child
-            depth += 1
+            child, m = path[0]
+            ours = st.block_ids[first + i : first + i + m]
+            same = child.pages[:m] == ours  # shared with a forked sibling that inserted first
+            if not (same or dedup):
+                break
+            if m < len(child.keys):
+                child = self.tree.split(child, m)
+            if not same:
+                switched = True
+                self._lock(child)
+                for j, tree_page in enumerate(child.pages):
+                    self._release(ours[j])
+                    st.block_ids[first + i + j] = tree_page
+            node, i = child, i + m
+        self._clock += 1
         node.last_access = self._clock
-        st.tree_node, st.tree_depth = node, depth
+        st.tree_node, st.tree_depth = node, first + i
+
+    def _add_run(self, parent: RadixNode, keys: list, pages: list[int]) -> RadixNode:
+        """Add ``pages`` under ``parent`` as one node per run of equal reference count (pages
+        shared with forked siblings come first), so a node is locked or free as a whole."""
+        refs, start = self.ref_counts, 0
+        for end in range(1, len(pages) + 1):
+            if end == len(pages) or refs[pages[end]] != refs[pages[start]]:
+                parent = self.tree.add_child(parent, tuple(keys[start:end]), pages[start:end])
+                start = end
+        return parent
 
     def free(self, seq: SeqLike, preempted: bool = False) -> None:
-        st = self._pop(seq, preempted)
-        self._clock += 1
-        refs = self.ref_counts
+        st = self._state(seq)
+        self._insert(seq, st, dedup=True)  # cache what it computed before giving it up
+        self._pop(seq, preempted)
         for page in reversed(st.block_ids):
-            node = self._node_of_page.get(page)
-            if node is not None:
-                node.last_access = self._clock
-            refs[page] -= 1
-            if refs[page] == 0:
-                if node is None:
-                    self._free_pages.append(page)
-                else:
-                    self.num_evictable += 1
-                    if not node.children:
-                        self._push_evictable(node)
+            self._release(page)
+        node = st.tree_node
+        if isinstance(node, RadixNode):
+            self.tree.offer(node)
 
     def fork(self, parent: SeqLike, child: SeqLike) -> list[tuple[int, int]] | None:
         st = self._state(parent)
@@ -243,7 +253,7 @@ class RadixAllocator(BlockTableAllocator):
         for page in st.block_ids[:num_full]:
             self.ref_counts[page] += 1
         new = SeqBlocks(list(st.block_ids[:num_full]), n)
-        new.tree_node, new.tree_depth, new.on_tree = st.tree_node, st.tree_depth, st.on_tree
+        new.tree_node, new.tree_depth = st.tree_node, st.tree_depth
         copies: list[tuple[int, int]] = []
         if partial:
             (dst,) = self._take(1)
@@ -264,14 +274,14 @@ class RadixAllocator(BlockTableAllocator):
         refs, free = self.ref_counts, set(self._free_pages)
         assert len(free) == len(self._free_pages), "a page is twice in the free list"
         assert NULL_BLOCK_ID not in free
+        on_tree = self.tree.node_of_page
         for page in range(1, self.num_pages):
-            on_tree = page in self._node_of_page
             assert refs[page] >= 0, f"page {page}: negative ref_count"
-            assert (page in free) == (refs[page] == 0 and not on_tree), f"page {page}: lost"
-        evictable = sum(1 for p in self._node_of_page if refs[p] == 0)
-        assert evictable == self.num_evictable, "evictable counter drifted"
-        for page, node in self._node_of_page.items():
-            assert node.page == page and node.parent is not None
-            assert node.parent.children.get(node.key) is node, f"page {page}: detached node"
-            if refs[page] > 0 and node.parent.parent is not None:
-                assert refs[node.parent.page] > 0, f"page {page}: locked below an unlocked node"
+            assert (page in free) == (refs[page] == 0 and page not in on_tree), f"page {page}"
+        assert self.tree.check(list(self._roots.values())) == self.num_evictable, "evictable"
+        for sid, st in self._seqs.items():  # a sequence's tree pages are its tree path
+            node, pages = st.tree_node, []
+            while isinstance(node, RadixNode) and node.parent is not None:
+                pages[:0] = node.pages
+                node = node.parent
+            assert st.block_ids[: st.tree_depth] == pages, f"seq {sid}: tree path mismatch"
