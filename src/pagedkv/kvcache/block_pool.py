@@ -8,8 +8,9 @@ exactly one state:
   prefix hit until it is handed out again (lazy eviction);
 * free: ``ref_count == 0``, no hash, in the free queue.
 
-The free queue is an intrusive doubly linked list kept in two integer arrays (``_next``,
-``_prev``) indexed by block id, so popping the head, appending at the tail and unlinking a block
+The free queue is an intrusive circular doubly linked list kept in two integer arrays
+(``_next``, ``_prev``) indexed by block id, with the null block's slot as the sentinel (it is
+never queued), so popping the head, appending at the tail and unlinking a block
 revived from the middle are all O(1). Blocks leave from the head: the least recently freed go
 first. Callers free a sequence's blocks tail first, so within one sequence the tail (least
 likely to be shared) is evicted before the head.
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from pagedkv.kvcache.hashing import BlockHash
 
 NULL_BLOCK_ID = 0
-_NIL = -1  # end of the free queue
+_SENTINEL = NULL_BLOCK_ID  # links of the null block's slot: head = _next[0], tail = _prev[0]
 
 
 @dataclass(frozen=True)
@@ -56,13 +57,9 @@ class BlockPool:
         self.cached: dict[BlockHash, int] = {}
         self.num_evictions = 0
         # Free queue over blocks 1..n-1 in id order; the null block is never linked.
-        self._next = [i + 1 for i in range(num_blocks)]
-        self._prev = [i - 1 for i in range(num_blocks)]
-        self._next[num_blocks - 1] = _NIL
-        self._prev[1] = _NIL
-        self._next[0] = self._prev[0] = _NIL
-        self._head = 1
-        self._tail = num_blocks - 1
+        # Circular: 0 -> 1 -> ... -> n-1 -> 0, so no operation needs an end-of-list branch.
+        self._next = [(i + 1) % num_blocks for i in range(num_blocks)]
+        self._prev = [(i - 1) % num_blocks for i in range(num_blocks)]
         self.ref_counts[NULL_BLOCK_ID] = 1  # pinned forever, never counted as free
         self.num_free = num_blocks - 1
         self.num_cached_free = 0  # blocks in the free queue that still hold a hash
@@ -82,8 +79,8 @@ class BlockPool:
 
     def free_queue(self) -> list[int]:
         """The free queue, head (next to be handed out) first. O(n): for tests and debugging."""
-        out, b = [], self._head
-        while b != _NIL:
+        out, b = [], self._next[_SENTINEL]
+        while b != _SENTINEL:
             out.append(b)
             b = self._next[b]
         return out
@@ -97,7 +94,7 @@ class BlockPool:
             raise ValueError(f"asked for {num_blocks} blocks, only {self.num_free} free")
         nxt, refs, hashes = self._next, self.ref_counts, self.block_hashes
         out = []
-        b = self._head
+        b = nxt[_SENTINEL]
         for _ in range(num_blocks):
             out.append(b)
             refs[b] = 1
@@ -108,11 +105,8 @@ class BlockPool:
                 self.num_cached_free -= 1
                 self.num_evictions += 1
             b = nxt[b]
-        self._head = b
-        if b == _NIL:
-            self._tail = _NIL
-        else:
-            self._prev[b] = _NIL
+        nxt[_SENTINEL] = b
+        self._prev[b] = _SENTINEL
         self.num_free -= num_blocks
         return out
 
@@ -122,14 +116,8 @@ class BlockPool:
         for b in block_ids:
             if refs[b] == 0:
                 p, n = prv[b], nxt[b]
-                if p == _NIL:
-                    self._head = n
-                else:
-                    nxt[p] = n
-                if n == _NIL:
-                    self._tail = p
-                else:
-                    prv[n] = p
+                nxt[p] = n
+                prv[n] = p
                 self.num_free -= 1
                 if self.block_hashes[b] is not None:
                     self.num_cached_free -= 1
@@ -140,26 +128,25 @@ class BlockPool:
         zero is appended to the free queue (keeping its hash). Pass a sequence's blocks tail
         first so that its tail is evicted before its head."""
         refs, nxt, prv, hashes = self.ref_counts, self._next, self._prev, self.block_hashes
-        tail = self._tail
+        tail = prv[_SENTINEL]
         freed = cached = 0
         for b in block_ids:
             r = refs[b] - 1
             refs[b] = r
             if r == 0:
+                nxt[tail] = b
                 prv[b] = tail
-                nxt[b] = _NIL
-                if tail == _NIL:
-                    self._head = b
-                else:
-                    nxt[tail] = b
                 tail = b
                 freed += 1
                 if hashes[b] is not None:
                     cached += 1
             elif r < 0:
                 refs[b] = 0
+                nxt[tail] = _SENTINEL
+                prv[_SENTINEL] = tail
                 raise ValueError(f"block {b} released more often than it was referenced")
-        self._tail = tail
+        nxt[tail] = _SENTINEL
+        prv[_SENTINEL] = tail
         self.num_free += freed
         self.num_cached_free += cached
 
@@ -202,8 +189,8 @@ class BlockPool:
             assert self.block_hashes[b] == h, f"hash index points at block {b} with another hash"
         n_hashed = sum(1 for h in self.block_hashes if h is not None)
         assert n_hashed == len(self.cached), "a hashed block is missing from the hash index"
-        prev = _NIL
+        prev = _SENTINEL
         for b in queue:
             assert self._prev[b] == prev, f"broken back link at block {b}"
             prev = b
-        assert self._tail == prev, "tail pointer"
+        assert self._prev[_SENTINEL] == prev, "tail pointer"
