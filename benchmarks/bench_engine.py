@@ -85,7 +85,10 @@ def run_hf_continuous(model, ids: list[list[int]], new_tokens: int, pad_id: int)
     return elapsed, sum(len(r.generated_tokens) for r in res.values())
 
 
-def bench_throughput(loaded, hf, repeats: int, num_prompts: int, new_tokens: int) -> dict:
+def bench_throughput(
+    loaded, hf, repeats: int, num_prompts: int, new_tokens: int, dtype: str = "float32"
+) -> dict:
+    """Ours and the peers on the same weights at ``dtype``, alternating; medians and ratios."""
     tokenizer = loaded[2]
     ids = prompts(tokenizer, num_prompts)
     pad_id = tokenizer.eos_token_id or 0
@@ -94,7 +97,7 @@ def bench_throughput(loaded, hf, repeats: int, num_prompts: int, new_tokens: int
         peers["transformers generate_batch (continuous)"] = run_hf_continuous
     rates: dict[str, list[float]] = {"pagedkv": [], **{k: [] for k in peers}}
     for _ in range(repeats):
-        engine = engine_on(loaded, kv_cache_memory_bytes=1 << 30)
+        engine = engine_on(loaded, kv_cache_memory_bytes=1 << 30, dtype=dtype)
         secs, toks = run_ours(engine, ids, new_tokens)
         rates["pagedkv"].append(toks / secs)
         for name, fn in peers.items():
@@ -153,30 +156,48 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="8 prompts x 32 tokens (a smoke run)")
     parser.add_argument("--out", type=Path, default=Path("results/bench_engine.json"))
+    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--bf16", action="store_true", help="also compare both sides in bf16")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     num_prompts, new_tokens = (8, 32) if args.quick else (32, 128)
     import transformers
 
-    loaded = load_model(None, progress=False)
     path = embedded_model_path()
-    hf = transformers.AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=EMBEDDED_FILE_NAME, dtype=torch.float32
-    ).eval()
+
+    def both(dtype: str):
+        ours = load_model(None, dtype=dtype, progress=False)
+        hf = transformers.AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=EMBEDDED_FILE_NAME, dtype=getattr(torch, dtype)
+        ).eval()
+        return ours, hf
+
+    loaded, hf = both("float32")
+    throughput = {"float32": bench_throughput(loaded, hf, args.repeats, num_prompts, new_tokens)}
+    if args.bf16:
+        loaded16, hf16 = both("bfloat16")
+        throughput["bfloat16"] = bench_throughput(
+            loaded16, hf16, args.repeats, num_prompts, new_tokens, dtype="bfloat16"
+        )
+        del loaded16, hf16
     result = {
         "meta": {"python": platform.python_version(), "torch": torch.__version__,
                  "transformers": transformers.__version__, "threads": torch.get_num_threads(),
                  "prompts": num_prompts, "new_tokens": new_tokens, "repeats": args.repeats},
-        "throughput": bench_throughput(loaded, hf, args.repeats, num_prompts, new_tokens),
+        "throughput": throughput,
         "paging_overhead": bench_paging_overhead(loaded, args.repeats, 16, new_tokens // 2),
         "capacity": bench_capacity(loaded, 24),
     }  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    thr = result["throughput"]
-    print(f"| engine ({num_prompts} prompts x {new_tokens} tokens) | tokens/s | pagedkv / it |")
-    print("|---|---:|---:|")
-    for name, rate in thr["tokens_per_s"].items():
-        print(f"| {name} | {rate:.1f} | {thr['ratio'][name]:.2f}x |")
+    print(
+        f"| engine ({num_prompts} prompts x {new_tokens} tokens) | dtype | tokens/s | pagedkv / it |"
+    )
+    print("|---|---|---:|---:|")
+    for dtype, thr in result["throughput"].items():
+        for name, rate in thr["tokens_per_s"].items():
+            print(f"| {name} | {dtype} | {rate:.1f} | {thr['ratio'][name]:.2f}x |")
     po = result["paging_overhead"]
     print("\n| decode step, 16 seqs | ms |\n|---|---:|")
     for name, ms in po["decode_step_ms"].items():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import copy
+from dataclasses import replace
 
 from pagedkv.engine.outputs import CompletionOutput, RequestOutput, TextTracker
 from pagedkv.engine.params import SamplingParams
@@ -94,7 +94,19 @@ class RequestState:
         return self._output.finished
 
     def snapshot(self) -> RequestOutput:
-        """A copy the caller may keep."""
-        out = copy.deepcopy(self._output)
-        out.num_cached_tokens = self.num_cached_tokens
-        return out
+        """A copy the caller may keep (lists copied, not deep-copied: ints and floats)."""
+        outs = [
+            replace(
+                o,
+                token_ids=list(o.token_ids),
+                logprobs=None if o.logprobs is None else list(o.logprobs),
+                top_logprobs=None if o.top_logprobs is None else list(o.top_logprobs),
+            )
+            for o in self._output.outputs
+        ]
+        return replace(
+            self._output,
+            outputs=outs,
+            num_cached_tokens=self.num_cached_tokens,
+            prompt_token_ids=list(self._output.prompt_token_ids),
+        )
