@@ -101,9 +101,9 @@ def test_stream_adds_up_to_the_whole_text(client, chat):
     assert len({c.id for c in chunks}) == 1
 
 
-def test_stream_with_stop_string_never_takes_text_back(client):
-    """The engine cuts a stop string it matched only with its last character; the stream must
-    not have sent its first characters already."""
+def test_stop_string_cuts_the_text_streamed_or_not(client):
+    """(The case where the stream must hold text back is in test_embedded: the random model's
+    bytes rarely form whole characters, so its detokenizer holds them back anyway.)"""
     args = dict(model=MODEL_NAME, prompt=PROMPT, max_tokens=30, temperature=0, extra_body=NO_EOS)
     free = client.completions.create(**args).choices[0].text
     stop = free[10:13]  # three characters the greedy text contains

@@ -60,6 +60,16 @@ def test_chat_uses_the_model_template(client):
     assert out.usage.prompt_tokens > 20
 
 
+def test_stream_with_a_multi_token_stop_string_never_takes_text_back(client):
+    """The engine matches "7, 8" only once its last token arrives, after "7, " was reported;
+    the stream must hold those characters back, then drop them with the match."""
+    args = dict(model=MODEL_NAME, prompt="1, 2, 3, 4,", max_tokens=16, temperature=0, stop=["7, 8"])
+    whole = client.completions.create(**args).choices[0]
+    assert whole.finish_reason == "stop" and whole.text.rstrip().endswith("6,"), whole.text
+    streamed = "".join(c.choices[0].text for c in client.completions.create(**args, stream=True))
+    assert streamed == whole.text
+
+
 def _aborted(url: str) -> float:
     return metrics(url)["pagedkv_requests_total{outcome=aborted}"]
 
