@@ -165,7 +165,10 @@ class StreamRenderer:
             body = p.Completion(id=h.id, created=h.created_s, model=h.model, choices=[choice])
         data = p.dump(body)
         data.pop("usage", None)  # only the final usage chunk carries usage
-        if not h.chat:
+        if h.chat:  # as OpenAI: the role only in a choice's first delta
+            delta = data["choices"][0]["delta"]
+            data["choices"][0]["delta"] = {k: v for k, v in delta.items() if v is not None}
+        else:
             data.pop("system_fingerprint", None)
         return data
 
