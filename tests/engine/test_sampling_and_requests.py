@@ -145,3 +145,15 @@ def test_tiny_temperature_is_greedy_not_nan(make_engine):
     assert tiny.outputs[0].token_ids == greedy.outputs[0].token_ids
     with pytest.raises(ValueError):
         SamplingParams(temperature=float("nan"))
+
+
+def test_streamed_text_is_never_taken_back_by_a_stop_string(make_engine):
+    engine = make_engine()
+    params = SamplingParams(max_tokens=12, stop=("7, 8",))
+    streamed, final = "", None
+    for delta, out in engine.stream("1, 2, 3, 4,", params):
+        streamed += delta
+        final = out
+    text = final.outputs[0].text
+    assert final.outputs[0].finish_reason == "stop" and "7" not in text
+    assert streamed == text  # every delta was final: nothing printed had to be retracted

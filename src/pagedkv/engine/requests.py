@@ -31,6 +31,7 @@ class RequestState:
         self._index: dict[int, int] = {}  # seq id -> sample index
         self._seqs: dict[int, Sequence] = {}  # sample index -> its sequence
         self._trackers = [TextTracker(tokenizer, params.stop) for _ in range(params.n)]
+        self._holdback = max((len(s) for s in params.stop), default=1) - 1
         outs = [CompletionOutput(i) for i in range(params.n)]
         if params.logprobs is not None:
             for o in outs:
@@ -72,13 +73,15 @@ class RequestState:
         tracker = self._trackers[i]
         was_stopped = tracker.stopped
         tracker.update(out.token_ids)
-        out.text = tracker.text
-        if tracker.stopped and not was_stopped:
+        stopped_now = tracker.stopped and not was_stopped
+        if stopped_now:
             out.finish_reason = "stop"
-            return not seq.is_finished
-        if seq.is_finished and seq.finish_reason is not None:
+        elif seq.is_finished and seq.finish_reason is not None:
             out.finish_reason = seq.finish_reason.value
-        return False
+        # While running, hold back what could still turn out to be the start of a stop string,
+        # so that text once reported is never taken back.
+        out.text = tracker.text if out.finish_reason else tracker.text[: -self._holdback or None]
+        return stopped_now and not seq.is_finished
 
     def refuse(self, detail: str) -> None:
         self._output.error = detail
