@@ -22,13 +22,13 @@ GREEDY = SamplingParams(max_tokens=12, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
-def reference(embedded_model):
+def reference(embedded):
     """Each prompt alone, paged B=16: the tokens every other arrangement must reproduce."""
     from pagedkv.engine import EngineConfig, LLMEngine
     from pagedkv.engine.startup import build_parts
 
     config = EngineConfig(log_startup=False, max_model_len=512)
-    engine = LLMEngine(config, parts=build_parts(config, embedded_model))
+    engine = LLMEngine(config, parts=build_parts(config, embedded))
     tokens = []
     for p in PROMPTS:
         (out,) = engine.generate([p], GREEDY)

@@ -8,7 +8,6 @@ from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
-import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from pagedkv.engine import EngineConfig, LLMEngine
@@ -18,16 +17,6 @@ from pagedkv.server import ServerConfig, create_app, start_in_background
 
 LOOPBACK = "127.0.0.1"
 MODEL_NAME = "test-model"
-
-
-@pytest.fixture(scope="package", autouse=True)
-def _one_torch_thread():
-    """One intra-op thread: the cores are shared with other jobs, and a two-thread OpenMP team
-    that loses a core stalls at every barrier; speed is measured in benchmarks/, not here."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

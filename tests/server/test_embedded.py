@@ -11,17 +11,11 @@ import pytest
 
 from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
 from pagedkv.engine.startup import build_parts
-from pagedkv.model import load_model
 
 from .conftest import MODEL_NAME, assert_idle, metrics, running_server, wait_for
 
 ENGINE = dict(max_model_len=512, kv_cache_memory_bytes=64 << 20)
 LONG_TOKENS = 300  # seconds of decoding on a shared CPU: a client leaves long before the end
-
-
-@pytest.fixture(scope="module")
-def embedded():
-    return load_model(None, progress=False)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,25 @@
+"""Fixtures shared by every torch test package (model, engine, server)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pagedkv.model import load_model
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread():
+    """One intra-op thread for the whole suite: the 2 cores may be shared with other jobs, and
+    an OpenMP team of 2 that loses a core stalls at every barrier (measured 6x slower). Speed is
+    measured in benchmarks/, never here."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def embedded():
+    """``(config, model, tokenizer)`` of the embedded SmolLM2-135M, fp32, loaded once."""
+    return load_model(None, progress=False)
