@@ -149,3 +149,22 @@ def test_radix_evicts_least_recently_used_leaves_first():
     probe = Seq(4, [1, 2, 9, 9, 9, 0])
     assert alloc.match_prefix(probe) == 3  # new branch kept its first page; old branch gone
     assert alloc.match_prefix(Seq(5, [1, 2, 3, 0])) == 2
+
+
+def test_radix_merges_a_prefix_computed_twice_when_freed():
+    alloc = RadixAllocator(num_slots=4096, page_size=16)
+    shared = list(range(64))
+    a = Seq(1, shared + list(range(500, 516)))  # 5 full pages, the last one its own
+    b = Seq(2, shared + [7])
+    assert alloc.allocate(a, 10)  # a's first prompt chunk: no full page yet
+    assert admit(alloc, b) == 0  # b computes the shared 64 tokens too and enters them first
+    a_pages = list(alloc.block_table(a))
+    assert alloc.allocate(a, 70)  # a's second chunk meets b's copy: a keeps its own, privately
+    assert list(alloc.block_table(a))[:1] == a_pages[:1]
+    alloc.check_invariants()
+    alloc.free(a)  # finished: a's duplicates give way to the tree's, its last page joins the tree
+    alloc.check_invariants()
+    assert alloc.match_prefix(Seq(3, a.token_ids + [1])) == 80
+    alloc.free(b)
+    alloc.check_invariants()
+    assert alloc.stats().num_cached_blocks == 5  # one copy of the shared prefix, plus a's page
