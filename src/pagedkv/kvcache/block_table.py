@@ -102,6 +102,18 @@ class BlockTableAllocator:
                 "(free it with preempted=True if it is to be admitted again)"
             )
 
+    def _check_fork(self, parent: SeqLike, child: SeqLike) -> SeqBlocks:
+        """The parent's state, after checking that ``child`` may be forked from it: new here,
+        starting with the parent's tokens, under the same extra keys."""
+        st = self._state(parent)
+        self._check_new(child)
+        n = st.num_tokens
+        if list(child.token_ids[:n]) != list(parent.token_ids[:n]):
+            raise ValueError(f"fork: child {child.seq_id} does not start with the parent's tokens")
+        if child.extra_keys != parent.extra_keys:
+            raise ValueError("fork: child and parent must have the same extra keys")
+        return st
+
     def _pop(self, seq: SeqLike, preempted: bool) -> SeqBlocks:
         """Remove ``seq``'s state; remember its id unless it will be re-admitted."""
         st = self._state(seq)

@@ -169,13 +169,8 @@ class PagedAllocator(BlockTableAllocator):
         self.pool.release(reversed(st.block_ids))  # tail first: evicted before the head
 
     def fork(self, parent: SeqLike, child: SeqLike) -> list[tuple[int, int]] | None:
-        st = self._state(parent)
-        self._check_new(child)
+        st = self._check_fork(parent, child)
         n = st.num_tokens
-        if list(child.token_ids[:n]) != list(parent.token_ids[:n]):
-            raise ValueError(f"fork: child {child.seq_id} does not start with the parent's tokens")
-        if child.extra_keys != parent.extra_keys:
-            raise ValueError("fork: child and parent must have the same extra keys")
         num_full = n // self._block_size
         partial = num_full < len(st.block_ids)
         if partial and self.pool.num_free < 1:

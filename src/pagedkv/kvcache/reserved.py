@@ -77,10 +77,7 @@ class ReservedAllocator(BlockTableAllocator):
         heapq.heappush(self._free_regions, st.block_ids[0])
 
     def fork(self, parent: SeqLike, child: SeqLike) -> list[tuple[int, int]] | None:
-        st = self._state(parent)
-        self._check_new(child)
-        if list(child.token_ids[: st.num_tokens]) != list(parent.token_ids[: st.num_tokens]):
-            raise ValueError(f"fork: child {child.seq_id} does not start with the parent's tokens")
+        st = self._check_fork(parent, child)
         if not self._free_regions:
             return None
         region = heapq.heappop(self._free_regions)
