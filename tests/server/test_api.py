@@ -190,6 +190,18 @@ def test_streamed_logprobs_cover_every_token_once(client):
     assert len(chat) == 20
 
 
+def test_streamed_text_offsets_equal_the_whole_response_under_a_stop_hold_back(client):
+    """A stop string makes the stream hold text back; token offsets must not lag with it."""
+    args = dict(model=MODEL_NAME, max_tokens=12, temperature=0, logprobs=1, stop=["zzzzzz"],
+                extra_body=NO_EOS)  # fmt: skip
+    whole = client.completions.create(**args, prompt=PROMPT).choices[0].logprobs.text_offset
+    streamed = []
+    for chunk in client.completions.create(**args, prompt=PROMPT, stream=True):
+        if chunk.choices[0].logprobs is not None:
+            streamed += chunk.choices[0].logprobs.text_offset
+    assert streamed == whole and whole == sorted(whole)
+
+
 def test_cache_salt_isolates_tenants(client):
     """Same prompt: the same tenant hits its own prefix, another tenant (or no salt) does not."""
     prompt = "tenant-isolation " * 3  # 51 tokens: 12 full blocks of 4

@@ -114,6 +114,7 @@ class _Sent:
 
     chars: int = 0
     tokens: int = 0
+    token_chars: int = 0  # text offset of the next token (token strings sent so far)
     role_sent: bool = False
     done: bool = False
 
@@ -155,11 +156,13 @@ class StreamRenderer:
             body = p.ChatCompletionChunk(id=h.id, created=h.created_s, model=h.model,
                                          choices=[choice])  # fmt: skip
         else:
-            logprobs = (
-                completion_logprobs(self.tokenizer, c, sent.tokens, sent.chars)
-                if h.want_logprobs
-                else None
-            )
+            logprobs = None
+            if h.want_logprobs:
+                # Offsets follow the token strings, not the characters sent: a stop-string
+                # hold-back delays text but never moves a token.
+                logprobs = completion_logprobs(self.tokenizer, c, sent.tokens, sent.token_chars)
+                if logprobs.tokens:
+                    sent.token_chars = logprobs.text_offset[-1] + len(logprobs.tokens[-1])
             choice = p.CompletionChoice(index=k, text=delta, logprobs=logprobs,
                                         finish_reason=finish)  # fmt: skip
             body = p.Completion(id=h.id, created=h.created_s, model=h.model, choices=[choice])
