@@ -157,3 +157,39 @@ def test_streamed_text_is_never_taken_back_by_a_stop_string(make_engine):
     text = final.outputs[0].text
     assert final.outputs[0].finish_reason == "stop" and "7" not in text
     assert streamed == text  # every delta was final: nothing printed had to be retracted
+
+
+def test_cached_tokens_count_the_first_admission_only(make_engine):
+    # A pool so small that sequences are preempted: their re-admission hits their own blocks,
+    # which is not a prompt prefix hit.
+    engine = make_engine(policy="paged:3", kv_cache_memory_bytes=60 * 46080, max_model_len=64)
+    prompts = ["def fibonacci(n):", "The quick brown fox", "Once upon a time"]
+    outs = engine.generate(prompts, SamplingParams(max_tokens=20, ignore_eos=True))
+    assert engine.stats().preemptions > 0
+    assert [o.num_cached_tokens for o in outs] == [0, 0, 0]
+    # Children that cannot join the batch are recomputed: still no prefix hit for the request.
+    engine = make_engine(block_size=4, max_num_seqs=1, max_model_len=128)
+    params = SamplingParams(max_tokens=4, n=2, temperature=1.0, seed=1)
+    (out,) = engine.generate([PROMPT], params)
+    assert out.num_cached_tokens == 0 and all(len(c.token_ids) == 4 for c in out.outputs)
+    assert_no_leaks(engine)
+
+
+def test_stats_include_the_last_and_first_step(make_engine):
+    engine = make_engine()
+    engine.generate([PROMPT], SamplingParams(max_tokens=1))  # finishes in its first step
+    stats = engine.stats()
+    assert stats.peak_used_blocks >= 1 and stats.kv_utilization_peak > 0
+    assert stats.num_steps == 1 and stats.elapsed_s > 0 and stats.generated_tokens == 1
+
+
+def test_generate_keeps_the_outputs_of_requests_added_elsewhere(make_engine):
+    engine = make_engine()
+    other = engine.add_request("The quick brown fox", SamplingParams(max_tokens=8))
+    (mine,) = engine.generate([PROMPT], SamplingParams(max_tokens=2))
+    assert len(mine.outputs[0].token_ids) == 2
+    finished = {}
+    while engine.has_unfinished():
+        finished.update({o.request_id: o for o in engine.step() if o.finished})
+    assert list(finished) == [other] and len(finished[other].outputs[0].token_ids) == 8
+    assert_no_leaks(engine)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import sys
+import time
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -45,6 +46,9 @@ class LLMEngine:
         self._requests: dict[str, RequestState] = {}
         self._seq_owner: dict[int, RequestState] = {}
         self._ids = itertools.count()
+        # Outputs of other requests that generate() / stream() stepped past, newest per request:
+        # handed to the next step() caller instead of being lost.
+        self._stash: dict[str, RequestOutput] = {}
         self.recorder = StatsRecorder(self.allocator)
 
     @property
@@ -114,22 +118,23 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         """Whether a request is still running or waits to report (a refusal is reported by the
         next ``step``)."""
-        return self.scheduler.has_unfinished() or bool(self._requests)
+        return self.scheduler.has_unfinished() or bool(self._requests) or bool(self._stash)
 
     # -- one step --------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
         """Run one scheduler step; returns the requests whose state changed (finished ones for
         the last time: the engine forgets them afterwards)."""
+        started = time.perf_counter()
         batch = self.scheduler.schedule()
         touched = {self._seq_owner[s.seq_id].request_id for s in batch.refused}
         for seq in batch.refused:
             self._seq_owner[seq.seq_id].refuse(seq.finish_detail)
         logits = self.runner.execute(batch, self.allocator)
+        self.recorder.record_step(batch, started)  # before update() frees finished sequences
         sampled = self._sample(batch, logits)
         for item in batch.seqs:
-            if item.prefix_hit_tokens:
-                self._seq_owner[item.seq.seq_id].num_cached_tokens = item.prefix_hit_tokens
+            self._seq_owner[item.seq.seq_id].note_admission(item.seq, item.prefix_hit_tokens)
         finished = self.scheduler.update(batch, [s[0] for s in sampled])
         self._adopt_children(batch, finished)
         for item, (tokens, logprobs) in zip(batch.seqs, sampled, strict=True):
@@ -143,8 +148,8 @@ class LLMEngine:
                 seq = item.seq if j == 0 else state.seq_of(first + j)
                 if seq is not None and state.record(seq, logprob):  # a stop string matched
                     self.scheduler.finish_sequence(seq)
-        self.recorder.record_step(batch, self.scheduler)
-        outputs = []
+        self.recorder.end_step()
+        outputs, self._stash = list(self._stash.values()), {}
         for request_id in touched:
             state = self._requests[request_id]
             outputs.append(state.snapshot())
@@ -205,7 +210,8 @@ class LLMEngine:
         params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
         """Run every prompt to completion, batched; outputs in prompt order. A prompt that is
-        invalid (empty, too long) gets an output with ``error`` set; the others still run."""
+        invalid (empty, too long) gets an output with ``error`` set; the others still run.
+        Requests added elsewhere advance too; their outputs wait for the next ``step()``."""
         plist = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
         if len(plist) != len(prompts):
             raise ValueError(f"{len(plist)} sampling params for {len(prompts)} prompts")
@@ -222,27 +228,33 @@ class LLMEngine:
                 n = (p or SamplingParams()).n
                 outs = [CompletionOutput(i, finish_reason="error") for i in range(n)]
                 results[request_id] = RequestOutput(request_id, text, ids, outs, error=str(exc))
-        while self.has_unfinished():
+        mine = set(order)
+        while len(results) < len(order):
             for out in self.step():
-                if out.finished:
+                if out.request_id not in mine:
+                    self._stash[out.request_id] = out
+                elif out.finished:
                     results[out.request_id] = out
         return [results[r] for r in order]
 
     def stream(
         self, prompt: str | Sequence[int], params: SamplingParams | None = None
     ) -> Iterator[tuple[str, RequestOutput]]:
-        """Run one request (other queued requests advance too); yields (new text of sample 0,
-        the request's output) after every step that changed it."""
+        """Run one request (other queued requests advance too, and their outputs wait for the
+        next ``step()``); yields (new text of sample 0, the request's output) after every step
+        that changed it."""
         request_id = self.add_request(prompt, params)
         printed = 0
         while True:
             for out in self.step():
-                if out.request_id == request_id:
-                    text = out.outputs[0].text
-                    yield text[printed:], out
-                    printed = len(text)
-                    if out.finished:
-                        return
+                if out.request_id != request_id:
+                    self._stash[out.request_id] = out
+                    continue
+                text = out.outputs[0].text
+                yield text[printed:], out
+                printed = len(text)
+                if out.finished:
+                    return
 
     def stats(self) -> EngineStats:
         return self.recorder.summary(self.scheduler)

@@ -27,6 +27,7 @@ class RequestState:
         self.request_id = request_id
         self.params = params
         self.num_cached_tokens = 0
+        self._admitted = False
         self._tokenizer = tokenizer
         self._index: dict[int, int] = {}  # seq id -> sample index
         self._seqs: dict[int, Sequence] = {}  # sample index -> its sequence
@@ -59,6 +60,13 @@ class RequestState:
         return self._seqs.get(sample_index)
 
     # -- progress --------------------------------------------------------------------------
+
+    def note_admission(self, seq: Sequence, prefix_hit_tokens: int) -> None:
+        """Record the prompt's prefix hit at the request's first admission only: a re-admission
+        after preemption, or a child recomputed after a failed fork, also hits its own blocks."""
+        if not self._admitted and self._index.get(seq.seq_id) == 0:
+            self._admitted = True
+            self.num_cached_tokens = prefix_hit_tokens
 
     def record(self, seq: Sequence, logprob: TokenLogprob) -> bool:
         """Take ``seq``'s newest token (already appended by the scheduler). Returns True when a

@@ -65,11 +65,11 @@ class StatsRecorder:
         self._util_sum = 0.0
         self._util_peak = 0.0
 
-    def record_step(self, batch: ScheduledBatch, scheduler: Scheduler) -> None:
-        now = time.perf_counter()
+    def record_step(self, batch: ScheduledBatch, started: float) -> None:
+        """Sample the pool after the forward pass and before ``update`` frees the sequences that
+        finish in this step (so peaks include them); ``started`` is the step's start time."""
         if self._start is None:
-            self._start = now
-        self._last = now
+            self._start = started
         if batch.is_empty:
             return
         self.num_steps += 1
@@ -81,6 +81,9 @@ class StatsRecorder:
         self.peak_running = max(self.peak_running, len(batch.seqs))
         self._util_sum += s.kv_utilization
         self._util_peak = max(self._util_peak, s.kv_utilization)
+
+    def end_step(self) -> None:
+        self._last = time.perf_counter()
 
     def summary(self, scheduler: Scheduler) -> EngineStats:
         s = self._allocator.stats()
