@@ -280,3 +280,39 @@ def test_finish_sequence_frees_one_sequence_and_keeps_its_siblings() -> None:
     done = run_to_completion(sched)
     assert done == [child] and child.num_output_tokens == 5
     assert alloc.stats().num_used_blocks == 0 and not sched.abort("r")
+
+
+def _drive(sched: Scheduler, max_steps: int = 200) -> bool:
+    """Run with a fake model that always samples token 1; True when everything finished."""
+    for _ in range(max_steps):
+        if not sched.has_unfinished():
+            return True
+        batch = sched.schedule()
+        sched.update(batch, [[1] * item.num_samples for item in batch.seqs])
+        sched.allocator.check_invariants()
+    return False
+
+
+def test_without_chunked_prefill_a_recompute_longer_than_the_budget_still_runs():
+    # b is preempted after growing to 13 tokens, more than one step's 8-token budget.
+    sched = Scheduler(
+        PagedAllocator(7, 4, prefix_caching=False),
+        max_num_batched_tokens=8,
+        max_model_len=64,
+        chunked_prefill=False,
+    )
+    sched.add_request("a", list(range(4)), 16)
+    sched.add_request("b", list(range(100, 104)), 16)
+    assert _drive(sched)
+    assert sched.num_preemptions > 0
+    assert sched.allocator.stats().num_used_blocks == 0
+    # A child of an n > 1 request that could not fork recomputes prompt + 1 > the budget.
+    sched = Scheduler(
+        PagedAllocator(20, 4, prefix_caching=False),
+        max_num_seqs=1,
+        max_num_batched_tokens=8,
+        max_model_len=64,
+        chunked_prefill=False,
+    )
+    sched.add_request("c", list(range(8)), 3, n=2)
+    assert _drive(sched)

@@ -191,7 +191,9 @@ class Scheduler:
             hit = alloc.match_prefix(seq)
             num_new = seq.num_tokens - hit
             if num_new > budget:
-                if not self.chunked_prefill:
+                # Without chunked prefill a prompt waits for a step with room for all of it, but
+                # a recompute (prompt + generated tokens) may never fit one step: chunk that.
+                if not self.chunked_prefill and num_new <= self.max_num_batched_tokens:
                     break
                 num_new = budget
             if not alloc.allocate(seq, num_new, num_cached_tokens=hit):
