@@ -168,3 +168,17 @@ def test_radix_merges_a_prefix_computed_twice_when_freed():
     alloc.free(b)
     alloc.check_invariants()
     assert alloc.stats().num_cached_blocks == 5  # one copy of the shared prefix, plus a's page
+
+
+@pytest.mark.parametrize("kind", ["paged", "radix"])
+def test_per_tenant_roots_stay_bounded(kind):
+    alloc = make(kind, 4, num_slots=64)  # a tiny pool: old tenants' blocks get evicted
+    for i in range(5000):
+        s = Seq(i, list(range(10)), HashExtraKeys(cache_salt=f"user-{i}"))
+        admit(alloc, s)
+        alloc.free(s)
+    alloc.check_invariants()
+    assert len(alloc._roots) <= 4096
+    # Tenants still cached keep their prefix.
+    last = Seq(10_000, list(range(10)), HashExtraKeys(cache_salt="user-4999"))
+    assert alloc.match_prefix(last) == 8

@@ -12,6 +12,9 @@ from pagedkv.kvcache.block_table import BlockTableAllocator, SeqBlocks, ceil_div
 from pagedkv.kvcache.hashing import BlockHash, HashExtraKeys, get_hash_fn, hash_blocks, root_hash
 from pagedkv.kvcache.protocol import KVCacheStats, SeqLike
 
+# Root hashes are a cache (one sha256 to recompute); a server with per-user salts meets many.
+_MAX_CACHED_ROOTS = 4096
+
 
 class PagedAllocator(BlockTableAllocator):
     """``num_blocks`` blocks of ``block_size`` tokens (block 0 is the null block)."""
@@ -44,6 +47,8 @@ class PagedAllocator(BlockTableAllocator):
     def _root(self, extra: HashExtraKeys) -> BlockHash:
         root = self._roots.get(extra)
         if root is None:
+            if len(self._roots) >= _MAX_CACHED_ROOTS:  # one per tenant salt: keep it bounded
+                self._roots.clear()
             root = self._roots[extra] = root_hash(extra, self._hash_fn)
         return root
 

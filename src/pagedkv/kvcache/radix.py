@@ -57,8 +57,16 @@ class RadixAllocator(BlockTableAllocator):
         key = (extra.lora_id, extra.cache_salt)
         root = self._roots.get(key)
         if root is None:
+            if len(self._roots) > 64 + 2 * len(self._seqs):
+                self._prune_roots()
             root = self._roots[key] = RadixTree.new_root()
         return root
+
+    def _prune_roots(self) -> None:
+        """Drop the roots of tenants with nothing cached and no live sequence (a server with
+        per-user salts would otherwise keep one per user forever)."""
+        held = {id(st.tree_node) for st in self._seqs.values()}
+        self._roots = {k: r for k, r in self._roots.items() if r.children or id(r) in held}
 
     def _page_keys(self, tokens: Sequence[int], first: int, stop: int, extra: HashExtraKeys):
         """Tree keys of pages ``[first, stop)``: the token id itself at page size 1, else the
