@@ -62,12 +62,12 @@ class TextTracker:
         if full.endswith("\ufffd"):
             return ""  # an incomplete multi-byte character: wait for the next token
         new_start = len(self.text)
-        for stop in self._stop:
-            # Only a stop string that ends in the new text can be new.
-            at = full.find(stop, max(0, new_start - len(stop) + 1))
-            if at != -1:
-                full = full[:at]
-                self.stopped = True
+        # Only a stop string that ends in the new text can be new; the earliest one wins.
+        hits = [full.find(stop, max(0, new_start - len(stop) + 1)) for stop in self._stop]
+        hits = [at for at in hits if at != -1]
+        if hits:
+            full = full[: min(hits)]
+            self.stopped = True
         delta = full[new_start:]
         self.text = full
         return delta
