@@ -22,9 +22,13 @@ def feed(text: str, stop: tuple[str, ...]) -> tuple[str, str, bool]:
     return tracker.text, streamed, tracker.stopped
 
 
-def test_the_earliest_of_overlapping_stop_strings_wins():
+def test_the_earliest_of_stop_strings_completed_together_wins():
+    tracker = TextTracker(CharTokenizer(), ("r", "orl", "d"))
+    tracker.update([ord(c) for c in " world"])  # one update completes all three
+    assert tracker.stopped and tracker.text == " w"  # "orl" starts before "r"
+    # Token by token, "r" completes first and ends the text there.
     text, _, stopped = feed(" world and more", ("r", "orl", "d"))
-    assert stopped and text == " w"  # "orl" starts before "r"
+    assert stopped and text == " wo"
 
 
 def test_a_stop_string_split_across_tokens_is_found():
