@@ -132,3 +132,42 @@ def test_exponential_lengths_have_the_mean_and_respect_the_cap() -> None:
     assert max(lengths) == 2000 and min(lengths) >= 1
     # exp(mean 600) clipped at 2000 has mean 600 * (1 - e^(-2000/600)) ~ 578
     assert abs(sum(lengths) / len(lengths) - 578) < 25
+
+
+def test_a_bad_line_can_be_skipped_and_reported(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    good = '{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [0]}'
+    trace.write_text(
+        good + "\nnot json\n" + good.replace('"timestamp": 0', '"timestamp": 5') + "\n"
+    )
+    with pytest.raises(ValueError, match=r"t\.jsonl:2:"):
+        load_trace(trace)
+    bad: list[ValueError] = []
+    requests = load_trace(trace, on_bad_line=bad.append)
+    assert len(requests) == 2 and [str(e).split(": ")[0] for e in bad] == [f"{trace}:2"]
+
+
+def test_simulate_cli_skips_a_bad_line_with_a_warning_unless_strict(tmp_path: Path, capsys) -> None:
+    from pagedkv.cli import main
+
+    trace = tmp_path / "t.csv"
+    trace.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:17:03.9799600,100,10\nbad,line\n2023-11-16 18:17:04.0,200,5\n"
+    )
+    args = [
+        "simulate",
+        "--trace",
+        str(trace),
+        "--model",
+        "llama-3-8b",
+        "--policy",
+        "vllm",
+        "--json",
+    ]
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert "skipped 1 unparsable line" in captured.err and "t.csv:3" in captured.err
+    assert '"num_requests": 2' in captured.out
+    assert main([*args, "--strict"]) == 2
+    assert "t.csv:3: cannot parse" in capsys.readouterr().err

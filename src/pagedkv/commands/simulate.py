@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import dataclass
 
 from pagedkv.cli import UsageError
@@ -34,6 +35,7 @@ class SimulateArgs:
     policies: tuple[str, ...]
     block_sizes: tuple[int, ...]
     max_requests: int | None
+    strict: bool
     rate_scale: float
     seed: int
     step_overhead_s: float
@@ -72,6 +74,7 @@ def validate(a: argparse.Namespace) -> SimulateArgs:
         raise UsageError("--policy: name at least one policy")
     return SimulateArgs(
         trace=a.trace,
+        strict=a.strict,
         synthetic=a.synthetic,
         model=a.model,
         kv_dtype=a.kv_dtype,
@@ -118,6 +121,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="e.g. requests=200,prompt=2000-9000,output=200-800,rate=inf,system=0,turns=1,gap=10",
     )
     p.add_argument("--max-requests", metavar="N", help="replay only the first N requests")
+    p.add_argument(
+        "--strict", action="store_true", help="fail on a trace line that does not parse "
+        "(default: skip it with a warning naming its line)",
+    )  # fmt: skip
     p.add_argument("--rate-scale", default="1", metavar="X", help="X times the trace's rate")
     p.add_argument("--seed", default="0", help="seed of the synthetic workload")
     hw = p.add_argument_group("model and hardware")
@@ -181,7 +188,14 @@ def run(a: argparse.Namespace) -> int:
     pools_slots = [b // model.kv_record_bytes for b in pools_bytes]
     policies = expand_policies(args.policies, args.block_sizes)
     if args.trace:
-        requests = load_trace(args.trace, args.max_requests, args.rate_scale)
+        skipped: list[ValueError] = []
+        lenient = {} if args.strict else {"on_bad_line": skipped.append}
+        requests = load_trace(args.trace, args.max_requests, args.rate_scale, **lenient)
+        if skipped:  # one bad record does not cost the replay of the others
+            shown = "; ".join(str(e) for e in skipped[:3])
+            more = f" (and {len(skipped) - 3} more)" if len(skipped) > 3 else ""
+            print(f"pagedkv simulate: warning: skipped {len(skipped)} unparsable line(s): "
+                  f"{shown}{more}; --strict makes this an error", file=sys.stderr)  # fmt: skip
         source = args.trace
     else:
         requests = rescale(generate(parse_spec(args.synthetic or ""), args.seed), args.rate_scale)

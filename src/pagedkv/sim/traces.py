@@ -13,7 +13,7 @@ from __future__ import annotations
 import csv
 import json
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -77,6 +77,13 @@ def _line_error(path: Path, lineno: int, what: str) -> ValueError:
     return ValueError(f"{path}:{lineno}: {what}")
 
 
+BadLineHandler = Callable[[ValueError], None]
+
+
+def _raise(error: ValueError) -> None:
+    raise error
+
+
 def _parse_azure_time(text: str) -> float:
     """Seconds since the epoch of ``2023-11-16 18:15:46.6805900`` (7 fraction digits)."""
     whole, _, frac = text.strip().partition(".")
@@ -84,7 +91,7 @@ def _parse_azure_time(text: str) -> float:
     return stamp + (float(f"0.{frac}") if frac else 0.0)
 
 
-def _iter_azure(path: Path, fresh: FreshSegments) -> Iterator[TraceRequest]:
+def _iter_azure(path: Path, fresh: FreshSegments, bad: BadLineHandler) -> Iterator[TraceRequest]:
     with path.open(newline="") as f:
         reader = csv.reader(f)
         header = next(reader, None)
@@ -106,12 +113,13 @@ def _iter_azure(path: Path, fresh: FreshSegments) -> Iterator[TraceRequest]:
                 if prompt < 1 or output < 0:
                     raise ValueError("token counts must be positive")
             except (ValueError, IndexError) as exc:
-                raise _line_error(path, lineno, f"cannot parse {','.join(row)!r}: {exc}") from None
+                bad(_line_error(path, lineno, f"cannot parse {','.join(row)!r}: {exc}"))
+                continue
             t0 = t if t0 is None else t0
             yield TraceRequest(t - t0, fresh.take(prompt), max(output, 1))
 
 
-def _iter_mooncake(path: Path, fresh: FreshSegments) -> Iterator[TraceRequest]:
+def _iter_mooncake(path: Path, fresh: FreshSegments, bad: BadLineHandler) -> Iterator[TraceRequest]:
     with path.open() as f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
@@ -127,7 +135,8 @@ def _iter_mooncake(path: Path, fresh: FreshSegments) -> Iterator[TraceRequest]:
                 if any(not 0 <= h < FRESH_SEGMENT_BASE for h in hash_ids):
                     raise ValueError(f"hash ids must lie in [0, {FRESH_SEGMENT_BASE})")
             except (ValueError, KeyError, TypeError) as exc:
-                raise _line_error(path, lineno, f"cannot parse a Mooncake record: {exc}") from None
+                bad(_line_error(path, lineno, f"cannot parse a Mooncake record: {exc}"))
+                continue
             segs = [(h, SEGMENT_TOKENS) for h in hash_ids]
             last_len = n_in - SEGMENT_TOKENS * (len(segs) - 1)
             segs[-1] = (hash_ids[-1], last_len)
@@ -135,20 +144,24 @@ def _iter_mooncake(path: Path, fresh: FreshSegments) -> Iterator[TraceRequest]:
 
 
 def load_trace(
-    path: str | Path, max_requests: int | None = None, rate_scale: float = 1.0
+    path: str | Path,
+    max_requests: int | None = None,
+    rate_scale: float = 1.0,
+    on_bad_line: BadLineHandler = _raise,
 ) -> list[TraceRequest]:
     """Read an Azure ``.csv`` or Mooncake ``.jsonl`` trace, sorted by arrival, arrivals relative
     to the first request and divided by ``rate_scale`` (2.0 = twice the request rate).
-    ValueError names the file and line of a record that does not parse."""
+    A record that does not parse becomes a ValueError naming the file and line, passed to
+    ``on_bad_line``: raised by default; a handler that returns skips the record."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no trace file {str(path)!r}")
     if rate_scale <= 0:
         raise ValueError(f"rate_scale must be > 0, got {rate_scale}")
     if path.suffix == ".csv":
-        it = _iter_azure(path, FreshSegments())
+        it = _iter_azure(path, FreshSegments(), on_bad_line)
     elif path.suffix in (".jsonl", ".json"):
-        it = _iter_mooncake(path, FreshSegments())
+        it = _iter_mooncake(path, FreshSegments(), on_bad_line)
     else:
         raise ValueError(f"unknown trace format {path.suffix!r}: expected .csv (Azure) or .jsonl")
     requests: list[TraceRequest] = []
