@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from pagedkv import __version__
+from pagedkv.errors import UsageError
 
 # The order here is the order in `pagedkv --help`.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -21,10 +22,6 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pagedkv.commands.simulate",
     "pagedkv.commands.serve",
 )
-
-
-class UsageError(Exception):
-    """Bad input from the user: printed as one line, exit code 2."""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-from pagedkv.cli import UsageError
+from pagedkv.errors import UsageError
 from pagedkv.units import parse_bytes, parse_count, parse_int_list, parse_tokens
 
 

@@ -12,7 +12,7 @@ import json
 import sys
 from dataclasses import dataclass
 
-from pagedkv.cli import UsageError
+from pagedkv.errors import UsageError
 from pagedkv.units import parse_bytes, parse_tokens
 
 

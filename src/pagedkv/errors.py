@@ -1,0 +1,20 @@
+"""Errors every layer may raise; this module imports nothing of pagedkv, so any layer can use it.
+
+``UsageError``: the user asked for something invalid (a flag, a file, a request field). Edges
+print it as one line (the CLI, exit 2) or answer it as a 400 (the server, ``param`` names the
+field). Any other exception is an internal error and is reported as one.
+"""
+
+from __future__ import annotations
+
+
+class UsageError(ValueError):
+    """Bad input from the user. ``param`` names the offending field or flag when there is one.
+
+    It subclasses ``ValueError`` so callers that validate with ``except ValueError`` keep
+    working, but edges must catch ``UsageError`` (not every ``ValueError``) as "the user's fault".
+    """
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
