@@ -9,12 +9,16 @@ from __future__ import annotations
 
 
 class UsageError(ValueError):
-    """Bad input from the user. ``param`` names the offending field or flag when there is one.
+    """Bad input from the user. ``param`` names the offending field or flag when there is one;
+    ``code`` says what kind of problem it is (the server's ``error.code``).
 
     It subclasses ``ValueError`` so callers that validate with ``except ValueError`` keep
     working, but edges must catch ``UsageError`` (not every ``ValueError``) as "the user's fault".
     """
 
-    def __init__(self, message: str, param: str | None = None) -> None:
+    def __init__(
+        self, message: str, param: str | None = None, code: str = "invalid_value"
+    ) -> None:
         super().__init__(message)
         self.param = param
+        self.code = code  # a machine-readable kind, e.g. "context_length_exceeded"

@@ -20,7 +20,7 @@ def step(sched: Scheduler) -> tuple[ScheduledBatch, list[Sequence]]:
     """One schedule + update, checking the allocator's invariants after each half."""
     batch = sched.schedule()
     sched.allocator.check_invariants()
-    finished = sched.update(batch, sample(batch))
+    finished = sched.update(batch, sample(batch)).finished
     sched.allocator.check_invariants()
     return batch, finished
 

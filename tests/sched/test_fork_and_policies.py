@@ -18,7 +18,7 @@ def test_n_samples_fork_after_the_prompt_with_copy_on_write_tail() -> None:
     parent = sched.add_request("r", range(1, 7), max_new_tokens=3, n=3)  # 6 tokens: 1.5 blocks
     b1 = sched.schedule()
     assert [(s.num_new_tokens, s.num_samples) for s in b1.seqs] == [(6, 3)]
-    assert sched.update(b1, [[10, 11, 12]]) == []
+    assert sched.update(b1, [[10, 11, 12]]).finished == []
     alloc.check_invariants()
     p, c1, c2 = sched.running
     assert p is parent and c1.parent is parent and c2.parent is parent
@@ -43,23 +43,39 @@ def test_n_samples_fork_after_the_prompt_with_copy_on_write_tail() -> None:
 
 
 def test_fork_without_a_free_block_recomputes_the_child() -> None:
-    alloc = PagedAllocator(3, 4)  # 2 usable blocks: the parent's prompt takes both
+    # 3 usable blocks: enough for both samples of "r" (1 shared + 1 own each), but "a" holds
+    # the third one when "r" forks, so the child finds no block for its tail copy.
+    alloc = PagedAllocator(4, 4)
     sched = Scheduler(alloc)
     sched.add_request("r", range(1, 7), max_new_tokens=2, n=2)
+    sched.add_request("a", range(1, 5), max_new_tokens=1)
     b1 = sched.schedule()
-    sched.update(b1, [[10, 11]])
+    assert alloc.stats().num_used_blocks == 3
+    sched.update(b1, [[10, 11], [12]])
     alloc.check_invariants()
     (child,) = sched.waiting
     assert child.num_computed_tokens == 0 and child.output_token_ids == [11]
     done = run_to_completion(sched)
-    assert sorted(s.num_output_tokens for s in done) == [2, 2]
+    assert sorted(s.num_output_tokens for s in done if s.request_id == "r") == [2, 2]
+
+
+def test_n_samples_that_can_never_be_resident_together_are_refused() -> None:
+    # 6-token prompt + 2 new = 8 tokens in blocks of 4: one shared full block plus one own
+    # block per sample. n = 2 needs 1 + 2 = 3 blocks: a pool of 2 can never hold them.
+    sched = Scheduler(PagedAllocator(3, 4))
+    seq = sched.add_request("r", range(1, 7), max_new_tokens=2, n=2)
+    assert seq.finish_reason is FinishReason.REFUSED and "3 KV blocks" in seq.finish_detail
+    ok = sched.add_request("s", range(1, 7), max_new_tokens=2, n=1)  # 2 blocks: fits
+    assert not ok.is_finished
+    refusal = sched.refusal(6, 2, n=2)
+    assert refusal is not None and refusal.param == "n" and refusal.code == "kv_pool_too_small"
 
 
 def test_a_child_that_samples_a_stop_token_finishes_without_blocks() -> None:
     sched = Scheduler(PagedAllocator(20, 4))
     sched.add_request("r", range(1, 7), max_new_tokens=5, n=2, stop_token_ids=[0])
     b1 = sched.schedule()
-    (child,) = sched.update(b1, [[10, 0]])
+    (child,) = sched.update(b1, [[10, 0]]).finished
     assert child.finish_reason is FinishReason.STOP and child.output_token_ids == [0]
     assert sched.num_running == 1
 
@@ -91,3 +107,26 @@ def test_tokens_follow_the_sequence_not_the_schedule() -> None:
     seq = sched.add_request("a", [3, 4, 5], max_new_tokens=1)
     assert next_token(seq) == next_token(seq)
     assert next_token(seq, 1) != next_token(seq, 0)
+
+
+def test_update_finishes_samples_the_caller_stopped_and_reports_forks() -> None:
+    alloc = PagedAllocator(20, 4)
+    sched = Scheduler(alloc)
+    parent = sched.add_request("r", range(1, 7), max_new_tokens=5, n=3)
+    b1 = sched.schedule()
+    done = sched.update(b1, [[10, 11, 12]], stopped=[[False, False, True]])
+    alloc.check_invariants()
+    assert [(f.parent, f.sample_offset) for f in done.forked] == [(parent, 1), (parent, 2)]
+    first, second = (f.child for f in done.forked)
+    # Draw 2 ended on a stop string: its child finished at once, holding no block.
+    assert done.finished == [second] and second.finish_reason is FinishReason.STOP
+    assert second.output_token_ids == [12] and not first.is_finished
+    b2 = sched.schedule()
+    assert {item.seq for item in b2.seqs} == {parent, first}
+    stops = [[item.seq is parent] for item in b2.seqs]
+    done = sched.update(b2, [[20] for _ in b2.seqs], stopped=stops)
+    assert done.finished == [parent] and parent.finish_reason is FinishReason.STOP
+    assert parent.output_token_ids == [10, 20] and done.forked == []
+    alloc.check_invariants()
+    run_to_completion(sched)
+    assert alloc.stats().num_used_blocks == 0

@@ -147,7 +147,7 @@ def test_requests_that_can_never_fit_are_refused_at_once() -> None:
     sched = Scheduler(PagedAllocator(5, 4), max_model_len=16)  # 4 blocks = 16 slots
     too_long = sched.add_request("ctx", range(10), max_new_tokens=7)
     assert too_long.finish_reason is FinishReason.REFUSED and too_long.is_finished
-    assert "exceeds max_model_len 16" in too_long.finish_detail
+    assert "exceeds the context of 16 tokens" in too_long.finish_detail
     ok = sched.add_request("ok", range(10), max_new_tokens=6)
     b1, _ = step(sched)
     assert b1.refused == (too_long,) and [s.seq for s in b1.seqs] == [ok]
@@ -155,7 +155,7 @@ def test_requests_that_can_never_fit_are_refused_at_once() -> None:
 
     big = Scheduler(PagedAllocator(5, 4)).add_request("pool", range(10), max_new_tokens=8)
     assert big.finish_reason is FinishReason.REFUSED
-    assert "exceed the whole KV pool (16 tokens)" in big.finish_detail
+    assert "need 5 KV blocks of 4 tokens at once; the whole pool has 4" in big.finish_detail
 
     strict = Scheduler(PagedAllocator(50, 4), max_num_batched_tokens=8, chunked_prefill=False)
     assert strict.add_request("chunk", range(9), 1).finish_reason is FinishReason.REFUSED
@@ -166,9 +166,9 @@ def test_stop_token_finishes_and_frees() -> None:
     sched = Scheduler(alloc)
     seq = sched.add_request("s", [1, 2, 3], max_new_tokens=10, stop_token_ids=[99])
     batch = sched.schedule()
-    assert sched.update(batch, [[5]]) == []
+    assert sched.update(batch, [[5]]).finished == []
     batch = sched.schedule()
-    assert sched.update(batch, [[99]]) == [seq]
+    assert sched.update(batch, [[99]]).finished == [seq]
     assert seq.finish_reason is FinishReason.STOP and seq.output_token_ids == [5, 99]
     assert alloc.stats().num_used_blocks == 0 and not sched.has_unfinished()
 
@@ -204,7 +204,7 @@ def test_abort_frees_blocks_at_once() -> None:
     assert all(s.finish_reason is FinishReason.ABORT for s in aborted) and len(aborted) == 2
     assert alloc.stats().num_used_blocks == 0 and not sched.has_unfinished()
     alloc.check_invariants()
-    assert sched.update(batch, [[1], [2, 3]]) == []  # a step in flight is ignored
+    assert sched.update(batch, [[1], [2, 3]]).finished == []  # a step in flight is ignored
     assert sched.abort("A") == []
 
 

@@ -1,26 +1,54 @@
-"""``SamplingParams``: how to pick tokens for one request, validated once at the edge."""
+"""``SamplingParams``: how to pick tokens for one request, validated once at the edge.
+
+This is the one place that decides which sampling values the sampler can run: the CLI, the
+server and the Python API all build a ``SamplingParams`` and get the same ``UsageError``
+(``param`` names the field) for a value it refuses.
+"""
 
 from __future__ import annotations
 
+import math
+import struct
 from dataclasses import dataclass
+from typing import Any
+
+from pagedkv.errors import UsageError
 
 # Guards against absurd values that would only burn memory or time.
 MAX_N = 64
 MAX_LOGPROBS = 20
+MAX_TEMPERATURE = 100.0
+# top_k travels to the sampler as a 64-bit tensor and is clamped to the vocabulary there; beyond
+# int32 it cannot be a real vocabulary size, so such a value is a mistake.
+MAX_TOP_K = 2**31 - 1
 # Below this, dividing fp32 logits by the temperature overflows; such requests are greedy.
 MIN_SAMPLING_TEMPERATURE = 1e-5
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _as_fp32(value: float) -> float:
+    """``value`` rounded to fp32, as the sampler will see it (0.0 for what underflows)."""
+    return struct.unpack("f", struct.pack("f", value))[0]
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    """Per-request sampling. ``temperature`` below 1e-5 (0 included) is greedy. ``seed`` makes sampling
-    reproducible per request; sample ``i`` of ``n`` draws from ``seed + i``, so ``n`` samples
-    equal ``n`` separate requests seeded ``seed, seed + 1, ...``. ``logprobs`` asks for the
-    chosen token's log-probability plus that many top alternatives (0 = chosen only)."""
+    """Per-request sampling. ``temperature`` below 1e-5 (0 included) is greedy. ``seed`` makes
+    sampling reproducible per request; sample ``i`` of ``n`` draws from ``seed + i``, so ``n``
+    samples equal ``n`` separate requests seeded ``seed, seed + 1, ...``. ``top_k`` 0 or -1 is
+    off (-1 is vLLM's spelling). ``logprobs`` asks for the chosen token's log-probability plus
+    that many top alternatives (0 = chosen only). Invalid values raise ``UsageError``."""
 
     max_tokens: int = 64
     temperature: float = 0.0
-    top_k: int = 0  # 0 = off
+    top_k: int = 0  # 0 or -1 = off
     top_p: float = 1.0
     seed: int | None = None
     n: int = 1
@@ -30,30 +58,55 @@ class SamplingParams:
     logprobs: int | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
-        else:
-            object.__setattr__(self, "stop", tuple(self.stop))
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
-        checks = [
-            (isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens must be >= 1"),
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        try:
+            object.__setattr__(self, "stop", tuple(stop))
+            object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        except TypeError:
+            raise UsageError("stop and stop_token_ids must be lists", param="stop") from None
+        if self.top_k == -1:
+            object.__setattr__(self, "top_k", 0)
+        for param, ok, rule in self._rules():
+            if not ok:
+                value = getattr(self, param)
+                raise UsageError(f"{param} must be {rule}, got {value!r}", param=param)
+
+    def _rules(self) -> list[tuple[str, bool, str]]:
+        """(field, valid?, the rule in words); checked in order, the first failure is raised."""
+        top_p = self.top_p
+        return [
+            ("max_tokens", _is_int(self.max_tokens) and self.max_tokens >= 1, "an integer >= 1"),
             (
-                isinstance(self.temperature, (int, float)) and 0.0 <= self.temperature <= 100.0,
-                "temperature must be in [0, 100]",
+                "temperature",
+                _is_number(self.temperature) and 0.0 <= self.temperature <= MAX_TEMPERATURE,
+                f"a finite number in [0, {MAX_TEMPERATURE:g}]",
             ),
-            (isinstance(self.top_k, int) and self.top_k >= 0, "top_k must be >= 0 (0 = off)"),
-            (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
-            (isinstance(self.n, int) and 1 <= self.n <= MAX_N, f"n must be in [1, {MAX_N}]"),
-            (self.seed is None or isinstance(self.seed, int), "seed must be an integer"),
-            (all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty"),
             (
-                self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
-                f"logprobs must be in [0, {MAX_LOGPROBS}]",
+                "top_k",
+                _is_int(self.top_k) and 0 <= self.top_k <= MAX_TOP_K,
+                f"an integer in [0, {MAX_TOP_K}] (0 or -1 = off)",
+            ),
+            (
+                "top_p",
+                _is_number(top_p) and 0.0 < top_p <= 1.0 and _as_fp32(top_p) > 0.0,
+                "a number in (0, 1] that is not 0 in fp32 (at least 1e-45)",
+            ),
+            ("n", _is_int(self.n) and 1 <= self.n <= MAX_N, f"an integer in [1, {MAX_N}]"),
+            ("seed", self.seed is None or _is_int(self.seed), "an integer"),
+            ("stop", all(isinstance(s, str) and s for s in self.stop), "non-empty strings"),
+            (
+                "stop_token_ids",
+                all(_is_int(t) and t >= 0 for t in self.stop_token_ids),
+                "token ids (integers >= 0)",
+            ),
+            ("ignore_eos", isinstance(self.ignore_eos, bool), "true or false"),
+            (
+                "logprobs",
+                self.logprobs is None
+                or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS),
+                f"an integer in [0, {MAX_LOGPROBS}]",
             ),
         ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(f"{message} (got {self!r})")
 
     @property
     def greedy(self) -> bool:

@@ -29,12 +29,14 @@ def _truncate(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) ->
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     vocab = logits.shape[-1]
     ranks = torch.arange(vocab, device=logits.device).expand_as(sorted_logits)
-    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab)).unsqueeze(-1)
-    drop = ranks >= k
+    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab))
+    drop = ranks >= k.unsqueeze(-1)
     probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
-    # Keep a token while the mass before it is below top_p (the first token always stays).
+    # Keep a token while the mass before it is below top_p. The most likely token always stays,
+    # whatever rounding does to top_p, so a row can never be left with nothing to draw.
     mass_before = probs.cumsum(dim=-1) - probs
     drop |= mass_before >= top_p.unsqueeze(-1)
+    drop[:, 0] = False
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
@@ -46,13 +48,13 @@ def sample(
 ) -> SampleResult:
     """Pick one token per row of ``logits`` ``[rows, vocab]`` (fp32). ``generators[i]`` is the
     row's seeded generator or None (global RNG). Mutates the generators' states only."""
-    rows = logits.shape[0]
+    rows, vocab = logits.shape
     logits = logits.float()
     greedy = [p.greedy for p in params]
     chosen = logits.argmax(dim=-1)
     if not all(greedy):
         temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params])
-        top_k = torch.tensor([p.top_k for p in params])
+        top_k = torch.tensor([min(p.top_k, vocab) for p in params])
         top_p = torch.tensor([p.top_p for p in params], dtype=logits.dtype)
         probs = _truncate(logits / temps.unsqueeze(-1), top_k, top_p).softmax(dim=-1)
         for i in range(rows):

@@ -8,7 +8,7 @@ The engine (and the simulator) drive it like this::
     while sched.has_unfinished():
         batch = sched.schedule()          # ScheduledBatch: seqs, block_copies, preempted, refused
         ...                               # apply batch.block_copies, run batch.seqs
-        finished = sched.update(batch, sampled)   # one list of token ids per batch.seqs entry
+        done = sched.update(batch, sampled)  # sampled: one list of token ids per batch.seqs entry
 """
 
 from pagedkv.sched.batch import ScheduledBatch, ScheduledSeq

@@ -59,3 +59,21 @@ class ScheduledBatch:
     def is_empty(self) -> bool:
         """Nothing to run (there may still be refusals or copies to report)."""
         return not self.seqs
+
+
+class Fork(NamedTuple):
+    """A child forked in ``update`` for draw ``sample_offset`` (>= 1) of ``parent``'s first
+    token: with the parent's own sample index ``i``, the child is sample ``i + offset``."""
+
+    parent: Sequence
+    child: Sequence
+    sample_offset: int
+
+
+@dataclass(frozen=True)
+class StepUpdate:
+    """What ``Scheduler.update`` did: the sequences it finished (blocks already freed) and the
+    children it forked, in draw order. Lists the caller may keep."""
+
+    finished: list[Sequence]
+    forked: list[Fork]

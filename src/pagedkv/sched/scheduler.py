@@ -18,9 +18,9 @@ from collections.abc import Sequence as SequenceABC
 
 from pagedkv.kvcache.hashing import NO_EXTRA_KEYS, HashExtraKeys
 from pagedkv.kvcache.protocol import KVAllocator
-from pagedkv.sched.batch import ScheduledBatch, ScheduledSeq
+from pagedkv.sched.batch import Fork, ScheduledBatch, ScheduledSeq, StepUpdate
 from pagedkv.sched.preemption import VictimPolicy, latest_arrival
-from pagedkv.sched.refusal import never_fits
+from pagedkv.sched.refusal import Refusal, never_fits
 from pagedkv.sched.sequence import FinishReason, Sequence, SequenceStatus
 
 _RUNNING = SequenceStatus.RUNNING
@@ -89,22 +89,30 @@ class Scheduler:
             extra_keys=extra_keys,
             num_samples=n,
         )
-        reason = never_fits(
-            seq,
-            self.allocator,
-            max_model_len=self.max_model_len,
-            max_num_batched_tokens=None if self.chunked_prefill else self.max_num_batched_tokens,
-        )
-        if reason:
+        refusal = self.refusal(seq.num_prompt_tokens, max_new_tokens, n)
+        if refusal is not None:
             seq.status = SequenceStatus.FINISHED
             seq.finish_reason = FinishReason.REFUSED
-            seq.finish_detail = reason
+            seq.finish_detail = refusal.reason
             self._refused.append(seq)
             self.num_refused += 1
             return seq
         self._live[request_id] = [seq]
         self.waiting.append(seq)
         return seq
+
+    def refusal(self, num_prompt_tokens: int, max_new_tokens: int, n: int = 1) -> Refusal | None:
+        """Why a request of this shape would be refused (``never_fits``), or None. Reads only
+        fixed facts (pool size, block size, limits): safe to call from any thread."""
+        return never_fits(
+            num_prompt_tokens,
+            max_new_tokens,
+            n,
+            block_size=self.allocator.block_size,
+            num_total_blocks=self.allocator.num_total_blocks,
+            max_model_len=self.max_model_len,
+            max_num_batched_tokens=None if self.chunked_prefill else self.max_num_batched_tokens,
+        )
 
     def abort(self, request_id: str) -> list[Sequence]:
         """Finish every sequence of ``request_id`` with ``ABORT`` and free its blocks now.
@@ -226,21 +234,29 @@ class Scheduler:
     # -- after the forward pass ------------------------------------------------------------
 
     def update(
-        self, batch: ScheduledBatch, sampled_token_ids: SequenceABC[SequenceABC[int]]
-    ) -> list[Sequence]:
-        """Record the step: advance ``num_computed_tokens``, append the sampled tokens (one list
-        per entry of ``batch.seqs``, ``num_samples`` long), finish sequences on a stop token or
-        ``max_new_tokens`` and free their blocks, fork the children of ``n > 1`` requests.
-        Returns the sequences finished by this call. Sequences aborted since ``schedule`` are
-        skipped. ValueError if the token lists do not match the batch."""
-        if len(sampled_token_ids) != len(batch.seqs):
-            raise ValueError(
-                f"update: {len(sampled_token_ids)} token lists for {len(batch.seqs)} sequences"
-            )
-        finished: list[Sequence] = []
-        for item, tokens in zip(batch.seqs, sampled_token_ids, strict=True):
+        self,
+        batch: ScheduledBatch,
+        sampled_token_ids: SequenceABC[SequenceABC[int]],
+        stopped: SequenceABC[SequenceABC[bool]] | None = None,
+    ) -> StepUpdate:
+        """Record what the step decided. ``sampled_token_ids`` has one list per entry of
+        ``batch.seqs``, ``num_samples`` long (empty while a prompt chunk needs no logits);
+        ``stopped`` (same shape, optional) marks the samples the caller ended on a stop string.
+
+        Advances ``num_computed_tokens``, appends the sampled tokens, finishes sequences on a
+        stop string, a stop token or ``max_new_tokens`` (freeing their blocks), and forks the
+        children of ``n > 1`` requests (draw ``j`` becomes the child of offset ``j``). Sequences
+        aborted since ``schedule`` are skipped. Returns what finished and what forked.
+        ValueError if the lists do not match the batch."""
+        if len(sampled_token_ids) != len(batch.seqs) or (
+            stopped is not None and len(stopped) != len(batch.seqs)
+        ):
+            raise ValueError(f"update: token lists do not match the {len(batch.seqs)} sequences")
+        result = StepUpdate([], [])
+        for k, (item, tokens) in enumerate(zip(batch.seqs, sampled_token_ids, strict=True)):
             seq = item.seq
-            if len(tokens) != item.num_samples:
+            stops = stopped[k] if stopped is not None else [False] * len(tokens)
+            if len(tokens) != item.num_samples or len(stops) != len(tokens):
                 raise ValueError(
                     f"update: sequence {seq.seq_id} needs {item.num_samples} sampled tokens, "
                     f"got {len(tokens)}"
@@ -256,13 +272,18 @@ class Scheduler:
             if not tokens:
                 continue
             if len(tokens) > 1:
-                self._fork_children(seq, tokens[1:], finished)
-            self._append(seq, tokens[0], finished)
-        return finished
+                seq.num_samples = 1  # before forking: the children are one sample each
+            for j in range(1, len(tokens)):
+                child = self._fork_child(seq, tokens[j], stops[j], result.finished)
+                result.forked.append(Fork(seq, child, j))
+            self._append(seq, tokens[0], stops[0], result.finished)
+        return result
 
-    def _append(self, seq: Sequence, token_id: int, finished: list[Sequence]) -> None:
+    def _append(
+        self, seq: Sequence, token_id: int, stop_string: bool, finished: list[Sequence]
+    ) -> None:
         seq.append_token(token_id)
-        reason = seq.stop_reason()
+        reason = seq.stop_reason() or (FinishReason.STOP if stop_string else None)
         if reason is not None:
             self._finish(seq, reason, finished)
 
@@ -279,32 +300,31 @@ class Scheduler:
                 del self._live[seq.request_id]
         finished.append(seq)
 
-    def _fork_children(
-        self, parent: Sequence, tokens: SequenceABC[int], finished: list[Sequence]
-    ) -> None:
-        """Fork one child per extra sample of ``parent``'s first token. A child shares the
-        prompt's blocks (copy-on-write of the partial tail, applied next step); when the
+    def _fork_child(
+        self, parent: Sequence, token_id: int, stop_string: bool, finished: list[Sequence]
+    ) -> Sequence:
+        """Fork one child of ``parent`` for an extra sample of its first token. The child shares
+        the prompt's blocks (copy-on-write of the partial tail, applied next step); when the
         allocator has no block for the copy, or the batch is full, it waits and recomputes."""
-        parent.num_samples = 1
-        for token_id in tokens:
-            child = parent.fork(self._new_seq_id())
-            self._live[parent.request_id].append(child)
-            child.append_token(token_id)
-            reason = child.stop_reason()
-            if reason is not None:  # done before it ever held a block
-                self._finish(child, reason, finished)
-                continue
-            copies = None
-            if len(self.running) < self.max_num_seqs:
-                copies = self.allocator.fork(parent, child)
-            if copies is None:
-                child.num_computed_tokens = 0
-                self.waiting.appendleft(child)
-                continue
-            child.status = _RUNNING
-            self.running.append(child)
-            if copies:
-                self._pending_copies[child.seq_id] = copies
+        child = parent.fork(self._new_seq_id())
+        self._live[parent.request_id].append(child)
+        child.append_token(token_id)
+        reason = child.stop_reason() or (FinishReason.STOP if stop_string else None)
+        if reason is not None:  # done before it ever held a block
+            self._finish(child, reason, finished)
+            return child
+        copies = None
+        if len(self.running) < self.max_num_seqs:
+            copies = self.allocator.fork(parent, child)
+        if copies is None:
+            child.num_computed_tokens = 0
+            self.waiting.appendleft(child)
+            return child
+        child.status = _RUNNING
+        self.running.append(child)
+        if copies:
+            self._pending_copies[child.seq_id] = copies
+        return child
 
     def _new_seq_id(self) -> int:
         self._next_seq_id += 1

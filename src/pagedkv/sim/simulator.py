@@ -149,7 +149,7 @@ class Simulation:
             running_time += num_running * dt
             for rec in first_tokens:
                 rec.first_token_s = now
-            for seq in sched.update(batch, sampled):
+            for seq in sched.update(batch, sampled).finished:
                 rec = records[index_of.pop(seq.seq_id)]
                 planned.pop(seq.seq_id, None)
                 rec.finish_s = now
