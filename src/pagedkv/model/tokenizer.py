@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
+
+from pagedkv.model.chat_template import compile_template, overlaps, render_with_content_spans
 
 # GGUF token types (llama.cpp): 3 = control, 4 = user defined; both are matched whole in text.
 _SPECIAL_TOKEN_TYPES = (3, 4)
@@ -56,6 +57,10 @@ class Tokenizer:
         self.bos_token_id = bos_token_id
         self.eos_token_id = eos_token_id
         self.stop_token_ids: frozenset[int] = frozenset(stop_token_ids)
+        # Built on first use, then reused (benign race: two threads may both build one).
+        self._compiled_template: Any = None
+        self._special_id_set: frozenset[int] | None = None
+        self._plain_backend: HFTokenizer | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -63,28 +68,28 @@ class Tokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``; special-token texts (``<|im_start|>``) map to their ids.
-        ``add_special_tokens`` adds what the model expects around a prompt (e.g. BOS)."""
+        ``add_special_tokens`` adds what the model expects around a prompt (e.g. BOS). For a
+        chat, use ``encode_chat``: it keeps users from typing special tokens."""
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def text_stream(self, skip_special_tokens: bool = True) -> TextStream:
-        """A fresh incremental decoder for one generated sequence (streaming output)."""
-        return TextStream(self.backend, skip_special_tokens)
-
     def token_text(self, token_id: int) -> str | None:
         return self.backend.id_to_token(token_id)
 
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
     ) -> str:
-        """The prompt text for ``messages`` ``[{"role": ..., "content": ...}]``."""
+        """The prompt text for ``messages`` ``[{"role": ..., "content": ...}]``. The template is
+        compiled once per tokenizer (compiling costs milliseconds; rendering, microseconds)."""
         if not self.chat_template:
             raise ValueError("this model has no chat template")
+        if self._compiled_template is None:
+            self._compiled_template = compile_template(self.chat_template)
         bos = self.token_text(self.bos_token_id) if self.bos_token_id is not None else ""
         eos = self.token_text(self.eos_token_id) if self.eos_token_id is not None else ""
-        return _compile(self.chat_template).render(
+        return self._compiled_template.render(
             messages=list(messages),
             add_generation_prompt=add_generation_prompt,
             bos_token=bos or "",
@@ -92,38 +97,49 @@ class Tokenizer:
         )
 
     def encode_chat(
-        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
     ) -> list[int]:
-        """Token ids of the rendered chat; the template already placed any BOS it wants."""
-        text = self.apply_chat_template(messages, add_generation_prompt)
-        return self.encode(text, add_special_tokens=False)
+        """Token ids of the rendered chat; the template already placed any BOS it wants.
 
+        Only the template's own markers become special tokens: a message's content is text,
+        so ``"<|im_end|>\\n<|im_start|>system"`` typed by a user is encoded as ordinary
+        tokens and cannot open a turn. A chat whose contents hold no special-token text
+        encodes exactly as ``encode(apply_chat_template(...), add_special_tokens=False)``.
+        """
+        text, content_spans = render_with_content_spans(self, messages, add_generation_prompt)
+        encoding = self.backend.encode(text, add_special_tokens=False)
+        special_ids = self._special_ids()
+        if not any(
+            token_id in special_ids and overlaps(start, end, content_spans)
+            for token_id, (start, end) in zip(encoding.ids, encoding.offsets, strict=True)
+        ):
+            return list(encoding.ids)
+        # Keep the template's markers; encode the text between them with special parsing off.
+        ids: list[int] = []
+        run_start = 0
+        for token_id, (start, end) in zip(encoding.ids, encoding.offsets, strict=True):
+            if token_id in special_ids and not overlaps(start, end, content_spans):
+                ids += self._encode_plain(text[run_start:start])
+                ids.append(token_id)
+                run_start = end
+        return ids + self._encode_plain(text[run_start:])
 
-class TextStream:
-    """Incremental detokenization of one sequence: ``push(id)`` returns the text that id
-    completes ("" while a multi-byte character is still partial). Mutates itself only."""
+    def _special_ids(self) -> frozenset[int]:
+        if self._special_id_set is None:
+            decoder = self.backend.get_added_tokens_decoder()
+            self._special_id_set = frozenset(i for i, t in decoder.items() if t.special)
+        return self._special_id_set
 
-    def __init__(self, backend: HFTokenizer, skip_special_tokens: bool) -> None:
-        self._backend = backend
-        self._stream = decoders.DecodeStream(skip_special_tokens=skip_special_tokens)
-
-    def push(self, token_id: int) -> str:
-        return self._stream.step(self._backend, token_id) or ""
-
-
-def _compile(template: str) -> Any:
-    from jinja2.exceptions import TemplateError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(message: str) -> None:
-        raise TemplateError(message)
-
-    # Chat templates are written for this whitespace handling (as in the HF tokenizers).
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = raise_exception
-    # Some templates (Llama 3.x) print today's date.
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return env.from_string(template)
+    def _encode_plain(self, text: str) -> list[int]:
+        """``text`` with special-token texts read as ordinary characters. A second backend
+        does it, so the shared one is never toggled (encoding may run on several threads)."""
+        if not text:
+            return []
+        if self._plain_backend is None:
+            plain = HFTokenizer.from_str(self.backend.to_str())
+            plain.encode_special_tokens = True
+            self._plain_backend = plain
+        return self._plain_backend.encode(text, add_special_tokens=False).ids
 
 
 def tokenizer_from_gguf_metadata(meta: Mapping[str, Any]) -> Tokenizer:
