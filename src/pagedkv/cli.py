@@ -1,15 +1,22 @@
 """The `pagedkv` command line: a thin edge that parses arguments and calls the library.
 
-Every command lives in ``pagedkv.commands.<name>``. A ``UsageError`` (or ``ValueError`` raised
-while validating input at the edge) becomes one clear error line and exit code 2.
+Every command lives in ``pagedkv.commands.<name>``. A ``UsageError`` (the user asked for
+something invalid) or a file the user named that cannot be opened becomes one clear error line
+and exit code 2. Any other exception is a bug: it prints its traceback and "internal error",
+exit 1, never dressed up as the user's mistake. A reader that closes the pipe early
+(``pagedkv plan --json | head -1``) ends the command quietly with the conventional 141.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import traceback
 from collections.abc import Sequence
+
+import rich.console
 
 from pagedkv import __version__
 from pagedkv.errors import UsageError
@@ -39,14 +46,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _closed_pipe(console: rich.console.Console) -> None:
+    """rich's default for a closed pipe is a bare ``SystemExit(1)``; hand it to ``main``'s one
+    closed-pipe rule instead (the CLI owns the process, so it may set this for every console)."""
+    console.quiet = True
+    raise BrokenPipeError
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    rich.console.Console.on_broken_pipe = _closed_pipe  # type: ignore[method-assign]
     try:
-        return int(args.func(args) or 0)
-    except (UsageError, ValueError, FileNotFoundError) as exc:
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # inside the try: a closed pipe must surface here, not at exit
+        return code
+    except UsageError as exc:
         print(f"pagedkv {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
+        print(f"pagedkv {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        # Point stdout at /dev/null so the interpreter's final flush does not fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a writer whose reader left
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: report, exit 1
+        traceback.print_exc()
+        print(
+            f"pagedkv {args.command}: internal error: {type(exc).__name__}: {exc} "
+            "(this is a bug in pagedkv, not in your input)",
+            file=sys.stderr,
+        )
+        return 1

@@ -7,6 +7,7 @@ import math
 import pytest
 
 from pagedkv.engine import EngineConfig, SamplingParams
+from pagedkv.errors import UsageError
 
 from .conftest import assert_no_leaks
 
@@ -102,7 +103,7 @@ def test_bad_prompts_get_one_error_each_and_others_carry_on(make_engine):
     assert [o.error is None for o in outs] == [True, False, False, False, True]
     assert "empty" in outs[1].error and "exceeds the context" in outs[2].error
     assert len(outs[0].outputs[0].token_ids) == 4 and len(outs[4].outputs[0].token_ids) == 4
-    with pytest.raises(ValueError, match="token ids must be in"):
+    with pytest.raises(UsageError, match="outside the vocabulary"):
         engine.add_request([10**9])
     assert_no_leaks(engine)
 

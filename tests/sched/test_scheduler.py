@@ -155,7 +155,7 @@ def test_requests_that_can_never_fit_are_refused_at_once() -> None:
 
     big = Scheduler(PagedAllocator(5, 4)).add_request("pool", range(10), max_new_tokens=8)
     assert big.finish_reason is FinishReason.REFUSED
-    assert "need 5 KV blocks of 4 tokens at once; the whole pool has 4" in big.finish_detail
+    assert "need 5 KV blocks of 4 tokens at once; the whole KV pool has 4" in big.finish_detail
 
     strict = Scheduler(PagedAllocator(50, 4), max_num_batched_tokens=8, chunked_prefill=False)
     assert strict.add_request("chunk", range(9), 1).finish_reason is FinishReason.REFUSED

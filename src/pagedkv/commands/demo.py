@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pagedkv.commands.generate import add_engine_args, engine_config, print_stats
+from pagedkv.commands.engine_flags import add_engine_args, engine_config, print_stats
 
 SYSTEM_PROMPT = (
     "You are a concise assistant for a team that builds LLM inference engines. Answer in two "

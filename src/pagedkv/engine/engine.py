@@ -1,13 +1,16 @@
 """``LLMEngine``: a real model on the paged KV cache, with continuous batching.
 
-One ``step()`` = ``scheduler.schedule()`` -> ``runner.execute()`` (copy-on-write copies, then the
-forward pass over every scheduled sequence's new tokens) -> sampling -> ``scheduler.update()``.
-The scheduler and the allocators are the same objects the simulator drives.
+One ``step()`` reads as: schedule -> execute (copy-on-write copies, then the forward pass over
+every scheduled sequence's new tokens) -> sample -> record the text (stop strings) -> update the
+scheduler, which finishes, frees and forks. The scheduler and the allocators are the same
+objects the simulator drives. A failure inside a step is contained to the requests it can be
+traced to (``engine/containment.py``); the engine goes on with the others.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -15,19 +18,28 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from pagedkv.engine.config import EngineConfig
+from pagedkv.engine.containment import run_contained
 from pagedkv.engine.outputs import CompletionOutput, RequestOutput
 from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.requests import RequestState
 from pagedkv.engine.sampler import sample, seeded_generator
 from pagedkv.engine.startup import EngineParts, build_parts
-from pagedkv.engine.stats import EngineStats, StatsRecorder
+from pagedkv.engine.stats import EngineInfo, EngineSnapshot, EngineStats, StatsRecorder
+from pagedkv.errors import UsageError
 from pagedkv.kvcache.hashing import HashExtraKeys
 from pagedkv.sched.batch import ScheduledBatch
 from pagedkv.sched.sequence import Sequence as Seq
 
+log = logging.getLogger("pagedkv.engine")
+
+Prompt = str | Sequence[int]
+# One batch entry's draws: (token ids, their logprob info), num_samples long.
+Draws = tuple[list[int], list[tuple[float | None, list[tuple[int, float]] | None]]]
+
 
 class LLMEngine:
-    """Not thread-safe: one caller (or the server's engine loop) drives ``step``."""
+    """Not thread-safe: one caller (or the server's engine loop) drives ``step``; ``info`` and
+    ``check_request`` read fixed facts only and may be used from any thread."""
 
     def __init__(self, config: EngineConfig | None = None, parts: EngineParts | None = None):
         """Load the model and build the KV pool, allocator and scheduler. ``parts`` injects an
@@ -43,49 +55,73 @@ class LLMEngine:
         )
         if self.config.log_startup:
             print(p.startup_report, file=sys.stderr)
+        self.info = EngineInfo(
+            policy=p.policy.name,
+            backend=p.resolution.backend,
+            block_size=self.allocator.block_size,
+            num_blocks=self.allocator.num_total_blocks,
+            max_model_len=p.max_model_len,
+            vocab_size=p.model_config.vocab_size,
+            record_bytes=p.layout.record_bytes,
+            page_format={k: str(v) for k, v in p.page_format.to_dict().items()},
+        )
         self._requests: dict[str, RequestState] = {}
         self._seq_owner: dict[int, RequestState] = {}
         self._ids = itertools.count()
-        # Outputs of other requests that generate() / stream() stepped past, newest per request:
-        # handed to the next step() caller instead of being lost.
+        # Outputs that generate() / stream() stepped past (other requests', aborts), newest per
+        # request: handed to the next step() caller instead of being lost.
         self._stash: dict[str, RequestOutput] = {}
         self.recorder = StatsRecorder(self.allocator)
+        self.num_failed_requests = 0
 
     @property
     def max_model_len(self) -> int:
-        return self.parts.max_model_len
+        return self.info.max_model_len
 
     # -- requests --------------------------------------------------------------------------
 
+    def check_request(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
+        """Raise ``UsageError`` (``param`` names the field) for a request that can never run:
+        an empty prompt, ids outside the vocabulary, a prompt + ``max_tokens`` beyond the
+        context, or samples that the whole KV pool can never hold at once (the scheduler's
+        refusal rule). Reads fixed facts only: safe from any thread."""
+        if not prompt_token_ids:
+            raise UsageError("the prompt is empty", param="prompt")
+        vocab = self.info.vocab_size
+        for name, ids in (("prompt", prompt_token_ids), ("stop_token_ids", params.stop_token_ids)):
+            bad = next((t for t in ids if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise UsageError(f"token id {bad} is outside the vocabulary [0, {vocab})", name)
+        refusal = self.scheduler.refusal(len(prompt_token_ids), params.max_tokens, params.n)
+        if refusal is not None:
+            raise UsageError(refusal.reason, param=refusal.param, code=refusal.code)
+
     def add_request(
         self,
-        prompt: str | Sequence[int],
+        prompt: Prompt,
         params: SamplingParams | None = None,
         request_id: str | None = None,
         cache_salt: str | None = None,
     ) -> str:
-        """Queue a request (text, or token ids); returns its id. ValueError for an empty prompt,
-        a prompt that cannot fit the context, or a duplicate id: nothing is queued then. A
-        request that fits the context but never the KV pool finishes as "refused"."""
-        params = params or SamplingParams()
-        if isinstance(prompt, str):
-            text, token_ids = prompt, self.tokenizer.encode(prompt)
-        else:
-            text, token_ids = None, [int(t) for t in prompt]
-        if not token_ids:
-            raise ValueError("the prompt is empty")
-        vocab = self.parts.model_config.vocab_size
-        if any(t < 0 or t >= vocab for t in token_ids):
-            raise ValueError(f"prompt token ids must be in [0, {vocab})")
-        total = len(token_ids) + params.max_tokens
-        if total > self.max_model_len:
-            raise ValueError(
-                f"prompt ({len(token_ids)} tokens) + max_tokens ({params.max_tokens}) = {total} "
-                f"exceeds the context of {self.max_model_len} tokens"
-            )
-        request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
-        if request_id in self._requests:
-            raise ValueError(f"request id {request_id!r} is already in use")
+        """Queue a request (text, or token ids); returns its id. ``UsageError`` for a request
+        ``check_request`` refuses, a prompt of the wrong type, or an id in use: nothing is
+        queued then."""
+        text, token_ids = self._tokenize(prompt)
+        return self._add(text, token_ids, params or SamplingParams(), request_id, cache_salt)
+
+    def _add(
+        self,
+        text: str | None,
+        token_ids: list[int],
+        params: SamplingParams,
+        request_id: str | None,
+        cache_salt: str | None,
+    ) -> str:
+        self.check_request(token_ids, params)
+        if request_id is None:
+            request_id = self._new_id("req")
+        elif request_id in self._requests:
+            raise UsageError(f"request id {request_id!r} is already in use", param="request_id")
         stops = set(params.stop_token_ids)
         if not params.ignore_eos:
             stops |= self.tokenizer.stop_token_ids
@@ -101,63 +137,113 @@ class LLMEngine:
         state.attach(seq, sample_index=0)
         self._requests[request_id] = state
         self._seq_owner[seq.seq_id] = state
-        if seq.is_finished:  # refused at once: it can never fit the KV pool
-            state.refuse(seq.finish_detail)
         return request_id
 
+    def _new_id(self, prefix: str) -> str:
+        """A fresh automatic id, skipping any that a caller chose explicitly."""
+        return next(r for r in (f"{prefix}-{i}" for i in self._ids) if r not in self._requests)
+
+    def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, Sequence) and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt
+        ):
+            return None, list(prompt)
+        raise UsageError(
+            f"a prompt is a string or a list of token ids, got {type(prompt).__name__}", "prompt"
+        )
+
     def abort(self, request_id: str) -> bool:
-        """Stop a request now and free its blocks; False if it is unknown or already done."""
+        """Stop a request now and free its blocks; False if it is unknown or already done. No
+        output follows for it (the ``stream()`` that runs it ends)."""
         state = self._requests.get(request_id)
         if state is None or state.finished:
             return False
         self.scheduler.abort(request_id)
         state.mark_aborted()
+        self._stash.pop(request_id, None)
         self._forget(state)
         return True
 
     def has_unfinished(self) -> bool:
-        """Whether a request is still running or waits to report (a refusal is reported by the
-        next ``step``)."""
+        """Whether a request is still running or waits to report."""
         return self.scheduler.has_unfinished() or bool(self._requests) or bool(self._stash)
 
     # -- one step --------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
         """Run one scheduler step; returns the requests whose state changed (finished ones for
-        the last time: the engine forgets them afterwards)."""
+        the last time: the engine forgets them afterwards). Never raises because of one
+        request: a failure in the forward pass or the sampler fails the requests it is traced
+        to (``error`` set, blocks freed) and the others go on."""
         started = time.perf_counter()
         batch = self.scheduler.schedule()
-        touched = {self._seq_owner[s.seq_id].request_id for s in batch.refused}
+        touched = {self._owner(s).request_id for s in batch.refused}
         for seq in batch.refused:
-            self._seq_owner[seq.seq_id].refuse(seq.finish_detail)
-        logits = self.runner.execute(batch, self.allocator)
+            self._owner(seq).refuse(seq.finish_detail)
+        draws, failures = run_contained(batch, self._execute_and_sample)
+        for item, exc in failures:
+            touched.add(self._fail(self._owner(item.seq), exc))
         self.recorder.record_step(batch, started)  # before update() frees finished sequences
-        sampled = self._sample(batch, logits)
-        for item in batch.seqs:
-            self._seq_owner[item.seq.seq_id].note_admission(item.seq, item.prefix_hit_tokens)
-        finished = self.scheduler.update(batch, [s[0] for s in sampled])
-        self._adopt_children(batch, finished)
-        for item, (tokens, logprobs) in zip(batch.seqs, sampled, strict=True):
-            if not tokens:
-                continue
-            state = self._seq_owner[item.seq.seq_id]
-            touched.add(state.request_id)
-            # Draw j of this row is sample index(seq) + j: the children of an n > 1 request.
-            first = state.sample_index(item.seq)
-            for j, logprob in enumerate(logprobs):
-                seq = item.seq if j == 0 else state.seq_of(first + j)
-                if seq is not None and state.record(seq, logprob):  # a stop string matched
-                    self.scheduler.finish_sequence(seq)
+        tokens, stopped = self._record(batch, draws, touched)
+        done = self.scheduler.update(batch, tokens, stopped)
+        for fork in done.forked:
+            state = self._owner(fork.parent)
+            state.attach(fork.child, state.sample_index(fork.parent) + fork.sample_offset)
+            self._seq_owner[fork.child.seq_id] = state
+        for seq in done.finished:
+            self._owner(seq).finish_sample(seq)
         self.recorder.end_step()
+        return self._collect(touched)
+
+    def _execute_and_sample(self, batch: ScheduledBatch) -> list[Draws]:
+        return self._sample(batch, self.runner.execute(batch, self.allocator))
+
+    def _record(
+        self, batch: ScheduledBatch, draws: list[Draws | None], touched: set[str]
+    ) -> tuple[list[list[int]], list[list[bool]]]:
+        """Hand each sampled token to its request's text (stop strings are found here) and
+        build ``update``'s arguments. Entries whose request failed pass no tokens."""
+        tokens: list[list[int]] = []
+        stopped: list[list[bool]] = []
+        for item, drawn in zip(batch.seqs, draws, strict=True):
+            state = self._seq_owner.get(item.seq.seq_id)
+            if drawn is None or state is None or item.seq.is_finished:
+                tokens.append([])
+                stopped.append([])
+                continue
+            state.note_admission(item.seq, item.prefix_hit_tokens)
+            ids, logprobs = drawn
+            first = state.sample_index(item.seq)
+            pairs = enumerate(zip(ids, logprobs, strict=True))
+            stopped.append([state.record_token(first + j, t, lp) for j, (t, lp) in pairs])
+            tokens.append(ids)
+            if ids:
+                touched.add(state.request_id)
+        return tokens, stopped
+
+    def _fail(self, state: RequestState, exc: BaseException) -> str:
+        """End ``state`` with the failure: abort its sequences (frees their blocks)."""
+        if not state.finished:
+            log.error("request %s failed inside a step: %r", state.request_id, exc, exc_info=exc)
+            self.num_failed_requests += 1
+            self.scheduler.abort(state.request_id)
+            state.fail(f"the request failed inside the engine: {type(exc).__name__}: {exc}")
+        return state.request_id
+
+    def _collect(self, touched: set[str]) -> list[RequestOutput]:
         outputs, self._stash = list(self._stash.values()), {}
         for request_id in touched:
-            state = self._requests[request_id]
+            state = self._requests.get(request_id)
+            if state is None:
+                continue
             outputs.append(state.snapshot())
             if state.finished:
                 self._forget(state)
         return outputs
 
-    def _sample(self, batch: ScheduledBatch, logits: torch.Tensor):
+    def _sample(self, batch: ScheduledBatch, logits: torch.Tensor) -> list[Draws]:
         """One (token ids, logprob info) pair per batch entry; n draws for a request's first
         token when it has n samples, each from its own seed."""
         rows, params, gens, owners = [], [], [], []
@@ -165,7 +251,7 @@ class LLMEngine:
         for i, item in enumerate(batch.seqs):
             if not item.needs_logits:
                 continue
-            state = self._seq_owner[item.seq.seq_id]
+            state = self._owner(item.seq)
             first = state.sample_index(item.seq)
             position = item.seq.num_output_tokens
             for j in range(item.num_samples):
@@ -174,7 +260,7 @@ class LLMEngine:
                 gens.append(seeded_generator(state.params.sample_seed(first + j), position))
                 owners.append(i)
             r += 1
-        out: list[tuple[list[int], list]] = [([], []) for _ in batch.seqs]
+        out: list[Draws] = [([], []) for _ in batch.seqs]
         if rows:
             result = sample(logits[torch.tensor(rows)], params, gens)
             for k, i in enumerate(owners):
@@ -182,20 +268,8 @@ class LLMEngine:
                 out[i][1].append((result.logprobs[k], result.top_logprobs[k]))
         return out
 
-    def _adopt_children(self, batch: ScheduledBatch, finished: list[Seq]) -> None:
-        """Give the children forked for n > 1 their request and sample index (by creation
-        order, which is the order of the parent's draws)."""
-        if not any(item.num_samples > 1 for item in batch.seqs):
-            return
-        pool = itertools.chain(finished, self.scheduler.running, self.scheduler.waiting)
-        children = sorted(
-            (s for s in pool if s.parent is not None and s.seq_id not in self._seq_owner),
-            key=lambda s: s.seq_id,
-        )
-        for child in children:
-            state = self._seq_owner[child.parent.seq_id]
-            state.attach(child, sample_index=state.num_attached)
-            self._seq_owner[child.seq_id] = state
+    def _owner(self, seq: Seq) -> RequestState:
+        return self._seq_owner[seq.seq_id]
 
     def _forget(self, state: RequestState) -> None:
         self._requests.pop(state.request_id, None)
@@ -206,27 +280,32 @@ class LLMEngine:
 
     def generate(
         self,
-        prompts: Sequence[str | Sequence[int]],
+        prompts: Prompt | Sequence[Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
-        """Run every prompt to completion, batched; outputs in prompt order. A prompt that is
-        invalid (empty, too long) gets an output with ``error`` set; the others still run.
-        Requests added elsewhere advance too; their outputs wait for the next ``step()``."""
+        """Run every prompt to completion, batched; outputs in prompt order. A bare string (or
+        one list of token ids) is one prompt. A prompt that can never run (empty, too long)
+        gets an output with ``error`` set; the others still run. A prompt of the wrong type
+        raises ``UsageError`` before anything is queued. Requests added elsewhere advance too;
+        their outputs wait for the next ``step()``."""
+        if isinstance(prompts, str) or (
+            isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)
+        ):
+            prompts = [prompts]
         plist = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
         if len(plist) != len(prompts):
-            raise ValueError(f"{len(plist)} sampling params for {len(prompts)} prompts")
+            raise UsageError(f"{len(plist)} sampling params for {len(prompts)} prompts")
+        tokenized = [self._tokenize(p) for p in prompts]  # raises before anything is queued
         results: dict[str, RequestOutput] = {}
         order: list[str] = []
-        for prompt, p in zip(prompts, plist, strict=True):
-            request_id = f"gen-{next(self._ids)}"
+        for (text, ids), p in zip(tokenized, plist, strict=True):
+            request_id = self._new_id("gen")
             order.append(request_id)
             try:
-                self.add_request(prompt, p, request_id)
-            except ValueError as exc:
-                ids = [] if isinstance(prompt, str) else list(prompt)
-                text = prompt if isinstance(prompt, str) else None
+                self._add(text, ids, p or SamplingParams(), request_id, None)
+            except UsageError as exc:
                 n = (p or SamplingParams()).n
-                outs = [CompletionOutput(i, finish_reason="error") for i in range(n)]
+                outs = [CompletionOutput(i, finish_reason="refused") for i in range(n)]
                 results[request_id] = RequestOutput(request_id, text, ids, outs, error=str(exc))
         mine = set(order)
         while len(results) < len(order):
@@ -238,14 +317,14 @@ class LLMEngine:
         return [results[r] for r in order]
 
     def stream(
-        self, prompt: str | Sequence[int], params: SamplingParams | None = None
+        self, prompt: Prompt, params: SamplingParams | None = None
     ) -> Iterator[tuple[str, RequestOutput]]:
         """Run one request (other queued requests advance too, and their outputs wait for the
         next ``step()``); yields (new text of sample 0, the request's output) after every step
-        that changed it."""
+        that changed it. Ends after the final output, also when the request is aborted."""
         request_id = self.add_request(prompt, params)
         printed = 0
-        while True:
+        while request_id in self._requests:  # gone without a final output: aborted
             for out in self.step():
                 if out.request_id != request_id:
                     self._stash[out.request_id] = out
@@ -255,6 +334,30 @@ class LLMEngine:
                 printed = len(text)
                 if out.finished:
                     return
+
+    # -- the engine's one face for the edges -----------------------------------------------
+
+    def snapshot(self) -> EngineSnapshot:
+        """The state between two steps (pool, queues, counters). Engine thread only."""
+        kv = self.allocator.stats()
+        rec = self.recorder
+        return EngineSnapshot(
+            num_total_blocks=kv.num_total_blocks,
+            num_free_blocks=kv.num_free_blocks,
+            num_used_blocks=kv.num_used_blocks,
+            num_cached_blocks=kv.num_cached_blocks,
+            kv_utilization=kv.kv_utilization,
+            prefix_hit_tokens=kv.prefix_hit_tokens,
+            prefix_query_tokens=kv.prefix_query_tokens,
+            num_running_seqs=self.scheduler.num_running,
+            num_waiting_seqs=self.scheduler.num_waiting,
+            peak_running_seqs=rec.peak_running,
+            num_preemptions=self.scheduler.num_preemptions,
+            generated_tokens=rec.generated_tokens,
+            num_steps=rec.num_steps,
+            num_unfinished_requests=len(self._requests),
+            num_failed_requests=self.num_failed_requests,
+        )
 
     def stats(self) -> EngineStats:
         return self.recorder.summary(self.scheduler)

@@ -1,10 +1,16 @@
-"""``RequestState``: the engine's view of one request across its samples (n >= 1)."""
+"""``RequestState``: the engine's view of one request across its samples (n >= 1).
+
+Text has one owner per sample: a ``Detokenizer`` that turns each new token into released text,
+holding back an incomplete UTF-8 character or what could still become a stop string, so that
+text once reported is never taken back. The server streams exactly what this exposes.
+"""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from pagedkv.engine.outputs import CompletionOutput, RequestOutput, TextTracker
+from pagedkv.engine.detokenizer import Detokenizer
+from pagedkv.engine.outputs import CompletionOutput, RequestOutput
 from pagedkv.engine.params import SamplingParams
 from pagedkv.model.tokenizer import Tokenizer
 from pagedkv.sched.sequence import Sequence
@@ -14,7 +20,7 @@ TokenLogprob = tuple[float | None, list[tuple[int, float]] | None]
 
 
 class RequestState:
-    """Completions, text trackers and the sequence -> sample index map of one request."""
+    """Completions, detokenisers and the sequence <-> sample index maps of one request."""
 
     def __init__(
         self,
@@ -28,11 +34,9 @@ class RequestState:
         self.params = params
         self.num_cached_tokens = 0
         self._admitted = False
-        self._tokenizer = tokenizer
         self._index: dict[int, int] = {}  # seq id -> sample index
         self._seqs: dict[int, Sequence] = {}  # sample index -> its sequence
-        self._trackers = [TextTracker(tokenizer, params.stop) for _ in range(params.n)]
-        self._holdback = max((len(s) for s in params.stop), default=1) - 1
+        self._detok = [Detokenizer(tokenizer, params.stop) for _ in range(params.n)]
         outs = [CompletionOutput(i) for i in range(params.n)]
         if params.logprobs is not None:
             for o in outs:
@@ -44,10 +48,6 @@ class RequestState:
     def attach(self, seq: Sequence, sample_index: int) -> None:
         self._index[seq.seq_id] = sample_index
         self._seqs[sample_index] = seq
-
-    @property
-    def num_attached(self) -> int:
-        return len(self._index)
 
     @property
     def seq_ids(self) -> list[int]:
@@ -68,37 +68,49 @@ class RequestState:
             self._admitted = True
             self.num_cached_tokens = prefix_hit_tokens
 
-    def record(self, seq: Sequence, logprob: TokenLogprob) -> bool:
-        """Take ``seq``'s newest token (already appended by the scheduler). Returns True when a
-        stop string ended it just now and the scheduler still runs it (the caller must finish
-        it there)."""
-        i = self._index[seq.seq_id]
-        out = self._output.outputs[i]
-        out.token_ids = seq.output_token_ids
+    def record_token(self, sample_index: int, token_id: int, logprob: TokenLogprob) -> bool:
+        """Take sample ``sample_index``'s new token (before the scheduler appends it). Returns
+        True when a stop string ended the sample just now: the caller tells the scheduler."""
+        out = self._output.outputs[sample_index]
+        if out.finished:
+            return False
+        out.token_ids.append(token_id)
         if out.logprobs is not None and out.top_logprobs is not None:
             out.logprobs.append(logprob[0])
             out.top_logprobs.append(logprob[1] or [])
-        tracker = self._trackers[i]
-        was_stopped = tracker.stopped
-        tracker.update(out.token_ids)
-        stopped_now = tracker.stopped and not was_stopped
-        if stopped_now:
+        detok = self._detok[sample_index]
+        detok.push(token_id)
+        out.text = detok.text
+        if detok.stopped:
             out.finish_reason = "stop"
-        elif seq.is_finished and seq.finish_reason is not None:
+            return True
+        return False
+
+    def finish_sample(self, seq: Sequence) -> None:
+        """The scheduler finished ``seq`` (stop token, length, stop string): release the text
+        held back for a stop string that can no longer come, and record why it ended."""
+        i = self._index[seq.seq_id]
+        out = self._output.outputs[i]
+        if out.finish_reason is None and seq.finish_reason is not None:
+            self._detok[i].flush()
+            out.text = self._detok[i].text
             out.finish_reason = seq.finish_reason.value
-        # While running, hold back what could still turn out to be the start of a stop string,
-        # so that text once reported is never taken back.
-        out.text = tracker.text if out.finish_reason else tracker.text[: -self._holdback or None]
-        return stopped_now and not seq.is_finished
 
     def refuse(self, detail: str) -> None:
-        self._output.error = detail
-        for o in self._output.outputs:
-            o.finish_reason = o.finish_reason or "refused"
+        self._end("refused", detail)
+
+    def fail(self, detail: str) -> None:
+        """A failure inside a step hit this request: it ends with ``error`` set."""
+        self._end("error", detail)
 
     def mark_aborted(self) -> None:
+        self._end("abort", None)
+
+    def _end(self, reason: str, detail: str | None) -> None:
+        if detail is not None:
+            self._output.error = detail
         for o in self._output.outputs:
-            o.finish_reason = o.finish_reason or "abort"
+            o.finish_reason = o.finish_reason or reason
 
     @property
     def finished(self) -> bool:

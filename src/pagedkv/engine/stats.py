@@ -1,4 +1,9 @@
-"""Engine statistics: what paging bought, measured step by step on the real model."""
+"""Engine statistics: what paging bought, measured step by step on the real model.
+
+The engine's one face for the edges: ``EngineInfo`` (fixed facts, any thread may read it),
+``EngineSnapshot`` (the state after a step) and ``EngineStats`` (the run's summary). The server,
+``demo`` and ``generate`` read these, never the allocator, scheduler or recorder.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,46 @@ from dataclasses import dataclass
 from pagedkv.kvcache.protocol import KVAllocator
 from pagedkv.sched.batch import ScheduledBatch
 from pagedkv.sched.scheduler import Scheduler
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What an engine is, fixed at start-up. ``num_blocks`` counts usable blocks (the null
+    block excluded): the same count as every snapshot, error message and metric."""
+
+    policy: str
+    backend: str
+    block_size: int  # tokens per block
+    num_blocks: int
+    max_model_len: int  # tokens
+    vocab_size: int
+    record_bytes: int  # one token's K and V across all layers
+    page_format: dict[str, str]  # the page-format fingerprint, as strings
+
+    def labels(self) -> dict[str, str]:
+        """The page format plus policy and backend: labels for a metrics info series."""
+        return {**self.page_format, "policy": self.policy, "backend": self.backend}
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """The engine's state between two steps; every field counts blocks, sequences or tokens."""
+
+    num_total_blocks: int  # usable blocks
+    num_free_blocks: int  # blocks that hold nothing reusable
+    num_used_blocks: int  # blocks referenced by a live sequence
+    num_cached_blocks: int  # unreferenced blocks kept for prefix hits
+    kv_utilization: float  # used slots / pool slots
+    prefix_hit_tokens: int
+    prefix_query_tokens: int
+    num_running_seqs: int
+    num_waiting_seqs: int
+    peak_running_seqs: int  # most sequences in one step's batch since start
+    num_preemptions: int
+    generated_tokens: int
+    num_steps: int
+    num_unfinished_requests: int  # added, not yet reported finished
+    num_failed_requests: int  # requests a failure inside a step ended (the rest went on)
 
 
 @dataclass(frozen=True)

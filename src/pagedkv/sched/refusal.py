@@ -53,7 +53,7 @@ def never_fits(
         what = f"n = {num_samples} samples" if num_samples > 1 else "a request"
         return Refusal(
             f"{what} of up to {total} tokens need {needed_blocks} KV blocks of {block_size} "
-            f"tokens at once; the whole pool has {num_total_blocks}",
+            f"tokens at once; the whole KV pool has {num_total_blocks}",
             "n" if num_samples > 1 else "max_tokens",
             "kv_pool_too_small",
         )

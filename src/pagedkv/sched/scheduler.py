@@ -246,7 +246,8 @@ class Scheduler:
         Advances ``num_computed_tokens``, appends the sampled tokens, finishes sequences on a
         stop string, a stop token or ``max_new_tokens`` (freeing their blocks), and forks the
         children of ``n > 1`` requests (draw ``j`` becomes the child of offset ``j``). Sequences
-        aborted since ``schedule`` are skipped. Returns what finished and what forked.
+        aborted since ``schedule`` are skipped (their lists may be empty). Returns what
+        finished and what forked.
         ValueError if the lists do not match the batch."""
         if len(sampled_token_ids) != len(batch.seqs) or (
             stopped is not None and len(stopped) != len(batch.seqs)
@@ -255,14 +256,14 @@ class Scheduler:
         result = StepUpdate([], [])
         for k, (item, tokens) in enumerate(zip(batch.seqs, sampled_token_ids, strict=True)):
             seq = item.seq
+            if seq.status is not _RUNNING:
+                continue  # finished or aborted since schedule(): nothing to record
             stops = stopped[k] if stopped is not None else [False] * len(tokens)
             if len(tokens) != item.num_samples or len(stops) != len(tokens):
                 raise ValueError(
                     f"update: sequence {seq.seq_id} needs {item.num_samples} sampled tokens, "
                     f"got {len(tokens)}"
                 )
-            if seq.status is not _RUNNING:
-                continue
             start = item.num_computed_tokens
             end = start + item.num_new_tokens
             if seq.max_computed_tokens > start:

@@ -1,0 +1,88 @@
+"""Flags shared by the commands that run the engine (`generate`, `serve`, `demo`), and the
+one place that turns them into an ``EngineConfig`` and ``SamplingParams``.
+
+Everything here is cheap and imports no torch: a command validates its flags (and fails with
+one line) before the slow model load starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from pagedkv.units import parse_bytes
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """Model and KV cache options shared by the commands that run the engine."""
+    g = p.add_argument_group("model and KV cache")
+    g.add_argument("--model", help="GGUF file or Hugging Face folder (default: embedded SmolLM2)")
+    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    g.add_argument(
+        "--policy",
+        default="vllm",
+        help="paging policy: vllm (paged 16), sglang (radix 1), trtllm (paged 64), llamacpp, "
+        "deepinfer (paged 128), reserved (contiguous max_model_len), or paged:B / radix:B",
+    )
+    g.add_argument("--block-size", type=int, help="tokens per block (default: the policy's)")
+    g.add_argument("--kv-cache-memory", default="512MiB", help="KV pool size (default 512MiB)")
+    g.add_argument("--max-num-seqs", type=int, default=64, help="running sequences at most")
+    g.add_argument("--max-num-batched-tokens", type=int, default=2048, help="tokens per step")
+    g.add_argument("--max-model-len", type=int, help="context length (default min(model, 2048))")
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sampling")
+    g.add_argument("--max-tokens", type=int, default=128, help="new tokens per sample")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--top-k", type=int, default=0, help="0 = off")
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, help="per-request seed (sample i uses seed + i)")
+    g.add_argument("-n", type=int, default=1, help="samples per prompt (forked, copy-on-write)")
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-sequence")
+    g.add_argument("--logprobs", type=int, help="report the chosen token's logprob and N top")
+
+
+def engine_config(args: argparse.Namespace, **overrides):
+    from pagedkv.engine import EngineConfig
+
+    fields = dict(
+        model=args.model,
+        dtype=args.dtype,
+        policy=args.policy,
+        block_size=args.block_size,
+        kv_cache_memory_bytes=parse_bytes("--kv-cache-memory", args.kv_cache_memory),
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+    )
+    fields.update(overrides)
+    return EngineConfig(**fields)
+
+
+def sampling_params(args: argparse.Namespace):
+    from pagedkv.engine import SamplingParams
+
+    return SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        n=args.n,
+        stop=tuple(args.stop),
+        ignore_eos=args.ignore_eos,
+        logprobs=args.logprobs,
+    )
+
+
+def print_stats(stats, title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, show_header=False)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for label, value in stats.rows():
+        table.add_row(label, value)
+    Console(stderr=True).print(table)
