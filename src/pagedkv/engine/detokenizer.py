@@ -50,7 +50,7 @@ class Detokenizer:
         self._tokenizer = tokenizer
         self._skip_special = skip_special_tokens
         self._stops = tuple(stop)
-        # Every proper prefix of a stop string, longest first by length: the hold-back test.
+        # Every proper prefix of every stop string: what a held-back suffix may be.
         self._stop_prefixes = frozenset(s[:k] for s in stop for k in range(1, len(s)))
         self._max_hold_chars = max((len(s) - 1 for s in stop), default=0)
         self._ids: list[int] = []
