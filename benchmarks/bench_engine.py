@@ -117,7 +117,7 @@ def decode_step_times(engine: LLMEngine, ids, new_tokens: int) -> float:
     times = []
     while engine.has_unfinished():
         t0 = time.perf_counter()
-        batch_size_before = engine.scheduler.num_running
+        batch_size_before = engine.snapshot().num_running_seqs
         engine.step()
         if batch_size_before == len(ids):  # all prompts computed: a pure decode step
             times.append(time.perf_counter() - t0)

@@ -13,6 +13,7 @@ import argparse
 import sys
 
 from pagedkv.commands.engine_flags import add_engine_args, engine_config, print_stats
+from pagedkv.errors import UsageError
 
 SYSTEM_PROMPT = (
     "You are a concise assistant for a team that builds LLM inference engines. Answer in two "
@@ -53,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from pagedkv.model.loader import load_model
 
     if not 1 <= args.num_requests <= len(QUESTIONS):
-        raise ValueError(f"--num-requests must be in [1, {len(QUESTIONS)}]")
+        raise UsageError(f"--num-requests must be in [1, {len(QUESTIONS)}]", "--num-requests")
     console = Console(stderr=True)
     loaded = load_model(args.model, args.dtype)
     params = SamplingParams(max_tokens=args.max_tokens)
@@ -62,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         config = engine_config(args, policy=policy)
         engine = LLMEngine(config, parts=build_parts(config, loaded))
         prompts = [
-            engine.tokenizer.apply_chat_template(
+            engine.tokenizer.encode_chat(
                 [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": q}]
             )
             for q in QUESTIONS[: args.num_requests]
@@ -81,16 +82,15 @@ def run(args: argparse.Namespace) -> int:
                     printed = len(text)
         if streamed:
             sys.stdout.write("\n")
-        engine.allocator.check_invariants()
-        results[policy] = (engine.stats(), engine.parts)
+        results[policy] = (engine.stats(), engine.info)
         print_stats(results[policy][0], title=f"{len(prompts)} chat requests — policy {policy}")
     table = Table(title="what paging saves on the same KV pool")
     table.add_column("metric")
     for policy in results:
         table.add_column(policy, justify="right")
-    (paged, paged_parts), (reserved, _) = results[args.policy], results["reserved"]
+    (paged, paged_info), (reserved, _) = results[args.policy], results["reserved"]
     for label, get in [
-        ("block size (tokens)", lambda s, p: f"{p.resolution.block_size}"),
+        ("block size (tokens)", lambda s, info: f"{info.block_size}"),
         ("peak running sequences", lambda s, p: f"{s.peak_running}"),
         ("steps to finish the batch", lambda s, p: f"{s.num_steps}"),
         ("prefix-hit tokens", lambda s, p: f"{s.prefix_hit_tokens}"),
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         table.add_row(label, *(get(s, p) for s, p in results.values()))
     console.print(table)
     console.print(
-        f"Same {paged_parts.runner.kv_cache_bytes / 2**20:.0f} MiB pool: {args.policy} ran "
+        f"Same {paged_info.kv_cache_bytes / 2**20:.0f} MiB pool: {args.policy} ran "
         f"{paged.peak_running} requests at once, reserved {reserved.peak_running}."
     )
     return 0

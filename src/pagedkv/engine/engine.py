@@ -63,6 +63,7 @@ class LLMEngine:
             max_model_len=p.max_model_len,
             vocab_size=p.model_config.vocab_size,
             record_bytes=p.layout.record_bytes,
+            kv_cache_bytes=p.runner.kv_cache_bytes,
             page_format={k: str(v) for k, v in p.page_format.to_dict().items()},
         )
         self._requests: dict[str, RequestState] = {}

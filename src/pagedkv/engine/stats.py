@@ -27,6 +27,7 @@ class EngineInfo:
     max_model_len: int  # tokens
     vocab_size: int
     record_bytes: int  # one token's K and V across all layers
+    kv_cache_bytes: int  # the KV pools of every layer, as allocated
     page_format: dict[str, str]  # the page-format fingerprint, as strings
 
     def labels(self) -> dict[str, str]:
