@@ -1,9 +1,18 @@
 """Parsing of human-written quantities at the edges (CLI, server). Each parser names the option
-it reads in its ValueError, which the CLI prints as one line (exit code 2)."""
+it reads in its ``UsageError``, which the CLI prints as one line (exit code 2).
+
+Every parser refuses what no later computation can hold: non-finite numbers (``nan``, ``inf``)
+and values beyond a stated ceiling (a 400-digit size would otherwise overflow a float deep
+inside the planner). Digits are ASCII only: ``int("²")`` fails, ``"²".isdigit()`` does not.
+"""
 
 from __future__ import annotations
 
+import math
 import re
+from fractions import Fraction
+
+from pagedkv.errors import UsageError
 
 _SIZE_UNITS = {
     "": 1, "b": 1,
@@ -11,36 +20,78 @@ _SIZE_UNITS = {
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
 }  # fmt: skip
 
+MAX_BYTES = 2**60  # 1 EiB: far above any device, far below a float's range
+MAX_TOKENS = 2**40  # token counts (lengths, budgets): about 10^12
+MAX_COUNT = 2**40  # counts of things (sequences, hits, requests)
+
 
 def parse_bytes(option: str, text: str) -> int:
-    """'58GiB' -> 62277025792, '80GB' -> 8e10, '4096' -> 4096 (bare numbers are bytes)."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    """'58GiB' -> 62277025792, '80GB' -> 8e10, '4096' -> 4096 (bare numbers are bytes).
+
+    Computed exactly (no float), then refused above ``MAX_BYTES``."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text, re.ASCII)
     unit = match.group(2).lower() if match else None
     if match is None or unit not in _SIZE_UNITS:
-        raise ValueError(f"{option}: expected a size such as 58GiB, 80GB or 4096, got {text!r}")
-    return round(float(match.group(1)) * _SIZE_UNITS[unit])
+        raise UsageError(
+            f"{option}: expected a size such as 58GiB, 80GB or 4096, got {text!r}", option
+        )
+    if len(match.group(1)) > 40:  # Fraction of a huge literal is slow; no size needs 40 digits
+        raise UsageError(f"{option}: {text!r} is more than {MAX_BYTES} bytes (1 EiB)", option)
+    value = round(Fraction(match.group(1)) * _SIZE_UNITS[unit])
+    if value > MAX_BYTES:
+        raise UsageError(f"{option}: {text!r} is more than {MAX_BYTES} bytes (1 EiB)", option)
+    return value
 
 
 def parse_tokens(option: str, text: str) -> int:
     """'6144' -> 6144; '32k' -> 32768 (k = 1024 tokens, as '32k context' is usually meant)."""
-    match = re.fullmatch(r"\s*([0-9]+)\s*([kK]?)\s*", text)
+    match = re.fullmatch(r"\s*([0-9]+)\s*([kK]?)\s*", text, re.ASCII)
     if match is None:
-        raise ValueError(f"{option}: expected a whole number of tokens (or e.g. 32k), got {text!r}")
-    return int(match.group(1)) * (1024 if match.group(2) else 1)
+        raise UsageError(
+            f"{option}: expected a whole number of tokens (or e.g. 32k), got {text!r}", option
+        )
+    if len(match.group(1)) > 20:
+        raise UsageError(f"{option}: {text!r} is more than {MAX_TOKENS} tokens", option)
+    value = int(match.group(1)) * (1024 if match.group(2) else 1)
+    if value > MAX_TOKENS:
+        raise UsageError(f"{option}: {text!r} is more than {MAX_TOKENS} tokens", option)
+    return value
 
 
 def parse_count(option: str, text: str) -> int:
-    """A whole number of things (sequences, hits): '128' -> 128."""
-    if not text.strip().isdigit():
-        raise ValueError(f"{option}: expected a whole number, got {text!r}")
-    return int(text)
+    """A whole number of things (sequences, hits): '128' -> 128 (ASCII digits only)."""
+    stripped = text.strip()
+    if not re.fullmatch(r"[0-9]+", stripped, re.ASCII):
+        raise UsageError(
+            f"{option}: expected a whole number written with digits 0-9, got {text!r}", option
+        )
+    if len(stripped) > 20 or int(stripped) > MAX_COUNT:
+        raise UsageError(f"{option}: {text!r} is more than {MAX_COUNT}", option)
+    return int(stripped)
 
 
 def parse_int_list(option: str, text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise ValueError(f"{option}: expected comma-separated integers, got {text!r}") from None
+    """'8,16,32' -> (8, 16, 32): ASCII integers, each at most ``MAX_TOKENS``."""
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if not all(re.fullmatch(r"[+-]?[0-9]{1,20}", part, re.ASCII) for part in parts):
+        raise UsageError(f"{option}: expected comma-separated integers, got {text!r}", option)
+    values = tuple(int(part) for part in parts)
     if not values:
-        raise ValueError(f"{option}: give at least one value")
+        raise UsageError(f"{option}: give at least one value", option)
+    if any(abs(v) > MAX_TOKENS for v in values):
+        raise UsageError(f"{option}: values must be at most {MAX_TOKENS}, got {text!r}", option)
     return values
+
+
+def parse_number(option: str, text: str, *, minimum: float | None = None) -> float:
+    """A finite real number: '0.9' -> 0.9. ``nan`` and ``inf`` are refused (a NaN compares
+    false with every bound, so it would slip past a range check and hang a loop later)."""
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise UsageError(f"{option}: expected a number, got {text!r}", option) from None
+    if not math.isfinite(value):
+        raise UsageError(f"{option}: must be a finite number, got {text!r}", option)
+    if minimum is not None and value < minimum:
+        raise UsageError(f"{option}: must be >= {minimum:g}, got {text!r}", option)
+    return value

@@ -45,7 +45,7 @@ BASE = ("--record-bytes", "4096", "--num-seqs", "128", "--max-len", "8192")
         ((*BASE, "--prefix-len", "10", "--prefix-range", "1:5"), "not both"),
         (
             ("--record-bytes", "4096", "--num-seqs", "1", "--trace", "/nonexistent.csv"),
-            "cannot read trace",
+            "no trace file",
         ),
         (("--record-bytes", "1", "--num-seqs", "1", "--trace", "t.csv", "--max-len", "8"), "drop"),
         (

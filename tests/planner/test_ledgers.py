@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pagedkv.planner import ledgers
+from tests.planner.helpers import plan_json
 
 LENS = [1, 16, 17, 100]  # at B=16: blocks 1, 1, 2, 7; empty slots 15, 0, 15, 12
 
@@ -44,10 +45,12 @@ def test_prefix_reuse():
     assert ledgers.mean_prefix_lost_tokens([100, 130], 64) == (36 + 2) / 2
 
 
-def test_waste_bytes_formula():
+def test_waste_formula_through_the_plan():
     # c=4096, K=128, L_max=8192, P=1200, H=128, B=32:
     # 4096*128*15.5 + 4*128*256 + 4096*16*128 = 8126464 + 131072 + 8388608
-    assert ledgers.waste_bytes(4096, 128, 8192, 1200, 128, 32) == 16_646_144
+    report = plan_json("--record-bytes", "4096", "--num-seqs", "128", "--max-len", "8192",
+                       "--prefix-len", "1200", "--block-sizes", "32")  # fmt: skip
+    assert report["rows"][0]["total_bytes"] == 16_646_144
 
 
 def test_swap_and_kernel_iterations():

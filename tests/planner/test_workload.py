@@ -7,8 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from pagedkv.planner.workload import Workload, load_trace
-from tests.planner.helpers import plan_json, rows_by_block_size
+from pagedkv.planner.workload import TraceStats, Workload
+from pagedkv.traces import load_trace as read_trace
+from tests.planner.helpers import plan_json, rows_by_block_size, run_plan
+
+
+def load_trace(path: Path) -> TraceStats:
+    return TraceStats.from_requests(str(path), read_trace(path))
+
 
 TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
 
@@ -54,7 +60,7 @@ def test_azure_trace_gives_exact_ledgers_scaled_to_k(tmp_path):
 def _mooncake(tmp_path: Path) -> Path:
     records = [
         {"timestamp": 0, "input_length": 1000, "output_length": 10, "hash_ids": [0, 1]},
-        {"timestamp": 1, "input_length": 1200, "output_length": 5, "hash_ids": [0, 1, 2, 3]},
+        {"timestamp": 1, "input_length": 1200, "output_length": 5, "hash_ids": [0, 1, 2]},
         {"timestamp": 2, "input_length": 300, "output_length": 1, "hash_ids": [0]},
         {"timestamp": 3, "input_length": 600, "output_length": 0, "hash_ids": [7, 1]},
     ]
@@ -66,22 +72,39 @@ def _mooncake(tmp_path: Path) -> Path:
 def test_mooncake_prefixes_are_leading_blocks_seen_before(tmp_path):
     stats = load_trace(_mooncake(tmp_path))
     assert stats.seq_lens_tokens == (1010, 1205, 301, 600)
-    # first request: nothing seen; second: blocks 0,1 (1024 tokens); third: block 0 capped at
-    # its 300-token input; fourth: starts with an unseen block, so no prefix at all
-    assert stats.prefix_lens_tokens == (0, 1024, 300, 0)
+    # first request: nothing seen. Second: block 0 (512) and block 1, which the first request
+    # held only 1000 - 512 = 488 tokens of: 1000, not 1024. Third: block 0 covers its whole
+    # 300-token input, and the last prompt token is always computed: 299. Fourth: starts with
+    # an unseen block, so no prefix at all.
+    assert stats.prefix_lens_tokens == (0, 1000, 299, 0)
     workload = stats.to_workload(num_seqs=8)
-    assert workload.prefix_lens_tokens == (1024, 300)
+    assert workload.prefix_lens_tokens == (1000, 299)
     assert workload.num_prefix_hits == 4  # half the sample hits, K = 8
     assert stats.to_workload(num_seqs=8, num_prefix_hits=1).num_prefix_hits == 1
 
 
-def test_unreadable_traces(tmp_path):
-    with pytest.raises(ValueError, match="cannot read trace"):
-        load_trace(tmp_path / "none.csv")
+def test_a_longer_request_reuses_only_what_the_earlier_one_held(tmp_path):
+    # The case: 700 tokens, then 1,000 with the same hash_ids. plan said 1,000.
+    path = tmp_path / "t.jsonl"
+    rows = [(0, 700), (1000, 1000)]
+    path.write_text("".join(
+        json.dumps({"timestamp": t, "input_length": n, "output_length": 1, "hash_ids": [5, 6]})
+        + "\n" for t, n in rows
+    ))  # fmt: skip
+    assert load_trace(path).prefix_lens_tokens == (0, 700)
+
+
+def test_unreadable_traces_are_one_line_naming_the_file(tmp_path):
+    code, _, err = run_plan("--record-bytes", "8", "--num-seqs", "1", "--trace",
+                            str(tmp_path / "none.csv"))  # fmt: skip
+    assert code == 2 and "no trace file" in err and "none.csv" in err
     bad = tmp_path / "bad.csv"
     bad.write_text("a,b\n1,2\n")
-    with pytest.raises(ValueError, match="cannot parse trace"):
-        load_trace(bad)
+    code, _, err = run_plan("--record-bytes", "8", "--num-seqs", "1", "--trace", str(bad))
+    assert code == 2 and err.count("\n") == 1
+    assert f"{bad}:1: expected the columns TIMESTAMP,ContextTokens,GeneratedTokens" in err
+    code, _, err = run_plan("--record-bytes", "8", "--num-seqs", "1", "--trace", str(tmp_path))
+    assert code == 2 and "is a directory" in err
 
 
 @pytest.mark.skipif(not TRACES.is_dir(), reason="shared traces not present")

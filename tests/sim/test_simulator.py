@@ -17,20 +17,17 @@ from pagedkv.sim import (
     Simulation,
     StepShape,
     expand_policies,
-    generate,
     get_gpu,
     kv_pool_bytes,
-    load_trace,
-    parse_spec,
     summarize,
 )
-from pagedkv.sim.traces import TraceRequest, split_segments
+from pagedkv.traces import TraceRequest, generate, load_trace, parse_spec
 
 SHARED_TRACES = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces"
 
 
 def req(t: float, seg: int, prompt: int, output: int) -> TraceRequest:
-    return TraceRequest(t, split_segments(seg, prompt), output)
+    return TraceRequest(t, ((seg, prompt),), output)
 
 
 def test_three_requests_with_a_linear_cost_give_hand_computed_ttfts() -> None:
@@ -149,7 +146,7 @@ def test_prefix_hits_equal_the_trace_with_a_large_pool_and_fall_as_it_shrinks(
             rows.append((conv * 50 + turn * 400, 512 * len(ids) - 100, 20, list(ids)))
     rows.sort(key=lambda r: r[0])
     path = tmp_path / "m.jsonl"
-    from tests.sim.test_traces import write_mooncake
+    from tests.traces.test_traces import write_mooncake
 
     requests = load_trace(write_mooncake(path, rows))
     big_hits, ideal = _mooncake_hits(requests, slots=60_000, policy=policy, check=True)

@@ -38,6 +38,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     work.add_argument("--prefix-range", metavar="A:B", help="P uniform over integers A..B")
     work.add_argument("--prefix-hits", metavar="H", help="prefix hits (default: K with a prefix)")
     work.add_argument("--trace", metavar="FILE", help="Azure CSV or Mooncake JSONL trace")
+    work.add_argument(
+        "--strict", action="store_true", help="fail on a trace line that does not parse "
+        "(default: skip it with a warning naming its line)",
+    )  # fmt: skip
     p.add_argument("--block-sizes", default="1,8,16,32,64,128", help="candidates (tokens)")
     p.add_argument("--backend", default="torch-sdpa", help="attention backend (hard limits)")
     p.add_argument("--alignment-bytes", default="128", help="block base alignment reported")
@@ -59,7 +63,12 @@ def _layout(args: argparse.Namespace):
     if (args.model is None) == (args.record_bytes is None):
         raise UsageError("give exactly one of --model PRESET|config.json and --record-bytes C")
     if args.model is not None:
-        return load_layout(args.model, kv_dtype=args.kv_dtype)
+        try:
+            return load_layout(args.model, kv_dtype=args.kv_dtype)
+        except UsageError:
+            raise
+        except ValueError as exc:  # the model source validates with ValueError: the user's file
+            raise UsageError(str(exc), "--model") from None
     if args.kv_dtype is not None:
         raise UsageError("--kv-dtype needs --model: --record-bytes already fixes the bytes")
     record_bytes = parse_bytes("--record-bytes", args.record_bytes)
@@ -68,11 +77,22 @@ def _layout(args: argparse.Namespace):
     return layout_from_record_bytes(record_bytes)
 
 
-def _prefixes(args: argparse.Namespace) -> tuple[int, ...]:
+MAX_PREFIX_RANGE_VALUES = 2**20  # the ledgers average over every value of the range
+
+
+def _prefixes(args: argparse.Namespace, max_len: int) -> tuple[int, ...]:
+    """The P distribution; every P at most ``max_len`` (checked before anything is built)."""
     if args.prefix_len is not None and args.prefix_range is not None:
         raise UsageError("give --prefix-len or --prefix-range, not both")
     if args.prefix_len is not None:
-        return (parse_tokens("--prefix-len", args.prefix_len),)
+        prefix = parse_tokens("--prefix-len", args.prefix_len)
+        if prefix > max_len:
+            raise UsageError(
+                f"--prefix-len: a {prefix}-token prefix is longer than the sequence "
+                f"(max length {max_len} tokens)",
+                "--prefix-len",
+            )
+        return (prefix,)
     if args.prefix_range is not None:
         parts = args.prefix_range.split(":")
         if len(parts) != 2:
@@ -80,12 +100,36 @@ def _prefixes(args: argparse.Namespace) -> tuple[int, ...]:
         low, high = (parse_tokens("--prefix-range", part) for part in parts)
         if not 0 < low <= high:
             raise UsageError(f"--prefix-range: need 0 < A <= B, got {args.prefix_range!r}")
+        if high > max_len:
+            raise UsageError(
+                f"--prefix-range: B = {high} tokens is longer than the sequence (max length "
+                f"{max_len} tokens)",
+                "--prefix-range",
+            )
+        if high - low + 1 > MAX_PREFIX_RANGE_VALUES:
+            raise UsageError(
+                f"--prefix-range: at most {MAX_PREFIX_RANGE_VALUES:,} values, got "
+                f"{high - low + 1:,}",
+                "--prefix-range",
+            )
         return tuple(range(low, high + 1))
     return ()
 
 
+def _trace_workload(args: argparse.Namespace, num_seqs: int, hits: int | None):
+    from pagedkv.planner.workload import TraceStats
+    from pagedkv.traces import load_trace, skipped_lines_note
+
+    skipped: list[UsageError] = []
+    lenient = {} if args.strict else {"on_bad_line": skipped.append}
+    requests = load_trace(args.trace, **lenient)
+    if skipped:  # the same rule and note as `simulate`: one bad record costs only itself
+        print(f"pagedkv plan: warning: {skipped_lines_note(skipped)}", file=sys.stderr)
+    return TraceStats.from_requests(args.trace, requests).to_workload(num_seqs, hits)
+
+
 def _workload(args: argparse.Namespace):
-    from pagedkv.planner.workload import Workload, load_trace
+    from pagedkv.planner.workload import Workload
 
     if args.num_seqs is None:
         raise UsageError("give --num-seqs K (live sequences at once)")
@@ -97,12 +141,13 @@ def _workload(args: argparse.Namespace):
             raise UsageError(
                 "--trace gives lengths and prefixes: drop --mean-len/--max-len/--prefix-*"
             )
-        return load_trace(args.trace).to_workload(num_seqs, hits)
-    prefixes = _prefixes(args)
-    if hits is None:
-        hits = num_seqs if prefixes else 0  # every live sequence carries the shared prefix
+        return _trace_workload(args, num_seqs, hits)
     mean_len = None if args.mean_len is None else parse_tokens("--mean-len", args.mean_len)
     max_len = None if args.max_len is None else parse_tokens("--max-len", args.max_len)
+    lengths = Workload.from_parameters(num_seqs, mean_len, max_len)  # validates the lengths
+    prefixes = _prefixes(args, lengths.max_len_tokens)
+    if hits is None:
+        hits = num_seqs if prefixes else 0  # every live sequence carries the shared prefix
     return Workload.from_parameters(num_seqs, mean_len, max_len, prefixes, hits)
 
 
@@ -156,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         _save_plot(plan, args.plot)
     if args.json:
-        json.dump(plan_to_json(plan, log_line), sys.stdout, indent=2)
+        json.dump(plan_to_json(plan, log_line), sys.stdout, indent=2, allow_nan=False)
         sys.stdout.write("\n")
     else:
         from rich.console import Console

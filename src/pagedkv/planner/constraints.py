@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
+from pagedkv.errors import UsageError
 from pagedkv.planner.layout import KVLayout, int32_max_pool_blocks, is_aligned
 
 ANY_BLOCK_SIZE: tuple[int, ...] = ()  # empty = every block size >= 1 is accepted
@@ -68,7 +69,7 @@ BACKENDS: dict[str, Backend] = {
 def get_backend(name: str) -> Backend:
     """The backend called ``name``; ValueError naming the known ones if none."""
     if name not in BACKENDS:
-        raise ValueError(f"unknown attention backend {name!r} (known: {', '.join(BACKENDS)})")
+        raise UsageError(f"unknown attention backend {name!r} (known: {', '.join(BACKENDS)})")
     return BACKENDS[name]
 
 
@@ -121,9 +122,9 @@ def resolve_block_size(
     """
     spec = get_backend(backend)
     if requested is not None and requested < 1:
-        raise ValueError(f"block_size must be >= 1 token, got {requested}")
+        raise UsageError(f"block_size must be >= 1 token, got {requested}")
     if layout.attention != "explicit" and layout.attention not in spec.layouts:
-        raise ValueError(f"backend {backend} cannot read the {layout.attention.upper()} layout")
+        raise UsageError(f"backend {backend} cannot read the {layout.attention.upper()} layout")
     rewrites: list[tuple[int | None, int, str]] = []
     block_size = requested
     if block_size is None:
@@ -148,7 +149,7 @@ def resolve_block_size(
             if c > block_size and not constraint_violations(c, spec, layout, num_blocks)
         ]
         if not fitting:
-            raise ValueError(f"no block size satisfies backend {backend}: {why}")
+            raise UsageError(f"no block size satisfies backend {backend}: {why}")
         rewrites.append((block_size, fitting[0], why))
         block_size = fitting[0]
     return BlockSizeResolution(block_size, backend, rewrites)
@@ -171,7 +172,7 @@ class PageFormat:
     @classmethod
     def from_layout(cls, layout: KVLayout, block_size: int) -> PageFormat:
         if block_size < 1:
-            raise ValueError(f"block_size must be >= 1 token, got {block_size}")
+            raise UsageError(f"block_size must be >= 1 token, got {block_size}")
         return cls(
             block_size=block_size,
             attention=layout.attention,
@@ -192,7 +193,7 @@ class PageFormat:
         """Inverse of ``to_dict``; unknown or missing keys are errors."""
         names = {f.name for f in fields(cls)}
         if set(data) != names:
-            raise ValueError(f"page format keys differ: got {sorted(data)}, need {sorted(names)}")
+            raise UsageError(f"page format keys differ: got {sorted(data)}, need {sorted(names)}")
         return cls(**data)  # type: ignore[arg-type]
 
     def check_compatible(self, other: PageFormat) -> None:
@@ -203,4 +204,4 @@ class PageFormat:
             if getattr(self, f.name) != getattr(other, f.name)
         ]
         if diffs:
-            raise ValueError("KV page format mismatch: " + "; ".join(diffs))
+            raise UsageError("KV page format mismatch: " + "; ".join(diffs))

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from pagedkv.errors import UsageError
+
 
 @dataclass(frozen=True)
 class KVDtype:
@@ -31,7 +33,7 @@ class KVDtype:
         at a vector boundary.
         """
         if num_values < 0:
-            raise ValueError(f"num_values must be >= 0, got {num_values}")
+            raise UsageError(f"num_values must be >= 0, got {num_values}")
         payload_bytes = math.ceil(num_values * self.bits_per_value / 8)
         if self.scale_group_size == 0:
             return payload_bytes
@@ -70,5 +72,5 @@ def get_kv_dtype(name: str) -> KVDtype:
     key = _ALIASES.get(key, key)
     if key not in KV_DTYPES:
         known = ", ".join(KV_DTYPES)
-        raise ValueError(f"unknown KV dtype {name!r} (known: {known})")
+        raise UsageError(f"unknown KV dtype {name!r} (known: {known})")
     return KV_DTYPES[key]

@@ -9,7 +9,8 @@ composes them per block size, and the tests check each one by hand. Units are in
 3. Prefix reuse:  floor(P / B) * B tokens reused per hit, (P mod B) lost per hit.
 4. Hard limits:   see ``constraints.py`` (backends, alignment, int32 offsets).
 
-W(B) = c * K * (B - 1) / 2  +  4 * K * ceil(L_max / B)  +  c * (P mod B) * H   (bytes).
+W(B) = c * K * (B - 1) / 2  +  4 * K * ceil(L_max / B)  +  c * (P mod B) * H   (bytes),
+summed per block size by ``plan.build_plan`` (``PlanRow.total_bytes``).
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from pagedkv.errors import UsageError
+
 TABLE_ENTRY_BYTES = 4  # block tables hold int32 physical block ids
 
 
 def _check_block_size(block_size: int) -> None:
     if block_size < 1:
-        raise ValueError(f"block_size must be >= 1 token, got {block_size}")
+        raise UsageError(f"block_size must be >= 1 token, got {block_size}")
 
 
 # --- ledger 1: the block table -------------------------------------------------------------
@@ -111,26 +114,10 @@ def mean_prefix_lost_tokens(prefix_lens_tokens: Sequence[int], block_size: int) 
 # --- W(B) and the costs beside it ----------------------------------------------------------
 
 
-def waste_bytes(
-    record_bytes: int,
-    num_seqs: int,
-    max_len_tokens: int,
-    prefix_len_tokens: int,
-    num_prefix_hits: int,
-    block_size: int,
-) -> float:
-    """The article's W(B) in bytes for one shared prefix length P."""
-    return (
-        record_bytes * expected_fragmentation_slots(num_seqs, block_size)
-        + padded_table_bytes(num_seqs, max_len_tokens, block_size)
-        + record_bytes * prefix_lost_tokens(prefix_len_tokens, block_size) * num_prefix_hits
-    )
-
-
 def swap_transfers(num_bytes: int, block_bytes: int) -> int:
     """Block transfers needed to move ``num_bytes`` of KV (swap / offload): ceil(X / block)."""
     if block_bytes < 1:
-        raise ValueError(f"block_bytes must be >= 1, got {block_bytes}")
+        raise UsageError(f"block_bytes must be >= 1, got {block_bytes}")
     return -(-num_bytes // block_bytes)
 
 

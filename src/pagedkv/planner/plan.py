@@ -10,6 +10,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from pagedkv.errors import UsageError
 from pagedkv.planner import ledgers
 from pagedkv.planner.constraints import constraint_violations, get_backend
 from pagedkv.planner.layout import KVLayout, int32_max_pool_blocks, is_aligned
@@ -146,11 +147,11 @@ def build_plan(
 ) -> Plan:
     """Price every candidate block size and recommend one (ValueError on bad candidates)."""
     if not block_sizes:
-        raise ValueError("give at least one candidate block size")
+        raise UsageError("give at least one candidate block size")
     if any(b < 1 for b in block_sizes):
-        raise ValueError(f"block sizes must be >= 1 token, got {list(block_sizes)}")
+        raise UsageError(f"block sizes must be >= 1 token, got {list(block_sizes)}")
     if pool_bytes is not None and pool_bytes < 1:
-        raise ValueError(f"the KV pool must be > 0 bytes, got {pool_bytes}")
+        raise UsageError(f"the KV pool must be > 0 bytes, got {pool_bytes}")
     get_backend(backend)  # unknown backend: fail before pricing anything
     rows = tuple(
         _price_row(b, layout, workload, pool_bytes, swap_bytes, alignment_bytes, backend)

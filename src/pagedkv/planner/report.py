@@ -105,6 +105,7 @@ def plan_to_json(plan: Plan, resolution_log: str | None = None) -> dict[str, Any
             if not prefixes
             else {
                 "count": len(prefixes),
+                "total": sum(prefixes),
                 "min": min(prefixes),
                 "median": statistics.median(prefixes),
                 "max": max(prefixes),

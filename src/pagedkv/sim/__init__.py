@@ -1,11 +1,15 @@
 """The trace simulator: the engine's own Scheduler and allocators, a cost model for the model.
 
-    requests = load_trace("mooncake_conversation.jsonl", max_requests=2000)
+    runs = simulate(SimulateConfig(trace="mooncake_conversation.jsonl", max_requests=2000,
+                                   gpu="H200-141GB", policies=("reserved", "vllm")))
+    # [(RunResult, summary dict), ...]; or step by step:
+    requests = load_trace("mooncake_conversation.jsonl", max_requests=2000)   # pagedkv.traces
     cost = RooflineCostModel(ModelCost.from_layout(load_layout("llama-3-8b")), get_gpu("H200-141GB"))
     runs = Comparison(requests, num_kv_slots, SchedulerConfig(max_model_len=131072), cost).run(
-        expand_policies(["reserved", "vllm"]))      # [(RunResult, summary dict), ...]
+        expand_policies(["reserved", "vllm"]))
 
 Pure Python (no torch); deterministic for a given trace, synthetic seed and configuration.
+Traces, synthetic workloads and the prefix rule live in ``pagedkv.traces``.
 """
 
 from pagedkv.sim.compare import Comparison, expand_policies
@@ -18,11 +22,9 @@ from pagedkv.sim.cost_model import (
     kv_pool_bytes,
 )
 from pagedkv.sim.gpus import GPUS, GPUSpec, get_gpu
-from pagedkv.sim.prefix_oracle import ideal_prefix_hit_tokens, shared_prefix_tokens
+from pagedkv.sim.scenario import Scenario, SimulateConfig, load_scenario, simulate
 from pagedkv.sim.simulator import RunResult, Simulation
 from pagedkv.sim.summary import summarize
-from pagedkv.sim.synthetic import SyntheticSpec, generate, parse_spec
-from pagedkv.sim.traces import TraceRequest, load_trace, segment_tokens
 
 __all__ = [
     "GPUS",
@@ -33,18 +35,14 @@ __all__ = [
     "ModelCost",
     "RooflineCostModel",
     "RunResult",
+    "Scenario",
+    "SimulateConfig",
     "Simulation",
     "StepShape",
-    "SyntheticSpec",
-    "TraceRequest",
     "expand_policies",
-    "generate",
     "get_gpu",
-    "ideal_prefix_hit_tokens",
     "kv_pool_bytes",
-    "load_trace",
-    "parse_spec",
-    "segment_tokens",
-    "shared_prefix_tokens",
+    "load_scenario",
+    "simulate",
     "summarize",
 ]

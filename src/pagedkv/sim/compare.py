@@ -9,10 +9,9 @@ from typing import Any
 from pagedkv.kvcache.policies import Policy, get_policy
 from pagedkv.sched import SchedulerConfig
 from pagedkv.sim.cost_model import CostModel
-from pagedkv.sim.prefix_oracle import ideal_prefix_hit_tokens, shared_prefix_tokens
 from pagedkv.sim.simulator import ProgressFn, RunResult, Simulation
 from pagedkv.sim.summary import summarize
-from pagedkv.sim.traces import TraceRequest
+from pagedkv.traces import TraceRequest, ideal_prefix_hit_tokens, reusable_prefix_tokens
 
 
 def expand_policies(names: Sequence[str], block_sizes: Sequence[int] = ()) -> list[Policy]:
@@ -47,7 +46,7 @@ class Comparison:
         """One ``Simulation`` per policy; each summary carries the ideal prefix hits of its
         block size (over the requests that were not refused)."""
         out: list[tuple[RunResult, dict[str, Any]]] = []
-        shared = shared_prefix_tokens(self.requests)
+        reusable = reusable_prefix_tokens(self.requests)
         for policy in policies:
             sim = Simulation(
                 self.requests,
@@ -64,7 +63,7 @@ class Comparison:
             if policy.prefix_caching:
                 kept = [i for i, r in enumerate(result.records) if not r.refused]
                 if len(kept) == len(result.records):
-                    ideal = ideal_prefix_hit_tokens(self.requests, result.block_size, shared)
+                    ideal = ideal_prefix_hit_tokens(self.requests, result.block_size, reusable)
                 else:  # refused requests never entered the cache: recompute without them
                     ideal = ideal_prefix_hit_tokens(
                         [self.requests[i] for i in kept], result.block_size

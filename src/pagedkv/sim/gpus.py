@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pagedkv.errors import UsageError
+
 GB = 10**9
 TB = 10**12
 
@@ -23,7 +25,7 @@ class GPUSpec:
 
     def __post_init__(self) -> None:
         if min(self.memory_bytes, self.mem_bandwidth_bytes_per_s, self.peak_flops_per_s) <= 0:
-            raise ValueError(f"GPU {self.name!r}: memory, bandwidth and compute must be > 0")
+            raise UsageError(f"GPU {self.name!r}: memory, bandwidth and compute must be > 0")
 
 
 GPUS: dict[str, GPUSpec] = {
@@ -42,4 +44,4 @@ def get_gpu(name: str) -> GPUSpec:
     for key, spec in GPUS.items():
         if key.lower() == name.lower():
             return spec
-    raise ValueError(f"unknown GPU {name!r}; presets: {', '.join(GPUS)}")
+    raise UsageError(f"unknown GPU {name!r}; presets: {', '.join(GPUS)}")

@@ -4,6 +4,11 @@ replaced by a cost model that says how long each step takes.
 The clock is simulated: requests join the scheduler at the first step boundary at or after
 their arrival, each step lasts ``cost.step_time_s``, and a token sampled in a step exists at the
 end of that step. Nothing is random here, so a run is a pure function of its inputs.
+
+Every request generates at least one token (a prefill samples one, even where the trace says
+0). A request the scheduler's refusal rule says can never run (longer than ``max_model_len``,
+bigger than the pool) is recorded as refused *before* its tokens are materialized: a 2e9-token
+prompt in a trace costs nothing.
 """
 
 from __future__ import annotations
@@ -13,11 +18,12 @@ from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from pagedkv.errors import UsageError
 from pagedkv.kvcache.policies import Policy, build_allocator
 from pagedkv.sched import SchedulerConfig
 from pagedkv.sim.cost_model import CostModel, StepShape
 from pagedkv.sim.metrics import RequestRecord, TimeSeries
-from pagedkv.sim.traces import TraceRequest, segment_tokens
+from pagedkv.traces import TraceRequest, segment_tokens
 
 # Generated tokens the trace does not know get ids above every segment token: never shared.
 _FRESH_TOKEN_BASE = 2**31
@@ -64,9 +70,9 @@ class Simulation:
     ) -> None:
         """``check_invariants`` (for tests) checks the allocator after every step."""
         if config.max_model_len is None:
-            raise ValueError("the simulator needs max_model_len")
+            raise UsageError("the simulator needs max_model_len")
         if sample_interval_s <= 0:
-            raise ValueError(f"sample interval must be > 0 s, got {sample_interval_s}")
+            raise UsageError(f"sample interval must be > 0 s, got {sample_interval_s}")
         self.requests = requests
         self.policy = policy
         self.allocator = build_allocator(policy, num_kv_slots, config.max_model_len)
@@ -93,10 +99,16 @@ class Simulation:
         while True:
             while next_req < num_reqs and reqs[next_req].arrival_time_s <= now:
                 req = reqs[next_req]
+                num_out = max(1, req.output_len_tokens)
+                if sched.refusal(req.prompt_len_tokens, num_out, 1) is not None:
+                    records[next_req].refused = True
+                    num_done += 1
+                    next_req += 1
+                    continue
                 seq = sched.add_request(
                     str(next_req),
                     segment_tokens(req.prompt),
-                    req.output_len_tokens,
+                    num_out,
                     arrival_time_s=req.arrival_time_s,
                 )
                 if seq.is_finished:

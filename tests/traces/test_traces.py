@@ -7,9 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from pagedkv.sim.prefix_oracle import ideal_prefix_hit_tokens, shared_prefix_tokens
-from pagedkv.sim.synthetic import LengthDist, generate, parse_spec
-from pagedkv.sim.traces import TraceRequest, load_trace, segment_tokens
+from pagedkv.traces import (
+    LengthDist,
+    TraceRequest,
+    generate,
+    ideal_prefix_hit_tokens,
+    load_trace,
+    parse_spec,
+    segment_tokens,
+    shared_prefix_tokens,
+)
 
 SHARED_TRACES = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces"
 
@@ -80,7 +87,7 @@ def test_azure_csv_arrivals_and_errors(tmp_path: Path) -> None:
     )
     a, b = load_trace(path)
     assert (a.arrival_time_s, a.prompt_len_tokens, a.output_len_tokens) == (0.0, 374, 44)
-    assert b.arrival_time_s == pytest.approx(1.75) and b.output_len_tokens == 1  # at least 1
+    assert b.arrival_time_s == pytest.approx(1.75) and b.output_len_tokens == 0  # as written
     assert shared_prefix_tokens([a, b]) == [0, 0]  # no prefix information: nothing shared
     (half,) = load_trace(path, max_requests=1, rate_scale=2.0)
     assert half == a
@@ -94,7 +101,7 @@ def test_unknown_format_and_missing_file(tmp_path: Path) -> None:
     (tmp_path / "t.txt").write_text("x")
     with pytest.raises(ValueError, match="unknown trace format"):
         load_trace(tmp_path / "t.txt")
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(ValueError, match="no trace file"):
         load_trace(tmp_path / "none.jsonl")
 
 
@@ -104,7 +111,9 @@ def test_synthetic_spec_parsing_and_determinism() -> None:
     reqs = generate(spec, seed=1)
     assert reqs == generate(spec, seed=1) and reqs != generate(spec, seed=2)
     assert len(reqs) == 10 and all(r.output_len_tokens == 7 for r in reqs)
-    assert all(r.prompt[:2] == ((4_000_000, 512), (4_000_001, 88)) for r in reqs)  # system
+    # the 600-token system prompt: one fresh segment, reserving ids 4_000_000 and 4_000_001
+    assert all(r.prompt[0] == (4_000_000, 600) for r in reqs)
+    assert all(r.prompt[1][0] == 4_000_002 or r.prompt[1][0] > 4_000_002 for r in reqs)
     first = min(reqs, key=lambda r: r.arrival_time_s)
     second = next(r for r in reqs if r.prompt[: len(first.prompt)] == first.prompt and r != first)
     # Turn 2 = turn 1's prompt + its 7-token answer + new text, 3 s later.

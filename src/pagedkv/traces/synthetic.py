@@ -13,6 +13,10 @@
 * ``turns``, ``gap``: turn ``k`` arrives ``k * gap`` seconds after the conversation starts and its
   prompt is the previous turn's prompt, its answer, then new user text (multi-turn growth; the
   simulated answer tokens are the ones the next prompt repeats, so they can be reused).
+
+Numbers must be finite (``rate=inf`` is the one spelled exception); at most
+``MAX_SYNTHETIC_REQUESTS`` requests in all. Lengths are not capped here: a prompt longer than
+the context is the scheduler's to refuse, and costs nothing until then (one fresh segment).
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ import math
 import random
 from dataclasses import dataclass
 
-from pagedkv.sim.traces import FreshSegments, TraceRequest
+from pagedkv.errors import UsageError
+from pagedkv.traces.segments import FreshSegments, TraceRequest
 
+MAX_SYNTHETIC_REQUESTS = 10_000_000
 _KEYS = ("requests", "prompt", "output", "rate", "system", "turns", "gap")
 
 
@@ -37,7 +43,7 @@ class LengthDist:
 
     def __post_init__(self) -> None:
         if self.kind not in ("uniform", "exp") or not 1 <= self.low <= self.high:
-            raise ValueError(f"a length needs 1 <= low <= high, got {self.low}-{self.high}")
+            raise UsageError(f"a length needs 1 <= low <= high, got {self.low}-{self.high}")
 
     def sample(self, rng: random.Random) -> int:
         if self.kind == "exp":
@@ -59,9 +65,16 @@ class SyntheticSpec:
 
     def __post_init__(self) -> None:
         if self.num_conversations < 1 or self.turns < 1:
-            raise ValueError("requests and turns must be >= 1")
-        if self.rate_per_s <= 0 or self.system_tokens < 0 or self.turn_gap_s < 0:
-            raise ValueError("rate must be > 0; system and gap must be >= 0")
+            raise UsageError("synthetic spec: requests and turns must be >= 1")
+        if self.num_conversations * self.turns > MAX_SYNTHETIC_REQUESTS:
+            raise UsageError(
+                f"synthetic spec: requests x turns must be at most {MAX_SYNTHETIC_REQUESTS:,}"
+            )
+        # `not x > 0` (rather than `x <= 0`) also refuses NaN, which compares false with all
+        if not self.rate_per_s > 0 or self.system_tokens < 0 or not self.turn_gap_s >= 0:
+            raise UsageError("synthetic spec: rate must be > 0; system and gap must be >= 0")
+        if not math.isfinite(self.turn_gap_s):
+            raise UsageError(f"synthetic spec: gap must be finite, got {self.turn_gap_s}")
 
 
 def _length(key: str, text: str) -> LengthDist:
@@ -72,9 +85,16 @@ def _length(key: str, text: str) -> LengthDist:
         lo, sep, hi = text.partition("-")
         return LengthDist(int(lo), int(hi) if sep else int(lo))
     except ValueError:
-        raise ValueError(
+        raise UsageError(
             f"synthetic spec: {key}={text!r} is not N, A-B or exp:MEAN[:MAX] with 1 <= A <= B"
         ) from None
+
+
+def _finite(text: str, allow_inf: bool = False) -> float:
+    value = float(text)
+    if math.isnan(value) or (math.isinf(value) and not (allow_inf and value > 0)):
+        raise ValueError(f"must be a finite number{' or inf' if allow_inf else ''}")
+    return value
 
 
 def parse_spec(text: str) -> SyntheticSpec:
@@ -83,22 +103,22 @@ def parse_spec(text: str) -> SyntheticSpec:
     for item in filter(None, (p.strip() for p in text.split(","))):
         key, sep, value = item.partition("=")
         if not sep or key not in _KEYS:
-            raise ValueError(f"synthetic spec: {item!r} is not one of {', '.join(_KEYS)}=VALUE")
+            raise UsageError(f"synthetic spec: {item!r} is not one of {', '.join(_KEYS)}=VALUE")
         try:
             if key in ("prompt", "output"):
                 fields[f"{key}_tokens"] = _length(key, value)
             elif key == "requests":
                 fields["num_conversations"] = int(value)
             elif key == "rate":
-                fields["rate_per_s"] = float(value)
+                fields["rate_per_s"] = _finite(value, allow_inf=True)
             elif key == "system":
                 fields["system_tokens"] = int(value)
             elif key == "turns":
                 fields["turns"] = int(value)
             else:
-                fields["turn_gap_s"] = float(value)
+                fields["turn_gap_s"] = _finite(value)
         except ValueError as exc:
-            raise ValueError(f"synthetic spec: {item!r}: {exc}") from None
+            raise UsageError(f"synthetic spec: {item!r}: {exc}") from None
     return SyntheticSpec(**fields)  # type: ignore[arg-type]
 
 
