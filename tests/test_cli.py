@@ -66,3 +66,39 @@ def test_user_errors_and_bugs_are_told_apart(monkeypatch, capsys, exc, code, wor
     err = capsys.readouterr().err
     assert words in err
     assert ("Traceback" in err) == (code == 1)  # a bug shows where it happened; a user error not
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Fail the test if a command gets as far as building an engine (the slow model load)."""
+    import pagedkv.engine
+
+    def load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the input was checked")
+
+    monkeypatch.setattr(pagedkv.engine, "LLMEngine", load)
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--temperature", "1", "--top-p", "1e-300", "hi"], "top_p must be"),
+        (["--top-k", str(2**63), "hi"], "top_k must be an integer in [0, 2147483647]"),
+        (["--logprobs", "99", "hi"], "logprobs must be"),
+        (["hello", ""], "PROMPT 2 is empty"),
+        ([], "give at least one PROMPT"),
+    ],
+)
+def test_generate_checks_its_input_before_loading_the_model(no_model_load, capsys, argv, words):
+    assert cli.main(["generate", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pagedkv generate: error: ") and words in err
+    assert err.count("\n") == 1  # one line, no traceback
+
+
+def test_a_prompts_file_that_is_not_utf8_is_named_with_its_line(no_model_load, capsys, tmp_path):
+    path = tmp_path / "prompts.txt"
+    path.write_bytes(b"first prompt\nsecond \xff\xfe prompt\n")
+    assert cli.main(["generate", "--prompts-file", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:2: not UTF-8" in err
