@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from pagedkv.sched import ScheduledBatch, Scheduler, Sequence
+from pagedkv.sched import ScheduledBatch, Scheduler, Seq
 
 
-def next_token(seq: Sequence, sample_index: int = 0) -> int:
+def next_token(seq: Seq, sample_index: int = 0) -> int:
     """A token that depends only on the sequence's own tokens (so a recomputed sequence
     samples exactly what it would have sampled without preemption)."""
     tail = seq.token_ids[-3:]
@@ -16,7 +16,7 @@ def sample(batch: ScheduledBatch) -> list[list[int]]:
     return [[next_token(s.seq, k) for k in range(s.num_samples)] for s in batch.seqs]
 
 
-def step(sched: Scheduler) -> tuple[ScheduledBatch, list[Sequence]]:
+def step(sched: Scheduler) -> tuple[ScheduledBatch, list[Seq]]:
     """One schedule + update, checking the allocator's invariants after each half."""
     batch = sched.schedule()
     sched.allocator.check_invariants()
@@ -25,9 +25,9 @@ def step(sched: Scheduler) -> tuple[ScheduledBatch, list[Sequence]]:
     return batch, finished
 
 
-def run_to_completion(sched: Scheduler, max_steps: int = 10_000) -> list[Sequence]:
+def run_to_completion(sched: Scheduler, max_steps: int = 10_000) -> list[Seq]:
     """Step until nothing is waiting or running; returns every finished sequence in order."""
-    done: list[Sequence] = []
+    done: list[Seq] = []
     for _ in range(max_steps):
         if not sched.has_unfinished():
             return done

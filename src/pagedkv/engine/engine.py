@@ -28,7 +28,7 @@ from pagedkv.engine.stats import EngineInfo, EngineSnapshot, EngineStats, StatsR
 from pagedkv.errors import UsageError
 from pagedkv.kvcache.hashing import HashExtraKeys
 from pagedkv.sched.batch import ScheduledBatch
-from pagedkv.sched.sequence import Sequence as Seq
+from pagedkv.sched.sequence import Seq
 
 log = logging.getLogger("pagedkv.engine")
 

@@ -13,7 +13,7 @@ from pagedkv.engine.detokenizer import Detokenizer
 from pagedkv.engine.outputs import CompletionOutput, RequestOutput
 from pagedkv.engine.params import SamplingParams
 from pagedkv.model.tokenizer import Tokenizer
-from pagedkv.sched.sequence import Sequence
+from pagedkv.sched.sequence import Seq
 
 # Logprob info of one sampled token: (chosen logprob or None, top alternatives or None).
 TokenLogprob = tuple[float | None, list[tuple[int, float]] | None]
@@ -35,7 +35,7 @@ class RequestState:
         self.num_cached_tokens = 0
         self._admitted = False
         self._index: dict[int, int] = {}  # seq id -> sample index
-        self._seqs: dict[int, Sequence] = {}  # sample index -> its sequence
+        self._seqs: dict[int, Seq] = {}  # sample index -> its sequence
         self._detok = [Detokenizer(tokenizer, params.stop) for _ in range(params.n)]
         outs = [CompletionOutput(i) for i in range(params.n)]
         if params.logprobs is not None:
@@ -45,7 +45,7 @@ class RequestState:
 
     # -- sequences -------------------------------------------------------------------------
 
-    def attach(self, seq: Sequence, sample_index: int) -> None:
+    def attach(self, seq: Seq, sample_index: int) -> None:
         self._index[seq.seq_id] = sample_index
         self._seqs[sample_index] = seq
 
@@ -53,15 +53,15 @@ class RequestState:
     def seq_ids(self) -> list[int]:
         return list(self._index)
 
-    def sample_index(self, seq: Sequence) -> int:
+    def sample_index(self, seq: Seq) -> int:
         return self._index[seq.seq_id]
 
-    def seq_of(self, sample_index: int) -> Sequence | None:
+    def seq_of(self, sample_index: int) -> Seq | None:
         return self._seqs.get(sample_index)
 
     # -- progress --------------------------------------------------------------------------
 
-    def note_admission(self, seq: Sequence, prefix_hit_tokens: int) -> None:
+    def note_admission(self, seq: Seq, prefix_hit_tokens: int) -> None:
         """Record the prompt's prefix hit at the request's first admission only: a re-admission
         after preemption, or a child recomputed after a failed fork, also hits its own blocks."""
         if not self._admitted and self._index.get(seq.seq_id) == 0:
@@ -86,7 +86,7 @@ class RequestState:
             return True
         return False
 
-    def finish_sample(self, seq: Sequence) -> None:
+    def finish_sample(self, seq: Seq) -> None:
         """The scheduler finished ``seq`` (stop token, length, stop string): release the text
         held back for a stop string that can no longer come, and record why it ended."""
         i = self._index[seq.seq_id]

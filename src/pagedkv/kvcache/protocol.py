@@ -40,7 +40,7 @@ from pagedkv.kvcache.hashing import HashExtraKeys
 
 @runtime_checkable
 class SeqLike(Protocol):
-    """What an allocator reads from a sequence. ``sched.Sequence`` satisfies it."""
+    """What an allocator reads from a sequence. ``sched.Seq`` satisfies it."""
 
     @property
     def seq_id(self) -> int: ...

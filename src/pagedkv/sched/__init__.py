@@ -21,7 +21,7 @@ from pagedkv.sched.preemption import (
     least_computed,
 )
 from pagedkv.sched.scheduler import Scheduler
-from pagedkv.sched.sequence import FinishReason, Sequence, SequenceStatus
+from pagedkv.sched.sequence import FinishReason, Seq, SequenceStatus
 
 __all__ = [
     "VICTIM_POLICIES",
@@ -30,7 +30,7 @@ __all__ = [
     "ScheduledSeq",
     "Scheduler",
     "SchedulerConfig",
-    "Sequence",
+    "Seq",
     "SequenceStatus",
     "VictimPolicy",
     "get_victim_policy",

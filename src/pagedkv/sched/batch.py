@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from pagedkv.sched.sequence import Sequence
+from pagedkv.sched.sequence import Seq
 
 
 class ScheduledSeq(NamedTuple):
@@ -19,7 +19,7 @@ class ScheduledSeq(NamedTuple):
     forks the children from those samples in ``update``).
     """
 
-    seq: Sequence
+    seq: Seq
     num_computed_tokens: int  # before this step, prefix-cache hits included
     num_new_tokens: int
     num_samples: int
@@ -44,8 +44,8 @@ class ScheduledBatch:
     step: int
     seqs: tuple[ScheduledSeq, ...]
     block_copies: tuple[tuple[int, int], ...] = ()
-    preempted: tuple[Sequence, ...] = ()
-    refused: tuple[Sequence, ...] = ()
+    preempted: tuple[Seq, ...] = ()
+    refused: tuple[Seq, ...] = ()
 
     @property
     def num_batched_tokens(self) -> int:
@@ -65,8 +65,8 @@ class Fork(NamedTuple):
     """A child forked in ``update`` for draw ``sample_offset`` (>= 1) of ``parent``'s first
     token: with the parent's own sample index ``i``, the child is sample ``i + offset``."""
 
-    parent: Sequence
-    child: Sequence
+    parent: Seq
+    child: Seq
     sample_offset: int
 
 
@@ -75,5 +75,5 @@ class StepUpdate:
     """What ``Scheduler.update`` did: the sequences it finished (blocks already freed) and the
     children it forked, in draw order. Lists the caller may keep."""
 
-    finished: list[Sequence]
+    finished: list[Seq]
     forked: list[Fork]

@@ -11,18 +11,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from collections.abc import Sequence as SequenceABC
 
-from pagedkv.sched.sequence import Sequence
+from pagedkv.sched.sequence import Seq
 
-VictimPolicy = Callable[[SequenceABC[Sequence]], Sequence]
+VictimPolicy = Callable[[SequenceABC[Seq]], Seq]
 
 
-def latest_arrival(candidates: SequenceABC[Sequence]) -> Sequence:
+def latest_arrival(candidates: SequenceABC[Seq]) -> Seq:
     """The most recently arrived sequence (ties: the highest seq id). First come, first served:
     the oldest requests keep their progress."""
     return max(candidates, key=lambda s: (s.arrival_time_s, s.seq_id))
 
 
-def least_computed(candidates: SequenceABC[Sequence]) -> Sequence:
+def least_computed(candidates: SequenceABC[Seq]) -> Seq:
     """The sequence with the fewest computed tokens: the cheapest to recompute (ties: the
     latest arrival)."""
     return min(candidates, key=lambda s: (s.num_computed_tokens, -s.arrival_time_s, -s.seq_id))

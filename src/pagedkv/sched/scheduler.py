@@ -21,7 +21,7 @@ from pagedkv.kvcache.protocol import KVAllocator
 from pagedkv.sched.batch import Fork, ScheduledBatch, ScheduledSeq, StepUpdate
 from pagedkv.sched.preemption import VictimPolicy, latest_arrival
 from pagedkv.sched.refusal import Refusal, never_fits
-from pagedkv.sched.sequence import FinishReason, Sequence, SequenceStatus
+from pagedkv.sched.sequence import FinishReason, Seq, SequenceStatus
 
 _RUNNING = SequenceStatus.RUNNING
 
@@ -49,10 +49,10 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.chunked_prefill = chunked_prefill
         self.victim_policy = victim_policy
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
-        self._live: dict[str, list[Sequence]] = {}  # request id -> its unfinished sequences
-        self._refused: list[Sequence] = []  # refused since the last schedule()
+        self.waiting: deque[Seq] = deque()
+        self.running: list[Seq] = []
+        self._live: dict[str, list[Seq]] = {}  # request id -> its unfinished sequences
+        self._refused: list[Seq] = []  # refused since the last schedule()
         self._pending_copies: dict[int, list[tuple[int, int]]] = {}  # forked child -> copies
         self._next_seq_id = 0
         self._blocked = (-1, 0)  # (seq id, free blocks) of the last refused admission
@@ -73,13 +73,13 @@ class Scheduler:
         stop_token_ids: Iterable[int] = (),
         extra_keys: HashExtraKeys = NO_EXTRA_KEYS,
         n: int = 1,
-    ) -> Sequence:
+    ) -> Seq:
         """Queue a request and return its (parent) sequence. A request that can never fit is
         returned already finished with ``FinishReason.REFUSED`` and a ``finish_detail``; it is
         also reported in the next batch's ``refused``. ValueError on a duplicate live id."""
         if request_id in self._live:
             raise ValueError(f"request {request_id!r} is already queued or running")
-        seq = Sequence(
+        seq = Seq(
             self._new_seq_id(),
             request_id,
             prompt_token_ids,
@@ -114,7 +114,7 @@ class Scheduler:
             max_num_batched_tokens=None if self.chunked_prefill else self.max_num_batched_tokens,
         )
 
-    def abort(self, request_id: str) -> list[Sequence]:
+    def abort(self, request_id: str) -> list[Seq]:
         """Finish every sequence of ``request_id`` with ``ABORT`` and free its blocks now.
         Returns them (empty for an unknown or already finished request). Safe between
         ``schedule`` and ``update``: ``update`` skips finished sequences."""
@@ -130,7 +130,7 @@ class Scheduler:
             seq.finish_reason = FinishReason.ABORT
         return seqs
 
-    def finish_sequence(self, seq: Sequence, reason: FinishReason = FinishReason.STOP) -> bool:
+    def finish_sequence(self, seq: Seq, reason: FinishReason = FinishReason.STOP) -> bool:
         """Finish one sequence now (the engine matched a stop string, say) and free its blocks.
         Its siblings of an ``n > 1`` request go on. False (nothing changed) if it was already
         finished. Safe between ``schedule`` and ``update``: ``update`` skips it."""
@@ -164,7 +164,7 @@ class Scheduler:
         running = self.running
         budget = self.max_num_batched_tokens
         out: list[ScheduledSeq] = []
-        preempted: list[Sequence] = []
+        preempted: list[Seq] = []
 
         # 1. Running sequences, in order: a decode token, or the next chunk of a prompt.
         i = 0
@@ -221,7 +221,7 @@ class Scheduler:
             self._step, tuple(out), tuple(copies), tuple(preempted), tuple(refused)
         )
 
-    def _preempt(self, seq: Sequence) -> None:
+    def _preempt(self, seq: Seq) -> None:
         self.allocator.free(seq, preempted=True)  # it will be admitted again
         self.running.remove(seq)
         self._pending_copies.pop(seq.seq_id, None)  # its copy target is gone
@@ -280,15 +280,13 @@ class Scheduler:
             self._append(seq, tokens[0], stops[0], result.finished)
         return result
 
-    def _append(
-        self, seq: Sequence, token_id: int, stop_string: bool, finished: list[Sequence]
-    ) -> None:
+    def _append(self, seq: Seq, token_id: int, stop_string: bool, finished: list[Seq]) -> None:
         seq.append_token(token_id)
         reason = seq.stop_reason() or (FinishReason.STOP if stop_string else None)
         if reason is not None:
             self._finish(seq, reason, finished)
 
-    def _finish(self, seq: Sequence, reason: FinishReason, finished: list[Sequence]) -> None:
+    def _finish(self, seq: Seq, reason: FinishReason, finished: list[Seq]) -> None:
         if seq.status is _RUNNING:
             self.allocator.free(seq)
             self.running.remove(seq)
@@ -302,8 +300,8 @@ class Scheduler:
         finished.append(seq)
 
     def _fork_child(
-        self, parent: Sequence, token_id: int, stop_string: bool, finished: list[Sequence]
-    ) -> Sequence:
+        self, parent: Seq, token_id: int, stop_string: bool, finished: list[Seq]
+    ) -> Seq:
         """Fork one child of ``parent`` for an extra sample of its first token. The child shares
         the prompt's blocks (copy-on-write of the partial tail, applied next step); when the
         allocator has no block for the copy, or the batch is full, it waits and recomputes."""

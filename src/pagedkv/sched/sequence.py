@@ -1,4 +1,4 @@
-"""``Sequence``: one stream of tokens the scheduler moves through waiting → running → finished.
+"""``Seq``: one stream of tokens the scheduler moves through waiting → running → finished.
 
 A request with ``n > 1`` samples becomes one parent sequence plus ``n - 1`` children forked from
 it once the prompt is computed; all of them carry the request's ``request_id``. Everything else
@@ -35,7 +35,7 @@ class FinishReason(enum.Enum):
     REFUSED = "refused"  # can never fit the pool or the context; see ``finish_detail``
 
 
-class Sequence:
+class Seq:
     """Token ids and progress of one sequence. Satisfies ``kvcache.protocol.SeqLike``.
 
     The scheduler owns ``status``, ``num_computed_tokens`` and the finish fields; callers read
@@ -90,7 +90,7 @@ class Sequence:
         self.stop_token_ids = frozenset(stop_token_ids)
         self.extra_keys = extra_keys
         self.num_samples = num_samples
-        self.parent: Sequence | None = None
+        self.parent: Seq | None = None
         self.status = SequenceStatus.WAITING
         self.finish_reason: FinishReason | None = None
         self.finish_detail = ""
@@ -172,10 +172,10 @@ class Sequence:
     def append_token(self, token_id: int) -> None:
         self._token_ids.append(token_id)
 
-    def fork(self, seq_id: int) -> Sequence:
+    def fork(self, seq_id: int) -> Seq:
         """A child holding the same tokens and progress, waiting to be admitted by the
         scheduler (which calls ``allocator.fork``). The child samples once (``n = 1``)."""
-        child = Sequence(
+        child = Seq(
             seq_id,
             self.request_id,
             self._token_ids,
@@ -192,7 +192,7 @@ class Sequence:
 
     def __repr__(self) -> str:
         return (
-            f"Sequence(id={self.seq_id}, request={self.request_id!r}, {self.status.value}, "
+            f"Seq(id={self.seq_id}, request={self.request_id!r}, {self.status.value}, "
             f"tokens={self.num_tokens} (prompt {self._num_prompt_tokens}), "
             f"computed={self.num_computed_tokens})"
         )
