@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import time
+
 import pytest
 
 from tests.planner.helpers import plan_json, rows_by_block_size, run_plan
@@ -134,3 +137,69 @@ def test_unwritable_plot_path_is_one_error_line(tmp_path):
     blocker.write_text("")
     code, _, err = run_plan(*BASE, "--plot", str(blocker / "sub" / "plan.png"))
     assert code == 2 and err.count("\n") == 1 and "--plot: cannot write" in err
+
+
+HUGE = "9" * 400
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((*BASE, "--memory", HUGE + "TiB"), "--memory: "),
+        ((*BASE, "--memory", "nanGiB"), "--memory: expected a size"),
+        ((*BASE, "--swap-bytes", HUGE), "--swap-bytes: "),
+        (("--record-bytes", "4096", "--num-seqs", "²", "--max-len", "8"),
+         "--num-seqs: expected a whole number written with digits 0-9, got '²'"),
+        (("--record-bytes", "4096", "--num-seqs", HUGE, "--max-len", "8"), "--num-seqs: "),
+        (("--record-bytes", "4096", "--num-seqs", "1", "--max-len", HUGE), "--max-len: "),
+        ((*BASE, "--prefix-len", "9000"),
+         "--prefix-len: a 9000-token prefix is longer than the sequence (max length 8192"),
+        ((*BASE, "--prefix-range", "1:50000000"), "--prefix-range: B = 50000000 tokens is longer"),
+        (("--record-bytes", "4096", "--num-seqs", "1", "--max-len", "64000000",
+          "--prefix-range", "1:50000000"), "--prefix-range: at most 1,048,576 values"),
+        ((*BASE, "--block-sizes", "16," + HUGE), "--block-sizes: "),
+    ],
+)  # fmt: skip
+def test_hostile_numbers_are_one_line_fast(args, message):
+    start = time.perf_counter()
+    code, out, err = run_plan(*args)
+    assert time.perf_counter() - start < 2  # --prefix-range 1:50000000 used to exhaust memory
+    assert (code, out) == (2, "")
+    assert err.count("\n") == 1 and message in err, err
+
+
+def test_sizes_are_exact_and_the_pool_may_be_large():
+    # 0.1 GiB is computed exactly: round(0.1 * 2**30) = 107374182 (a float would give the same
+    # here; the point is that a 40-digit size no longer overflows on the way).
+    assert plan_json(*BASE, "--memory", "0.1GiB")["capacity"]["pool_bytes"] == 107_374_182
+    assert plan_json(*BASE, "--memory", "1000000TiB")["capacity"]["pool_bytes"] == 10**6 * 2**40
+
+
+def _trace(tmp_path, lines: list[str], name: str = "t.jsonl"):
+    path = tmp_path / name
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+def test_a_bad_trace_record_is_skipped_with_a_warning_unless_strict(tmp_path):
+    good = '{"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [0, 1]}'
+    bad = '{"timestamp": 1, "input_length": 600, "output_length": 1e400, "hash_ids": [0, 1]}'
+    path = _trace(tmp_path, [good, bad])
+    args = ("--record-bytes", "8", "--num-seqs", "2", "--trace", str(path), "--json")
+    code, out, err = run_plan(*args)
+    assert code == 0 and f"{path}:2: cannot parse a Mooncake record: output_length" in err
+    assert "warning: skipped 1 unparsable line(s)" in err
+    assert '"max_len_tokens": 604' in out
+    code, out, err = run_plan(*args, "--strict")
+    assert code == 2 and out == "" and err.count("\n") == 1 and f"{path}:2: " in err
+
+
+def test_a_negative_azure_context_is_skipped_not_priced(tmp_path):
+    path = _trace(tmp_path, ["TIMESTAMP,ContextTokens,GeneratedTokens",
+                             "2023-11-16 18:15:46.0,100,10", "2023-11-16 18:15:47.0,-50,10"],
+                  "a.csv")  # fmt: skip
+    code, out, err = run_plan("--record-bytes", "8", "--num-seqs", "2", "--trace", str(path),
+                              "--json")  # fmt: skip
+    assert code == 0 and f"{path}:3: " in err and "ContextTokens must be >= 1" in err
+    workload = json.loads(out)["workload"]
+    assert (workload["mean_len_tokens"], workload["max_len_tokens"]) == (110, 110)
