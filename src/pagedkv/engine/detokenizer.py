@@ -59,9 +59,17 @@ class Detokenizer:
         self._seen_chars = 0  # characters of the window's text already taken
         self._pending = ""  # taken but held back: it may be the start of a stop string
         self._done = False
-        self.text = ""
+        self._released: list[str] = []  # the deltas; joined only when ``text`` is read
         self.stopped = False
         self.num_tokens = 0
+
+    @property
+    def text(self) -> str:
+        """All text released so far. Joining costs O(text) once after new deltas, so a caller
+        that needs only what is new should use the deltas instead."""
+        if len(self._released) != 1:
+            self._released = ["".join(self._released)]
+        return self._released[0]
 
     def push(self, token_id: int) -> str:
         """Feed one new token; return the text it releases ("" while held back or stopped)."""
@@ -87,7 +95,7 @@ class Detokenizer:
             return ""
         self._done = True
         delta, self._pending = self._pending, ""
-        self.text += delta
+        self._released.append(delta)
         return delta
 
     def _take(self, new: str) -> str:
@@ -100,7 +108,7 @@ class Detokenizer:
             hold = self._hold_chars(candidate)
             release = candidate[: len(candidate) - hold]
             self._pending = candidate[len(candidate) - hold :]
-        self.text += release
+        self._released.append(release)
         return release
 
     def _hold_chars(self, candidate: str) -> int:
