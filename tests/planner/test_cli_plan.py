@@ -156,7 +156,7 @@ HUGE = "9" * 400
          "--prefix-len: a 9000-token prefix is longer than the sequence (max length 8192"),
         ((*BASE, "--prefix-range", "1:50000000"), "--prefix-range: B = 50000000 tokens is longer"),
         (("--record-bytes", "4096", "--num-seqs", "1", "--max-len", "64000000",
-          "--prefix-range", "1:50000000"), "--prefix-range: at most 1,048,576 values"),
+          "--prefix-range", "1:50000000"), "--prefix-range: at most 262,144 values"),
         ((*BASE, "--block-sizes", "16," + HUGE), "--block-sizes: "),
     ],
 )  # fmt: skip

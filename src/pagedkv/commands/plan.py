@@ -77,7 +77,7 @@ def _layout(args: argparse.Namespace):
     return layout_from_record_bytes(record_bytes)
 
 
-MAX_PREFIX_RANGE_VALUES = 2**20  # the ledgers average over every value of the range
+MAX_PREFIX_RANGE_VALUES = 2**18  # the ledgers average over every value of the range
 
 
 def _prefixes(args: argparse.Namespace, max_len: int) -> tuple[int, ...]:
