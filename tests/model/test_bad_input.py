@@ -10,6 +10,7 @@ import torch
 
 from pagedkv.model import AttentionMetadata, ModelConfig, allocate_kv_caches, load_model
 from pagedkv.model.attention import AttentionPlan
+from pagedkv.planner.sources import shape_from_hf_config
 from tests.model.tiny import make_tiny_model
 
 
@@ -88,16 +89,19 @@ def test_invalid_config_values():
     with pytest.raises(ValueError, match="vocab_size must be a positive int"):
         ModelConfig(**{**good, "num_heads": 2, "vocab_size": 0})
     with pytest.raises(ValueError, match="unsupported rope scaling type 'yarn'"):
-        ModelConfig.from_hf_config(
-            {
-                "model_type": "llama",
-                "hidden_size": 8,
-                "num_attention_heads": 2,
-                "intermediate_size": 16,
-                "num_hidden_layers": 1,
-                "vocab_size": 10,
-                "rope_scaling": {"rope_type": "yarn", "factor": 4.0},
-            }
+        ModelConfig.from_shape(
+            shape_from_hf_config(
+                {
+                    "model_type": "llama",
+                    "hidden_size": 8,
+                    "num_attention_heads": 2,
+                    "intermediate_size": 16,
+                    "num_hidden_layers": 1,
+                    "vocab_size": 10,
+                    "rope_scaling": {"rope_type": "yarn", "factor": 4.0},
+                },
+                "tiny",
+            )
         )
 
 

@@ -35,19 +35,3 @@ def test_copy_blocks_copies_every_layer():
     for k, v in caches:
         assert torch.all(k[3] == 7.0) and torch.all(v[3] == 8.0)
         assert torch.all(k[2] == 0.0)
-
-
-def test_build_attention_metadata_matches_the_test_side_construction():
-    from pagedkv.model import build_attention_metadata
-    from tests.model.helpers import BlockAssigner, Chunk
-
-    assigner = BlockAssigner(num_seqs=3, max_len=20, block_size=4, seed=3)
-    chunks = [Chunk(2, 9, 10), Chunk(0, 0, 13), Chunk(1, 4, 7)]
-    positions, expected = assigner.step(chunks)
-    tables = [assigner.tables[c.seq, : (c.end + 3) // 4].tolist() for c in chunks]
-    got_positions, got = build_attention_metadata(
-        tables, [c.end for c in chunks], [c.end - c.start for c in chunks], block_size=4
-    )
-    assert torch.equal(got_positions, positions)
-    for field in ("slot_mapping", "block_tables", "context_lens", "query_start_loc"):
-        assert torch.equal(getattr(got, field), getattr(expected, field)), field

@@ -58,7 +58,7 @@ def test_hand_written_gguf(tmp_path):
     with pytest.raises(ValueError, match="lacks llama.block_count"):
         load_layout(path)
     path.write_bytes(b"NOPE")
-    with pytest.raises(ValueError, match="not a GGUF file"):
+    with pytest.raises(ValueError, match="not a readable GGUF file"):
         load_layout(path)
 
 

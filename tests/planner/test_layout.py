@@ -9,14 +9,12 @@ import pytest
 from pagedkv.planner.kv_dtypes import get_kv_dtype
 from pagedkv.planner.layout import (
     KVLayout,
-    estimate_dense_num_params,
     int32_max_pool_blocks,
     is_aligned,
     layout_from_record_bytes,
-    list_presets,
     load_layout,
-    load_preset_config,
 )
+from pagedkv.planner.sources import estimate_dense_num_params, list_presets, load_preset_config
 
 
 def test_presets_are_listed():

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pagedkv.kvcache.policies import get_policy
+from pagedkv.planner.kv_dtypes import ENGINE_DTYPES
 from pagedkv.sched.preemption import get_victim_policy
 
-DTYPES = ("float32", "bfloat16")
 MIB = 1 << 20
 
 
@@ -28,8 +28,8 @@ class EngineConfig:
     log_startup: bool = True
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.dtype not in ENGINE_DTYPES:
+            raise ValueError(f"dtype must be one of {ENGINE_DTYPES}, got {self.dtype!r}")
         get_policy(self.policy)  # raises with the list of choices
         get_victim_policy(self.preemption)
         if self.block_size is not None and (

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 import torch
 
 from pagedkv.kvcache.protocol import KVAllocator
-from pagedkv.model.attention import AttentionMetadata, KVCache, allocate_kv_caches, copy_blocks
+from pagedkv.model.attention_metadata import AttentionMetadata
 from pagedkv.model.config import ModelConfig
+from pagedkv.model.kv_pool import KVCache, allocate_kv_caches, copy_blocks
 from pagedkv.model.llama import CausalLM
 from pagedkv.sched.batch import ScheduledBatch
 
@@ -44,6 +45,7 @@ class ModelRunner:
         self.model = model
         self.config = config
         self.block_size = block_size
+        self.num_blocks = num_blocks  # physical blocks, the null block included
         self.kv_caches: list[KVCache] = allocate_kv_caches(
             config.num_layers,
             num_blocks,

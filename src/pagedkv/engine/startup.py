@@ -1,29 +1,27 @@
-"""Engine start-up: load the model, resolve the block size, size the KV pool, and build the
-allocator, scheduler and runner. Everything decided here is printed once (``startup_report``):
+"""Engine start-up: read the model's shape, resolve the block size, size the KV pool, build the
+allocator and scheduler, then load the weights and build the runner. Everything decided here is printed once (``startup_report``):
 the block size used with the reason for every rewrite, and the page-format fingerprint."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.runner import ModelRunner
+from pagedkv.errors import UsageError
 from pagedkv.kvcache.policies import Policy, build_allocator, get_policy
 from pagedkv.kvcache.protocol import KVAllocator
 from pagedkv.model.config import ModelConfig
 from pagedkv.model.llama import CausalLM
-from pagedkv.model.loader import load_model
+from pagedkv.model.loader import TORCH_DTYPES, load_model, read_model_shape
 from pagedkv.model.tokenizer import Tokenizer
 from pagedkv.planner.constraints import BlockSizeResolution, PageFormat, resolve_block_size
-from pagedkv.planner.layout import KVLayout
+from pagedkv.planner.kv_dtypes import get_kv_dtype
+from pagedkv.planner.layout import KVLayout, layout_from_shape
 from pagedkv.sched.config import SchedulerConfig
 from pagedkv.sched.scheduler import Scheduler
 
 DEFAULT_MAX_MODEL_LEN = 2048
-_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-_KV_DTYPE_NAMES = {"float32": "fp32", "bfloat16": "bf16"}
 
 
 @dataclass(frozen=True)
@@ -42,34 +40,27 @@ class EngineParts:
     startup_report: str
 
 
-def kv_layout(config: ModelConfig, dtype: str) -> KVLayout:
-    """The KV record layout of ``config`` (K and V per KV head, per layer) at ``dtype``."""
-    return KVLayout(
-        name=config.architecture,
-        attention="mha",
-        num_layers=config.num_layers,
-        kv_dtype=_KV_DTYPE_NAMES[dtype],
-        num_kv_heads=config.num_kv_heads,
-        head_dim=config.head_dim,
-    )
-
-
 def build_parts(
     config: EngineConfig, loaded: tuple[ModelConfig, CausalLM, Tokenizer] | None = None
 ) -> EngineParts:
-    """Build an engine's parts; ``loaded`` skips loading (an already built model)."""
-    model_config, model, tokenizer = loaded or load_model(config.model, config.dtype)
+    """Build an engine's parts; ``loaded`` skips loading (an already built model).
+
+    Everything that depends only on the model's shape (its ``config.json`` or GGUF header) is
+    decided and checked *before* the 10-25 s weight load: a ``max_model_len`` beyond the
+    model's context or a ``kv_cache_memory`` too small for the pool is a ``UsageError`` at once.
+    """
+    model_config = loaded[0] if loaded else ModelConfig.from_shape(read_model_shape(config.model))
     max_model_len = config.max_model_len or min(
         model_config.max_position_embeddings, DEFAULT_MAX_MODEL_LEN
     )
     if max_model_len > model_config.max_position_embeddings:
-        raise ValueError(
+        raise UsageError(
             f"max_model_len {max_model_len} exceeds the model's context of "
-            f"{model_config.max_position_embeddings} tokens"
+            f"{model_config.max_position_embeddings} tokens",
+            param="max_model_len",
         )
     policy = get_policy(config.policy)
-    layout = kv_layout(model_config, config.dtype)
-    num_slots = config.kv_cache_memory_bytes // layout.record_bytes
+    layout = layout_from_shape(model_config.model_shape(), get_kv_dtype(config.dtype).name)
     if policy.allocator == "reserved":
         # One region of max_model_len slots per sequence is the whole point of this baseline.
         requested, backend = max_model_len, "torch-sdpa-reserved"
@@ -77,11 +68,14 @@ def build_parts(
         requested, backend = config.block_size or policy.block_size, "torch-sdpa"
     resolution = resolve_block_size(requested, backend, layout)
     block_size = resolution.block_size
-    num_blocks = num_slots // block_size
+    num_blocks = config.kv_cache_memory_bytes // layout.block_bytes(block_size)
     if num_blocks < 2:
-        raise ValueError(
-            f"kv_cache_memory of {config.kv_cache_memory_bytes} bytes holds {num_slots} tokens "
-            f"({layout.record_bytes} bytes each): fewer than 2 blocks of {block_size}"
+        raise UsageError(
+            f"--kv-cache-memory of {config.kv_cache_memory_bytes} bytes holds "
+            f"{num_blocks} blocks of {block_size} tokens ({layout.block_bytes(block_size)} "
+            f"bytes each, {layout.record_bytes} per token); the KV pool needs at least 2: "
+            f"give {2 * layout.block_bytes(block_size)} bytes or more",
+            param="kv_cache_memory",
         )
     allocator = build_allocator(policy, num_blocks * block_size, max_model_len, block_size)
     scheduler = SchedulerConfig(
@@ -90,18 +84,14 @@ def build_parts(
         max_model_len=max_model_len,
         preemption=config.preemption,
     ).build(allocator)
-    runner = ModelRunner(model, model_config, num_blocks, block_size, _TORCH_DTYPES[config.dtype])
+    if loaded is None:
+        loaded = load_model(config.model, config.dtype)
+    _, model, tokenizer = loaded
+    runner = ModelRunner(model, model_config, num_blocks, block_size, TORCH_DTYPES[config.dtype])
     page_format = PageFormat.from_layout(layout, block_size)
-    report = "\n".join(
-        [
-            f"pagedkv: policy {policy.name} ({policy.description})",
-            f"pagedkv: {resolution.log_line()}",
-            f"pagedkv: KV pool {num_blocks} blocks x {block_size} tokens = "
-            f"{num_blocks * block_size} slots, {runner.kv_cache_bytes / 2**20:.1f} MiB "
-            f"({layout.record_bytes} bytes per token); max_model_len {max_model_len}",
-            "pagedkv: page format "
-            + ", ".join(f"{k}={v}" for k, v in page_format.to_dict().items()),
-        ]
+    report = startup_report(policy, resolution, allocator, runner, layout, max_model_len)
+    report += "\npagedkv: page format " + ", ".join(
+        f"{k}={v}" for k, v in page_format.to_dict().items()
     )
     return EngineParts(
         model_config,
@@ -116,4 +106,29 @@ def build_parts(
         scheduler,
         runner,
         report,
+    )
+
+
+def startup_report(
+    policy: Policy,
+    resolution: BlockSizeResolution,
+    allocator: KVAllocator,
+    runner: ModelRunner,
+    layout: KVLayout,
+    max_model_len: int,
+) -> str:
+    """The start-up lines. The pool is counted in *usable* blocks, the allocator's own count,
+    which every snapshot, metric and refusal message uses too; blocks the runner holds beyond
+    them (the null block that pads block tables) are named apart."""
+    usable, size = allocator.num_total_blocks, allocator.block_size
+    num_null = runner.num_blocks - usable
+    null = f" (+{num_null} null block)" if num_null == 1 else f" (+{num_null} null blocks)"
+    return "\n".join(
+        [
+            f"pagedkv: policy {policy.name} ({policy.description})",
+            f"pagedkv: {resolution.log_line()}",
+            f"pagedkv: KV pool {usable} usable blocks x {size} tokens = {usable * size} slots"
+            f"{null if num_null else ''}, {runner.kv_cache_bytes / 2**20:.1f} MiB "
+            f"({layout.record_bytes} bytes per token); max_model_len {max_model_len}",
+        ]
     )

@@ -19,39 +19,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-# Re-exported: the engine imported these from here before they moved to their own modules.
-from pagedkv.model.attention_metadata import AttentionMetadata, build_attention_metadata
-from pagedkv.model.kv_pool import KVCache, allocate_kv_caches, copy_blocks
-
-__all__ = [
-    "BACKEND_INFO",
-    "AttentionBackendInfo",
-    "AttentionMetadata",
-    "AttentionPlan",
-    "KVCache",
-    "allocate_kv_caches",
-    "build_attention_metadata",
-    "copy_blocks",
-    "paged_attention",
-]
-
-
-@dataclass(frozen=True)
-class AttentionBackendInfo:
-    """What the planner needs to know about this backend when it resolves the block size."""
-
-    name: str
-    min_block_size: int
-    block_size_multiple: int
-    kv_layout: str  # axis order of one layer's K (and V) pool
-
-
-BACKEND_INFO = AttentionBackendInfo(
-    "torch-sdpa-gather",
-    min_block_size=1,
-    block_size_multiple=1,
-    kv_layout="num_blocks,block_size,num_kv_heads,head_dim",
-)
+from pagedkv.model.attention_metadata import AttentionMetadata
+from pagedkv.model.kv_pool import KVCache
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""GGUF files: metadata → ``ModelConfig``, tensors dequantized once → canonical-named weights.
+"""GGUF files: tensors dequantized once → canonical-named weights (the header's shape facts are
+read by ``planner/sources.py``; the tokenizer reads the metadata from ``gguf_metadata``).
 
 The ``gguf`` package reads the file (memory-mapped) and dequantizes every quantization it
 knows (Q4_0/1, Q5_x, Q8_0, K-quants, F16, BF16, F32). We keep nothing quantized: each tensor
@@ -68,11 +69,6 @@ def gguf_metadata(reader: Any) -> dict[str, Any]:
         except (ValueError, IndexError, TypeError):  # an exotic type we never need
             continue
     return meta
-
-
-def config_from_gguf(reader: Any) -> ModelConfig:
-    names = frozenset(t.name for t in reader.tensors)
-    return ModelConfig.from_gguf_metadata(gguf_metadata(reader), names)
 
 
 def unpermute_qk_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:

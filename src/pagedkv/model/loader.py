@@ -9,18 +9,21 @@ from pathlib import Path
 
 import torch
 
-from pagedkv.model.config import ModelConfig
+from pagedkv.model.config import ARCHITECTURES, ModelConfig
 from pagedkv.model.embedded import embedded_model_path
-from pagedkv.model.gguf import config_from_gguf, gguf_metadata, iter_gguf_weights, read_gguf
+from pagedkv.model.gguf import gguf_metadata, iter_gguf_weights, read_gguf
 from pagedkv.model.llama import CausalLM, build_model
-from pagedkv.model.safetensors import iter_hf_weights, read_hf_config
+from pagedkv.model.safetensors import iter_hf_weights
 from pagedkv.model.tokenizer import (
     Tokenizer,
     tokenizer_from_gguf_metadata,
     tokenizer_from_hf_folder,
 )
+from pagedkv.planner.kv_dtypes import ENGINE_DTYPES
+from pagedkv.planner.sources import ModelShape, load_shape, shape_from_gguf
 
-DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# The engine's dtype names (planner/kv_dtypes.py owns them) → torch's.
+TORCH_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in ENGINE_DTYPES}
 
 
 class _StatusLine:
@@ -72,6 +75,16 @@ def resolve_model_path(path: str | os.PathLike[str] | None) -> Path:
     )
 
 
+def read_model_shape(path: str | os.PathLike[str] | None = None) -> ModelShape:
+    """The shape of the model ``load_model(path)`` would load, from its ``config.json`` or GGUF
+    header alone (no weights: well under a second), so that start-up can check what depends
+    on it before the slow load. Same errors as ``load_model`` for a bad path or file."""
+    resolved = resolve_model_path(path)
+    if resolved.is_file():  # a GGUF whatever its name, as load_model reads it
+        return shape_from_gguf(resolved, architectures=ARCHITECTURES)
+    return load_shape(resolved, architectures=ARCHITECTURES)
+
+
 def load_model(
     path: str | os.PathLike[str] | None = None, dtype: str = "float32", progress: bool = True
 ) -> tuple[ModelConfig, CausalLM, Tokenizer]:
@@ -81,18 +94,17 @@ def load_model(
     Progress goes to stderr when ``progress``. Errors: ``FileNotFoundError`` for a missing
     path, ``ValueError`` for anything unreadable or unsupported (e.g. the architecture).
     """
-    if dtype not in DTYPES:
-        raise ValueError(f"unsupported dtype {dtype!r} (supported: {sorted(DTYPES)})")
-    torch_dtype = DTYPES[dtype]
+    if dtype not in TORCH_DTYPES:
+        raise ValueError(f"unsupported dtype {dtype!r} (supported: {sorted(TORCH_DTYPES)})")
+    torch_dtype = TORCH_DTYPES[dtype]
     resolved = resolve_model_path(path)
+    config = ModelConfig.from_shape(read_model_shape(resolved))
     status = _StatusLine(f"loading {resolved.name}", progress)
     if resolved.is_dir():
-        config = read_hf_config(resolved)
         tokenizer = tokenizer_from_hf_folder(resolved, config.eos_token_ids)
         weights = dict(iter_hf_weights(resolved, config, torch_dtype, status))
     else:
         reader = read_gguf(resolved)
-        config = config_from_gguf(reader)
         tokenizer = tokenizer_from_gguf_metadata(gguf_metadata(reader))
         weights = dict(iter_gguf_weights(reader, config, torch_dtype, status))
         del reader  # releases the memory map: every tensor is a copy now

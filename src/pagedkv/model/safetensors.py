@@ -1,8 +1,8 @@
-"""Hugging Face folders: ``config.json`` + ``*.safetensors`` → ``ModelConfig`` + canonical weights."""
+"""Hugging Face folders: ``*.safetensors`` → canonical weights (``config.json`` is read by
+``planner/sources.py``)."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -37,17 +37,6 @@ HF_IGNORED = re.compile(r"^model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq$"
 _LAYER_NAME = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 
 ProgressCallback = Callable[[int, int], None]
-
-
-def read_hf_config(folder: str | os.PathLike[str]) -> ModelConfig:
-    path = Path(folder) / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"no config.json in {folder}")
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path} is not readable JSON: {exc}") from exc
-    return ModelConfig.from_hf_config(raw)
 
 
 def canonical_name(hf_name: str) -> str | None:

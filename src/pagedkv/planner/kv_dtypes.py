@@ -66,6 +66,11 @@ _ALIASES: dict[str, str] = {
 }
 
 
+# The dtypes the torch engine computes and stores KV in, by the names its flags use
+# (``get_kv_dtype`` maps them to formats; model/loader.py maps them to torch dtypes).
+ENGINE_DTYPES = ("float32", "bfloat16")
+
+
 def get_kv_dtype(name: str) -> KVDtype:
     """The format named ``name`` (case-insensitive, HF spellings accepted); ValueError if none."""
     key = name.strip().lower()

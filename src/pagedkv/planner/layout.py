@@ -1,8 +1,8 @@
 """The KV record layout of a model: bytes per token, per block, per layer, and model presets.
 
 A *record* is one token's K and V across all layers (``record_bytes``, the article's ``c``).
-A *block* is ``block_size`` records. Layouts come from a shipped preset (``list_presets()``),
-a Hugging Face ``config.json`` (or the folder holding it), a GGUF file's metadata, or explicit
+A *block* is ``block_size`` records. A layout is derived from a model's ``ModelShape``
+(``planner/sources.py`` reads presets, ``config.json`` files and GGUF headers) or from explicit
 numbers (``layout_from_record_bytes``). Pure Python: no torch.
 
 Public API (the simulator and the engine import these)::
@@ -11,18 +11,16 @@ Public API (the simulator and the engine import these)::
     layout.record_bytes            # 131072 (2 * 32 layers * 8 heads * 128 * 2 bytes)
     layout.block_bytes(16)         # 2 MiB
     layout.weight_bytes            # num_params * weight dtype bytes (None if unknown)
-    list_presets()                 # ["deepseek-v3", "llama-3-8b", ...]
+    layout_from_shape(shape, "fp8") # the same from an already read ModelShape
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
-from typing import Any
 
 from pagedkv.planner.kv_dtypes import get_kv_dtype
+from pagedkv.planner.sources import ModelShape, load_shape
 
 # A kernel that forms `block_id * block_bytes` in a signed 32-bit integer can reach this byte.
 INT32_MAX_OFFSET_BYTES = 2**31 - 1
@@ -36,7 +34,8 @@ class KVLayout:
     ``attention``: ``"mha"`` (MHA/GQA/MQA: a K and a V vector of ``head_dim`` per KV head and
     layer), ``"mla"`` (one compressed latent of ``kv_lora_rank + qk_rope_head_dim`` values per
     layer, no separate V) or ``"explicit"`` (``explicit_record_bytes`` given, one pseudo-layer).
-    ``num_params`` (weights, for rooflines) may be None when unknown.
+    ``num_params`` (weights, for rooflines) may be None when unknown; ``query_dim`` (query
+    heads x head dim, for attention FLOPs) is 0 when unknown.
     """
 
     name: str
@@ -50,6 +49,7 @@ class KVLayout:
     explicit_record_bytes: int = 0
     num_params: int | None = None
     weight_dtype: str = "bf16"
+    query_dim: int = 0
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_KINDS:
@@ -137,113 +137,33 @@ def layout_from_record_bytes(record_bytes: int, name: str = "explicit") -> KVLay
     )
 
 
-def layout_from_hf_config(
-    config: dict[str, Any], name: str, kv_dtype: str | None = None
-) -> KVLayout:
-    """Build a layout from a Hugging Face ``config.json`` dict (Llama, Qwen2, Mistral, DeepSeek).
-
-    Models with ``kv_lora_rank`` are MLA. ``kv_dtype`` defaults to the config's ``torch_dtype``
-    (bf16 when absent). ``num_params`` is taken from the dict when present (presets carry it),
-    else estimated for dense Llama-style models, else None.
-    """
-    try:
-        num_layers = int(config["num_hidden_layers"])
-        weight_dtype = str(config.get("torch_dtype") or "bf16")
-        if config.get("kv_lora_rank"):
-            fields: dict[str, Any] = {
-                "attention": "mla",
-                "kv_lora_rank": int(config["kv_lora_rank"]),
-                "qk_rope_head_dim": int(config.get("qk_rope_head_dim", 0)),
-            }
-        else:
-            num_heads = int(config["num_attention_heads"])
-            head_dim = config.get("head_dim") or int(config["hidden_size"]) // num_heads
-            fields = {
-                "attention": "mha",
-                "num_kv_heads": int(config.get("num_key_value_heads") or num_heads),
-                "head_dim": int(head_dim),
-            }
-    except KeyError as exc:
-        raise ValueError(f"model config {name!r} lacks the key {exc.args[0]!r}") from None
-    num_params = config.get("num_params")
-    if num_params is None and fields["attention"] == "mha":
-        num_params = estimate_dense_num_params(config)
+def layout_from_shape(shape: ModelShape, kv_dtype: str | None = None) -> KVLayout:
+    """The KV record layout of ``shape``. ``kv_dtype`` defaults to the weights' dtype for a
+    config.json or preset, and to fp16 for a GGUF (its KV dtype is a runtime choice; its
+    weight dtype, fp32 after dequantization, would overstate a KV budget)."""
+    if kv_dtype is None:
+        kv_dtype = "fp16" if shape.source == "gguf" else shape.weight_dtype
+    if shape.attention == "mla":
+        fields: dict[str, int] = {
+            "kv_lora_rank": shape.kv_lora_rank,
+            "qk_rope_head_dim": shape.qk_rope_head_dim,
+        }
+    else:
+        fields = {"num_kv_heads": shape.num_kv_heads, "head_dim": shape.head_dim}
     return KVLayout(
-        name=name,
-        num_layers=num_layers,
-        kv_dtype=kv_dtype or weight_dtype,
-        num_params=None if num_params is None else int(num_params),
-        weight_dtype=weight_dtype,
+        name=shape.name,
+        attention=shape.attention,
+        num_layers=shape.num_layers,
+        kv_dtype=kv_dtype,
+        num_params=shape.num_params,
+        weight_dtype=shape.weight_dtype,
+        query_dim=shape.query_dim,
         **fields,
     )
 
 
-def estimate_dense_num_params(config: dict[str, Any]) -> int | None:
-    """Parameter count of a dense Llama/Qwen2/Mistral config (None if a needed key is missing).
-
-    Embeddings (+ an untied LM head), per layer q/k/v/o projections (+ q/k/v biases for Qwen2),
-    a gated MLP of three matrices and two RMSNorms, and the final norm.
-    """
-    try:
-        hidden = int(config["hidden_size"])
-        num_heads = int(config["num_attention_heads"])
-        num_kv_heads = int(config.get("num_key_value_heads") or num_heads)
-        head_dim = int(config.get("head_dim") or hidden // num_heads)
-        intermediate = int(config["intermediate_size"])
-        vocab = int(config["vocab_size"])
-        num_layers = int(config["num_hidden_layers"])
-    except (KeyError, TypeError):
-        return None
-    q_dim, kv_dim = num_heads * head_dim, num_kv_heads * head_dim
-    per_layer = hidden * q_dim + 2 * hidden * kv_dim + q_dim * hidden
-    archs = " ".join(config.get("architectures") or [])
-    if config.get("attention_bias") or "Qwen2" in archs:
-        per_layer += q_dim + 2 * kv_dim
-    per_layer += 3 * hidden * intermediate + 2 * hidden
-    embeddings = vocab * hidden * (1 if config.get("tie_word_embeddings") else 2)
-    return num_layers * per_layer + embeddings + hidden
-
-
-def _presets_dir() -> Path:
-    return Path(str(resources.files("pagedkv").joinpath("presets")))
-
-
-def list_presets() -> list[str]:
-    """Names of the shipped model presets, sorted."""
-    return sorted(p.stem for p in _presets_dir().glob("*.json"))
-
-
-def load_preset_config(name: str) -> dict[str, Any]:
-    """The raw JSON dict of preset ``name`` (ValueError naming the known presets if unknown)."""
-    path = _presets_dir() / f"{name}.json"
-    if not path.is_file():
-        raise ValueError(f"unknown model preset {name!r} (known: {', '.join(list_presets())})")
-    return json.loads(path.read_text())
-
-
 def load_layout(source: str | Path, kv_dtype: str | None = None) -> KVLayout:
-    """Load a layout from a preset name, a ``config.json`` path, its folder, or a ``.gguf`` file.
-
-    Raises ValueError with one clear line for an unknown preset or an unreadable/invalid file.
-    """
-    text = str(source)
-    path = Path(text)
-    if text in list_presets():
-        return layout_from_hf_config(load_preset_config(text), text, kv_dtype)
-    if path.is_dir():
-        path = path / "config.json"
-    if path.suffix == ".gguf" and path.is_file():
-        from pagedkv.planner.gguf_meta import layout_from_gguf
-
-        return layout_from_gguf(path, kv_dtype)
-    if not path.is_file():
-        if path.suffix or "/" in text:
-            raise ValueError(f"cannot read model config {text!r}: no such file")
-        raise ValueError(f"unknown model preset {text!r} (known: {', '.join(list_presets())})")
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"cannot read model config {text!r}: {exc}") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"model config {text!r} is not a JSON object")
-    return layout_from_hf_config(config, str(config.get("name") or path.parent.name), kv_dtype)
+    """Load a layout from a preset name, a ``config.json`` path, its folder, or a ``.gguf`` file
+    (``planner/sources.py`` reads it). ValueError with one clear line for an unknown preset or
+    an unreadable/invalid file."""
+    return layout_from_shape(load_shape(source), kv_dtype)

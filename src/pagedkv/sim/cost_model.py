@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from pagedkv.planner.layout import KVLayout, load_preset_config
+from pagedkv.planner.layout import KVLayout
 from pagedkv.sim.gpus import GPUSpec
 
 
@@ -56,15 +56,16 @@ class ModelCost:
 
     @classmethod
     def from_layout(cls, layout: KVLayout, query_dim: int | None = None) -> ModelCost:
-        """``query_dim`` (heads x head dim of the queries) defaults to what the preset config
-        says, else to the KV width (exact for MHA, low for GQA: attention is then undercounted).
+        """``query_dim`` (heads x head dim of the queries) defaults to the layout's, which its
+        model shape states (``planner/sources.py``); a layout built from record bytes alone
+        does not know it and falls back to the KV width (low for GQA: attention undercounted).
         ValueError if the layout does not know its parameter count."""
         if layout.num_params is None or layout.weight_bytes is None:
             raise ValueError(
                 f"model {layout.name!r}: the roofline needs num_params (add it to the config)"
             )
         if query_dim is None:
-            query_dim = _preset_query_dim(layout.name) or layout.num_kv_heads * layout.head_dim
+            query_dim = layout.query_dim or layout.num_kv_heads * layout.head_dim
         return cls(
             layout.name,
             layout.weight_bytes,
@@ -72,18 +73,6 @@ class ModelCost:
             layout.record_bytes,
             4 * layout.num_layers * query_dim,
         )
-
-
-def _preset_query_dim(name: str) -> int | None:
-    try:
-        cfg = load_preset_config(name)
-    except ValueError:
-        return None
-    heads = cfg.get("num_attention_heads")
-    head_dim = cfg.get("head_dim") or (
-        cfg["hidden_size"] // heads if heads and cfg.get("hidden_size") else None
-    )
-    return heads * head_dim if heads and head_dim else None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,307 @@
+"""The one reader of a model's shape: a shipped preset, a Hugging Face ``config.json`` (or its
+folder) or a GGUF header becomes one frozen ``ModelShape``. Pure Python: no torch.
+
+Everyone asks this module: the planner's ``KVLayout``, the simulator's cost model, the engine's
+start-up (before the weights load, to size the KV pool) and the model loader (``ModelConfig``
+is built from a shape). Facts a planner does not need (norm epsilon, FFN width, ...) may be
+None; ``ModelShape.require`` turns a missing one into an error naming the file's own key.
+
+    shape = load_shape("llama-3-8b")      # or a config.json, its folder, a .gguf file
+    shape.num_layers, shape.num_kv_heads, shape.head_dim, shape.query_dim, shape.num_params
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from pagedkv.planner.gguf_meta import GGUF_KEYS, gguf_shape_fields, read_gguf_header
+
+ATTENTION_KINDS = ("mha", "mla")
+# The key each optional fact has in a config.json (GGUF_KEYS: in a GGUF header).
+_HF_KEYS = {"vocab_size": "vocab_size", "hidden_size": "hidden_size",
+            "intermediate_size": "intermediate_size", "rms_norm_eps": "rms_norm_eps",
+            "max_context_tokens": "max_position_embeddings"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Llama3RopeScaling:
+    """The "llama3" RoPE frequency rescaling (long wavelengths slowed by ``factor``)."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+    def __post_init__(self) -> None:
+        if self.factor <= 0 or self.low_freq_factor <= 0 or self.high_freq_factor <= 0:
+            raise ValueError(f"llama3 rope scaling factors must be > 0: {self}")
+        if self.high_freq_factor <= self.low_freq_factor:
+            raise ValueError(
+                f"llama3 rope scaling needs high_freq_factor > low_freq_factor: {self}"
+            )
+        if self.original_max_position_embeddings < 1:
+            raise ValueError(f"original_max_position_embeddings must be >= 1: {self}")
+
+    @classmethod
+    def from_dict(cls, rope: Mapping[str, Any]) -> Llama3RopeScaling:
+        """From a config.json's ``rope_scaling`` / ``rope_parameters`` (KeyError if short)."""
+        return cls(
+            factor=float(rope["factor"]),
+            low_freq_factor=float(rope["low_freq_factor"]),
+            high_freq_factor=float(rope["high_freq_factor"]),
+            original_max_position_embeddings=int(rope["original_max_position_embeddings"]),
+        )
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A decoder-only transformer's shape, as its source states it; validated on construction.
+
+    ``attention`` ``"mha"`` (MHA/GQA/MQA) or ``"mla"`` (one latent of ``kv_lora_rank +
+    qk_rope_head_dim`` values per layer). ``head_dim`` is the width of one query head, so
+    ``query_dim`` = heads x head dim; for MLA ``num_kv_heads`` equals ``num_heads`` (no KV heads
+    are cached). ``architecture`` is the source's own name (HF ``model_type``, GGUF
+    ``general.architecture``), None when a config.json does not say. ``weight_dtype`` is what
+    the weights occupy once loaded (GGUF weights are dequantized to fp32).
+    """
+
+    name: str
+    source: str  # "preset", "hf" or "gguf"
+    origin: str  # the file (or preset) it came from, for error messages
+    architecture: str | None
+    attention: str
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    vocab_size: int | None = None
+    hidden_size: int | None = None
+    intermediate_size: int | None = None
+    num_params: int | None = None
+    max_context_tokens: int | None = None  # the model's trained context
+    sliding_window_tokens: int | None = None  # None = full attention
+    weight_dtype: str = "bf16"
+    rms_norm_eps: float | None = None
+    rope_theta: float = 10000.0
+    rope_dims: int | None = None  # rotary dimensions per head; None = all of head_dim
+    rope_scaling_type: str = "default"
+    rope_scaling: Llama3RopeScaling | None = None  # parsed when the type is "llama3"
+    tie_word_embeddings: bool = False
+    attention_bias: bool | None = None  # None: the source does not say
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        where = f"model {self.origin}"
+        if self.attention not in ATTENTION_KINDS:
+            raise ValueError(f"{where}: attention must be one of {ATTENTION_KINDS}")
+        required = ["num_layers", "num_heads", "num_kv_heads", "head_dim"]
+        required += ["kv_lora_rank"] if self.attention == "mla" else []
+        optional = ["vocab_size", "hidden_size", "intermediate_size", "max_context_tokens"]
+        for field in required + optional:
+            value = getattr(self, field)
+            if (value is not None or field in required) and (
+                not isinstance(value, int) or isinstance(value, bool) or value < 1
+            ):
+                raise ValueError(f"{where}: {field} must be an integer >= 1, got {value!r}")
+        if self.num_params is not None and self.num_params < 0:
+            raise ValueError(f"{where}: num_params must be >= 0, got {self.num_params}")
+
+    @property
+    def query_dim(self) -> int:
+        """Width of a token's queries in one layer (heads x head dim): the attention FLOPs."""
+        return self.num_heads * self.head_dim
+
+    def require(self, field: str) -> Any:
+        """The value of an optional fact; ValueError naming the source's key when absent."""
+        value = getattr(self, field)
+        if value is None:
+            key = _HF_KEYS.get(field, field)
+            if self.source == "gguf":
+                key = f"{self.architecture}.{GGUF_KEYS.get(field, field)}"
+            raise ValueError(f"model {self.origin} lacks {key!r}")
+        return value
+
+
+# -- Hugging Face config.json (and presets, which use its spelling) ---------------------------
+
+
+def shape_from_hf_config(
+    config: Mapping[str, Any], name: str, source: str = "hf", origin: str | None = None
+) -> ModelShape:
+    """The shape of a ``config.json`` dict (Llama, Qwen2, Mistral, DeepSeek MLA; transformers
+    4.x or 5.x spelling). ``num_params`` is the dict's own when present (presets carry it), else
+    estimated for dense models. ValueError naming the key that is missing or malformed."""
+    origin = origin or repr(name)
+
+    def get(key: str, default: Any = None) -> Any:
+        value = config.get(key)
+        return default if value is None else value
+
+    try:
+        num_heads = int(config["num_attention_heads"])
+        hidden = get("hidden_size")
+        head_dim = int(get("head_dim") or int(config["hidden_size"]) // num_heads)
+        mla = bool(get("kv_lora_rank"))
+        rope = dict(get("rope_parameters") or get("rope_scaling") or {})
+        rope_type = str(rope.get("rope_type", rope.get("type")) or "default")
+        window = get("sliding_window")
+        max_context = int(get("max_position_embeddings", 2048))
+        eos = get("eos_token_id")
+        eos_ids = eos if isinstance(eos, list) else ([] if eos is None else [eos])
+        num_params = get("num_params")
+        shape = ModelShape(
+            name=name,
+            source=source,
+            origin=origin,
+            architecture=config.get("model_type") if isinstance(config, dict) else None,
+            attention="mla" if mla else "mha",
+            num_layers=int(config["num_hidden_layers"]),
+            num_heads=num_heads,
+            num_kv_heads=num_heads if mla else int(get("num_key_value_heads", num_heads)),
+            head_dim=head_dim,
+            kv_lora_rank=int(get("kv_lora_rank", 0)),
+            qk_rope_head_dim=int(get("qk_rope_head_dim", 0)),
+            vocab_size=None if get("vocab_size") is None else int(config["vocab_size"]),
+            hidden_size=None if hidden is None else int(hidden),
+            intermediate_size=_int_or_none(get("intermediate_size")),
+            num_params=None if num_params is None else int(num_params),
+            max_context_tokens=max_context,
+            sliding_window_tokens=(
+                int(window) if window and get("use_sliding_window", True) else None
+            ),
+            weight_dtype=str(get("torch_dtype") or get("dtype") or "bf16"),
+            rms_norm_eps=float(get("rms_norm_eps", 1e-6)),
+            rope_theta=float(rope.get("rope_theta", get("rope_theta", 10000.0))),
+            rope_scaling_type=rope_type,
+            rope_scaling=Llama3RopeScaling.from_dict(rope) if rope_type == "llama3" else None,
+            tie_word_embeddings=bool(get("tie_word_embeddings", False)),
+            attention_bias=None
+            if get("attention_bias") is None
+            else bool(config["attention_bias"]),
+            bos_token_id=_int_or_none(get("bos_token_id")),
+            eos_token_ids=tuple(int(e) for e in eos_ids),
+        )
+    except KeyError as exc:
+        raise ValueError(f"model config {origin} lacks the key {exc.args[0]!r}") from None
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"model config {origin}: {exc}") from None
+    if shape.num_params is None and not mla:
+        shape = _with(shape, num_params=estimate_dense_num_params(config))
+    return shape
+
+
+def estimate_dense_num_params(config: Mapping[str, Any]) -> int | None:
+    """Parameter count of a dense Llama/Qwen2/Mistral config (None if a needed key is missing).
+
+    Embeddings (+ an untied LM head), per layer q/k/v/o projections (+ q/k/v biases for Qwen2),
+    a gated MLP of three matrices and two RMSNorms, and the final norm.
+    """
+    try:
+        hidden = int(config["hidden_size"])
+        num_heads = int(config["num_attention_heads"])
+        num_kv_heads = int(config.get("num_key_value_heads") or num_heads)
+        head_dim = int(config.get("head_dim") or hidden // num_heads)
+        intermediate = int(config["intermediate_size"])
+        vocab = int(config["vocab_size"])
+        num_layers = int(config["num_hidden_layers"])
+    except (KeyError, TypeError):
+        return None
+    q_dim, kv_dim = num_heads * head_dim, num_kv_heads * head_dim
+    per_layer = hidden * q_dim + 2 * hidden * kv_dim + q_dim * hidden
+    archs = " ".join(config.get("architectures") or [])
+    if config.get("attention_bias") or "Qwen2" in archs or config.get("model_type") == "qwen2":
+        per_layer += q_dim + 2 * kv_dim
+    per_layer += 3 * hidden * intermediate + 2 * hidden
+    embeddings = vocab * hidden * (1 if config.get("tie_word_embeddings") else 2)
+    return num_layers * per_layer + embeddings + hidden
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _with(shape: ModelShape, **changes: Any) -> ModelShape:
+    return dataclasses.replace(shape, **changes)
+
+
+# -- GGUF header ------------------------------------------------------------------------------
+
+
+def shape_from_gguf(path: str | Path, architectures: Collection[str] | None = None) -> ModelShape:
+    """The shape of a GGUF file, from its header only (no tensor data is read)."""
+    metadata, tensor_shapes = read_gguf_header(path)
+    if architectures is not None:
+        _check_architecture(metadata.get("general.architecture"), "gguf", architectures)
+    fields = gguf_shape_fields(metadata, tensor_shapes, str(path))
+    fields.setdefault("name", Path(path).stem)
+    return ModelShape(source="gguf", origin=str(path), **fields)
+
+
+# -- presets and the dispatcher ---------------------------------------------------------------
+
+
+def _presets_dir() -> Path:
+    return Path(str(resources.files("pagedkv").joinpath("presets")))
+
+
+def list_presets() -> list[str]:
+    """Names of the shipped model presets, sorted."""
+    return sorted(p.stem for p in _presets_dir().glob("*.json"))
+
+
+def load_preset_config(name: str) -> dict[str, Any]:
+    """The raw JSON dict of preset ``name`` (ValueError naming the known presets if unknown)."""
+    path = _presets_dir() / f"{name}.json"
+    if not path.is_file():
+        raise ValueError(f"unknown model preset {name!r} (known: {', '.join(list_presets())})")
+    return json.loads(path.read_text())
+
+
+def load_shape(source: str | Path, architectures: Collection[str] | None = None) -> ModelShape:
+    """The shape of a preset name, a ``config.json`` path, its folder, or a ``.gguf`` file.
+
+    ``architectures``: when given, a source naming another architecture (or, for a config.json,
+    none) is refused before any other key is read, so the error says what is really wrong.
+    ValueError with one line for an unknown preset or an unreadable/invalid file.
+    """
+    text = str(source)
+    path = Path(text)
+    if text in list_presets():
+        return shape_from_hf_config(load_preset_config(text), text, "preset")
+    if path.is_dir():
+        path = path / "config.json"
+    if path.suffix == ".gguf" and path.is_file():
+        return shape_from_gguf(path, architectures)
+    if not path.is_file():
+        if path.suffix or "/" in text:
+            raise ValueError(f"cannot read model config {text!r}: no such file")
+        raise ValueError(f"unknown model preset {text!r} (known: {', '.join(list_presets())})")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"cannot read model config {text!r}: {exc}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"model config {text!r} is not a JSON object")
+    if architectures is not None:
+        _check_architecture(config.get("model_type"), "hf", architectures)
+    name = str(config.get("name") or path.parent.name)
+    return shape_from_hf_config(config, name, origin=str(path))
+
+
+def _check_architecture(name: Any, source: str, supported: Collection[str]) -> None:
+    if source == "hf" and not isinstance(name, str):
+        raise ValueError("config.json has no 'model_type'")
+    if name not in supported:
+        raise ValueError(
+            f"unsupported model architecture {name!r} (from {source} metadata); "
+            f"supported: {', '.join(sorted(supported))}"
+        )
