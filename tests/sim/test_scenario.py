@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 
 import pytest
 
@@ -53,8 +54,12 @@ def test_the_scenario_sizes_the_pool_and_describes_itself() -> None:
         ({"policies": ()}, "name at least one policy"),
         ({"gpu": "TPU"}, "unknown GPU 'TPU'"),
         ({"max_num_seqs": 0}, "max_num_seqs must be >= 1"),
+        ({"kv_memory_bytes": (100 * 2**10,), "policies": ("vllm",)},
+         "a KV pool of 0 tokens holds fewer than 2 blocks of 16 tokens (vllm)"),
+        ({"kv_memory_bytes": (2**20,), "policies": ("vllm",), "block_sizes": (4, 128)},
+         "a KV pool of 8 tokens holds fewer than 2 blocks of 128 tokens (vllm@128)"),
     ],
-)
+)  # fmt: skip
 def test_config_errors_are_usage_errors_naming_the_field(changes, message) -> None:
-    with pytest.raises(UsageError, match=message):
+    with pytest.raises(UsageError, match=re.escape(message)):
         load_scenario(SimulateConfig(**{"synthetic": SPEC, **changes}))

@@ -185,6 +185,12 @@ def load_scenario(config: SimulateConfig) -> Scenario:
             f"a KV pool of {min(pools_slots)} tokens cannot hold one max_model_len region "
             f"({config.max_model_len}) for the reserved policy"
         )
+    for policy in policies:  # the allocators refuse a pool of under two blocks (ValueError)
+        if policy.block_size is not None and min(pools_slots) // policy.block_size < 2:
+            raise UsageError(
+                f"a KV pool of {min(pools_slots)} tokens holds fewer than 2 blocks of "
+                f"{policy.block_size} tokens ({policy.name}): give a larger --kv-memory"
+            )
     skipped: list[UsageError] = []
     requests, source = _requests(config, skipped)
     if not requests:
