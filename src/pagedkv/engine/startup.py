@@ -71,10 +71,11 @@ def build_parts(
     num_blocks = config.kv_cache_memory_bytes // layout.block_bytes(block_size)
     if num_blocks < 2:
         raise UsageError(
-            f"--kv-cache-memory of {config.kv_cache_memory_bytes} bytes holds "
-            f"{num_blocks} blocks of {block_size} tokens ({layout.block_bytes(block_size)} "
-            f"bytes each, {layout.record_bytes} per token); the KV pool needs at least 2: "
-            f"give {2 * layout.block_bytes(block_size)} bytes or more",
+            f"--kv-cache-memory of {config.kv_cache_memory_bytes} bytes has room for "
+            f"{num_blocks} block{'' if num_blocks == 1 else 's'} of {block_size} tokens "
+            f"({layout.block_bytes(block_size)} bytes each, {layout.record_bytes} per token); "
+            f"the KV pool needs at least 2: give {2 * layout.block_bytes(block_size)} bytes "
+            "or more",
             param="kv_cache_memory",
         )
     allocator = build_allocator(policy, num_blocks * block_size, max_model_len, block_size)
