@@ -38,7 +38,8 @@ def _line(**changes) -> bytes:
         (b'{"timestamp": 0, "input_length": 600, "output_length": 1e400, "hash_ids": [0, 1]}',
          "output_length must be a whole number"),
         (_line(input_length=700, hash_ids=[0, 1, 2]), "3 hash_ids for 700 input tokens"),
-        (_line(input_length=-5, hash_ids=[]), "input_length must be >= 1"),
+        (_line(input_length=-5, hash_ids=[]), "input_length must be in [1, "),
+        (_line(output_length=10**400), "output_length must be in [0, 1099511627776]"),
         (b'[1, 2]', "expected a JSON object"),
         (b'{"timestamp": 0, "input_length": 6\xff00}', "not valid UTF-8"),
     ],
@@ -57,7 +58,7 @@ def test_a_bad_mooncake_record_is_skipped_naming_file_and_line(tmp_path, bad_lin
 @pytest.mark.parametrize(
     ("row", "message"),
     [
-        ("2023-11-16 18:15:47.0000000,-50,10", "ContextTokens must be >= 1"),
+        ("2023-11-16 18:15:47.0000000,-50,10", "ContextTokens must be in [1, "),
         ("2023-11-16 18:15:47.0000000,10.5,10", "ContextTokens must be a whole number"),
         ("2023-11-16 18:15:47.0000000,10,nan", "GeneratedTokens must be a whole number"),
         ("yesterday,10,10", "cannot parse"),

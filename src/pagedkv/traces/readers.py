@@ -2,6 +2,7 @@
 
 * Azure (``.csv``): header ``TIMESTAMP,ContextTokens,GeneratedTokens``; no prefix information,
   so every prompt is a fresh segment (nothing is shared by accident).
+* Both: token counts are whole numbers in ``[1, 2^40]`` (prompt) or ``[0, 2^40]`` (output).
 * Mooncake (``.jsonl``): one JSON object per line with ``timestamp`` (ms), ``input_length``,
   ``output_length`` and ``hash_ids``, the ids of the prompt's 512-token prefix blocks (chained:
   an id names the whole prefix up to its block). A record must hold exactly
@@ -35,6 +36,7 @@ from pagedkv.traces.segments import (
 )
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+MAX_RECORD_TOKENS = 2**40  # a length beyond this is a broken record (and overflows a float mean)
 BadLineHandler = Callable[[UsageError], None]
 
 
@@ -64,10 +66,9 @@ def _parse_azure_time(text: str) -> float:
 def _count(text: str, name: str, minimum: int) -> int:
     if not text.strip().lstrip("-").isdecimal():
         raise ValueError(f"{name} must be a whole number of tokens, got {text!r}")
-    value = int(text)
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
+    if len(text.strip()) > 20 or not minimum <= int(text) <= MAX_RECORD_TOKENS:
+        raise ValueError(f"{name} must be in [{minimum}, {MAX_RECORD_TOKENS}], got {text.strip()}")
+    return int(text)
 
 
 def _iter_azure(path: Path, fresh: FreshSegments, bad: BadLineHandler) -> Iterator[TraceRequest]:
@@ -104,8 +105,8 @@ def _whole(record: dict[str, Any], name: str, minimum: int) -> int:
         raise ValueError(f"{name} must be a number, got {value!r}")
     if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
         raise ValueError(f"{name} must be a whole number, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+    if not minimum <= value <= MAX_RECORD_TOKENS:
+        raise ValueError(f"{name} must be in [{minimum}, {MAX_RECORD_TOKENS}], got {value!r}")
     return int(value)
 
 
