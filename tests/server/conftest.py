@@ -14,6 +14,7 @@ from pagedkv.engine import EngineConfig, LLMEngine
 from pagedkv.engine.startup import build_parts
 from pagedkv.model import load_model
 from pagedkv.server import ServerConfig, create_app, start_in_background
+from pagedkv.server.config import DEFAULT_MAX_SAMPLES_PER_REQUEST
 
 LOOPBACK = "127.0.0.1"
 MODEL_NAME = "test-model"
@@ -31,7 +32,11 @@ def tiny_loaded(tmp_path_factory):
 
 @contextlib.contextmanager
 def running_server(
-    loaded, api_key: str | None = None, graceful_shutdown_s: float = 5.0, **engine_overrides
+    loaded,
+    api_key: str | None = None,
+    graceful_shutdown_s: float = 5.0,
+    max_samples_per_request: int = DEFAULT_MAX_SAMPLES_PER_REQUEST,
+    **engine_overrides,
 ) -> Iterator:
     """Yield ``(base_url, app)`` of a server on a free loopback port; stops it afterwards.
     ``app.state.server`` is the ``BackgroundServer`` (for tests that stop it themselves)."""
@@ -45,6 +50,7 @@ def running_server(
         api_key=api_key,
         log_level="warning",
         graceful_shutdown_s=graceful_shutdown_s,
+        max_samples_per_request=max_samples_per_request,
     )
     app = create_app(engine, server_config)
     with start_in_background(app, server_config) as server:

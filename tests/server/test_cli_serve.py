@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
+import pagedkv.engine
 from pagedkv.cli import build_parser, main
-from pagedkv.commands.serve import server_config
+from pagedkv.commands.serve import DEFAULT_MAX_SAMPLES_PER_REQUEST, server_config
+from pagedkv.server import config as config_module
 from pagedkv.server.config import API_KEY_ENV, ServerConfig
 
 
@@ -35,7 +39,16 @@ def test_served_model_name_follows_the_model_path():
 
 
 @pytest.mark.parametrize(
-    "argv", [["--port", "70000"], ["--port", "-1"], ["--api-key", " "], ["--host", ""]]
+    "argv",
+    [
+        ["--port", "70000"],
+        ["--port", "-1"],
+        ["--api-key", " "],
+        ["--host", ""],
+        ["--served-model-name", ""],  # an error, not a silent fallback to the default name
+        ["--served-model-name", "  "],
+        ["--max-samples-per-request", "0"],
+    ],
 )
 def test_bad_flags_exit_2_before_loading_a_model(argv, capsys):
     assert main(["serve", *argv]) == 2
@@ -46,7 +59,27 @@ def test_config_is_frozen_and_validated():
     config = ServerConfig(served_model_name="m")
     with pytest.raises(AttributeError):
         config.port = 1  # type: ignore[misc]
-    with pytest.raises(ValueError, match="log_level"):
+    with pytest.raises(ValueError, match="log-level"):
         ServerConfig(served_model_name="m", log_level="loud")
-    with pytest.raises(ValueError, match="served_model_name"):
+    with pytest.raises(ValueError, match="served-model-name"):
         ServerConfig(served_model_name="")
+
+
+def test_max_samples_default_is_the_servers():
+    assert DEFAULT_MAX_SAMPLES_PER_REQUEST == config_module.DEFAULT_MAX_SAMPLES_PER_REQUEST
+    assert server_config(parse()).max_samples_per_request == DEFAULT_MAX_SAMPLES_PER_REQUEST
+    assert server_config(parse("--max-samples-per-request", "8")).max_samples_per_request == 8
+
+
+def test_port_in_use_is_reported_before_the_model_loads(monkeypatch, capsys):
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the port was checked")
+
+    monkeypatch.setattr(pagedkv.engine, "LLMEngine", no_load)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert "pagedkv serve: error: cannot listen on 127.0.0.1:" in err and "in use" in err

@@ -51,8 +51,8 @@ def test_every_request_ends_with_exactly_one_final_item(loop):
     for inbox in inboxes:
         assert sum(1 for o in inbox.items if o.finished) == 1
         assert len(inbox.final.outputs[0].token_ids) == 6
-    wait_for(lambda: loop.snapshot.num_used_blocks == 0, 5, "the blocks to be freed")
-    assert loop.snapshot.peak_running_seqs >= 2  # they shared steps
+    wait_for(lambda: loop.snapshot.engine.num_used_blocks == 0, 5, "the blocks to be freed")
+    assert loop.snapshot.engine.peak_running_seqs >= 2  # they shared steps
 
 
 def test_engine_refusal_is_a_400_failure(loop):
@@ -70,7 +70,7 @@ def test_abort_frees_blocks_and_nothing_follows(loop):
     loop.abort("long")
     wait_for(lambda: loop.snapshot.num_requests_in_flight == 0, 10, "the abort")
     seen = len(inbox.items)
-    wait_for(lambda: loop.snapshot.num_used_blocks == 0, 5, "the blocks to be freed")
+    wait_for(lambda: loop.snapshot.engine.num_used_blocks == 0, 5, "the blocks to be freed")
     assert inbox.final is None and len(inbox.items) == seen
 
 

@@ -33,9 +33,24 @@ BAD_REQUESTS = [
     ("completions", {"prompt": "0123456789", "max_tokens": 100, "n": 4}, 400,
      "kv_pool_too_small", "n"),
     ("completions", {"prompt": "x", "n": 0}, 400, "invalid_value", "n"),
-    ("completions", {"prompt": "x", "temperature": -1}, 400, "invalid_value", None),
+    # Every sampling field the engine refuses is named in ``param`` (issue 9, item 10).
+    ("completions", {"prompt": "x", "temperature": -1}, 400, "invalid_value", "temperature"),
     ("completions", b'{"prompt": "x", "temperature": NaN}', 400, "invalid_value", "temperature"),
-    ("completions", {"prompt": "x", "top_p": 0}, 400, "invalid_value", None),
+    ("completions", {"prompt": "x", "top_p": 0}, 400, "invalid_value", "top_p"),
+    # Values the fp32 sampler cannot run (issue 9, items 1-2): refused, never a dead engine.
+    ("completions", {"prompt": "x", "top_p": 1e-300, "temperature": 1}, 400, "invalid_value",
+     "top_p"),
+    ("completions", {"prompt": "x", "top_p": 1e-46, "temperature": 1}, 400, "invalid_value",
+     "top_p"),
+    ("completions", {"prompt": "x", "top_k": 9223372036854775808}, 400, "invalid_value",
+     "top_k"),
+    ("completions", {"prompt": "x", "top_k": -2}, 400, "invalid_value", "top_k"),
+    ("completions", {"prompt": "x", "stop": [""]}, 400, "invalid_value", "stop"),
+    ("completions", {"prompt": "x", "temperature": 1e9}, 400, "invalid_value", "temperature"),
+    ("completions", {"prompt": "x", "stop_token_ids": [5, 99999]}, 400, "invalid_value",
+     "stop_token_ids"),
+    ("completions", {"prompt": ["x", "y"], "n": 3}, 400, "too_many_samples", "prompt"),
+    ("completions", {"prompt": "x", "n": 5}, 400, "too_many_samples", "n"),
     ("completions", {"prompt": "x", "logprobs": 99}, 400, "invalid_value", "logprobs"),
     ("completions", {"prompt": [5, 99999]}, 400, "invalid_value", "prompt"),
     ("completions", {"prompt": []}, 400, "invalid_value", "prompt"),
@@ -47,6 +62,10 @@ BAD_REQUESTS = [
     ("chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, 400,
      "invalid_value", "messages.0.role"),
     ("chat/completions", {**CHAT, "top_logprobs": 2}, 400, "invalid_value", "top_logprobs"),
+    ("chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 99}, 400, "invalid_value",
+     "top_logprobs"),
+    ("chat/completions", {**CHAT, "max_tokens": None, "max_completion_tokens": 0}, 400,
+     "invalid_value", "max_completion_tokens"),
     ("chat/completions", {**CHAT, "max_completion_tokens": 2}, 400, "invalid_value",
      "max_completion_tokens"),
     ("chat/completions", {**CHAT, "model": "nope"}, 404, "model_not_found", "model"),
@@ -55,9 +74,13 @@ BAD_REQUESTS = [
 ]  # fmt: skip
 
 
+# A small cap, so that the cap's 400 is cheap to reach.
+MAX_SAMPLES = 4
+
+
 @pytest.fixture(scope="module")
 def server(tiny_loaded):
-    with running_server(tiny_loaded, **POOL) as (url, app):
+    with running_server(tiny_loaded, max_samples_per_request=MAX_SAMPLES, **POOL) as (url, app):
         yield url
 
 
@@ -82,7 +105,7 @@ def test_bad_request_gets_an_openai_error_and_the_server_goes_on(
 
 
 def test_oversized_body_is_refused(server):
-    from pagedkv.server.app import MAX_BODY_BYTES
+    from pagedkv.server.routes import MAX_BODY_BYTES
 
     body = b'{"prompt": "' + b"x" * MAX_BODY_BYTES + b'"}'
     r = httpx.post(f"{server}/v1/completions", content=body, timeout=60)
@@ -96,7 +119,7 @@ def test_client_raises_the_matching_exceptions(server):
             client.completions.create(model=MODEL_NAME, prompt="x", max_tokens=0)
         with pytest.raises(openai.BadRequestError, match="KV blocks"):
             client.completions.create(model=MODEL_NAME, prompt="0123456789", max_tokens=100,
-                                      n=8, stream=True)  # fmt: skip
+                                      n=MAX_SAMPLES, stream=True)  # fmt: skip
         with pytest.raises(openai.NotFoundError):
             client.chat.completions.create(
                 model="other", messages=[{"role": "user", "content": "x"}]
@@ -108,12 +131,23 @@ def test_client_raises_the_matching_exceptions(server):
 def test_api_key_guards_every_v1_route(tiny_loaded):
     with running_server(tiny_loaded, api_key="s3cret", **POOL) as (url, _):
         for method, path in [("GET", "/v1/models"), ("POST", "/v1/completions"),
-                             ("POST", "/v1/chat/completions"), ("GET", "/v1/anything")]:  # fmt: skip
-            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+                             ("POST", "/v1/chat/completions"), ("GET", "/v1/anything"),
+                             ("GET", "/openapi.json"), ("GET", "/docs")]:  # fmt: skip
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"},
+                            {"Authorization": "Basic s3cret"}):  # fmt: skip
                 r = httpx.request(method, url + path, json=GOOD, headers=headers)
                 assert r.status_code == 401, (path, headers)
                 assert r.json()["error"]["code"] == "invalid_api_key"
+        # The scheme is case-insensitive (RFC 7235, section 2.1); the key is not.
+        for scheme in ("bearer", "BEARER", "Bearer", "bEaReR"):
+            r = httpx.get(f"{url}/v1/models", headers={"Authorization": f"{scheme} s3cret"})
+            assert r.status_code == 200, scheme
+        r = httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer S3CRET"})
+        assert r.status_code == 401
+        schema = httpx.get(f"{url}/openapi.json", headers={"Authorization": "Bearer s3cret"})
+        assert schema.status_code == 200 and "/v1/completions" in schema.json()["paths"]
         assert httpx.get(f"{url}/health").status_code == 200  # probes need no key
+        assert httpx.head(f"{url}/health").status_code == 200
         assert httpx.get(f"{url}/metrics").status_code == 200
         with (
             openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0) as bad,
@@ -124,7 +158,35 @@ def test_api_key_guards_every_v1_route(tiny_loaded):
             assert good.completions.create(model=MODEL_NAME, **GOOD).usage.completion_tokens >= 1
 
 
-def test_engine_failure_is_a_500_then_503_and_health_says_so(tiny_loaded):
+def test_one_failed_step_fails_its_requests_and_the_server_goes_on(tiny_loaded):
+    """A step that raises (not traced to a request by the engine) fails the requests inside
+    the engine with a 500; the next request is served, /health stays 200."""
+    with running_server(tiny_loaded, **POOL) as (url, app):
+        engine = app.state.engine_loop.engine
+        real_step, calls = engine.step, []
+
+        def step_failing_once():
+            calls.append(1)
+            if len(calls) == 1:
+                raise RuntimeError("simulated kernel failure")
+            return real_step()
+
+        engine.step = step_failing_once
+        r = httpx.post(f"{url}/v1/completions", json=GOOD, timeout=30)
+        assert r.status_code == 500, r.text
+        error = r.json()["error"]
+        assert error["type"] == "server_error" and error["code"] == "engine_error"
+        assert "simulated kernel failure" in error["message"]
+        assert httpx.get(f"{url}/health").status_code == 200
+        assert httpx.post(f"{url}/v1/completions", json=GOOD, timeout=30).status_code == 200
+        assert_idle(url)
+        assert metrics(url)["pagedkv_requests_total{outcome=failed}"] == 1
+
+
+def test_an_engine_that_keeps_failing_is_marked_failed(tiny_loaded):
+    """Only steps failing again and again mark the engine failed: then 503 and /health 503."""
+    from pagedkv.server.engine_loop import MAX_STEP_FAILURES
+
     with running_server(tiny_loaded, **POOL) as (url, app):
         engine = app.state.engine_loop.engine
 
@@ -132,9 +194,12 @@ def test_engine_failure_is_a_500_then_503_and_health_says_so(tiny_loaded):
             raise RuntimeError("simulated kernel failure")
 
         engine.step = broken_step
+        for _ in range(MAX_STEP_FAILURES - 1):
+            r = httpx.post(f"{url}/v1/completions", json=GOOD, timeout=30)
+            assert r.status_code == 500 and r.json()["error"]["code"] == "engine_error"
+            assert httpx.get(f"{url}/health").status_code == 200
         r = httpx.post(f"{url}/v1/completions", json=GOOD, timeout=30)
-        assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
-        assert "simulated kernel failure" in r.json()["error"]["message"]
+        assert r.status_code == 500 and r.json()["error"]["code"] == "engine_failed"
         health = httpx.get(f"{url}/health")
         assert health.status_code == 503 and "simulated" in health.json()["error"]["message"]
         assert httpx.post(f"{url}/v1/completions", json=GOOD, timeout=30).status_code == 503

@@ -3,7 +3,9 @@
 Routes: GET /v1/models, POST /v1/completions, POST /v1/chat/completions (streaming with
 "stream": true), GET /health, GET /metrics (Prometheus). Listens on 127.0.0.1 unless --host
 says otherwise. With --api-key (or $PAGEDKV_API_KEY) every /v1 route needs
-"Authorization: Bearer KEY". Without --model the embedded SmolLM2-135M-Instruct is served.
+"Authorization: Bearer KEY" (so do /openapi.json and unknown paths; /health and /metrics stay
+open for probes). Without --model the embedded SmolLM2-135M-Instruct is served. The address is
+bound before the model loads, so a port in use is reported at once.
 """
 
 from __future__ import annotations
@@ -14,7 +16,11 @@ import os
 import sys
 from pathlib import Path
 
-from pagedkv.commands.generate import add_engine_args, engine_config
+from pagedkv.commands.engine_flags import add_engine_args, engine_config
+
+# The cap's default, repeated here so that parsing flags needs no server import (FastAPI is
+# slow to import); tests check that the two agree.
+DEFAULT_MAX_SAMPLES_PER_REQUEST = 1024
 
 EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
 
@@ -35,6 +41,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     g.add_argument("--served-model-name", help="model id clients use (default: from --model)")
     g.add_argument(
+        "--max-samples-per-request",
+        type=int,
+        default=DEFAULT_MAX_SAMPLES_PER_REQUEST,
+        help="most prompts x n one request may ask for; more is a 400 "
+        f"(default {DEFAULT_MAX_SAMPLES_PER_REQUEST})",
+    )
+    g.add_argument(
         "--log-level",
         default="info",
         choices=["critical", "error", "warning", "info", "debug"],
@@ -45,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def served_model_name(args: argparse.Namespace) -> str:
-    if args.served_model_name:
+    if args.served_model_name is not None:  # given, even empty: ServerConfig judges it
         return args.served_model_name
     if args.model is None:
         return EMBEDDED_MODEL_NAME
@@ -63,6 +76,7 @@ def server_config(args: argparse.Namespace):
         port=args.port,
         api_key=api_key,
         log_level=args.log_level,
+        max_samples_per_request=args.max_samples_per_request,
     )
 
 
@@ -76,8 +90,10 @@ def _is_loopback(host: str) -> bool:
 def run(args: argparse.Namespace) -> int:
     config = server_config(args)  # validate the edge before loading anything
     engine_cfg = engine_config(args)
+    from pagedkv.server import bind, create_app, serve_forever
+
+    sock = bind(config.host, config.port)  # a port in use is an error now, not after the load
     from pagedkv.engine import LLMEngine
-    from pagedkv.server import create_app, serve_forever
 
     if not _is_loopback(config.host) and config.api_key is None:
         print(
@@ -85,6 +101,10 @@ def run(args: argparse.Namespace) -> int:
             "anyone who can reach this address can use the model",
             file=sys.stderr,
         )
-    engine = LLMEngine(engine_cfg)
-    serve_forever(create_app(engine, config), config)
+    try:
+        engine = LLMEngine(engine_cfg)
+    except BaseException:
+        sock.close()
+        raise
+    serve_forever(create_app(engine, config), config, sock)
     return 0

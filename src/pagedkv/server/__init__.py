@@ -6,11 +6,12 @@
 
 from pagedkv.server.app import create_app
 from pagedkv.server.config import ServerConfig
-from pagedkv.server.runner import BackgroundServer, serve_forever, start_in_background
+from pagedkv.server.uvicorn_server import BackgroundServer, bind, serve_forever, start_in_background
 
 __all__ = [
     "BackgroundServer",
     "ServerConfig",
+    "bind",
     "create_app",
     "serve_forever",
     "start_in_background",

@@ -1,13 +1,22 @@
 """The engine loop: one background thread owns the (not thread-safe) ``LLMEngine``.
 
-HTTP handlers never touch the engine. They put commands (add, abort) on a thread-safe queue and
-receive their request's outputs through a ``deliver`` callable they hand in with the request
-(the app's wraps ``loop.call_soon_threadsafe``). The thread applies every queued command between
-two steps, so a request that arrives while others decode joins the running batch at the next
-step: continuous batching. When nothing is queued or running the thread sleeps on the queue.
+HTTP handlers never touch the engine. They put commands (submit, abort) on a thread-safe queue
+and receive their requests' outputs through the ``deliver`` callables they hand in (the app's
+wrap ``loop.call_soon_threadsafe``). The thread applies every queued command between two steps,
+so a request that arrives while others decode joins the running batch at the next step.
 
-After every step the thread publishes an immutable ``EngineSnapshot`` (pool, queues, counters):
-``/metrics`` and ``/health`` read that, never the engine.
+Fair admission: one HTTP request may carry many prompts. They wait in the loop's own queue, and
+the loop hands the engine only enough to keep a short queue ahead of the running batch
+(``admit_ahead_seqs`` sequences), taking one prompt per HTTP request in turn. A small request
+sent after a giant one therefore waits behind a few of its prompts, not all of them.
+
+Failures: ``engine.step`` contains a failure it can trace (the request comes back finished with
+``error`` set) and the loop answers that request alone with a 500. If a step still raises, the
+requests inside the engine fail (aborted, so their blocks are freed) and the loop goes on; only
+``max_step_failures`` failed steps in a row mark the engine failed (``/health`` 503).
+
+After every iteration the thread publishes an immutable ``LoopSnapshot`` (the engine's own
+``snapshot()`` plus the loop's counts): ``/metrics`` reads that, never the engine.
 """
 
 from __future__ import annotations
@@ -15,58 +24,39 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pagedkv.engine import LLMEngine, RequestOutput, SamplingParams
+from pagedkv.engine import LLMEngine, SamplingParams
+from pagedkv.engine.stats import EngineSnapshot
+from pagedkv.errors import UsageError
+from pagedkv.server.delivery import Deliver, Delivery, Failure, Submission, failure_of
+from pagedkv.server.fair_queue import FairQueue
+
+__all__ = ["Deliver", "Delivery", "EngineLoop", "Failure", "LoopSnapshot", "Submission"]
 
 log = logging.getLogger("pagedkv.server")
 
-
-@dataclass(frozen=True)
-class Failure:
-    """Why a request ended without (more) output. ``status_code`` is the HTTP status a handler
-    answers with if nothing was sent yet: 400 the engine refused the input, 503 shutting down,
-    500 the engine failed."""
-
-    message: str
-    status_code: int
-    code: str
-
-
-# What ``deliver`` receives: a snapshot of the request (kept by the receiver) or a Failure.
-Delivery = RequestOutput | Failure
-Deliver = Callable[[Delivery], None]
+# Sequences kept queued in the engine ahead of its running batch: enough to refill the batch at
+# every step, few enough that a request arriving later is not stuck behind a long queue.
+ADMIT_AHEAD_SEQS = 16
+# Steps that raise in a row before the engine is no longer trusted (one is a request's fault).
+MAX_STEP_FAILURES = 3
 
 
 @dataclass(frozen=True)
-class EngineSnapshot:
-    """The engine's state after one step; every field counts blocks, sequences or tokens."""
+class LoopSnapshot:
+    """The engine's snapshot plus what only the loop knows; immutable, any thread reads it."""
 
-    num_total_blocks: int
-    num_free_blocks: int
-    num_used_blocks: int
-    num_cached_blocks: int
-    kv_utilization: float  # used slots / pool slots
-    prefix_hit_tokens: int
-    prefix_query_tokens: int
-    num_running_seqs: int
-    num_waiting_seqs: int
-    peak_running_seqs: int  # most sequences in one step's batch since start
-    num_preemptions: int
-    generated_tokens: int
-    num_steps: int
-    num_requests_in_flight: int  # submitted, not yet finished or aborted
+    engine: EngineSnapshot
+    num_requests_in_flight: int  # engine requests submitted, not yet finished or aborted
+    num_requests_queued: int  # of which still in the loop's fair queue (not in the engine)
 
 
 @dataclass(frozen=True)
-class _Add:
-    request_id: str
-    prompt_token_ids: Sequence[int]
-    params: SamplingParams
-    cache_salt: str | None
-    deliver: Deliver
+class _Submit:
+    group: tuple[Submission, ...]
 
 
 @dataclass(frozen=True)
@@ -86,15 +76,28 @@ class EngineLoop:
     must not block.
     """
 
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(
+        self,
+        engine: LLMEngine,
+        admit_ahead_seqs: int = ADMIT_AHEAD_SEQS,
+        max_step_failures: int = MAX_STEP_FAILURES,
+    ) -> None:
+        if admit_ahead_seqs < 1 or max_step_failures < 1:
+            raise ValueError("admit_ahead_seqs and max_step_failures must be >= 1")
         self.engine = engine
+        self._admit_ahead_seqs = admit_ahead_seqs
+        self._max_step_failures = max_step_failures
         self._commands: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._delivers: dict[str, Deliver] = {}  # engine thread only
+        # -- engine thread only --
+        self._delivers: dict[str, Deliver] = {}  # requests inside the engine
+        self._queued: FairQueue[Submission] = FairQueue()  # not yet in the engine
+        self._step_failures = 0  # steps that raised in a row
+        # --
         self._thread: threading.Thread | None = None
-        self.failed: str | None = None  # set when a step raised: the engine is not trusted
+        self.failed: str | None = None  # set when the engine is no longer trusted
         self._stopped = False  # set by the engine thread when it ends; guarded by _lock
         self._lock = threading.Lock()
-        self.snapshot = self._take_snapshot()
+        self.snapshot = LoopSnapshot(engine.snapshot(), 0, 0)
 
     # -- any thread ------------------------------------------------------------------------
 
@@ -115,6 +118,15 @@ class EngineLoop:
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self.failed is None
 
+    def submit_group(self, group: Sequence[Submission]) -> None:
+        """Queue the engine requests of one HTTP request; they are admitted fairly."""
+        with self._lock:
+            if not self._stopped:
+                self._commands.put(_Submit(tuple(group)))
+                return
+        for sub in group:
+            sub.deliver(Failure("the server is shutting down", 503, "shutting_down"))
+
     def submit(
         self,
         request_id: str,
@@ -123,11 +135,7 @@ class EngineLoop:
         cache_salt: str | None,
         deliver: Deliver,
     ) -> None:
-        with self._lock:
-            if not self._stopped:
-                self._commands.put(_Add(request_id, prompt_token_ids, params, cache_salt, deliver))
-                return
-        deliver(Failure("the server is shutting down", 503, "shutting_down"))
+        self.submit_group([Submission(request_id, prompt_token_ids, params, cache_salt, deliver)])
 
     def abort(self, request_id: str) -> None:
         """Stop the request and free its blocks at the next command drain (before the next
@@ -141,36 +149,24 @@ class EngineLoop:
             try:
                 if self._iterate():
                     return
-                self.snapshot = self._take_snapshot()
-            except Exception as exc:  # engine (or our) bug: fail every request, never hang one
-                self._mark_failed(exc)
+            except Exception as exc:  # our own bug or the engine's: contained like a step
+                self._step_raised(exc)
+            self._publish()
 
     def _iterate(self) -> bool:
-        """Apply the queued commands, then run one step; True once stopped."""
-        idle = not self.engine.has_unfinished() or self.failed is not None
+        """Apply the queued commands, admit fairly, run one step; True once stopped."""
+        idle = self.failed is not None or not (self.engine.has_unfinished() or self._queued)
         commands = self._drain(block=idle)
         for k, command in enumerate(commands):
             if command is _STOP:
                 self._shut_down(commands[k + 1 :])
                 return True
             self._apply(command)
-        if self.failed is None and self.engine.has_unfinished():
-            self._step()
+        if self.failed is None:
+            self._admit()
+            if self.engine.has_unfinished():
+                self._step()
         return False
-
-    def _mark_failed(self, exc: Exception) -> None:
-        log.error("the engine loop failed; failing every request", exc_info=exc)
-        self.failed = f"{type(exc).__name__}: {exc}"
-        self._fail_all(f"the engine failed: {self.failed}", 500, "engine_failed")
-
-    def _shut_down(self, pending: list[Any]) -> None:
-        with self._lock:  # no submit can queue behind us from now on
-            self._stopped = True
-        self._fail_all("the server is shutting down", 503, "shutting_down")
-        for command in pending + self._drain(block=False):
-            if isinstance(command, _Add):
-                command.deliver(Failure("the server is shutting down", 503, "shutting_down"))
-        self.snapshot = self._take_snapshot()
 
     def _drain(self, block: bool) -> list[Any]:
         commands = [self._commands.get()] if block else []
@@ -180,60 +176,94 @@ class EngineLoop:
             except queue.Empty:
                 return commands
 
-    def _apply(self, command: _Add | _Abort) -> None:
+    def _apply(self, command: _Submit | _Abort) -> None:
         if isinstance(command, _Abort):
+            if self._queued.remove(command.request_id):
+                return
             if self._delivers.pop(command.request_id, None) is not None and self.failed is None:
                 self.engine.abort(command.request_id)
             return
         if self.failed is not None:
-            command.deliver(Failure(f"the engine failed: {self.failed}", 503, "engine_failed"))
+            for sub in command.group:
+                sub.deliver(Failure(f"the engine failed: {self.failed}", 503, "engine_failed"))
             return
+        self._queued.add_group(command.group)
+
+    def _admit(self) -> None:
+        """Hand the engine queued requests, one per HTTP request in turn, until it has
+        ``admit_ahead_seqs`` sequences waiting."""
+        waiting = self.snapshot.engine.num_waiting_seqs  # as the last step left it
+        while waiting < self._admit_ahead_seqs and (sub := self._queued.pop()) is not None:
+            if self._add(sub):
+                waiting += sub.params.n
+
+    def _add(self, sub: Submission) -> bool:
         try:
-            self.engine.add_request(
-                list(command.prompt_token_ids),
-                command.params,
-                request_id=command.request_id,
-                cache_salt=command.cache_salt,
-            )
-        except ValueError as exc:
-            command.deliver(Failure(str(exc), 400, "invalid_request"))
-            return
-        self._delivers[command.request_id] = command.deliver
+            self.engine.add_request(list(sub.prompt_token_ids), sub.params,
+                                    request_id=sub.request_id, cache_salt=sub.cache_salt)  # fmt: skip
+        except UsageError as exc:
+            sub.deliver(Failure(str(exc), 400, exc.code, exc.param))
+            return False
+        self._delivers[sub.request_id] = sub.deliver
+        return True
 
     def _step(self) -> None:
-        outputs = self.engine.step()  # raising: _run marks the engine failed
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:  # noqa: BLE001 - contained below, the loop goes on
+            self._step_raised(exc)
+            return
+        self._step_failures = 0
         for out in outputs:
             deliver = self._delivers.get(out.request_id)
             if deliver is None:
                 continue  # aborted by its client in the meantime
             if out.finished:
                 del self._delivers[out.request_id]
-            deliver(out)
+            deliver(failure_of(out) or out)
 
-    def _fail_all(self, message: str, status_code: int, code: str) -> None:
+    def _step_raised(self, exc: Exception) -> None:
+        """Fail the requests inside the engine (their blocks are freed) and go on; after
+        ``max_step_failures`` in a row the engine is marked failed."""
+        self._step_failures += 1
+        if self._step_failures >= self._max_step_failures or self.failed is not None:
+            log.error("the engine loop failed %d times in a row; failing every request",
+                      self._step_failures, exc_info=exc)  # fmt: skip
+            self.failed = f"{type(exc).__name__}: {exc}"
+            self._fail_all(f"the engine failed: {self.failed}", 500, "engine_failed")
+            return
+        log.error("an engine step failed; failing the requests inside the engine", exc_info=exc)
+        self._fail_in_engine(f"the request failed inside the engine: {type(exc).__name__}: {exc}",
+                             500, "engine_error")  # fmt: skip
+
+    def _shut_down(self, pending: list[Any]) -> None:
+        with self._lock:  # no submit can queue behind us from now on
+            self._stopped = True
+        self._fail_all("the server is shutting down", 503, "shutting_down")
+        for command in pending + self._drain(block=False):
+            if isinstance(command, _Submit):
+                for sub in command.group:
+                    sub.deliver(Failure("the server is shutting down", 503, "shutting_down"))
+
+    def _fail_in_engine(self, message: str, status_code: int, code: str) -> None:
         delivers, self._delivers = self._delivers, {}
         for request_id, deliver in delivers.items():
-            if self.failed is None:
+            try:
                 self.engine.abort(request_id)
+            except Exception:  # noqa: BLE001 - the request is failed whatever the engine says
+                log.exception("aborting %s after a failed step", request_id)
             deliver(Failure(message, status_code, code))
 
-    def _take_snapshot(self) -> EngineSnapshot:
-        engine = self.engine
-        kv = engine.allocator.stats()
-        recorder = engine.recorder
-        return EngineSnapshot(
-            num_total_blocks=kv.num_total_blocks,
-            num_free_blocks=kv.num_free_blocks,
-            num_used_blocks=kv.num_used_blocks,
-            num_cached_blocks=kv.num_cached_blocks,
-            kv_utilization=kv.kv_utilization,
-            prefix_hit_tokens=kv.prefix_hit_tokens,
-            prefix_query_tokens=kv.prefix_query_tokens,
-            num_running_seqs=engine.scheduler.num_running,
-            num_waiting_seqs=engine.scheduler.num_waiting,
-            peak_running_seqs=recorder.peak_running,
-            num_preemptions=engine.scheduler.num_preemptions,
-            generated_tokens=recorder.generated_tokens,
-            num_steps=recorder.num_steps,
-            num_requests_in_flight=len(self._delivers),
-        )
+    def _fail_all(self, message: str, status_code: int, code: str) -> None:
+        self._fail_in_engine(message, status_code, code)
+        for sub in self._queued.drain():
+            sub.deliver(Failure(message, status_code, code))
+
+    def _publish(self) -> None:
+        try:
+            engine = self.engine.snapshot()
+        except Exception:  # noqa: BLE001 - a broken engine keeps its last known state
+            log.exception("the engine snapshot failed")
+            engine = self.snapshot.engine
+        in_flight = len(self._delivers) + len(self._queued)
+        self.snapshot = LoopSnapshot(engine, in_flight, len(self._queued))

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from pagedkv.errors import UsageError
 from pagedkv.server.protocol import ErrorBody, ErrorResponse, dump
 
 log = logging.getLogger("pagedkv.server")
@@ -52,6 +53,13 @@ class APIError(Exception):
     def response(self) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if self.status_code == 401 else None
         return JSONResponse(self.body(), status_code=self.status_code, headers=headers)
+
+
+def from_usage(exc: UsageError, renames: dict[str, str] | None = None) -> APIError:
+    """A 400 for what the engine's own rules refused; ``param`` is the field it names, renamed
+    to the request's spelling where the two differ (``renames``: engine name -> request's)."""
+    param = exc.param if exc.param is None else (renames or {}).get(exc.param, exc.param)
+    return APIError(str(exc), param=param, code=exc.code)
 
 
 def from_validation(exc: ValidationError | RequestValidationError) -> APIError:

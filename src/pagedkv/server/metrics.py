@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, Info, gener
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from pagedkv.server.engine_loop import EngineSnapshot
+from pagedkv.server.engine_loop import LoopSnapshot
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PREFIX = "pagedkv"
@@ -21,7 +21,8 @@ PREFIX = "pagedkv"
 # Seconds; CPU prefill of a long prompt behind a full batch can take several seconds.
 TTFT_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
-# (name, help, snapshot field) of the gauges and counters read from the snapshot.
+# (name, help, field) of the gauges and counters read from the engine's snapshot; the loop's
+# own counts follow in ``_LOOP_GAUGES``.
 _GAUGES = (
     ("kv_blocks_total", "KV blocks in the pool", "num_total_blocks"),
     ("kv_blocks_free", "KV blocks holding nothing reusable", "num_free_blocks"),
@@ -34,8 +35,12 @@ _GAUGES = (
     ("sequences_waiting", "sequences queued for admission (or preempted)", "num_waiting_seqs"),
     ("sequences_running_peak", "most sequences in one step's batch since start",
      "peak_running_seqs"),
+)  # fmt: skip
+_LOOP_GAUGES = (
     ("requests_in_flight", "requests submitted and not yet finished or aborted",
      "num_requests_in_flight"),
+    ("requests_queued", "requests waiting in the server's fair queue, not yet in the engine",
+     "num_requests_queued"),
 )  # fmt: skip
 _COUNTERS = (
     ("prefix_hit_tokens", "prompt tokens whose KV was reused from the prefix cache",
@@ -44,28 +49,33 @@ _COUNTERS = (
     ("preemptions", "sequences preempted (their KV freed, recomputed later)", "num_preemptions"),
     ("generated_tokens", "tokens sampled (every sample of every request)", "generated_tokens"),
     ("engine_steps", "engine steps that ran a batch", "num_steps"),
+    ("failed_requests", "requests a failure inside the engine ended (the others went on)",
+     "num_failed_requests"),
 )  # fmt: skip
 
 
 class _SnapshotCollector(Collector):
     """Reads the snapshot at scrape time: no metric is updated on the engine's hot path."""
 
-    def __init__(self, snapshot: Callable[[], EngineSnapshot]) -> None:
+    def __init__(self, snapshot: Callable[[], LoopSnapshot]) -> None:
         self._snapshot = snapshot
 
     def collect(self) -> Iterator[Metric]:
         snap = self._snapshot()
+        engine = snap.engine
         for name, help_text, field in _GAUGES:
+            yield GaugeMetricFamily(f"{PREFIX}_{name}", help_text, value=getattr(engine, field))
+        for name, help_text, field in _LOOP_GAUGES:
             yield GaugeMetricFamily(f"{PREFIX}_{name}", help_text, value=getattr(snap, field))
         for name, help_text, field in _COUNTERS:
-            yield CounterMetricFamily(f"{PREFIX}_{name}", help_text, value=getattr(snap, field))
+            yield CounterMetricFamily(f"{PREFIX}_{name}", help_text, value=getattr(engine, field))
 
 
 class ServerMetrics:
     """The registry of one server. ``observe_ttft`` and ``count_request`` are called from the
     HTTP handlers (prometheus-client's metric objects are thread-safe)."""
 
-    def __init__(self, snapshot: Callable[[], EngineSnapshot], page_format: dict[str, str]):
+    def __init__(self, snapshot: Callable[[], LoopSnapshot], page_format: dict[str, str]):
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(_SnapshotCollector(snapshot))
         self._ttft = Histogram(

@@ -1,9 +1,9 @@
 """From engine outputs to OpenAI bodies: whole responses, stream chunks, usage, logprobs.
 
-Streaming sends text deltas. The engine cuts a matched stop string out of text it may already
-have reported one token earlier (the stop string's first characters arrived first), so while a
-choice runs, the last ``len(longest stop) - 1`` characters are held back: what was sent is
-never taken back. Choice ``index`` = ``prompt_index * n + sample index``.
+Streaming sends text deltas: exactly ``text[len(sent):]`` of each new snapshot. The engine's
+text never takes back what it once exposed (its detokenizer holds back a possible stop string's
+beginning and an incomplete UTF-8 character), so the server holds back nothing of its own.
+Choice ``index`` = ``prompt_index * n + sample index``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ class ResponseHeader:
     chat: bool
     n: int
     want_logprobs: bool
-    holdback_chars: int
 
 
 def usage(outputs: list[RequestOutput]) -> p.Usage:
@@ -134,8 +133,8 @@ class StreamRenderer:
             sent = self._sent.setdefault(k, _Sent())
             if sent.done:
                 continue
-            end = len(c.text) if c.finished else max(len(c.text) - self.head.holdback_chars, 0)
-            delta = c.text[sent.chars : end] if end > sent.chars else ""
+            end = len(c.text)
+            delta = c.text[sent.chars :]
             if not delta and not c.finished and sent.role_sent:
                 continue  # nothing printable yet; its tokens go out with the next text
             bodies.append(self._chunk(k, c, sent, delta))
@@ -158,7 +157,7 @@ class StreamRenderer:
         else:
             logprobs = None
             if h.want_logprobs:
-                # Offsets follow the token strings, not the characters sent: a stop-string
+                # Offsets follow the token strings, not the characters sent: the engine's
                 # hold-back delays text but never moves a token.
                 logprobs = completion_logprobs(self.tokenizer, c, sent.tokens, sent.token_chars)
                 if logprobs.tokens:

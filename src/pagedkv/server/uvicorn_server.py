@@ -20,11 +20,14 @@ from dataclasses import dataclass
 import uvicorn
 from fastapi import FastAPI
 
+from pagedkv.errors import UsageError
 from pagedkv.server.config import ServerConfig
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """A listening-ready TCP socket on ``host:port`` (IPv6 if ``host`` is an IPv6 address)."""
+    """A listening-ready TCP socket on ``host:port`` (IPv6 if ``host`` is an IPv6 address);
+    ``UsageError`` if the address cannot be had (in use, not this machine's). Cheap: call it
+    before loading a model, so a taken port is reported at once."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -32,7 +35,7 @@ def bind(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}", "port") from None
     return sock
 
 
@@ -76,10 +79,11 @@ def url_of(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def serve_forever(app: FastAPI, config: ServerConfig) -> None:
+def serve_forever(app: FastAPI, config: ServerConfig, sock: socket.socket | None = None) -> None:
     """Serve until interrupted (Ctrl-C / SIGTERM): uvicorn then lets open streams finish for
-    ``graceful_shutdown_s`` and the app's lifespan stops the engine loop."""
-    sock = bind(config.host, config.port)
+    ``graceful_shutdown_s`` and the app's lifespan stops the engine loop. ``sock``: a socket
+    from ``bind`` (bound before the model loaded); by default one is bound here."""
+    sock = sock or bind(config.host, config.port)
     print(f"pagedkv serve: listening on {url_of(sock)}/v1", flush=True)
     _uvicorn(app, config).run(sockets=[sock])
 

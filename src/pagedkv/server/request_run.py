@@ -1,7 +1,7 @@
-"""``Run``: the engine requests of one HTTP request, seen from the asyncio side.
+"""``RequestRun``: the engine requests of one HTTP request, seen from the asyncio side.
 
-A completions request may carry a batch of prompts: each becomes its own engine request (they
-batch together anyway). Their outputs arrive from the engine thread through
+A completions request may carry a batch of prompts: each becomes its own engine request, and
+the engine loop admits them fairly beside other HTTP requests' prompts. Their outputs arrive from the engine thread through
 ``loop.call_soon_threadsafe``. Each output is a complete snapshot (text, tokens and logprobs so
 far), so only the newest one per prompt is kept: a slow client costs one pending snapshot per
 prompt, not one per step, and gets larger deltas instead.
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from starlette.requests import Request
 
 from pagedkv.engine import RequestOutput, SamplingParams
-from pagedkv.server.engine_loop import Delivery, EngineLoop, Failure
+from pagedkv.server.engine_loop import Delivery, EngineLoop, Failure, Submission
 from pagedkv.server.errors import APIError
 from pagedkv.server.metrics import ServerMetrics
 
@@ -29,8 +29,9 @@ class ClientGone(Exception):
     """The client closed its connection; the run has been aborted."""
 
 
-class Run:
-    """Submits one engine request per prompt on construction (call it on the event loop).
+class RequestRun:
+    """Submits one engine request per prompt, as one group, on construction (call it on the
+    event loop).
 
     ``next`` yields ``(prompt_index, output)`` until ``finished``; the caller must call
     ``abort`` (idempotent) if it stops early, so that the engine frees the blocks.
@@ -60,9 +61,12 @@ class Run:
         self.latest: list[RequestOutput | None] = [None] * len(prompts)
         self._first_token_seen = [False] * len(prompts)
         self._open = set(range(len(prompts)))
-        for i, prompt in enumerate(prompts):
-            deliver = self._deliverer(i)
-            engine_loop.submit(self.request_ids[i], prompt, params, cache_salt, deliver)
+        engine_loop.submit_group(
+            [
+                Submission(self.request_ids[i], prompt, params, cache_salt, self._deliverer(i))
+                for i, prompt in enumerate(prompts)
+            ]
+        )
 
     def _deliverer(self, index: int):
         loop, push = self._loop, self._push
@@ -105,14 +109,10 @@ class Run:
                 index, item = await asyncio.wait_for(self._take(), DISCONNECT_POLL_S)
             except asyncio.TimeoutError:
                 continue
-            if isinstance(item, Failure):
+            if isinstance(item, Failure):  # this request only: the others of the run end too
                 self._open.discard(index)
                 self.abort()
-                raise APIError(item.message, item.status_code, code=item.code)
-            if item.error:  # refused by the scheduler: it can never fit the KV pool
-                self._open.discard(index)
-                self.abort()
-                raise APIError(item.error, 400, param="prompt", code="kv_pool_too_small")
+                raise APIError(item.message, item.status_code, param=item.param, code=item.code)
             self.latest[index] = item
             if not self._first_token_seen[index] and any(c.token_ids for c in item.outputs):
                 self._first_token_seen[index] = True

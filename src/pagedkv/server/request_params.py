@@ -1,0 +1,174 @@
+"""From an OpenAI request to the engine's inputs: prompt token ids and ``SamplingParams``.
+
+This module translates; it decides no rule the engine owns. Sampling values are judged by
+``SamplingParams``, prompts against the vocabulary, the context and the KV pool by
+``engine.check_request``; their ``UsageError`` becomes a 400 whose ``param`` is the request's
+field. What is left here is the HTTP edge's own: OpenAI fields we do not implement, the chat
+template, and the cap on prompts x ``n`` of one request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from pagedkv.engine import SamplingParams
+from pagedkv.engine.stats import EngineInfo
+from pagedkv.errors import UsageError
+from pagedkv.model.tokenizer import Tokenizer
+from pagedkv.server.errors import APIError, from_usage
+from pagedkv.server.protocol import ChatCompletionRequest, CompletionRequest
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions route
+
+
+class EngineRules(Protocol):
+    """The part of the engine a handler may use from its own thread."""
+
+    @property
+    def info(self) -> EngineInfo: ...
+
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None: ...
+
+
+@dataclass(frozen=True)
+class EngineInputs:
+    """One engine request per prompt, all with ``params``."""
+
+    prompts: list[list[int]]
+    params: SamplingParams
+
+
+def check_unsupported(req: CompletionRequest | ChatCompletionRequest) -> None:
+    """OpenAI fields we accept only at their neutral value."""
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(req, name) not in (None, 0.0):
+            raise APIError(f"{name} is not supported (only 0)", param=name, code="unsupported")
+    if req.logit_bias:
+        raise APIError("logit_bias is not supported", param="logit_bias", code="unsupported")
+    if isinstance(req, CompletionRequest):
+        if req.echo:
+            raise APIError("echo is not supported", param="echo", code="unsupported")
+        if req.suffix:
+            raise APIError("suffix is not supported", param="suffix", code="unsupported")
+        if req.best_of not in (None, 1, req.n):
+            raise APIError("best_of is not supported (only equal to n)", param="best_of",
+                           code="unsupported")  # fmt: skip
+
+
+def completion_prompts(req: CompletionRequest, tokenizer: Tokenizer) -> list[list[int]]:
+    """The token ids of each prompt of the request (one, or a batch)."""
+    prompt = req.prompt
+    if isinstance(prompt, str):
+        batch: list = [prompt]
+    elif prompt and all(isinstance(t, int) for t in prompt):
+        batch = [prompt]  # one prompt given as token ids
+    else:
+        batch = list(prompt)
+    if not batch:
+        raise APIError("prompt is empty", param="prompt", code="invalid_value")
+    return [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in batch]
+
+
+def chat_prompt(req: ChatCompletionRequest, tokenizer: Tokenizer) -> list[int]:
+    """The token ids of the messages rendered by the model's own chat template."""
+    messages = []
+    for m in req.messages:
+        content = m.content
+        if isinstance(content, list):
+            content = "".join(part.text for part in content)
+        # "developer" is OpenAI's newer name for the system role; templates know "system".
+        role = "system" if m.role == "developer" else m.role
+        messages.append({"role": role, "content": content or ""})
+    try:
+        return tokenizer.encode_chat(messages)
+    except Exception as exc:  # the template's own raise_exception, or no template at all
+        raise APIError(f"cannot apply the chat template: {exc}", param="messages",
+                       code="invalid_value") from None  # fmt: skip
+
+
+def engine_inputs(
+    req: CompletionRequest | ChatCompletionRequest,
+    tokenizer: Tokenizer,
+    engine: EngineRules,
+    max_samples_per_request: int,
+) -> EngineInputs:
+    """Tokenize and judge a request; raise ``APIError`` naming the field. Slow for long
+    prompts (tokenizing, scanning ids): call it off the event loop."""
+    check_unsupported(req)
+    if isinstance(req, ChatCompletionRequest):
+        prompts = [chat_prompt(req, tokenizer)]
+    else:
+        prompts = completion_prompts(req, tokenizer)
+    params, renames = sampling_params(req, max(len(p) for p in prompts), engine.info)
+    num_samples = len(prompts) * params.n
+    if num_samples > max_samples_per_request:
+        raise APIError(
+            f"this request asks for {len(prompts)} prompt(s) x n = {params.n}, {num_samples} "
+            f"samples; a request may ask for at most {max_samples_per_request} "
+            "(the server's --max-samples-per-request)",
+            param="prompt" if len(prompts) > 1 else "n",
+            code="too_many_samples",
+        )
+    for i, prompt in enumerate(prompts):
+        try:
+            engine.check_request(prompt, params)
+        except UsageError as exc:
+            error = from_usage(exc, renames)
+            if len(prompts) > 1 and error.param == "prompt":
+                error.message = f"prompt {i}: {error.message}"
+            raise error from None
+    return EngineInputs(prompts, params)
+
+
+def sampling_params(
+    req: CompletionRequest | ChatCompletionRequest, longest_prompt_tokens: int, info: EngineInfo
+) -> tuple[SamplingParams, dict[str, str]]:
+    """The engine's ``SamplingParams`` of the request (its ``UsageError`` as a 400), and the
+    renames from the engine's field names to the request's (for later errors)."""
+    renames: dict[str, str] = {}
+    if isinstance(req, ChatCompletionRequest):
+        renames["logprobs"] = "top_logprobs"
+        if req.max_completion_tokens is not None:
+            renames["max_tokens"] = "max_completion_tokens"
+    try:
+        params = SamplingParams(
+            max_tokens=_max_tokens(req, longest_prompt_tokens, info.max_model_len),
+            temperature=1.0 if req.temperature is None else req.temperature,  # OpenAI's default
+            top_k=0 if req.top_k is None else req.top_k,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            seed=req.seed,
+            n=req.n,
+            stop=(req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ()),
+            stop_token_ids=tuple(req.stop_token_ids or ()),
+            ignore_eos=req.ignore_eos,
+            logprobs=_logprobs(req),
+        )
+    except UsageError as exc:
+        raise from_usage(exc, renames) from None
+    return params, renames
+
+
+def _max_tokens(
+    req: CompletionRequest | ChatCompletionRequest, prompt_tokens: int, max_model_len: int
+) -> int:
+    if isinstance(req, ChatCompletionRequest):
+        if req.max_tokens is not None and req.max_completion_tokens is not None:
+            raise APIError("give max_tokens or max_completion_tokens, not both",
+                           param="max_completion_tokens", code="invalid_value")  # fmt: skip
+        if req.max_completion_tokens is not None:
+            return req.max_completion_tokens
+        if req.max_tokens is None:  # chat default: up to the end of the context
+            return max(max_model_len - prompt_tokens, 1)
+        return req.max_tokens
+    return COMPLETIONS_DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens
+
+
+def _logprobs(req: CompletionRequest | ChatCompletionRequest) -> int | None:
+    """The number of alternatives per token (None: no logprobs); ``SamplingParams`` judges it."""
+    if isinstance(req, ChatCompletionRequest):
+        if req.top_logprobs is not None and not req.logprobs:
+            raise APIError("top_logprobs needs logprobs: true", param="top_logprobs",
+                           code="invalid_value")  # fmt: skip
+        return (req.top_logprobs or 0) if req.logprobs else None
+    return req.logprobs

@@ -1,0 +1,181 @@
+"""The routes: module-level handlers that read ``request.app.state`` (set by ``create_app``).
+
+A generation request is parsed, judged and tokenized (``request_params``), then run as one
+``RequestRun``; the answer is a JSON body or, with ``"stream": true``, server-sent events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
+from starlette.types import Receive, Scope, Send
+
+from pagedkv.server import protocol as p
+from pagedkv.server.errors import APIError, from_validation
+from pagedkv.server.metrics import CONTENT_TYPE
+from pagedkv.server.render import ResponseHeader, StreamRenderer, full_response
+from pagedkv.server.request_params import engine_inputs
+from pagedkv.server.request_run import ClientGone, RequestRun
+
+# Sent instead of a response to a client that already left (nginx's convention).
+CLIENT_CLOSED_REQUEST = 499
+# Far above any prompt that fits a context of 128k tokens as JSON (token ids or text).
+MAX_BODY_BYTES = 8 << 20
+
+v1 = APIRouter(prefix="/v1")
+
+
+async def health(request: Request) -> Response:
+    """200 while the engine loop runs (one failed request does not change that)."""
+    engine_loop = request.app.state.engine_loop
+    if engine_loop.alive:
+        return JSONResponse({"status": "ok"})
+    reason = engine_loop.failed or "the engine loop is not running"
+    return APIError(reason, 503, code="engine_unavailable").response()
+
+
+async def prometheus(request: Request) -> Response:
+    return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE)
+
+
+@v1.get("/models")
+async def models(request: Request) -> JSONResponse:
+    state = request.app.state
+    card = p.ModelCard(id=state.config.served_model_name, created=state.started_s,
+                       max_model_len=state.info.max_model_len)  # fmt: skip
+    return JSONResponse(p.dump(p.ModelList(data=[card])))
+
+
+@v1.post("/completions")
+async def completions(request: Request) -> Response:
+    return await _serve(request, p.CompletionRequest)
+
+
+@v1.post("/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    return await _serve(request, p.ChatCompletionRequest)
+
+
+async def _serve(request: Request, kind: type[BaseModel]) -> Response:
+    state = request.app.state
+    config, metrics = state.config, state.metrics
+    try:
+        req = await _parse(request, kind)
+        if req.model is not None and req.model != config.served_model_name:
+            raise APIError(f"the model {req.model!r} does not exist; this server serves "
+                           f"{config.served_model_name!r}", 404, param="model",
+                           code="model_not_found")  # fmt: skip
+        inputs = await asyncio.to_thread(
+            engine_inputs, req, state.tokenizer, state.rules, config.max_samples_per_request
+        )
+        if not state.engine_loop.alive:
+            raise APIError("the engine is not running", 503, code="engine_unavailable")
+    except APIError as exc:
+        metrics.count_request("rejected" if exc.status_code < 500 else "failed")
+        raise
+    chat = isinstance(req, p.ChatCompletionRequest)
+    head = ResponseHeader(
+        id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+        created_s=int(time.time()),
+        model=config.served_model_name,
+        chat=chat,
+        n=inputs.params.n,
+        want_logprobs=inputs.params.logprobs is not None,
+    )
+    run = RequestRun(state.engine_loop, metrics, head.id, inputs.prompts, inputs.params,
+                     req.cache_salt)  # fmt: skip
+    return await _respond(request, req, head, run)
+
+
+async def _respond(request: Request, req, head: ResponseHeader, run: RequestRun) -> Response:
+    metrics, tokenizer = request.app.state.metrics, request.app.state.tokenizer
+    try:
+        if not req.stream:
+            outputs = await run.wait_finished(request)
+            metrics.count_request("finished")
+            return JSONResponse(p.dump(full_response(head, tokenizer, outputs)))
+        # Wait for the first output before answering, so that a refusal is still a status.
+        first = await run.next(request)
+    except ClientGone:  # ``next`` aborted the run already
+        metrics.count_request("aborted")
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    except APIError as exc:  # likewise
+        metrics.count_request("rejected" if exc.status_code < 500 else "failed")
+        raise
+    except BaseException:  # cancelled while waiting (server shutdown)
+        run.abort()
+        raise
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    outcome = ["aborted"]  # what the stream reached; counted once it is closed
+
+    def on_close() -> None:
+        run.abort()  # a no-op unless the client left or the stream never started
+        metrics.count_request(outcome[0])
+
+    events = _events(run, StreamRenderer(head, tokenizer), first, include_usage, outcome)
+    return _EventStream(events, on_close)
+
+
+async def _events(
+    run: RequestRun, renderer: StreamRenderer, first, include_usage: bool, outcome: list[str]
+) -> AsyncIterator[str]:
+    """Server-sent events until ``[DONE]``. Starlette cancels this generator when the client
+    disconnects (``_EventStream`` then aborts the run, which frees its blocks)."""
+    try:
+        item = first
+        while True:
+            for body in renderer.chunks(*item):
+                yield _sse(body)
+            if run.finished:
+                break
+            item = await run.next(None)
+        if include_usage:
+            yield _sse(renderer.usage_chunk([o for o in run.latest if o is not None]))
+        outcome[0] = "finished"
+    except APIError as exc:  # a failure after the status line went out: an error event
+        outcome[0] = "rejected" if exc.status_code < 500 else "failed"
+        yield _sse(exc.body())
+    yield "data: [DONE]\n\n"
+
+
+class _EventStream(StreamingResponse):
+    """An SSE response that calls ``on_close`` however it ends: finished, cancelled by a
+    disconnect, or never started because the client left before the first byte."""
+
+    def __init__(self, events: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+        super().__init__(events, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache"})  # fmt: skip
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+async def _parse(request: Request, kind: type[BaseModel]):
+    """The validated request model; a body over ``MAX_BODY_BYTES`` is refused (413) while it
+    is still arriving, before it is held in memory whole."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise APIError(f"the body exceeds {MAX_BODY_BYTES} bytes", 413, code="body_too_large")
+        chunks.append(chunk)
+    body = b"".join(chunks)
+    try:
+        return kind.model_validate_json(body or b"")
+    except ValidationError as exc:
+        raise from_validation(exc) from None
+
+
+def _sse(body: dict) -> str:
+    return f"data: {json.dumps(body, ensure_ascii=False, separators=(',', ':'))}\n\n"
