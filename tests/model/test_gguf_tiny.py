@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from pagedkv.model import load_model
+from pagedkv.planner.sources import load_shape
 from tests.model.helpers import Chunk, run_steps
 from tests.model.tiny import VOCAB_SIZE, make_tiny_model, write_tiny_gguf
 
@@ -20,6 +21,19 @@ def test_gguf_written_like_llama_cpp_matches_transformers(arch, tmp_path):
     write_tiny_gguf(hf_model, arch, path)
     config, model, tokenizer = load_model(path, progress=False)
     assert config.architecture == arch
+    # One shape source for both files: they agree on every fact both state.
+    from_gguf, from_hf = load_shape(path), load_shape(tmp_path / "hf")
+    for fact in ("num_layers", "num_heads", "num_kv_heads", "head_dim", "query_dim",
+                 "vocab_size", "hidden_size", "intermediate_size", "max_context_tokens",
+                 "tie_word_embeddings", "rope_theta"):  # fmt: skip
+        assert getattr(from_gguf, fact) == getattr(from_hf, fact), fact
+    assert from_gguf.rms_norm_eps == pytest.approx(from_hf.rms_norm_eps, rel=1e-6)  # fp32
+    # Parameters: the GGUF's tensor elements (+ llama3's rope_freqs factors, head_dim / 2),
+    # and the config.json estimate, both against the model transformers built.
+    num_params = sum(p.numel() for p in hf_model.parameters())
+    assert from_hf.num_params == num_params
+    assert from_gguf.num_params == num_params + (8 if arch == "llama" else 0)
+    assert config.shape == from_gguf
     assert config.tie_word_embeddings == (arch == "qwen2")
     assert config.attention_bias == (arch == "qwen2")
     gen = torch.Generator().manual_seed(2)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from pagedkv.planner.layout import load_layout
+from pagedkv.planner.sources import load_shape
 
 
 def _string(text: str) -> bytes:
@@ -52,6 +53,17 @@ def test_hand_written_gguf(tmp_path):
     assert layout.record_bytes == 2 * 2 * 2 * 16 * 2
     assert layout.num_params == 64 * 100 + 64 * 64
     assert layout.weight_bytes == 4 * layout.num_params  # dequantized to fp32 at load
+    shape = load_shape(path)
+    assert (shape.source, shape.architecture, shape.num_heads, shape.query_dim) == (
+        "gguf",
+        "llama",
+        4,
+        64,
+    )
+    assert shape.tie_word_embeddings  # no output.weight tensor
+    assert shape.attention_bias is False  # no blk.0.attn_q.bias tensor
+    with pytest.raises(ValueError, match="lacks 'llama.feed_forward_length'"):
+        shape.require("intermediate_size")
 
     del metadata["llama.block_count"]
     _write_gguf(path, metadata, {})
@@ -76,3 +88,10 @@ def test_embedded_smollm2_gguf_matches_its_preset():
     assert from_file.record_bytes == preset.record_bytes == 23040
     # the tensor element count of the real file equals the preset's parameter count
     assert from_file.num_params == preset.num_params == 134_515_008
+    # Every shape fact the file states equals the preset's (SmolLM2's own config.json values).
+    file_shape, preset_shape = load_shape(_embedded_gguf()), load_shape("smollm2-135m")
+    for fact in ("num_layers", "num_heads", "num_kv_heads", "head_dim", "query_dim",
+                 "vocab_size", "hidden_size", "intermediate_size", "max_context_tokens",
+                 "tie_word_embeddings", "num_params"):  # fmt: skip
+        assert getattr(file_shape, fact) == getattr(preset_shape, fact), fact
+    assert (file_shape.num_heads, file_shape.num_kv_heads, file_shape.head_dim) == (9, 3, 64)

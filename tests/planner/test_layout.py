@@ -138,3 +138,37 @@ def test_int32_offset_limit_and_alignment():
     assert 3 * (715_827_882 + 1) - 1 > 2**31 - 1
     assert is_aligned(4096 * 16, 128)
     assert not is_aligned(216, 128)
+
+
+def test_a_config_json_knows_its_query_width(tmp_path):
+    # GQA: 8 query heads of 64 over 2 KV heads. The roofline's attention FLOPs need the query
+    # width (8 * 64), which the first version recovered only for presets (else 2 * 64).
+    from pagedkv.sim.cost_model import ModelCost
+
+    config = {"num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
+              "hidden_size": 512, "intermediate_size": 1024, "vocab_size": 1000}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    layout = load_layout(tmp_path)
+    assert layout.query_dim == 8 * 64
+    assert ModelCost.from_layout(layout).attention_flops_per_pair == 4 * 4 * 8 * 64
+
+
+def test_transformers_5_dtype_key_is_the_weight_dtype(tmp_path):
+    config = {"num_hidden_layers": 1, "num_attention_heads": 2, "hidden_size": 8,
+              "dtype": "float32"}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert load_layout(tmp_path).weight_dtype == "fp32"
+    assert load_layout(tmp_path).record_bytes == 2 * 1 * 2 * 4 * 4
+
+
+@pytest.mark.parametrize(
+    ("preset", "query_dim"),
+    [("llama-3-8b", 32 * 128), ("qwen2.5-7b", 28 * 128), ("smollm2-135m", 9 * 64)],
+)
+def test_preset_shapes(preset, query_dim):
+    from pagedkv.planner.sources import load_shape
+
+    shape = load_shape(preset)
+    assert shape.source == "preset" and shape.attention == "mha"
+    assert shape.query_dim == query_dim
+    assert load_layout(preset).query_dim == query_dim

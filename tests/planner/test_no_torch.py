@@ -35,3 +35,37 @@ def test_planner_runs_without_torch():
     )
     assert result.returncode == 0, result.stderr
     assert '"block_size"' in result.stdout
+
+
+def test_planner_modules_import_each_other_without_a_circle():
+    """Every import between planner modules, deferred ones inside functions included: the first
+    version hid a circle (layout -> gguf_meta -> layout) behind a function-level import."""
+    import ast
+    from pathlib import Path
+
+    import pagedkv.planner
+
+    folder = Path(pagedkv.planner.__file__).parent
+    graph: dict[str, set[str]] = {}
+    for path in folder.glob("*.py"):
+        deps = graph.setdefault(path.stem, set())
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                parts = name.split(".")
+                if parts[:2] == ["pagedkv", "planner"] and len(parts) > 2:
+                    deps.add(parts[2])
+    graph.pop("__init__", None)
+
+    def visit(module: str, stack: list[str]) -> None:
+        assert module not in stack, f"import circle: {' -> '.join([*stack, module])}"
+        for dep in sorted(graph.get(module, ())):
+            visit(dep, [*stack, module])
+
+    for module in graph:
+        visit(module, [])
