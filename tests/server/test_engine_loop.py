@@ -9,7 +9,7 @@ import pytest
 
 from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
 from pagedkv.engine.startup import build_parts
-from pagedkv.server.engine_loop import EngineLoop, Failure
+from pagedkv.server.engine_loop import EngineLoop, Failure, Submission
 
 from .conftest import wait_for
 
@@ -85,3 +85,41 @@ def test_stop_fails_requests_in_flight_and_later_submits(loop):
     assert isinstance(late.final, Failure) and late.final.code == "shutting_down"
     loop.engine.allocator.check_invariants()
     assert loop.engine.allocator.stats().num_used_blocks == 0
+
+
+def test_queued_requests_are_admitted_in_turn_and_aborts_skip_them(tiny_loaded):
+    """With one sequence admitted ahead, a group's prompts reach the engine one at a time, in
+    turn with a later group's; an abort while queued means the prompt never runs."""
+    config = EngineConfig(log_startup=False, block_size=4, max_model_len=128, max_num_seqs=1)
+    engine_loop = EngineLoop(LLMEngine(config, parts=build_parts(config, tiny_loaded)),
+                             admit_ahead_seqs=1)  # fmt: skip
+    order: list[str] = []
+
+    def inbox_for(request_id: str) -> Inbox:
+        inbox = Inbox()
+
+        def deliver(item) -> None:
+            if not isinstance(item, Failure) and item.finished:
+                order.append(request_id)
+            inbox(item)
+
+        inbox.deliver = deliver
+        return inbox
+
+    params = SamplingParams(max_tokens=3, ignore_eos=True)
+    big = {f"big-{i}": inbox_for(f"big-{i}") for i in range(4)}
+    small = inbox_for("small")
+    engine_loop.submit_group(
+        [Submission(r, [1, 2, 3], params, None, b.deliver) for r, b in big.items()]
+    )
+    engine_loop.abort("big-3")  # still queued: it never reaches the engine
+    engine_loop.submit("small", [4, 5], params, None, small.deliver)
+    engine_loop.start()
+    try:
+        wait_for(lambda: len(order) == 4, 30, "the four live requests to finish")
+        assert order.index("small") <= 2  # not after every prompt of the first group
+        assert not big["big-3"].items
+        wait_for(lambda: engine_loop.snapshot.num_requests_in_flight == 0, 5, "nothing in flight")
+        assert engine_loop.snapshot.num_requests_queued == 0
+    finally:
+        engine_loop.stop()
