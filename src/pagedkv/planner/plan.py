@@ -72,9 +72,6 @@ class Plan:
             self.pool_bytes, self.layout.record_bytes, self.workload.max_len_tokens
         )
 
-    def row(self, block_size: int) -> PlanRow:
-        return next(r for r in self.rows if r.block_size == block_size)
-
 
 def _median_prefix(workload: Workload) -> float | None:
     return statistics.median(workload.prefix_lens_tokens) if workload.prefix_lens_tokens else None
