@@ -12,7 +12,6 @@ None; ``ModelShape.require`` turns a missing one into an error naming the file's
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
@@ -148,55 +147,46 @@ def shape_from_hf_config(
 
     try:
         num_heads = int(config["num_attention_heads"])
-        hidden = get("hidden_size")
-        head_dim = int(get("head_dim") or int(config["hidden_size"]) // num_heads)
         mla = bool(get("kv_lora_rank"))
         rope = dict(get("rope_parameters") or get("rope_scaling") or {})
         rope_type = str(rope.get("rope_type", rope.get("type")) or "default")
-        window = get("sliding_window")
-        max_context = int(get("max_position_embeddings", 2048))
+        window = get("sliding_window") if get("use_sliding_window", True) else None
         eos = get("eos_token_id")
         eos_ids = eos if isinstance(eos, list) else ([] if eos is None else [eos])
-        num_params = get("num_params")
-        shape = ModelShape(
-            name=name,
-            source=source,
-            origin=origin,
-            architecture=config.get("model_type") if isinstance(config, dict) else None,
-            attention="mla" if mla else "mha",
-            num_layers=int(config["num_hidden_layers"]),
-            num_heads=num_heads,
-            num_kv_heads=num_heads if mla else int(get("num_key_value_heads", num_heads)),
-            head_dim=head_dim,
-            kv_lora_rank=int(get("kv_lora_rank", 0)),
-            qk_rope_head_dim=int(get("qk_rope_head_dim", 0)),
-            vocab_size=None if get("vocab_size") is None else int(config["vocab_size"]),
-            hidden_size=None if hidden is None else int(hidden),
-            intermediate_size=_int_or_none(get("intermediate_size")),
-            num_params=None if num_params is None else int(num_params),
-            max_context_tokens=max_context,
-            sliding_window_tokens=(
-                int(window) if window and get("use_sliding_window", True) else None
-            ),
-            weight_dtype=str(get("torch_dtype") or get("dtype") or "bf16"),
-            rms_norm_eps=float(get("rms_norm_eps", 1e-6)),
-            rope_theta=float(rope.get("rope_theta", get("rope_theta", 10000.0))),
-            rope_scaling_type=rope_type,
-            rope_scaling=Llama3RopeScaling.from_dict(rope) if rope_type == "llama3" else None,
-            tie_word_embeddings=bool(get("tie_word_embeddings", False)),
-            attention_bias=None
+        fields = {
+            "architecture": get("model_type"),
+            "attention": "mla" if mla else "mha",
+            "num_layers": int(config["num_hidden_layers"]),
+            "num_heads": num_heads,
+            "num_kv_heads": num_heads if mla else int(get("num_key_value_heads", num_heads)),
+            "head_dim": int(get("head_dim") or int(config["hidden_size"]) // num_heads),
+            "kv_lora_rank": int(get("kv_lora_rank", 0)),
+            "qk_rope_head_dim": int(get("qk_rope_head_dim", 0)),
+            "vocab_size": _int_or_none(get("vocab_size")),
+            "hidden_size": _int_or_none(get("hidden_size")),
+            "intermediate_size": _int_or_none(get("intermediate_size")),
+            "num_params": _int_or_none(get("num_params")),
+            "max_context_tokens": int(get("max_position_embeddings", 2048)),
+            "sliding_window_tokens": _int_or_none(window),
+            "weight_dtype": str(get("torch_dtype") or get("dtype") or "bf16"),
+            "rms_norm_eps": float(get("rms_norm_eps", 1e-6)),
+            "rope_theta": float(rope.get("rope_theta", get("rope_theta", 10000.0))),
+            "rope_scaling_type": rope_type,
+            "rope_scaling": Llama3RopeScaling.from_dict(rope) if rope_type == "llama3" else None,
+            "tie_word_embeddings": bool(get("tie_word_embeddings", False)),
+            "attention_bias": None
             if get("attention_bias") is None
-            else bool(config["attention_bias"]),
-            bos_token_id=_int_or_none(get("bos_token_id")),
-            eos_token_ids=tuple(int(e) for e in eos_ids),
-        )
+            else bool(get("attention_bias")),
+            "bos_token_id": _int_or_none(get("bos_token_id")),
+            "eos_token_ids": tuple(int(e) for e in eos_ids),
+        }
     except KeyError as exc:
         raise ValueError(f"model config {origin} lacks the key {exc.args[0]!r}") from None
     except (TypeError, ValueError) as exc:
         raise ValueError(f"model config {origin}: {exc}") from None
-    if shape.num_params is None and not mla:
-        shape = _with(shape, num_params=estimate_dense_num_params(config))
-    return shape
+    if fields["num_params"] is None and not mla:
+        fields["num_params"] = estimate_dense_num_params(config)
+    return ModelShape(name=name, source=source, origin=origin, **fields)
 
 
 def estimate_dense_num_params(config: Mapping[str, Any]) -> int | None:
@@ -227,10 +217,6 @@ def estimate_dense_num_params(config: Mapping[str, Any]) -> int | None:
 
 def _int_or_none(value: Any) -> int | None:
     return None if value is None else int(value)
-
-
-def _with(shape: ModelShape, **changes: Any) -> ModelShape:
-    return dataclasses.replace(shape, **changes)
 
 
 # -- GGUF header ------------------------------------------------------------------------------
