@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 
+from pagedkv.planner.kv_dtypes import ENGINE_DTYPES
 from pagedkv.units import parse_bytes
 
 
@@ -16,7 +17,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     """Model and KV cache options shared by the commands that run the engine."""
     g = p.add_argument_group("model and KV cache")
     g.add_argument("--model", help="GGUF file or Hugging Face folder (default: embedded SmolLM2)")
-    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    g.add_argument("--dtype", default="float32", choices=ENGINE_DTYPES)
     g.add_argument(
         "--policy",
         default="vllm",
