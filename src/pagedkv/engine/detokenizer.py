@@ -53,9 +53,10 @@ class Detokenizer:
         # Every proper prefix of every stop string: what a held-back suffix may be.
         self._stop_prefixes = frozenset(s[:k] for s in stop for k in range(1, len(s)))
         self._max_hold_chars = max((len(s) - 1 for s in stop), default=0)
-        self._ids: list[int] = []
-        self._start = 0  # window = ids[_start:]; it begins at a character boundary
-        self._read = 0  # ids[_start:_read] were already decoded to a clean end (the context)
+        # The window: the ids since the last character boundary but one. Its first _read ids
+        # are the context (they decoded to a clean end); the rest are new since then.
+        self._window_ids: list[int] = []
+        self._read = 0
         self._seen_chars = 0  # characters of the window's text already taken
         self._pending = ""  # taken but held back: it may be the start of a stop string
         self._done = False
@@ -76,16 +77,18 @@ class Detokenizer:
         self.num_tokens += 1
         if self._done:
             return ""
-        self._ids.append(token_id)
-        window = self._decode(self._ids[self._start :])
+        self._window_ids.append(token_id)
+        window = self._decode(self._window_ids)
         clean = not window.endswith(_INCOMPLETE)
         complete = window if clean else window.rstrip(_INCOMPLETE)
         new = complete[self._seen_chars :]
         self._seen_chars = max(self._seen_chars, len(complete))
         if clean:
-            # Slide the window: the tokens decoded before this push become the only context.
-            self._start, self._read = self._read, len(self._ids)
-            self._seen_chars = len(self._decode(self._ids[self._start : self._read]))
+            # Slide the window: the tokens decoded before this push become the only context,
+            # and older ids are dropped (memory stays as flat as time).
+            del self._window_ids[: self._read]
+            self._read = len(self._window_ids)
+            self._seen_chars = len(self._decode(self._window_ids))
         return self._take(new) if new else ""
 
     def flush(self) -> str:
