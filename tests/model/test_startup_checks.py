@@ -11,9 +11,8 @@ from pagedkv.engine import startup
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.engine import LLMEngine
 from pagedkv.errors import UsageError
-from pagedkv.model.config import ModelConfig
 from pagedkv.model.embedded import embedded_model_path
-from tests.model.tiny import COMMON
+from tests.model.tiny import COMMON, tiny_model_config
 
 # The tiny llama: 2 layers x 2 KV heads x head dim 64 / 4 = 16, K and V, fp32 (4 bytes):
 # 2 * 2 * 2 * 16 * 4 = 512 bytes per token, 8192 bytes per 16-token block.
@@ -71,27 +70,9 @@ def test_gguf_pool_check_reads_only_the_header(no_weight_load):
         startup.build_parts(_config(embedded_model_path(), kv_cache_memory_bytes=two_blocks))
 
 
-def _tiny_config() -> ModelConfig:
-    return ModelConfig(
-        architecture="llama",
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=96,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=16,
-        rms_norm_eps=1e-6,
-        rope_theta=1e4,
-        max_position_embeddings=128,
-        tie_word_embeddings=True,
-        attention_bias=False,
-    )
-
-
 def test_startup_report_counts_usable_blocks_like_the_engine():
     config = EngineConfig(kv_cache_memory_bytes=91 * TINY_BLOCK_BYTES, log_startup=False)
-    parts = startup.build_parts(config, loaded=(_tiny_config(), None, None))
+    parts = startup.build_parts(config, loaded=(tiny_model_config(), None, None))
     # 91 physical blocks; block 0 is the null block, so 90 hold KV.
     assert parts.runner.num_blocks == 91
     assert "KV pool 90 usable blocks x 16 tokens = 1440 slots (+1 null block)" in (
@@ -110,6 +91,6 @@ def test_reserved_pool_has_no_null_block_to_report():
         kv_cache_memory_bytes=3 * 64 * 512,
         log_startup=False,
     )
-    parts = startup.build_parts(config, loaded=(_tiny_config(), None, None))
+    parts = startup.build_parts(config, loaded=(tiny_model_config(), None, None))
     assert "KV pool 3 usable blocks x 64 tokens = 192 slots, " in parts.startup_report
     assert "null" not in parts.startup_report

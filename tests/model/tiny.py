@@ -27,6 +27,28 @@ CHAT_TEMPLATE = (
 )
 
 
+def tiny_model_config():
+    """The tiny llama's ``ModelConfig``, built by hand (no file, no weights): 2 layers, 4 query
+    and 2 KV heads of 16, so 512 bytes of fp32 K and V per token."""
+    from pagedkv.model.config import ModelConfig
+
+    return ModelConfig(
+        architecture="llama",
+        vocab_size=VOCAB_SIZE,
+        hidden_size=64,
+        intermediate_size=96,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        rms_norm_eps=1e-6,
+        rope_theta=1e4,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+        attention_bias=False,
+    )
+
+
 def hf_config(arch: str):
     """A transformers config of ``arch`` exercising that family's particulars."""
     import transformers
