@@ -8,7 +8,15 @@ import sys
 
 import pytest
 
-CORE_PACKAGES = ["pagedkv.kvcache", "pagedkv.sched", "pagedkv.planner", "pagedkv.sim"]
+CORE_PACKAGES = [
+    "pagedkv.errors",
+    "pagedkv.units",
+    "pagedkv.traces",
+    "pagedkv.kvcache",
+    "pagedkv.sched",
+    "pagedkv.planner",
+    "pagedkv.sim",
+]
 
 _BLOCK_AND_IMPORT = """
 import importlib, pkgutil, sys
@@ -21,7 +29,7 @@ class BlockTorch:
 
 sys.meta_path.insert(0, BlockTorch())
 package = importlib.import_module(sys.argv[1])
-for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+for info in pkgutil.walk_packages(getattr(package, "__path__", []), package.__name__ + "."):
     importlib.import_module(info.name)
 assert "torch" not in sys.modules
 print("ok")
@@ -49,3 +57,72 @@ def test_blocker_really_blocks():
         [sys.executable, "-c", code, "pagedkv.kvcache"], capture_output=True, text=True
     )
     assert result.returncode != 0 and "torch is blocked" in result.stderr
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """module -> the pagedkv modules it imports (anywhere in the file, lazy imports included,
+    ``if TYPE_CHECKING:`` imports excluded), read from the source with ``ast``."""
+    import ast
+    from pathlib import Path
+
+    import pagedkv
+
+    root = Path(pagedkv.__file__).parent
+    graph: dict[str, set[str]] = {}
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+        targets: set[str] = set()
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):  # imports only for type checkers never run: drop them
+            if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING"):
+                node.body = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                targets.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
+                    base = f"{base}.{node.module}" if node.module else base
+                targets.add(base)
+                targets.update(f"{base}.{a.name}" for a in node.names)
+        graph[module] = targets
+    return {m: {t for t in ts if t in graph and t != m} for m, ts in graph.items()}
+
+
+def test_no_import_circles():
+    """Imports flow one way: no module reaches itself through the modules it imports (a
+    package's ``__init__`` re-exporting its own submodules is the one allowed loop)."""
+    graph = _import_graph()
+
+    def inside(pkg: str, mod: str) -> bool:
+        return mod.startswith(pkg + ".")
+
+    edges = {m: {t for t in ts if not inside(m, t)} for m, ts in graph.items()}
+    cycles = []
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for t in sorted(edges[m]):
+            if state.get(t) == 1:
+                cycles.append(stack[stack.index(t) :] + [t])
+            elif t not in state:
+                visit(t)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(edges):
+        if m not in state:
+            visit(m)
+    assert not cycles, "import circles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_circle_check_finds_a_circle():
+    graph = _import_graph()
+    assert "pagedkv.errors" in graph and "pagedkv.cli" in graph
+    assert "pagedkv.errors" in graph["pagedkv.cli"]  # the graph sees real imports

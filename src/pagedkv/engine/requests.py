@@ -79,8 +79,7 @@ class RequestState:
             out.logprobs.append(logprob[0])
             out.top_logprobs.append(logprob[1] or [])
         detok = self._detok[sample_index]
-        detok.push(token_id)
-        out.text = detok.text
+        out.text += detok.push(token_id)  # the delta: flat cost per token
         if detok.stopped:
             out.finish_reason = "stop"
             return True
@@ -92,8 +91,7 @@ class RequestState:
         i = self._index[seq.seq_id]
         out = self._output.outputs[i]
         if out.finish_reason is None and seq.finish_reason is not None:
-            self._detok[i].flush()
-            out.text = self._detok[i].text
+            out.text += self._detok[i].flush()
             out.finish_reason = seq.finish_reason.value
 
     def refuse(self, detail: str) -> None:
