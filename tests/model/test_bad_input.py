@@ -1,4 +1,5 @@
-"""Bad model paths, files and shapes fail with one clear error each."""
+"""Bad model paths, files and shapes fail with one clear error each: a ``UsageError`` (the
+user's file or flag is wrong, printed as one ``error:`` line), never an internal error."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from pagedkv.errors import UsageError
 from pagedkv.model import AttentionMetadata, ModelConfig, allocate_kv_caches, load_model
 from pagedkv.model.attention import AttentionPlan
 from pagedkv.planner.sources import shape_from_hf_config
@@ -22,18 +24,18 @@ def test_missing_path(tmp_path):
 def test_file_that_is_not_gguf(tmp_path):
     path = tmp_path / "model.gguf"
     path.write_bytes(b"definitely not a gguf file" * 10)
-    with pytest.raises(ValueError, match="not a readable GGUF"):
+    with pytest.raises(UsageError, match="not a readable GGUF"):
         load_model(path, progress=False)
 
 
 def test_folder_without_a_model(tmp_path):
-    with pytest.raises(ValueError, match="neither config.json nor exactly one .gguf"):
+    with pytest.raises(UsageError, match="neither config.json nor exactly one .gguf"):
         load_model(tmp_path, progress=False)
 
 
 def test_unknown_architecture_in_config_json(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt_neox", "hidden_size": 8}))
-    with pytest.raises(ValueError, match="unsupported model architecture 'gpt_neox'.*llama"):
+    with pytest.raises(UsageError, match="unsupported model architecture 'gpt_neox'.*llama"):
         load_model(tmp_path, progress=False)
 
 
@@ -47,12 +49,12 @@ def test_unknown_architecture_in_gguf(tmp_path):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(ValueError, match="unsupported model architecture 'falcon'"):
+    with pytest.raises(UsageError, match="unsupported model architecture 'falcon'"):
         load_model(path, progress=False)
 
 
 def test_unsupported_dtype(tmp_path):
-    with pytest.raises(ValueError, match="unsupported dtype"):
+    with pytest.raises(UsageError, match="unsupported dtype"):
         load_model(tmp_path, dtype="float16", progress=False)
 
 
@@ -64,7 +66,7 @@ def test_checkpoint_missing_a_tensor(tmp_path):
     tensors = load_file(weights_file)
     del tensors["model.layers.1.mlp.up_proj.weight"]
     save_file(tensors, weights_file)
-    with pytest.raises(ValueError, match=r"missing \['layers.1.up_proj.weight'\]"):
+    with pytest.raises(UsageError, match=r"missing \['layers.1.up_proj.weight'\]"):
         load_model(tmp_path, progress=False)
 
 

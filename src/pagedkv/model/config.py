@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from pagedkv.errors import UsageError
 from pagedkv.planner.sources import Llama3RopeScaling, ModelShape
 
 
@@ -37,7 +38,7 @@ def architecture_spec(name: str | None, source: str) -> ArchitectureSpec:
     ``general.architecture`` spell the supported ones alike); ``ValueError`` when unsupported."""
     if name not in ARCHITECTURES:
         supported = ", ".join(sorted(ARCHITECTURES))
-        raise ValueError(
+        raise UsageError(
             f"unsupported model architecture {name!r} (from {source} metadata); "
             f"supported: {supported}"
         )
@@ -69,7 +70,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.architecture not in ARCHITECTURES:
-            raise ValueError(f"unknown architecture {self.architecture!r}")
+            raise UsageError(f"unknown architecture {self.architecture!r}")
         for name in (
             "vocab_size",
             "hidden_size",
@@ -82,17 +83,17 @@ class ModelConfig:
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
-                raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
+                raise UsageError(f"ModelConfig.{name} must be a positive int, got {value!r}")
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(
+            raise UsageError(
                 f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
             )
         if self.head_dim % 2:
-            raise ValueError(f"RoPE needs an even head_dim, got {self.head_dim}")
+            raise UsageError(f"RoPE needs an even head_dim, got {self.head_dim}")
         if not (self.rms_norm_eps > 0 and math.isfinite(self.rms_norm_eps)):
-            raise ValueError(f"rms_norm_eps must be > 0, got {self.rms_norm_eps}")
+            raise UsageError(f"rms_norm_eps must be > 0, got {self.rms_norm_eps}")
         if not (self.rope_theta > 0 and math.isfinite(self.rope_theta)):
-            raise ValueError(f"rope_theta must be > 0, got {self.rope_theta}")
+            raise UsageError(f"rope_theta must be > 0, got {self.rope_theta}")
 
     @property
     def num_queries_per_kv(self) -> int:
@@ -112,14 +113,14 @@ class ModelConfig:
         """
         spec = architecture_spec(shape.architecture, shape.source)
         if shape.attention != "mha":
-            raise ValueError(f"model {shape.origin}: {shape.attention.upper()} is not supported")
+            raise UsageError(f"model {shape.origin}: {shape.attention.upper()} is not supported")
         if shape.rope_dims is not None and shape.rope_dims != shape.head_dim:
-            raise ValueError(
+            raise UsageError(
                 f"partial rotary embeddings ({shape.rope_dims} of {shape.head_dim}) "
                 "are not supported"
             )
         if shape.rope_scaling_type not in ("default", "llama3"):
-            raise ValueError(
+            raise UsageError(
                 f"unsupported rope scaling type {shape.rope_scaling_type!r} "
                 "(supported: default, llama3)"
             )

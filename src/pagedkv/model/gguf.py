@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from pagedkv.errors import UsageError
 from pagedkv.model.config import ARCHITECTURES, ModelConfig
 
 # GGUF tensor name → canonical name (see llama.py). Per-layer names follow "blk.{i}.".
@@ -55,7 +56,7 @@ def read_gguf(path: str | os.PathLike[str]) -> Any:
     try:
         return gguf.GGUFReader(path)
     except (ValueError, OSError, IndexError, KeyError) as exc:
-        raise ValueError(f"{path} is not a readable GGUF file: {exc}") from exc
+        raise UsageError(f"{path} is not a readable GGUF file: {exc}") from exc
 
 
 def gguf_metadata(reader: Any) -> dict[str, Any]:
@@ -96,7 +97,7 @@ def canonical_name(gguf_name: str) -> str:
     match = _LAYER_NAME.match(gguf_name)
     if match and match.group(2) in GGUF_LAYER_NAMES:
         return f"layers.{match.group(1)}.{GGUF_LAYER_NAMES[match.group(2)]}"
-    raise ValueError(f"unexpected GGUF tensor {gguf_name!r}")
+    raise UsageError(f"unexpected GGUF tensor {gguf_name!r}")
 
 
 def iter_gguf_weights(

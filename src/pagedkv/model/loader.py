@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from pagedkv.errors import UsageError
 from pagedkv.model.config import ARCHITECTURES, ModelConfig
 from pagedkv.model.embedded import embedded_model_path
 from pagedkv.model.gguf import gguf_metadata, iter_gguf_weights, read_gguf
@@ -70,7 +71,7 @@ def resolve_model_path(path: str | os.PathLike[str] | None) -> Path:
     ggufs = sorted(p.glob("*.gguf"))
     if len(ggufs) == 1:
         return ggufs[0]
-    raise ValueError(
+    raise UsageError(
         f"{p} holds neither config.json nor exactly one .gguf file ({len(ggufs)} found)"
     )
 
@@ -95,7 +96,7 @@ def load_model(
     path, ``ValueError`` for anything unreadable or unsupported (e.g. the architecture).
     """
     if dtype not in TORCH_DTYPES:
-        raise ValueError(f"unsupported dtype {dtype!r} (supported: {sorted(TORCH_DTYPES)})")
+        raise UsageError(f"unsupported dtype {dtype!r} (supported: {sorted(TORCH_DTYPES)})")
     torch_dtype = TORCH_DTYPES[dtype]
     resolved = resolve_model_path(path)
     config = ModelConfig.from_shape(read_model_shape(resolved))
@@ -109,7 +110,10 @@ def load_model(
         weights = dict(iter_gguf_weights(reader, config, torch_dtype, status))
         del reader  # releases the memory map: every tensor is a copy now
     model = build_model(config)
-    model.load_weights(weights, torch_dtype)
+    try:
+        model.load_weights(weights, torch_dtype)
+    except ValueError as exc:  # the file's tensors do not fit its own config
+        raise UsageError(f"{resolved}: {exc}") from None
     model.eval()
     status.finish(
         f"loaded {config.architecture} ({config.num_layers} layers, hidden {config.hidden_size}, {dtype})"

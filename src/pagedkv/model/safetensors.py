@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from pagedkv.errors import UsageError
 from pagedkv.model.config import ModelConfig
 
 # Hugging Face tensor name → canonical name (see llama.py). Llama, Mistral and Qwen2 agree.
@@ -48,7 +49,7 @@ def canonical_name(hf_name: str) -> str | None:
     match = _LAYER_NAME.match(hf_name)
     if match and match.group(2) in HF_LAYER_NAMES:
         return f"layers.{match.group(1)}.{HF_LAYER_NAMES[match.group(2)]}"
-    raise ValueError(f"unexpected tensor {hf_name!r} in safetensors checkpoint")
+    raise UsageError(f"unexpected tensor {hf_name!r} in safetensors checkpoint")
 
 
 def iter_hf_weights(

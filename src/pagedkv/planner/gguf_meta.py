@@ -11,6 +11,8 @@ import struct
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from pagedkv.errors import UsageError
+
 GGUF_MAGIC = b"GGUF"
 # value type id -> struct format of a scalar (8 = string, 9 = array are handled apart)
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
@@ -20,7 +22,7 @@ _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<
 def _read_bytes(f: BinaryIO, size: int) -> bytes:
     data = f.read(size)
     if len(data) != size:
-        raise ValueError("truncated GGUF header")
+        raise UsageError("truncated GGUF header")
     return data
 
 
@@ -44,7 +46,7 @@ def _read_value(f: BinaryIO, value_type: int) -> Any:
             data = _read_bytes(f, struct.calcsize(fmt) * count)
             return list(struct.unpack(f"<{count}{fmt[1:]}", data))
         return [_read_value(f, item_type) for _ in range(count)]
-    raise ValueError(f"unknown GGUF value type {value_type}")
+    raise UsageError(f"unknown GGUF value type {value_type}")
 
 
 def read_gguf_header(path: str | Path) -> tuple[dict[str, Any], dict[str, tuple[int, ...]]]:
@@ -54,10 +56,10 @@ def read_gguf_header(path: str | Path) -> tuple[dict[str, Any], dict[str, tuple[
     try:
         with open(path, "rb") as f:
             if f.read(4) != GGUF_MAGIC:
-                raise ValueError("bad magic bytes")
+                raise UsageError("bad magic bytes")
             version = _read(f, "<I")
             if version not in (2, 3):
-                raise ValueError(f"unsupported GGUF version {version}")
+                raise UsageError(f"unsupported GGUF version {version}")
             num_tensors, num_kv = _read(f, "<Q"), _read(f, "<Q")
             metadata: dict[str, Any] = {}
             for _ in range(num_kv):
@@ -73,7 +75,7 @@ def read_gguf_header(path: str | Path) -> tuple[dict[str, Any], dict[str, tuple[
     except FileNotFoundError:
         raise FileNotFoundError(f"model file not found: {path}") from None
     except (ValueError, OverflowError, MemoryError, struct.error) as exc:
-        raise ValueError(f"{path} is not a readable GGUF file: {exc}") from None
+        raise UsageError(f"{path} is not a readable GGUF file: {exc}") from None
     return metadata, shapes
 
 
@@ -99,7 +101,7 @@ def gguf_shape_fields(
     """
     arch = metadata.get("general.architecture")
     if not isinstance(arch, str) or not arch:
-        raise ValueError(f"GGUF {origin} lacks general.architecture")
+        raise UsageError(f"GGUF {origin} lacks general.architecture")
 
     def get(field: str, default: Any = None) -> Any:
         return metadata.get(f"{arch}.{GGUF_KEYS[field]}", default)
@@ -107,7 +109,7 @@ def gguf_shape_fields(
     def require(field: str) -> int:
         value = get(field)
         if value is None:
-            raise ValueError(f"GGUF {origin} lacks {arch}.{GGUF_KEYS[field]}")
+            raise UsageError(f"GGUF {origin} lacks {arch}.{GGUF_KEYS[field]}")
         return int(value)
 
     num_params = 0

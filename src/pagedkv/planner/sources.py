@@ -19,6 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from pagedkv.errors import UsageError
 from pagedkv.planner.gguf_meta import GGUF_KEYS, gguf_shape_fields, read_gguf_header
 
 ATTENTION_KINDS = ("mha", "mla")
@@ -39,13 +40,13 @@ class Llama3RopeScaling:
 
     def __post_init__(self) -> None:
         if self.factor <= 0 or self.low_freq_factor <= 0 or self.high_freq_factor <= 0:
-            raise ValueError(f"llama3 rope scaling factors must be > 0: {self}")
+            raise UsageError(f"llama3 rope scaling factors must be > 0: {self}")
         if self.high_freq_factor <= self.low_freq_factor:
-            raise ValueError(
+            raise UsageError(
                 f"llama3 rope scaling needs high_freq_factor > low_freq_factor: {self}"
             )
         if self.original_max_position_embeddings < 1:
-            raise ValueError(f"original_max_position_embeddings must be >= 1: {self}")
+            raise UsageError(f"original_max_position_embeddings must be >= 1: {self}")
 
     @classmethod
     def from_dict(cls, rope: Mapping[str, Any]) -> Llama3RopeScaling:
@@ -101,7 +102,7 @@ class ModelShape:
     def __post_init__(self) -> None:
         where = f"model {self.origin}"
         if self.attention not in ATTENTION_KINDS:
-            raise ValueError(f"{where}: attention must be one of {ATTENTION_KINDS}")
+            raise UsageError(f"{where}: attention must be one of {ATTENTION_KINDS}")
         required = ["num_layers", "num_heads", "num_kv_heads", "head_dim"]
         required += ["kv_lora_rank"] if self.attention == "mla" else []
         optional = ["vocab_size", "hidden_size", "intermediate_size", "max_context_tokens"]
@@ -110,9 +111,9 @@ class ModelShape:
             if (value is not None or field in required) and (
                 not isinstance(value, int) or isinstance(value, bool) or value < 1
             ):
-                raise ValueError(f"{where}: {field} must be an integer >= 1, got {value!r}")
+                raise UsageError(f"{where}: {field} must be an integer >= 1, got {value!r}")
         if self.num_params is not None and self.num_params < 0:
-            raise ValueError(f"{where}: num_params must be >= 0, got {self.num_params}")
+            raise UsageError(f"{where}: num_params must be >= 0, got {self.num_params}")
 
     @property
     def query_dim(self) -> int:
@@ -126,7 +127,7 @@ class ModelShape:
             key = _HF_KEYS.get(field, field)
             if self.source == "gguf":
                 key = f"{self.architecture}.{GGUF_KEYS.get(field, field)}"
-            raise ValueError(f"model {self.origin} lacks {key!r}")
+            raise UsageError(f"model {self.origin} lacks {key!r}")
         return value
 
 
@@ -181,9 +182,9 @@ def shape_from_hf_config(
             "eos_token_ids": tuple(int(e) for e in eos_ids),
         }
     except KeyError as exc:
-        raise ValueError(f"model config {origin} lacks the key {exc.args[0]!r}") from None
+        raise UsageError(f"model config {origin} lacks the key {exc.args[0]!r}") from None
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"model config {origin}: {exc}") from None
+        raise UsageError(f"model config {origin}: {exc}") from None
     if fields["num_params"] is None and not mla:
         fields["num_params"] = estimate_dense_num_params(config)
     return ModelShape(name=name, source=source, origin=origin, **fields)
@@ -248,7 +249,7 @@ def load_preset_config(name: str) -> dict[str, Any]:
     """The raw JSON dict of preset ``name`` (ValueError naming the known presets if unknown)."""
     path = _presets_dir() / f"{name}.json"
     if not path.is_file():
-        raise ValueError(f"unknown model preset {name!r} (known: {', '.join(list_presets())})")
+        raise UsageError(f"unknown model preset {name!r} (known: {', '.join(list_presets())})")
     return json.loads(path.read_text())
 
 
@@ -269,14 +270,14 @@ def load_shape(source: str | Path, architectures: Collection[str] | None = None)
         return shape_from_gguf(path, architectures)
     if not path.is_file():
         if path.suffix or "/" in text:
-            raise ValueError(f"cannot read model config {text!r}: no such file")
-        raise ValueError(f"unknown model preset {text!r} (known: {', '.join(list_presets())})")
+            raise UsageError(f"cannot read model config {text!r}: no such file")
+        raise UsageError(f"unknown model preset {text!r} (known: {', '.join(list_presets())})")
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"cannot read model config {text!r}: {exc}") from None
+        raise UsageError(f"cannot read model config {text!r}: {exc}") from None
     if not isinstance(config, dict):
-        raise ValueError(f"model config {text!r} is not a JSON object")
+        raise UsageError(f"model config {text!r} is not a JSON object")
     if architectures is not None:
         _check_architecture(config.get("model_type"), "hf", architectures)
     name = str(config.get("name") or path.parent.name)
@@ -285,9 +286,9 @@ def load_shape(source: str | Path, architectures: Collection[str] | None = None)
 
 def _check_architecture(name: Any, source: str, supported: Collection[str]) -> None:
     if source == "hf" and not isinstance(name, str):
-        raise ValueError("config.json has no 'model_type'")
+        raise UsageError("config.json has no 'model_type'")
     if name not in supported:
-        raise ValueError(
+        raise UsageError(
             f"unsupported model architecture {name!r} (from {source} metadata); "
             f"supported: {', '.join(sorted(supported))}"
         )
