@@ -2,7 +2,7 @@
 ``planner/sources.py`` reads out of a GGUF header or a Hugging Face ``config.json``.
 
 It dispatches on the *parsed* architecture name through ``ARCHITECTURES``; a file name never
-decides anything. An architecture outside the table is a ``ValueError`` that names the
+decides anything. An architecture outside the table is a ``UsageError`` that names the
 supported ones.
 """
 
@@ -35,7 +35,7 @@ ARCHITECTURES: dict[str, ArchitectureSpec] = {
 
 def architecture_spec(name: str | None, source: str) -> ArchitectureSpec:
     """The spec of a parsed architecture name (HF ``model_type`` and GGUF
-    ``general.architecture`` spell the supported ones alike); ``ValueError`` when unsupported."""
+    ``general.architecture`` spell the supported ones alike); ``UsageError`` when unsupported."""
     if name not in ARCHITECTURES:
         supported = ", ".join(sorted(ARCHITECTURES))
         raise UsageError(
@@ -107,7 +107,7 @@ class ModelConfig:
     def from_shape(cls, shape: ModelShape) -> ModelConfig:
         """The forward pass's config of a model shape (``planner/sources.py`` read the file).
 
-        ``ValueError`` for what this engine cannot run: an architecture outside
+        ``UsageError`` for what this engine cannot run: an architecture outside
         ``ARCHITECTURES``, MLA, partial rotary embeddings, a RoPE scaling other than llama3, or
         a fact the shape lacks (naming the file's key).
         """

@@ -58,7 +58,7 @@ class _StatusLine:
 
 def resolve_model_path(path: str | os.PathLike[str] | None) -> Path:
     """None → the embedded GGUF; a ``.gguf`` file; a folder with ``config.json``; or a folder
-    holding exactly one ``.gguf``. Anything else: ``FileNotFoundError`` / ``ValueError``."""
+    holding exactly one ``.gguf``. Anything else: ``FileNotFoundError`` / ``UsageError``."""
     if path is None:
         return embedded_model_path()
     p = Path(path)
@@ -93,7 +93,7 @@ def load_model(
 
     ``path``: None (embedded SmolLM2-135M-Instruct), a GGUF file, or a Hugging Face folder.
     Progress goes to stderr when ``progress``. Errors: ``FileNotFoundError`` for a missing
-    path, ``ValueError`` for anything unreadable or unsupported (e.g. the architecture).
+    path, ``UsageError`` for anything unreadable or unsupported (e.g. the architecture).
     """
     if dtype not in TORCH_DTYPES:
         raise UsageError(f"unsupported dtype {dtype!r} (supported: {sorted(TORCH_DTYPES)})")

@@ -51,7 +51,7 @@ def _read_value(f: BinaryIO, value_type: int) -> Any:
 
 def read_gguf_header(path: str | Path) -> tuple[dict[str, Any], dict[str, tuple[int, ...]]]:
     """Return (metadata dict, tensor name -> shape, fastest dimension first) of a GGUF v2/v3
-    file. ``ValueError`` naming the file for anything that is not a readable GGUF header;
+    file. ``UsageError`` naming the file for anything that is not a readable GGUF header;
     ``FileNotFoundError`` when there is no such file."""
     try:
         with open(path, "rb") as f:
@@ -97,7 +97,7 @@ def gguf_shape_fields(
     Tensor names decide what metadata cannot: tied embeddings (no ``output.weight``) and
     attention bias (``blk.0.attn_q.bias``). The parameter count is the sum of the tensor
     element counts, which is exact. Weights are dequantized to fp32 at load (see DESIGN.md),
-    which is what a memory budget must count. ValueError naming a missing required key.
+    which is what a memory budget must count. UsageError naming a missing required key.
     """
     arch = metadata.get("general.architecture")
     if not isinstance(arch, str) or not arch:

@@ -121,7 +121,7 @@ class ModelShape:
         return self.num_heads * self.head_dim
 
     def require(self, field: str) -> Any:
-        """The value of an optional fact; ValueError naming the source's key when absent."""
+        """The value of an optional fact; UsageError naming the source's key when absent."""
         value = getattr(self, field)
         if value is None:
             key = _HF_KEYS.get(field, field)
@@ -139,7 +139,7 @@ def shape_from_hf_config(
 ) -> ModelShape:
     """The shape of a ``config.json`` dict (Llama, Qwen2, Mistral, DeepSeek MLA; transformers
     4.x or 5.x spelling). ``num_params`` is the dict's own when present (presets carry it), else
-    estimated for dense models. ValueError naming the key that is missing or malformed."""
+    estimated for dense models. UsageError naming the key that is missing or malformed."""
     origin = origin or repr(name)
 
     def get(key: str, default: Any = None) -> Any:
@@ -246,7 +246,7 @@ def list_presets() -> list[str]:
 
 
 def load_preset_config(name: str) -> dict[str, Any]:
-    """The raw JSON dict of preset ``name`` (ValueError naming the known presets if unknown)."""
+    """The raw JSON dict of preset ``name`` (UsageError naming the known presets if unknown)."""
     path = _presets_dir() / f"{name}.json"
     if not path.is_file():
         raise UsageError(f"unknown model preset {name!r} (known: {', '.join(list_presets())})")
@@ -258,7 +258,7 @@ def load_shape(source: str | Path, architectures: Collection[str] | None = None)
 
     ``architectures``: when given, a source naming another architecture (or, for a config.json,
     none) is refused before any other key is read, so the error says what is really wrong.
-    ValueError with one line for an unknown preset or an unreadable/invalid file.
+    UsageError with one line for an unknown preset or an unreadable/invalid file.
     """
     text = str(source)
     path = Path(text)
