@@ -57,8 +57,8 @@ def test_allocation_is_all_or_nothing(make_alloc):
     assert not alloc.allocate(big, len(big.token_ids))
     alloc.check_invariants()
     after = alloc.stats()
-    assert (after.num_free_blocks, after.num_used_blocks, after.num_seqs) == (
-        before.num_free_blocks,
+    assert (after.num_empty_blocks, after.num_used_blocks, after.num_seqs) == (
+        before.num_empty_blocks,
         before.num_used_blocks,
         0,
     )
@@ -76,7 +76,7 @@ def test_growth_refused_when_full_changes_nothing(make_alloc):
         i += 1
     assert seqs
     victim = seqs[0]
-    room = alloc.num_free_blocks * alloc.block_size + 1000
+    room = alloc.num_allocatable_blocks * alloc.block_size + 1000
     if isinstance(alloc, ReservedAllocator):
         room = alloc.max_model_len  # past its region
     n_before = alloc.num_tokens(victim)
@@ -97,7 +97,7 @@ def test_free_returns_everything(make_alloc):
         alloc.check_invariants()
     st = alloc.stats()
     assert st.num_used_blocks == 0 and st.num_seqs == 0 and st.used_slots == 0
-    assert st.num_free_blocks + st.num_cached_blocks == st.num_total_blocks
+    assert st.num_empty_blocks + st.num_cached_blocks == st.num_total_blocks
 
 
 def test_fork_copies_the_tail_and_leaves_the_parent_untouched(make_alloc):

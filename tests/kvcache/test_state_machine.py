@@ -58,7 +58,7 @@ class AllocatorMachine(RuleBasedStateMachine):
             self.slots[seq.seq_id] = self.alloc.slot_mapping(seq, 0, hit + n)
         else:  # refused: nothing changed
             after = self.alloc.stats()
-            assert after.num_free_blocks + after.num_cached_blocks >= 0
+            assert after.num_empty_blocks + after.num_cached_blocks >= 0
             assert (after.num_used_blocks, after.num_seqs) == (
                 before.num_used_blocks,
                 before.num_seqs,
@@ -118,7 +118,7 @@ class AllocatorMachine(RuleBasedStateMachine):
     def consistent(self) -> None:
         self.alloc.check_invariants()
         s = self.alloc.stats()
-        assert s.num_free_blocks + s.num_used_blocks + s.num_cached_blocks == s.num_total_blocks
+        assert s.num_empty_blocks + s.num_used_blocks + s.num_cached_blocks == s.num_total_blocks
         assert s.num_seqs == len(self.live)
         # Physical slots: a block shared by a prefix hit or a fork counts once.
         assert s.used_slots == len(set().union(*self.slots.values()))

@@ -84,7 +84,7 @@ def _three_seqs_full_pool(policy):
     sched.add_request("C", [7, 8, 9], max_new_tokens=4, arrival_time_s=2.0)
     b1, _ = step(sched)
     assert rows(b1) == [("A", 0, 4, 1, 0), ("B", 0, 2, 1, 0), ("C", 0, 3, 1, 0)]
-    assert alloc.num_free_blocks == 0
+    assert alloc.num_allocatable_blocks == 0
     return sched
 
 
@@ -199,7 +199,7 @@ def test_abort_frees_blocks_at_once() -> None:
     sched.add_request("A", range(10), max_new_tokens=5)
     sched.add_request("W", range(100, 103), max_new_tokens=5, n=2)
     batch = sched.schedule()
-    assert alloc.num_free_blocks < 16
+    assert alloc.num_allocatable_blocks < 16
     aborted = sched.abort("A") + sched.abort("W")
     assert all(s.finish_reason is FinishReason.ABORT for s in aborted) and len(aborted) == 2
     assert alloc.stats().num_used_blocks == 0 and not sched.has_unfinished()

@@ -4,7 +4,7 @@ Pure Python: nothing here imports torch. The scheduler, the simulator and the en
 to an allocator through ``KVAllocator`` (see ``protocol.py``).
 """
 
-from pagedkv.kvcache.block_pool import NULL_BLOCK_ID, BlockInfo, BlockPool
+from pagedkv.kvcache.block_pool import NULL_BLOCK_ID, BlockPool
 from pagedkv.kvcache.hashing import (
     HASH_FUNCTIONS,
     NO_EXTRA_KEYS,
@@ -26,7 +26,6 @@ __all__ = [
     "NULL_BLOCK_ID",
     "POLICIES",
     "BlockHash",
-    "BlockInfo",
     "BlockPool",
     "HashExtraKeys",
     "KVAllocator",

@@ -1,19 +1,25 @@
-"""The physical block pool: ref counts, a free queue with lazy eviction, and the hash index.
+"""The physical block pool: ref counts, the free blocks in eviction order, and the hash index.
 
 Block 0 is the null block: never handed out, it pads block tables. Every other block is in
 exactly one state:
 
 * in use: ``ref_count > 0`` (one count per sequence whose block table holds it);
-* cached: ``ref_count == 0``, still holds a hash, sits in the free queue and can be revived by a
-  prefix hit until it is handed out again (lazy eviction);
-* free: ``ref_count == 0``, no hash, in the free queue.
+* cached: ``ref_count == 0``, still holds a hash, and can be revived by a prefix hit until it is
+  handed out again (lazy eviction);
+* empty: ``ref_count == 0``, no hash: it holds nothing anyone can reuse.
 
-The free queue is an intrusive circular doubly linked list kept in two integer arrays
-(``_next``, ``_prev``) indexed by block id, with the null block's slot as the sentinel (it is
-never queued), so popping the head, appending at the tail and unlinking a block
-revived from the middle are all O(1). Blocks leave from the head: the least recently freed go
-first. Callers free a sequence's blocks tail first, so within one sequence the tail (least
-likely to be shared) is evicted before the head.
+Free blocks (empty + cached) leave in this order: empty blocks first (most recently freed
+first), then cached blocks least recently freed first. A cached prefix is therefore evicted
+only when no empty block is left, as in vLLM's free queue, where a freed block without a hash
+goes to the front and a hashed one to the back. The two halves are kept apart (a list used as a
+stack, and an insertion-ordered ``OrderedDict`` as the LRU queue) so that every operation is
+O(1) and the bulk moves run in C.
+
+Two sequences may compute the same full block (they were admitted before either had cached
+it). Every copy is entered in the hash index while in use, so the prefix survives as long as
+any copy is alive; once a copy's last user frees it while another copy of that hash is still
+in use, it carries nothing unique and becomes empty. A hash is thus held either by one or more
+blocks in use, or by exactly one cached block: the cache never spends two blocks on one prefix.
 
 State is kept as parallel lists rather than one object per block: the hot loops (free a
 2,000-token sequence, admit a prompt) then touch plain ints, several times faster in CPython.
@@ -21,22 +27,12 @@ State is kept as parallel lists rather than one object per block: the hot loops 
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from pagedkv.kvcache.hashing import BlockHash
 
 NULL_BLOCK_ID = 0
-_SENTINEL = NULL_BLOCK_ID  # links of the null block's slot: head = _next[0], tail = _prev[0]
-
-
-@dataclass(frozen=True)
-class BlockInfo:
-    """A read-only snapshot of one block (for inspection and tests; not used on hot paths)."""
-
-    block_id: int
-    ref_count: int
-    block_hash: BlockHash | None
 
 
 class BlockPool:
@@ -52,17 +48,18 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.ref_counts: list[int] = [0] * num_blocks
+        self.ref_counts[NULL_BLOCK_ID] = 1  # pinned forever, never free
         self.block_hashes: list[BlockHash | None] = [None] * num_blocks
-        # Hash -> block id of the block that holds that prefix (in use or cached).
-        self.cached: dict[BlockHash, int] = {}
+        # Hash -> one block holding that prefix (in use or cached); lookups return it.
+        self.index: dict[BlockHash, int] = {}
+        # Hash -> the other blocks in use that hold the same prefix (rare: see the docstring).
+        self._copies: dict[BlockHash, list[int]] = {}
+        # Empty free blocks, a stack: the top (end) is handed out next. Starts so that a fresh
+        # pool hands out blocks 1, 2, 3, ...
+        self._empty: list[int] = list(range(num_blocks - 1, 0, -1))
+        # Cached free blocks, least recently freed first (values unused).
+        self._lru: OrderedDict[int, None] = OrderedDict()
         self.num_evictions = 0
-        # Free queue over blocks 1..n-1 in id order; the null block is never linked.
-        # Circular: 0 -> 1 -> ... -> n-1 -> 0, so no operation needs an end-of-list branch.
-        self._next = [(i + 1) % num_blocks for i in range(num_blocks)]
-        self._prev = [(i - 1) % num_blocks for i in range(num_blocks)]
-        self.ref_counts[NULL_BLOCK_ID] = 1  # pinned forever, never counted as free
-        self.num_free = num_blocks - 1
-        self.num_cached_free = 0  # blocks in the free queue that still hold a hash
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -70,127 +67,155 @@ class BlockPool:
     def num_usable_blocks(self) -> int:
         return self.num_blocks - 1
 
-    def lookup(self, block_hash: BlockHash) -> int | None:
-        """The block holding ``block_hash`` (in use or cached), or None."""
-        return self.cached.get(block_hash)
+    @property
+    def num_allocatable(self) -> int:
+        """Blocks ``take`` may hand out now: empty ones plus cached ones it would evict."""
+        return len(self._empty) + len(self._lru)
 
-    def block(self, block_id: int) -> BlockInfo:
-        return BlockInfo(block_id, self.ref_counts[block_id], self.block_hashes[block_id])
+    @property
+    def num_empty(self) -> int:
+        """Free blocks that hold nothing reusable."""
+        return len(self._empty)
+
+    @property
+    def num_cached(self) -> int:
+        """Free blocks that still hold a hash (revivable by a prefix hit)."""
+        return len(self._lru)
+
+    def lookup(self, block_hash: BlockHash) -> int | None:
+        """A block holding ``block_hash`` (in use or cached), or None."""
+        return self.index.get(block_hash)
 
     def free_queue(self) -> list[int]:
-        """The free queue, head (next to be handed out) first. O(n): for tests and debugging."""
-        out, b = [], self._next[_SENTINEL]
-        while b != _SENTINEL:
-            out.append(b)
-            b = self._next[b]
-        return out
+        """Every free block, the next to be handed out first. O(n): for tests and debugging."""
+        return self._empty[::-1] + list(self._lru)
 
     # -- mutation --------------------------------------------------------------------------
 
     def take(self, num_blocks: int) -> list[int]:
-        """Pop ``num_blocks`` blocks from the head of the free queue with ref_count 1. Cached
-        ones lose their hash (evicted). The caller must have checked ``num_free``."""
-        if num_blocks > self.num_free:
-            raise ValueError(f"asked for {num_blocks} blocks, only {self.num_free} free")
-        nxt, refs, hashes = self._next, self.ref_counts, self.block_hashes
-        out = []
-        b = nxt[_SENTINEL]
-        for _ in range(num_blocks):
-            out.append(b)
-            refs[b] = 1
-            h = hashes[b]
-            if h is not None:
+        """Hand out ``num_blocks`` blocks with ref_count 1: empty ones first, then the least
+        recently freed cached ones, which lose their hash (evicted). The caller must have
+        checked ``num_allocatable``."""
+        empty = self._empty
+        k = min(num_blocks, len(empty))
+        if num_blocks - k > len(self._lru):
+            raise ValueError(f"asked for {num_blocks} blocks, only {self.num_allocatable} free")
+        out = empty[: -k - 1 : -1] if k else []
+        del empty[len(empty) - k :]
+        if k < num_blocks:
+            pop, hashes, index = self._lru.popitem, self.block_hashes, self.index
+            for _ in range(num_blocks - k):
+                b = pop(last=False)[0]
+                del index[hashes[b]]  # the only holder of its hash (see the docstring)
                 hashes[b] = None
-                del self.cached[h]
-                self.num_cached_free -= 1
-                self.num_evictions += 1
-            b = nxt[b]
-        nxt[_SENTINEL] = b
-        self._prev[b] = _SENTINEL
-        self.num_free -= num_blocks
+                out.append(b)
+            self.num_evictions += num_blocks - k
+        refs = self.ref_counts
+        for b in out:
+            refs[b] = 1
         return out
 
     def share(self, block_ids: Iterable[int]) -> None:
-        """Add one reference to each block; a cached block is revived out of the free queue."""
-        refs, nxt, prv = self.ref_counts, self._next, self._prev
+        """Add one reference to each block; a free one (a cached block hit by a prefix match)
+        is revived out of the free blocks."""
+        refs, lru = self.ref_counts, self._lru
         for b in block_ids:
             if refs[b] == 0:
-                p, n = prv[b], nxt[b]
-                nxt[p] = n
-                prv[n] = p
-                self.num_free -= 1
                 if self.block_hashes[b] is not None:
-                    self.num_cached_free -= 1
+                    del lru[b]
+                else:
+                    self._empty.remove(b)  # never on the hot path: hits are hashed
             refs[b] += 1
 
     def release(self, block_ids: Iterable[int]) -> None:
-        """Drop one reference from each block, in the given order; a block whose count reaches
-        zero is appended to the free queue (keeping its hash). Pass a sequence's blocks tail
-        first so that its tail is evicted before its head."""
-        refs, nxt, prv, hashes = self.ref_counts, self._next, self._prev, self.block_hashes
-        tail = prv[_SENTINEL]
-        freed = cached = 0
+        """Drop one reference from each block, in the given order. A block whose count reaches
+        zero becomes empty if it has no hash (or another copy of its hash is still in use),
+        else it joins the cached blocks as the most recently freed. Pass a sequence's blocks
+        tail first so that its tail is evicted before its head."""
+        refs, hashes, lru = self.ref_counts, self.block_hashes, self._lru
+        push_empty = self._empty.append
+        copies = self._copies
         for b in block_ids:
             r = refs[b] - 1
             refs[b] = r
-            if r == 0:
-                nxt[tail] = b
-                prv[b] = tail
-                tail = b
-                freed += 1
-                if hashes[b] is not None:
-                    cached += 1
-            elif r < 0:
-                refs[b] = 0
-                nxt[tail] = _SENTINEL
-                prv[_SENTINEL] = tail
-                raise ValueError(f"block {b} released more often than it was referenced")
-        nxt[tail] = _SENTINEL
-        prv[_SENTINEL] = tail
-        self.num_free += freed
-        self.num_cached_free += cached
+            if r:
+                if r < 0:
+                    refs[b] = 0
+                    raise ValueError(f"block {b} released more often than it was referenced")
+                continue
+            h = hashes[b]
+            if h is None:
+                push_empty(b)
+            elif copies and h in copies:
+                self._drop_copy(b, h)
+                push_empty(b)
+            else:
+                lru[b] = None
 
-    def set_hash(self, block_id: int, block_hash: BlockHash) -> bool:
-        """Register a full, in-use block under ``block_hash``. If another block already holds
-        that prefix, the first one stays the shared copy and this one is left unhashed (it is
-        freed, not cached, when released); returns whether the block was registered."""
-        if block_hash in self.cached:
-            return False
-        self.cached[block_hash] = block_id
+    def _drop_copy(self, block_id: int, block_hash: BlockHash) -> None:
+        """Unhash ``block_id``, one of several in-use copies of ``block_hash``."""
+        others = self._copies[block_hash]
+        if self.index[block_hash] == block_id:
+            self.index[block_hash] = others.pop()
+        else:
+            others.remove(block_id)
+        if not others:
+            del self._copies[block_hash]
+        self.block_hashes[block_id] = None
+
+    def set_hash(self, block_id: int, block_hash: BlockHash) -> None:
+        """Register a full, in-use block under ``block_hash``. If a cached (unreferenced) block
+        already holds that prefix, this block supersedes it and the cached one becomes empty;
+        if blocks in use hold it, this one is indexed beside them."""
+        held = self.index.get(block_hash)
+        if held == block_id:
+            return
         self.block_hashes[block_id] = block_hash
-        return True
+        if held is None:
+            self.index[block_hash] = block_id
+        elif self.ref_counts[held] == 0:
+            del self._lru[held]
+            self.block_hashes[held] = None
+            self._empty.append(held)
+            self.index[block_hash] = block_id
+        else:
+            self._copies.setdefault(block_hash, []).append(block_id)
 
     def evict_all_cached(self) -> int:
-        """Drop every cached hash of the free queue (a cache reset); returns how many."""
-        n = 0
-        for b in self.free_queue():
-            h = self.block_hashes[b]
-            if h is not None:
-                self.block_hashes[b] = None
-                del self.cached[h]
-                n += 1
-        self.num_cached_free = 0
+        """Drop every cached hash (a cache reset); returns how many blocks were dropped."""
+        hashes, index = self.block_hashes, self.index
+        for b in self._lru:
+            del index[hashes[b]]
+            hashes[b] = None
+        n = len(self._lru)
+        self._empty.extend(self._lru)
+        self._lru.clear()
         self.num_evictions += n
         return n
 
     def check_invariants(self) -> None:
-        queue = self.free_queue()
-        in_queue = set(queue)
-        assert len(in_queue) == len(queue) == self.num_free, "free queue length or cycle"
-        assert NULL_BLOCK_ID not in in_queue, "null block in the free queue"
-        assert self.ref_counts[NULL_BLOCK_ID] >= 1, "null block unpinned"
+        empty, cached, hashes, refs = self._empty, self._lru, self.block_hashes, self.ref_counts
+        in_empty = set(empty)
+        assert len(in_empty) == len(empty), "a block is twice among the empty blocks"
+        assert not in_empty & cached.keys(), "a block is both empty and cached"
+        assert NULL_BLOCK_ID not in in_empty and NULL_BLOCK_ID not in cached, "null block free"
+        assert refs[NULL_BLOCK_ID] >= 1, "null block unpinned"
         for b in range(1, self.num_blocks):
-            r = self.ref_counts[b]
+            r = refs[b]
             assert r >= 0, f"block {b} ref_count {r}"
-            assert (r == 0) == (b in in_queue), f"block {b}: ref {r} vs free-queue membership"
-        n_cached = sum(1 for b in queue if self.block_hashes[b] is not None)
-        assert n_cached == self.num_cached_free, "cached-free counter drifted"
-        for h, b in self.cached.items():
-            assert self.block_hashes[b] == h, f"hash index points at block {b} with another hash"
-        n_hashed = sum(1 for h in self.block_hashes if h is not None)
-        assert n_hashed == len(self.cached), "a hashed block is missing from the hash index"
-        prev = _SENTINEL
-        for b in queue:
-            assert self._prev[b] == prev, f"broken back link at block {b}"
-            prev = b
-        assert self._prev[_SENTINEL] == prev, "tail pointer"
+            assert (r == 0) == (b in in_empty or b in cached), f"block {b}: ref {r} vs free"
+            if b in in_empty:
+                assert hashes[b] is None, f"empty block {b} holds a hash"
+            if b in cached:
+                assert hashes[b] is not None, f"cached block {b} holds no hash"
+        for h, b in self.index.items():
+            assert hashes[b] == h, f"hash index points at block {b} with another hash"
+            others = self._copies.get(h, [])
+            if refs[b] == 0:
+                assert not others, f"block {b} is cached while copies of its hash are in use"
+            for c in others:
+                assert c != b and hashes[c] == h and refs[c] > 0, f"stale copy {c} of block {b}"
+        assert self._copies.keys() <= self.index.keys(), "copies of a hash nobody indexes"
+        n_copies = sum(len(v) for v in self._copies.values())
+        n_hashed = sum(1 for h in hashes if h is not None)
+        assert n_hashed == len(self.index) + n_copies, "a hashed block is missing from the index"

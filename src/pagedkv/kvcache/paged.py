@@ -2,13 +2,14 @@
 
 Any block size >= 1. Full blocks are registered in the pool's hash index when they fill; a new
 sequence reuses the longest chain of cached full blocks (never its last token, so that logits
-exist). Freed blocks keep their hash and are evicted lazily, least recently freed first.
+exist). Freed full blocks keep their hash and are evicted lazily: a new block is an empty one
+while any is left, else the least recently freed cached one (see ``block_pool.py``).
 """
 
 from __future__ import annotations
 
+from pagedkv.kvcache.allocator_base import BlockTableAllocator, SeqBlocks, ceil_div
 from pagedkv.kvcache.block_pool import BlockPool
-from pagedkv.kvcache.block_table import BlockTableAllocator, SeqBlocks, ceil_div
 from pagedkv.kvcache.hashing import BlockHash, HashExtraKeys, get_hash_fn, hash_blocks, root_hash
 from pagedkv.kvcache.protocol import KVCacheStats, SeqLike
 
@@ -39,8 +40,8 @@ class PagedAllocator(BlockTableAllocator):
         return self.pool.num_usable_blocks
 
     @property
-    def num_free_blocks(self) -> int:
-        return self.pool.num_free
+    def num_allocatable_blocks(self) -> int:
+        return self.pool.num_allocatable
 
     # -- prefix cache ----------------------------------------------------------------------
 
@@ -69,10 +70,10 @@ class PagedAllocator(BlockTableAllocator):
         if not self.prefix_caching or seq.seq_id in self._seqs:
             return 0
         max_blocks = (len(seq.token_ids) - 1) // self._block_size
-        cached = self.pool.cached
+        index = self.pool.index
         num_hit = 0
         for h in self._prompt_hashes(seq)[:max_blocks]:
-            if h not in cached:
+            if h not in index:
                 break
             num_hit += 1
         return num_hit * self._block_size
@@ -91,7 +92,7 @@ class PagedAllocator(BlockTableAllocator):
         self._check_known_tokens(seq, total)
         need = ceil_div(total, bs) - len(st.block_ids)
         if need > 0:
-            if need > self.pool.num_free:
+            if need > self.pool.num_allocatable:
                 return False
             st.block_ids.extend(self.pool.take(need))
         st.num_tokens = total
@@ -130,7 +131,7 @@ class PagedAllocator(BlockTableAllocator):
             hit_ids.append(b)
             num_revived += refs[b] == 0
         need = ceil_div(total, bs) - num_hit
-        if need + num_revived > self.pool.num_free:
+        if need + num_revived > self.pool.num_allocatable:
             return False
         self.pool.share(hit_ids)
         hit_ids.extend(self.pool.take(need))
@@ -178,7 +179,7 @@ class PagedAllocator(BlockTableAllocator):
         n = st.num_tokens
         num_full = n // self._block_size
         partial = num_full < len(st.block_ids)
-        if partial and self.pool.num_free < 1:
+        if partial and self.pool.num_allocatable < 1:
             return None
         shared = st.block_ids[:num_full]
         self.pool.share(shared)
@@ -203,8 +204,8 @@ class PagedAllocator(BlockTableAllocator):
         pool = self.pool
         return self._make_stats(
             pool.num_usable_blocks,
-            pool.num_free - pool.num_cached_free,
-            pool.num_cached_free,
+            pool.num_empty,
+            pool.num_cached,
             pool.num_evictions,
         )
 
@@ -214,8 +215,6 @@ class PagedAllocator(BlockTableAllocator):
         referenced = {b for st in self._seqs.values() for b in st.block_ids}
         in_use = sum(1 for b in range(1, self.pool.num_blocks) if self.pool.ref_counts[b] > 0)
         assert in_use == len(referenced), "a block is in use that no sequence holds"
-        s = self.stats()
-        assert s.num_free_blocks + s.num_used_blocks + s.num_cached_blocks == s.num_total_blocks
         bs = self._block_size
         for sid, st in self._seqs.items():
             assert len(st.block_hashes) <= st.num_tokens // bs, f"seq {sid}: hashed a partial block"

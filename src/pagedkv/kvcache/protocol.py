@@ -60,12 +60,12 @@ class SeqLike(Protocol):
 class KVCacheStats:
     """A snapshot of one allocator. Slots are token positions; blocks hold ``block_size`` slots.
 
-    ``num_free_blocks + num_used_blocks + num_cached_blocks == num_total_blocks`` always.
+    ``num_empty_blocks + num_used_blocks + num_cached_blocks == num_total_blocks`` always.
     """
 
     block_size: int
     num_total_blocks: int
-    num_free_blocks: int  # hold nothing reusable
+    num_empty_blocks: int  # unreferenced and holding nothing reusable
     num_used_blocks: int  # referenced by at least one live sequence
     num_cached_blocks: int  # referenced by none, but still revivable by a prefix hit
     num_seqs: int
@@ -108,8 +108,9 @@ class KVAllocator(Protocol):
     def num_total_blocks(self) -> int: ...
 
     @property
-    def num_free_blocks(self) -> int:
-        """Blocks an allocation may take now: free ones plus evictable cached ones."""
+    def num_allocatable_blocks(self) -> int:
+        """Blocks an allocation may take now: empty ones plus evictable cached ones
+        (``stats().num_empty_blocks + stats().num_cached_blocks``)."""
         ...
 
     def match_prefix(self, seq: SeqLike) -> int:

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pagedkv.kvcache.allocator_base import BlockTableAllocator, SeqBlocks, ceil_div
 from pagedkv.kvcache.block_pool import NULL_BLOCK_ID
-from pagedkv.kvcache.block_table import BlockTableAllocator, SeqBlocks, ceil_div
 from pagedkv.kvcache.hashing import HashExtraKeys, mm_span_bytes
 from pagedkv.kvcache.protocol import KVCacheStats, SeqLike
 from pagedkv.kvcache.radix_tree import RadixNode, RadixTree
@@ -48,7 +48,7 @@ class RadixAllocator(BlockTableAllocator):
         return self.num_pages - 1
 
     @property
-    def num_free_blocks(self) -> int:
+    def num_allocatable_blocks(self) -> int:
         return len(self._free_pages) + self.num_evictable
 
     # -- keys and lookup -------------------------------------------------------------------
@@ -135,7 +135,7 @@ class RadixAllocator(BlockTableAllocator):
         self._check_known_tokens(seq, total)
         if st is not None:
             need = ceil_div(total, ps) - len(st.block_ids)
-            if need > self.num_free_blocks:
+            if need > self.num_allocatable_blocks:
                 return False
             if need > 0:
                 st.block_ids.extend(self._take(need))
@@ -162,7 +162,7 @@ class RadixAllocator(BlockTableAllocator):
         total = num_cached_tokens + num_new_tokens
         need = ceil_div(total, ps) - hit_pages
         revived = sum(m for node, m in path if not self.tree.is_locked(node))
-        if need + revived > self.num_free_blocks:
+        if need + revived > self.num_allocatable_blocks:
             return False
         nodes = [node for node, _ in path]
         if path and path[-1][1] < len(path[-1][0].keys):  # admitted mid-run: cut the run there
@@ -251,7 +251,7 @@ class RadixAllocator(BlockTableAllocator):
         n = st.num_tokens
         num_full = n // self._block_size
         partial = num_full < len(st.block_ids)
-        if partial and self.num_free_blocks < 1:
+        if partial and self.num_allocatable_blocks < 1:
             return None
         for page in st.block_ids[:num_full]:
             self.ref_counts[page] += 1

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import heapq
 
-from pagedkv.kvcache.block_table import BlockTableAllocator, SeqBlocks
+from pagedkv.kvcache.allocator_base import BlockTableAllocator, SeqBlocks
 from pagedkv.kvcache.protocol import KVCacheStats, SeqLike
 
 
@@ -34,10 +34,17 @@ class ReservedAllocator(BlockTableAllocator):
         self.num_slots = num_slots
         self._num_regions = num_slots // max_model_len
         self._free_regions = list(range(self._num_regions))  # a heap: first fit = lowest id
-        self.num_refused = 0
 
     @property
     def max_model_len(self) -> int:
+        return self._block_size
+
+    @property
+    def block_size(self) -> int:
+        """``max_model_len``: a region is this allocator's one block. The protocol needs it
+        under this name because every consumer computes slots as
+        ``block_table[i // block_size] * block_size + i % block_size``; with a one-entry table
+        that is ``region * max_model_len + i``, the region's own slots."""
         return self._block_size
 
     @property
@@ -45,7 +52,7 @@ class ReservedAllocator(BlockTableAllocator):
         return self._num_regions
 
     @property
-    def num_free_blocks(self) -> int:
+    def num_allocatable_blocks(self) -> int:
         return len(self._free_regions)
 
     def match_prefix(self, seq: SeqLike) -> int:
@@ -65,7 +72,6 @@ class ReservedAllocator(BlockTableAllocator):
             return True
         self._check_new(seq)
         if not self._free_regions:
-            self.num_refused += 1
             return False
         region = heapq.heappop(self._free_regions)
         self._seqs[seq.seq_id] = SeqBlocks([region], total)

@@ -189,7 +189,7 @@ class Scheduler:
         waiting = self.waiting
         while not preempted and waiting and budget > 0 and len(running) < self.max_num_seqs:
             seq = waiting[0]
-            num_free = alloc.num_free_blocks
+            num_free = alloc.num_allocatable_blocks
             # Every admission needs at least one new block. A head refused before is retried
             # only once the free pool has grown: retrying a 10k-token prompt every step of an
             # overloaded replay costs a prefix walk each time and cannot succeed, unless a

@@ -1,4 +1,4 @@
-"""Per-sequence block tables and what every allocator derives from them.
+"""The allocator base class: per-sequence block tables and what every allocator derives from them.
 
 ``BlockTableAllocator`` is the shared half of the three allocators: it owns the map from
 sequence id to ``SeqBlocks`` (block table + number of tokens with slots) and turns it into slot
@@ -24,7 +24,7 @@ class SeqBlocks:
     """The blocks of one live sequence. ``block_ids[i]`` holds tokens ``[i*B, (i+1)*B)``;
     ``len(block_ids) == ceil(num_tokens / B)`` always."""
 
-    __slots__ = ("block_ids", "num_tokens", "block_hashes", "tree_node", "tree_depth", "on_tree")
+    __slots__ = ("block_ids", "num_tokens", "block_hashes", "tree_node", "tree_depth")
 
     def __init__(self, block_ids: list[int], num_tokens: int) -> None:
         self.block_ids = block_ids
@@ -32,7 +32,6 @@ class SeqBlocks:
         self.block_hashes: list[BlockHash] = []  # paged: chain hashes of the full blocks
         self.tree_node: object | None = None  # radix: deepest tree node on this sequence's path
         self.tree_depth = 0  # radix: how many of block_ids are tree pages (a root path)
-        self.on_tree = True  # radix: whether the next full page may still join the tree
 
 
 @dataclass
@@ -171,7 +170,7 @@ class BlockTableAllocator:
     def _make_stats(
         self,
         num_total_blocks: int,
-        num_free_blocks: int,
+        num_empty_blocks: int,
         num_cached_blocks: int,
         num_evictions: int,
         reserved: bool = False,
@@ -189,12 +188,12 @@ class BlockTableAllocator:
             gap += n * bs - st.num_tokens
             entries += n
             longest = max(longest, n)
-        num_used = num_total_blocks - num_free_blocks - num_cached_blocks
+        num_used = num_total_blocks - num_empty_blocks - num_cached_blocks
         allocated = num_used * bs
         return KVCacheStats(
             block_size=bs,
             num_total_blocks=num_total_blocks,
-            num_free_blocks=num_free_blocks,
+            num_empty_blocks=num_empty_blocks,
             num_used_blocks=num_used,
             num_cached_blocks=num_cached_blocks,
             num_seqs=len(self._seqs),
