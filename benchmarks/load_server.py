@@ -14,6 +14,11 @@ the engine directly (no HTTP, all queued at once), for the cost of the server ar
 
     python benchmarks/load_server.py [--clients 64] [--requests-per-client 4] [--max-tokens 32]
                                      [--engine-baseline] [--json results/load_server.json]
+
+``--giant PROMPTS`` measures fair admission instead: one streamed request of PROMPTS prompts x
+n = 4, then (``--giant-delay-s`` later) one small request; it reports how long the small one
+took and how many of the giant's samples had finished by then (the giant is then abandoned).
+``--admit-ahead-seqs 1000000`` (server started here) is first come, first served, to compare.
 """
 
 from __future__ import annotations
@@ -124,6 +129,34 @@ async def run_load(base_url: str, model: str, args) -> tuple[list[Outcome], floa
     return [o for outs in per_client for o in outs], wall_s
 
 
+async def giant_then_small(base_url: str, model: str, args) -> dict:
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    common = {"model": model, "max_tokens": args.max_tokens, "ignore_eos": True}
+    giant = {**common, "prompt": [f"Tell me about {TOPICS[k % len(TOPICS)]} ({k})."
+                                  for k in range(args.giant)], "n": 4, "stream": True}  # fmt: skip
+    samples_done = [0]
+    async with httpx.AsyncClient(timeout=args.request_timeout_s, headers=headers) as http:
+
+        async def stream_giant() -> None:
+            async with http.stream("POST", f"{base_url}/v1/completions", json=giant) as r:
+                async for line in r.aiter_lines():
+                    if line.startswith("data: {"):
+                        choices = json.loads(line[6:]).get("choices", [])
+                        samples_done[0] += sum(1 for c in choices if c.get("finish_reason"))
+
+        task = asyncio.create_task(stream_giant())
+        await asyncio.sleep(args.giant_delay_s)
+        t0 = time.perf_counter()
+        small = await http.post(f"{base_url}/v1/completions",
+                                json={**common, "prompt": "Tell me about bees."})  # fmt: skip
+        small_s, done = time.perf_counter() - t0, samples_done[0]
+        task.cancel()  # closing the stream aborts what is left of the giant
+        await asyncio.gather(task, return_exceptions=True)
+    return {"giant_samples": args.giant * 4, "small_status": small.status_code,
+            "small_latency_s": round(small_s, 2), "giant_samples_done_before_small": done,
+            "admit_ahead_seqs": args.admit_ahead_seqs}  # fmt: skip
+
+
 def scrape(base_url: str) -> dict[str, float]:
     text = httpx.get(f"{base_url}/metrics", timeout=30).text
     return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
@@ -192,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="afterwards, run the same requests through the engine directly (no HTTP)",
     )
+    ap.add_argument("--giant", type=int, help="measure fair admission (see above) instead")
+    ap.add_argument("--giant-delay-s", type=float, default=3.0)
+    ap.add_argument("--admit-ahead-seqs", type=int, help="the fair queue's depth (server here)")
     args = ap.parse_args(argv)
     if min(args.clients, args.requests_per_client, args.max_tokens) < 1:
         raise SystemExit("load_server: counts must be >= 1")
@@ -205,15 +241,26 @@ def main(argv: list[str] | None = None) -> int:
 
         from pagedkv.engine import EngineConfig, LLMEngine
         from pagedkv.server import ServerConfig, create_app, start_in_background
+        from pagedkv.server.engine_loop import ADMIT_AHEAD_SEQS
 
         torch.set_num_threads(args.torch_threads)
         engine = LLMEngine(EngineConfig(model=args.model, max_model_len=512, max_num_seqs=64))
         config = ServerConfig(served_model_name="load-test", port=0, log_level="warning")
-        server = start_in_background(create_app(engine, config), config)
+        args.admit_ahead_seqs = args.admit_ahead_seqs or ADMIT_AHEAD_SEQS
+        app = create_app(engine, config, admit_ahead_seqs=args.admit_ahead_seqs)
+        server = start_in_background(app, config)
         base_url = server.url
     model = httpx.get(f"{base_url}/v1/models", timeout=30,
                       headers={"Authorization": f"Bearer {args.api_key}"} if args.api_key else {},
                       ).json()["data"][0]["id"]  # fmt: skip
+    if args.giant:
+        try:
+            result = asyncio.run(giant_then_small(base_url, model, args))
+        finally:
+            if server is not None:
+                server.stop()
+        print(json.dumps(result, indent=2))
+        return 0 if result["small_status"] == 200 else 1
     try:
         outcomes, wall_s = asyncio.run(run_load(base_url, model, args))
         report = summarize(outcomes, wall_s, base_url, args)

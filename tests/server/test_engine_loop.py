@@ -123,3 +123,20 @@ def test_queued_requests_are_admitted_in_turn_and_aborts_skip_them(tiny_loaded):
         assert engine_loop.snapshot.num_requests_queued == 0
     finally:
         engine_loop.stop()
+
+
+def test_the_server_reads_one_face_of_the_engine():
+    """No server module reaches into the engine's parts (issue 10, item 5): it reads ``info``,
+    ``snapshot()``, ``check_request`` and ``tokenizer``, and drives add/step/abort."""
+    import ast
+    from pathlib import Path
+
+    import pagedkv.server
+
+    inner = {"allocator", "recorder", "scheduler", "parts", "runner"}
+    found = []
+    for path in Path(pagedkv.server.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in inner:
+                found.append(f"{path.name}:{node.lineno} .{node.attr}")
+    assert not found, found

@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from pagedkv.engine import LLMEngine
 from pagedkv.server import routes
 from pagedkv.server.config import ServerConfig
-from pagedkv.server.engine_loop import EngineLoop
+from pagedkv.server.engine_loop import ADMIT_AHEAD_SEQS, EngineLoop
 from pagedkv.server.errors import APIError, install_error_handlers
 from pagedkv.server.metrics import ServerMetrics
 
@@ -58,10 +58,13 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     await asyncio.to_thread(app.state.engine_loop.stop)
 
 
-def create_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
+def create_app(
+    engine: LLMEngine, config: ServerConfig, *, admit_ahead_seqs: int = ADMIT_AHEAD_SEQS
+) -> FastAPI:
     """The app serving ``engine``; reads only the engine's face (``info``, ``snapshot`` via
-    the loop, ``check_request``, ``tokenizer``)."""
-    engine_loop = EngineLoop(engine)
+    the loop, ``check_request``, ``tokenizer``). ``admit_ahead_seqs``: the fair queue's depth
+    (see ``engine_loop``), a knob for benchmarks; a huge value is first come, first served."""
+    engine_loop = EngineLoop(engine, admit_ahead_seqs=admit_ahead_seqs)
     app = FastAPI(title="pagedkv", lifespan=_lifespan, docs_url=None, redoc_url=None)
     state = app.state
     state.engine_loop, state.config, state.info = engine_loop, config, engine.info
