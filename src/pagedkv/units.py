@@ -95,3 +95,12 @@ def parse_number(option: str, text: str, *, minimum: float | None = None) -> flo
     if minimum is not None and value < minimum:
         raise UsageError(f"{option}: must be >= {minimum:g}, got {text!r}", option)
     return value
+
+
+def check_block_size(block_size: object, param: str = "block_size") -> int:
+    """The one rule for a block size: an integer number of tokens, at least 1 (any B >= 1 is a
+    valid page; backends narrow it further in ``planner.constraints``). Returns it, or raises
+    ``UsageError`` naming ``param``."""
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise UsageError(f"{param} must be an integer >= 1 token, got {block_size!r}", param)
+    return block_size

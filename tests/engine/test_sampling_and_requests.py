@@ -119,15 +119,22 @@ def test_request_too_big_for_the_pool_is_refused_not_hung(make_engine):
     "config",
     [
         {"block_size": 0},
+        {"block_size": 2.5},
+        {"block_size": True},
         {"policy": "nope"},
+        {"preemption": "nope"},
         {"kv_cache_memory_bytes": 0},
         {"dtype": "float64"},
         {"max_num_seqs": 0},
+        {"max_model_len": 1},
     ],
 )
-def test_bad_engine_config_is_a_clear_error(config):
-    with pytest.raises(ValueError):
+def test_bad_engine_config_is_a_usage_error_naming_the_field(config):
+    # A UsageError (not any ValueError): the CLI prints it as the user's mistake, exit 2.
+    with pytest.raises(UsageError) as info:
         EngineConfig(**config)
+    (field,) = config
+    assert info.value.param == field and field in str(info.value)
 
 
 def test_unreadable_model_path_is_a_clear_error():

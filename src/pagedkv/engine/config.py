@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pagedkv.errors import UsageError
 from pagedkv.kvcache.policies import get_policy
 from pagedkv.planner.kv_dtypes import ENGINE_DTYPES
 from pagedkv.sched.preemption import get_victim_policy
+from pagedkv.units import check_block_size
 
 MIB = 1 << 20
 
@@ -28,17 +30,26 @@ class EngineConfig:
     log_startup: bool = True
 
     def __post_init__(self) -> None:
+        """Every check raises ``UsageError`` naming the field (these are the user's flags)."""
         if self.dtype not in ENGINE_DTYPES:
-            raise ValueError(f"dtype must be one of {ENGINE_DTYPES}, got {self.dtype!r}")
-        get_policy(self.policy)  # raises with the list of choices
-        get_victim_policy(self.preemption)
-        if self.block_size is not None and (
-            not isinstance(self.block_size, int) or self.block_size < 1
-        ):
-            raise ValueError(f"block_size must be an integer >= 1 token, got {self.block_size!r}")
+            raise UsageError(f"dtype must be one of {ENGINE_DTYPES}, got {self.dtype!r}", "dtype")
+        for param, lookup in (("policy", get_policy), ("preemption", get_victim_policy)):
+            try:
+                lookup(getattr(self, param))
+            except ValueError as exc:  # the registries list the choices
+                raise UsageError(str(exc), param) from None
+        if self.block_size is not None:
+            check_block_size(self.block_size)
         for name in ("kv_cache_memory_bytes", "max_num_seqs", "max_num_batched_tokens"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        if self.max_model_len is not None and self.max_model_len < 2:
-            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise UsageError(f"{name} must be an integer >= 1, got {value!r}", name)
+        if self.max_model_len is not None and (
+            isinstance(self.max_model_len, bool)
+            or not isinstance(self.max_model_len, int)
+            or self.max_model_len < 2
+        ):
+            raise UsageError(
+                f"max_model_len must be an integer >= 2, got {self.max_model_len!r}",
+                "max_model_len",
+            )

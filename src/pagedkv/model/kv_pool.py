@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from pagedkv.units import check_block_size
+
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
 
@@ -21,10 +23,9 @@ def allocate_kv_caches(
     Zeros matter: masked-out slots are still multiplied by a zero weight, and garbage NaNs from
     uninitialised memory would poison real rows. The caller owns the tensors.
     """
-    if num_blocks < 1 or block_size < 1:
-        raise ValueError(
-            f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}"
-        )
+    check_block_size(block_size)
+    if num_blocks < 1:
+        raise ValueError(f"need num_blocks >= 1, got {num_blocks}")
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
     return [
         (

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 from pagedkv.errors import UsageError
 from pagedkv.planner.layout import KVLayout, int32_max_pool_blocks, is_aligned
+from pagedkv.units import check_block_size
 
 ANY_BLOCK_SIZE: tuple[int, ...] = ()  # empty = every block size >= 1 is accepted
 
@@ -117,12 +118,12 @@ def resolve_block_size(
 ) -> BlockSizeResolution:
     """User value -> default -> backend set -> alignment; returns the value and every rewrite.
 
-    Raises ValueError for ``requested < 1``, an unknown backend, a layout the backend cannot
+    Raises UsageError for ``requested < 1``, an unknown backend, a layout the backend cannot
     read, or when no allowed block size satisfies the alignment / int32-offset limits.
     """
     spec = get_backend(backend)
-    if requested is not None and requested < 1:
-        raise UsageError(f"block_size must be >= 1 token, got {requested}")
+    if requested is not None:
+        check_block_size(requested)
     if layout.attention != "explicit" and layout.attention not in spec.layouts:
         raise UsageError(f"backend {backend} cannot read the {layout.attention.upper()} layout")
     rewrites: list[tuple[int | None, int, str]] = []
@@ -171,8 +172,7 @@ class PageFormat:
 
     @classmethod
     def from_layout(cls, layout: KVLayout, block_size: int) -> PageFormat:
-        if block_size < 1:
-            raise UsageError(f"block_size must be >= 1 token, got {block_size}")
+        check_block_size(block_size)
         return cls(
             block_size=block_size,
             attention=layout.attention,

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from pagedkv.planner.kv_dtypes import get_kv_dtype
 from pagedkv.planner.sources import ModelShape, load_shape
+from pagedkv.units import check_block_size
 
 # A kernel that forms `block_id * block_bytes` in a signed 32-bit integer can reach this byte.
 INT32_MAX_OFFSET_BYTES = 2**31 - 1
@@ -88,12 +89,12 @@ class KVLayout:
 
     def layer_block_bytes(self, block_size: int) -> int:
         """Bytes of one block in one layer: ``layer_record_bytes * block_size``."""
-        _check_block_size(block_size)
+        check_block_size(block_size)
         return self.layer_record_bytes * block_size
 
     def block_bytes(self, block_size: int) -> int:
         """Bytes of one block across all layers: ``record_bytes * block_size``."""
-        _check_block_size(block_size)
+        check_block_size(block_size)
         return self.record_bytes * block_size
 
     @property
@@ -102,11 +103,6 @@ class KVLayout:
         if self.num_params is None:
             return None
         return get_kv_dtype(self.weight_dtype).vector_bytes(self.num_params)
-
-
-def _check_block_size(block_size: int) -> None:
-    if block_size < 1:
-        raise ValueError(f"block_size must be >= 1 token, got {block_size}")
 
 
 def int32_max_pool_blocks(block_bytes: int) -> int:

@@ -19,13 +19,9 @@ import math
 from collections.abc import Sequence
 
 from pagedkv.errors import UsageError
+from pagedkv.units import check_block_size
 
 TABLE_ENTRY_BYTES = 4  # block tables hold int32 physical block ids
-
-
-def _check_block_size(block_size: int) -> None:
-    if block_size < 1:
-        raise UsageError(f"block_size must be >= 1 token, got {block_size}")
 
 
 # --- ledger 1: the block table -------------------------------------------------------------
@@ -33,7 +29,7 @@ def _check_block_size(block_size: int) -> None:
 
 def exact_table_entries(seq_lens_tokens: Sequence[int], block_size: int) -> int:
     """Block-table entries of sequences of these lengths: sum of ceil(L_i / B)."""
-    _check_block_size(block_size)
+    check_block_size(block_size)
     return sum(-(-length // block_size) for length in seq_lens_tokens)
 
 
@@ -44,14 +40,14 @@ def expected_table_entries(num_seqs: int, mean_len_tokens: float, block_size: in
     slots are N + K(B - 1)/2 and the entries are that over B: the article's "N/B + K" is the
     upper bound (every last block counted whole).
     """
-    _check_block_size(block_size)
+    check_block_size(block_size)
     total_tokens = num_seqs * mean_len_tokens
     return total_tokens / block_size + num_seqs * (block_size - 1) / (2 * block_size)
 
 
 def padded_table_bytes(num_seqs: int, max_len_tokens: int, block_size: int) -> int:
     """Bytes of the padded ``[K, ceil(L_max / B)]`` int32 block table that kernels receive."""
-    _check_block_size(block_size)
+    check_block_size(block_size)
     return TABLE_ENTRY_BYTES * num_seqs * -(-max_len_tokens // block_size)
 
 
@@ -60,13 +56,13 @@ def padded_table_bytes(num_seqs: int, max_len_tokens: int, block_size: int) -> i
 
 def expected_fragmentation_slots(num_seqs: int, block_size: int) -> float:
     """Expected empty slots in the last blocks of K live sequences: K * (B - 1) / 2."""
-    _check_block_size(block_size)
+    check_block_size(block_size)
     return num_seqs * (block_size - 1) / 2
 
 
 def exact_fragmentation_slots(seq_lens_tokens: Sequence[int], block_size: int) -> int:
     """Allocated minus used slots for sequences of these lengths."""
-    _check_block_size(block_size)
+    check_block_size(block_size)
     return sum(-(-length // block_size) * block_size - length for length in seq_lens_tokens)
 
 
@@ -75,13 +71,13 @@ def exact_fragmentation_slots(seq_lens_tokens: Sequence[int], block_size: int) -
 
 def prefix_reuse_tokens(prefix_len_tokens: int, block_size: int) -> int:
     """Tokens of a shared prefix of length P that a full-block cache reuses: floor(P/B) * B."""
-    _check_block_size(block_size)
+    check_block_size(block_size)
     return prefix_len_tokens // block_size * block_size
 
 
 def prefix_lost_tokens(prefix_len_tokens: int, block_size: int) -> int:
     """Tokens of the shared prefix that must be recomputed per hit: P mod B."""
-    _check_block_size(block_size)
+    check_block_size(block_size)
     return prefix_len_tokens % block_size
 
 
@@ -123,7 +119,7 @@ def swap_transfers(num_bytes: int, block_bytes: int) -> int:
 
 def kernel_block_iterations(len_tokens: float, block_size: int) -> int:
     """Blocks a paged decode kernel loops over for one sequence of this length: ceil(L / B)."""
-    _check_block_size(block_size)
+    check_block_size(block_size)
     return math.ceil(len_tokens / block_size)
 
 
@@ -143,7 +139,7 @@ def paged_capacity_seqs(
     Each costs L plus its expected last-block gap (B - 1)/2 slots; the second article's
     "in theory" count (no scheduling headroom, no length variance).
     """
-    _check_block_size(block_size)
+    check_block_size(block_size)
     slots_per_seq = mean_len_tokens + (block_size - 1) / 2
     return math.floor(pool_bytes / (record_bytes * slots_per_seq))
 

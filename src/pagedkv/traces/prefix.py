@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pagedkv.errors import UsageError
 from pagedkv.traces.segments import TraceRequest
+from pagedkv.units import check_block_size
 
 
 def shared_prefix_tokens(requests: Sequence[TraceRequest]) -> list[int]:
@@ -65,7 +65,6 @@ def ideal_prefix_hit_tokens(
 ) -> int:
     """Tokens a never-evicting cache of ``block_size``-token blocks reuses over ``requests``
     admitted in order: each reusable prefix rounded down to whole blocks."""
-    if block_size < 1:
-        raise UsageError(f"block_size must be >= 1, got {block_size}", "block_size")
+    check_block_size(block_size)
     reusable = reusable_prefix_tokens(requests) if reusable is None else reusable
     return sum(r - r % block_size for r in reusable)
