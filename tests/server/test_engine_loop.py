@@ -140,3 +140,20 @@ def test_the_server_reads_one_face_of_the_engine():
             if isinstance(node, ast.Attribute) and node.attr in inner:
                 found.append(f"{path.name}:{node.lineno} .{node.attr}")
     assert not found, found
+
+
+def test_an_engine_bug_adding_one_request_fails_only_that_request(loop):
+    real_add = loop.engine.add_request
+
+    def add_request(prompt, params, request_id=None, cache_salt=None):
+        if request_id == "bad":
+            raise RuntimeError("injected add failure")
+        return real_add(prompt, params, request_id=request_id, cache_salt=cache_salt)
+
+    loop.engine.add_request = add_request
+    bad, good = Inbox(), Inbox()
+    loop.submit("bad", [1, 2], SamplingParams(max_tokens=2), None, bad)
+    loop.submit("good", [1, 2], SamplingParams(max_tokens=2, ignore_eos=True), None, good)
+    wait_for(lambda: bad.final and good.final, 10, "both requests to end")
+    assert isinstance(bad.final, Failure) and bad.final.status_code == 500
+    assert not isinstance(good.final, Failure) and loop.alive

@@ -204,6 +204,11 @@ class EngineLoop:
         except UsageError as exc:
             sub.deliver(Failure(str(exc), 400, exc.code, exc.param))
             return False
+        except Exception as exc:  # noqa: BLE001 - an engine bug: this request fails, not the loop
+            log.exception("adding %s failed", sub.request_id)
+            sub.deliver(Failure(f"the engine could not add the request: {exc!r}", 500,
+                                "engine_error"))  # fmt: skip
+            return False
         self._delivers[sub.request_id] = sub.deliver
         return True
 
