@@ -104,6 +104,14 @@ def test_bad_request_gets_an_openai_error_and_the_server_goes_on(
     assert_idle(server)
 
 
+def test_top_k_minus_one_is_off_as_in_vllm(server):
+    body = {"prompt": [1, 2, 3], "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+    greedy = httpx.post(f"{server}/v1/completions", json=body, timeout=30)
+    off = httpx.post(f"{server}/v1/completions", json={**body, "top_k": -1}, timeout=30)
+    assert off.status_code == 200, off.text
+    assert off.json()["choices"][0]["text"] == greedy.json()["choices"][0]["text"]
+
+
 def test_oversized_body_is_refused(server):
     from pagedkv.server.routes import MAX_BODY_BYTES
 

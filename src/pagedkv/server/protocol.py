@@ -3,7 +3,7 @@
 Requests are validated strictly (JSON types as sent: ``"5"`` is not an integer) and unknown keys
 are errors, as everywhere in pagedkv's configuration. OpenAI fields we do not implement
 (penalties, ``logit_bias``, ``echo``, ``suffix``, ``best_of``) are declared so that clients
-sending their neutral defaults keep working; any other value is refused in ``sampling.py``.
+sending their neutral defaults keep working; any other value is refused in ``request_params.py``.
 Responses are plain models dumped to JSON; their shapes follow OpenAI's so that the official
 client parses them unchanged.
 """
