@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup test lint format run bench clean
+.PHONY: setup test lint format run bench bench-peers clean
 
 setup: $(STAMP)
 
@@ -34,5 +34,35 @@ run: setup
 bench: setup
 	$(PY) benchmarks/bench_kvcache.py
 
+# The KV benchmark beside vLLM's own KV cache manager, in one process (not part of `make test`).
+# A separate venv, because vLLM pins its own stack: torch first (the CPU build on this disk,
+# never a bare `torch`), then vLLM without its dependencies, then exactly the packages that
+# importing vllm.v1.core.kv_cache_manager needs (found by trying the import).
+PEERS       := .venv-peers
+PEERS_PY    := $(PEERS)/bin/python
+PEERS_STAMP := $(PEERS)/.installed-stamp
+PEER_PKGS   := vllm==0.33.0 aiohappyeyeballs==2.7.1 aiohttp==3.14.5 aiosignal==1.4.0 \
+	annotated-doc==0.0.7 annotated-types==0.8.0 anyio==4.16.0 apache-tvm-ffi==0.1.15.post2 \
+	attrs==26.1.0 cachetools==8.0.2 cbor2==6.3.0 certifi==2026.10.19.post1 cloudpickle==3.1.3 \
+	fastapi==0.165.0 frozenlist==1.8.0 h11==0.16.0 httpcore2==2.16.2 httpx2==2.16.2 \
+	huggingface_hub==2.4.0 idna==3.20 llguidance==1.9.1 msgspec==0.23.0 multidict==7.2.1 \
+	numpy==2.4.6 openai==3.57.0 openai-harmony==0.0.8 opentelemetry-api==1.45.2 \
+	packaging==26.4 partial-json-parser==0.2.1.1.post7 pillow==13.0.0 \
+	prometheus_client==0.26.0 propcache==0.5.4 psutil==7.2.2 py-cpuinfo==9.0.0 \
+	pybase64==1.5.1 pydantic==2.14.4 pydantic_core==2.50.5 PyYAML==6.0.4 pyzmq==27.3.0 \
+	regex==2026.11.19 requests==2.34.2 safetensors==0.8.0 sniffio==1.3.1 starlette==1.10.0 \
+	tokenizers==0.23.3 tqdm==4.70.1 transformers==5.24.0 truststore==0.10.5 \
+	typing-inspection==0.4.5 urllib3==2.8.0 uvloop==0.23.0 xgrammar==0.2.9 yarl==1.25.1
+
+$(PEERS_STAMP): Makefile
+	test -x $(PEERS_PY) || $(PYTHON) -m venv $(PEERS)
+	$(PEERS_PY) -m pip install -q torch==2.13.0
+	$(PEERS_PY) -m pip install -q --no-deps $(PEER_PKGS)
+	$(PEERS_PY) -c "import vllm.v1.core.kv_cache_manager"
+	touch $(PEERS_STAMP)
+
+bench-peers: $(PEERS_STAMP)
+	$(PEERS_PY) benchmarks/bench_kvcache.py
+
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(PEERS) build src/*.egg-info .pytest_cache .ruff_cache
