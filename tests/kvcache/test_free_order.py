@@ -118,3 +118,36 @@ def test_a_new_copy_supersedes_a_cached_one():
     assert st.num_cached_blocks == 0  # block 1 is empty now: block 3 holds the same KV
     assert alloc.match_prefix(Seq(3, [0, 1, 2, 3, 9])) == 4
     assert alloc.pool.free_queue()[0] == 1  # handed out next
+
+
+def test_revived_blocks_keep_their_recency_and_the_queue_stays_bounded():
+    pool = BlockPool(num_blocks=4, block_size=1)  # blocks 1, 2, 3
+    blocks = pool.take(3)
+    for b in blocks:
+        pool.set_hash(b, bytes([b]) * 32)
+    pool.release(reversed(blocks))  # cached, oldest first: 3, 2, 1
+    for _ in range(100):  # block 2 is hit and freed again and again: the most recent
+        pool.share([2])
+        pool.release([2])
+        pool.check_invariants()
+    assert pool.free_queue() == [3, 1, 2]
+    assert len(pool._lru) <= 2 * pool.num_blocks + 1  # stale entries were compacted
+    assert pool.take(2) == [3, 1] and pool.num_evictions == 2
+    assert pool.lookup(bytes([2]) * 32) == 2
+    pool.check_invariants()
+
+
+def test_freeing_a_shared_table_takes_the_general_path():
+    alloc = PagedAllocator(num_blocks=9, block_size=4)
+    a = Seq(1, list(range(10)))  # blocks 1, 2 full, 3 partial
+    b = Seq(2, list(range(8)) + [99])  # hits blocks 1, 2; block 4 partial
+    admit(alloc, a)
+    assert admit(alloc, b) == 8
+    alloc.free(a)  # blocks 1, 2 stay in use by b; only a's tail is freed
+    alloc.check_invariants()
+    st = alloc.stats()
+    assert (st.num_used_blocks, st.num_cached_blocks, st.num_empty_blocks) == (3, 0, 5)
+    alloc.free(b)
+    alloc.check_invariants()
+    # Empty: the tails, most recently freed first, above the never-used 5..8; then cached.
+    assert alloc.pool.free_queue() == [4, 3, 5, 6, 7, 8, 2, 1]

@@ -115,13 +115,16 @@ class BlockTableAllocator:
 
     def _pop(self, seq: SeqLike, preempted: bool) -> SeqBlocks:
         """Remove ``seq``'s state; remember its id unless it will be re-admitted."""
-        st = self._state(seq)
-        del self._seqs[seq.seq_id]
+        sid = seq.seq_id
+        st = self._seqs.pop(sid, None)
+        if st is None:
+            return self._state(seq)  # raises: not allocated here
         if not preempted:
-            self._retired.add(seq.seq_id)
-            self._retired_order.append(seq.seq_id)
-            if len(self._retired_order) > _RETIRED_MEMORY:
-                self._retired.discard(self._retired_order.popleft())
+            self._retired.add(sid)
+            order = self._retired_order
+            order.append(sid)
+            if len(order) > _RETIRED_MEMORY:
+                self._retired.discard(order.popleft())
         return st
 
     # -- views -----------------------------------------------------------------------------

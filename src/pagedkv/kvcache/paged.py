@@ -172,7 +172,9 @@ class PagedAllocator(BlockTableAllocator):
 
     def free(self, seq: SeqLike, preempted: bool = False) -> None:
         st = self._pop(seq, preempted)
-        self.pool.release(reversed(st.block_ids))  # tail first: evicted before the head
+        # Tail first, so that the tail is evicted before the head. Exactly the first
+        # len(block_hashes) blocks hold a hash (checked by check_invariants).
+        self.pool.release_table(st.block_ids, len(st.block_hashes))
 
     def fork(self, parent: SeqLike, child: SeqLike) -> list[tuple[int, int]] | None:
         st = self._check_fork(parent, child)
@@ -216,5 +218,9 @@ class PagedAllocator(BlockTableAllocator):
         in_use = sum(1 for b in range(1, self.pool.num_blocks) if self.pool.ref_counts[b] > 0)
         assert in_use == len(referenced), "a block is in use that no sequence holds"
         bs = self._block_size
+        hashes = self.pool.block_hashes
         for sid, st in self._seqs.items():
-            assert len(st.block_hashes) <= st.num_tokens // bs, f"seq {sid}: hashed a partial block"
+            k = len(st.block_hashes)
+            assert k <= st.num_tokens // bs, f"seq {sid}: hashed a partial block"
+            assert [hashes[b] for b in st.block_ids[:k]] == st.block_hashes, f"seq {sid}: hashes"
+            assert all(hashes[b] is None for b in st.block_ids[k:]), f"seq {sid}: stray hash"
