@@ -131,7 +131,7 @@ def test_revived_blocks_keep_their_recency_and_the_queue_stays_bounded():
         pool.release([2])
         pool.check_invariants()
     assert pool.free_queue() == [3, 1, 2]
-    assert len(pool._lru) <= 2 * pool.num_blocks + 1  # stale entries were compacted
+    assert len(pool._cached.entries) <= 2 * pool.num_blocks + 1  # stale entries compacted
     assert pool.take(2) == [3, 1] and pool.num_evictions == 2
     assert pool.lookup(bytes([2]) * 32) == 2
     pool.check_invariants()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from array import array
 
 import pytest
 
@@ -182,3 +183,19 @@ def test_per_tenant_roots_stay_bounded(kind):
     # Tenants still cached keep their prefix.
     last = Seq(10_000, list(range(10)), HashExtraKeys(cache_salt="user-4999"))
     assert alloc.match_prefix(last) == 8
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 8, 128])
+def test_block_hashes_agree_for_lists_and_arrays(block_size):
+    # Reference: sha256(parent || little-endian uint32 token ids), built independently here.
+    tokens = [(t * 2_654_435_761) % 2**32 for t in range(300)]
+    root = root_hash(HashExtraKeys())
+    parent, expected = root, []
+    for i in range(len(tokens) // block_size):
+        block = tokens[i * block_size : (i + 1) * block_size]
+        parent = hashlib.sha256(parent + struct.pack(f"<{block_size}I", *block)).digest()
+        expected.append(parent)
+    assert hash_blocks(tokens, block_size, root) == expected
+    assert hash_blocks(array("I", tokens), block_size, root) == expected
+    with pytest.raises(ValueError, match="token ids"):
+        hash_blocks([0] * (block_size - 1) + [-1], block_size, root)

@@ -11,13 +11,9 @@ exactly one state:
 Free blocks (empty + cached) leave in this order: empty blocks first (most recently freed
 first), then cached blocks least recently freed first. A cached prefix is therefore evicted
 only when no empty block is left, as in vLLM's free queue, where a freed block without a hash
-goes to the front and a hashed one to the back. The empty blocks are a list used as a stack.
-The cached ones are a ``deque`` of block ids in the order they were freed, with lazy deletion:
-a cached block that leaves early (revived by a prefix hit, or superseded) keeps its entry and
-gets one "stale" mark, and the oldest entries of a block are the stale ones, so popping from
-the left skips an entry while its block has marks. Freeing a sequence then costs one C-level
-``extend`` for its hashed blocks instead of a linked-list splice per block; stale entries are
-compacted away once they outnumber the blocks.
+goes to the front and a hashed one to the back. The empty blocks are a list used as a stack;
+the cached ones a ``CachedQueue`` (``cached_queue.py``), whose bulk append makes freeing a
+sequence one C-level call per kind of block.
 
 Two sequences may compute the same full block (they were admitted before either had cached
 it). Every copy is entered in the hash index while in use, so the prefix survives as long as
@@ -31,9 +27,9 @@ State is kept as parallel lists rather than one object per block: the hot loops 
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable
 
+from pagedkv.kvcache.cached_queue import CachedQueue
 from pagedkv.kvcache.hashing import BlockHash
 
 NULL_BLOCK_ID = 0
@@ -61,11 +57,8 @@ class BlockPool:
         # Empty free blocks, a stack: the top (end) is handed out next. Starts so that a fresh
         # pool hands out blocks 1, 2, 3, ...
         self._empty: list[int] = list(range(num_blocks - 1, 0, -1))
-        # Cached free blocks, least recently freed first, with lazy deletion: ``_stale[b]`` of
-        # the entries of block b (its oldest ones) no longer stand for a cached block.
-        self._lru: deque[int] = deque()
-        self._stale = [0] * num_blocks
-        self._num_stale = 0
+        # Cached free blocks, least recently freed first.
+        self._cached = CachedQueue(num_blocks)
         self.num_evictions = 0
 
     # -- queries ---------------------------------------------------------------------------
@@ -77,7 +70,7 @@ class BlockPool:
     @property
     def num_allocatable(self) -> int:
         """Blocks ``take`` may hand out now: empty ones plus cached ones it would evict."""
-        return len(self._empty) + len(self._lru) - self._num_stale
+        return len(self._empty) + len(self._cached)
 
     @property
     def num_empty(self) -> int:
@@ -87,7 +80,7 @@ class BlockPool:
     @property
     def num_cached(self) -> int:
         """Free blocks that still hold a hash (revivable by a prefix hit)."""
-        return len(self._lru) - self._num_stale
+        return len(self._cached)
 
     def lookup(self, block_hash: BlockHash) -> int | None:
         """A block holding ``block_hash`` (in use or cached), or None."""
@@ -95,29 +88,7 @@ class BlockPool:
 
     def free_queue(self) -> list[int]:
         """Every free block, the next to be handed out first. O(n): for tests and debugging."""
-        return self._empty[::-1] + self._cached_in_order()
-
-    def _cached_in_order(self) -> list[int]:
-        """The cached blocks, least recently freed first (the live entries of ``_lru``)."""
-        marks, out = list(self._stale), []
-        for b in self._lru:
-            if marks[b]:
-                marks[b] -= 1
-            else:
-                out.append(b)
-        return out
-
-    def _mark_stale(self, block_id: int) -> None:
-        """A cached block leaves the cache other than by ``take``: its entry goes stale."""
-        self._stale[block_id] += 1
-        self._num_stale += 1
-
-    def _compact(self) -> None:
-        """Drop stale entries (amortized O(1): runs once they outnumber the blocks)."""
-        live = self._cached_in_order()
-        self._lru = deque(live)
-        self._stale = [0] * self.num_blocks
-        self._num_stale = 0
+        return self._empty[::-1] + self._cached.in_order()
 
     # -- mutation --------------------------------------------------------------------------
 
@@ -132,18 +103,9 @@ class BlockPool:
         out = empty[: -k - 1 : -1] if k else []
         del empty[len(empty) - k :]
         if k < num_blocks:
-            pop, hashes, index, stale = (
-                self._lru.popleft,
-                self.block_hashes,
-                self.index,
-                self._stale,
-            )
-            while len(out) < num_blocks:
+            pop, hashes, index = self._cached.pop_oldest, self.block_hashes, self.index
+            for _ in range(num_blocks - k):
                 b = pop()
-                if stale[b]:
-                    stale[b] -= 1
-                    self._num_stale -= 1
-                    continue
                 del index[hashes[b]]  # the only holder of its hash (see the docstring)
                 hashes[b] = None
                 out.append(b)
@@ -160,7 +122,7 @@ class BlockPool:
         for b in block_ids:
             if refs[b] == 0:
                 if self.block_hashes[b] is not None:
-                    self._mark_stale(b)
+                    self._cached.remove(b)
                 else:
                     self._empty.remove(b)  # never on the hot path: hits are hashed
             refs[b] += 1
@@ -170,7 +132,7 @@ class BlockPool:
         zero becomes empty if it has no hash (or another copy of its hash is still in use),
         else it joins the cached blocks as the most recently freed. Pass a sequence's blocks
         tail first so that its tail is evicted before its head."""
-        refs, hashes, push_cached = self.ref_counts, self.block_hashes, self._lru.append
+        refs, hashes, push_cached = self.ref_counts, self.block_hashes, self._cached.entries.append
         push_empty = self._empty.append
         copies = self._copies
         for b in block_ids:
@@ -189,8 +151,7 @@ class BlockPool:
                 push_empty(b)
             else:
                 push_cached(b)
-        if len(self._lru) > 2 * self.num_blocks:
-            self._compact()
+        self._cached.compact_if_needed()
 
     def release_table(self, block_ids: list[int], num_hashed: int) -> None:
         """``release(reversed(block_ids))`` for a sequence's block table whose first
@@ -205,10 +166,8 @@ class BlockPool:
             refs[b] = 0
         if num_hashed:
             self._empty += block_ids[: num_hashed - 1 : -1]  # the tail, last block first
-            lru = self._lru
-            lru += block_ids[num_hashed - 1 :: -1]
-            if len(lru) > 2 * self.num_blocks:
-                self._compact()
+            self._cached.entries += block_ids[num_hashed - 1 :: -1]
+            self._cached.compact_if_needed()
         else:
             self._empty += block_ids[::-1]
 
@@ -234,7 +193,7 @@ class BlockPool:
         if held is None:
             self.index[block_hash] = block_id
         elif self.ref_counts[held] == 0:
-            self._mark_stale(held)
+            self._cached.remove(held)
             self.block_hashes[held] = None
             self._empty.append(held)
             self.index[block_hash] = block_id
@@ -244,14 +203,12 @@ class BlockPool:
     def evict_all_cached(self) -> int:
         """Drop every cached hash (a cache reset); returns how many blocks were dropped."""
         hashes, index = self.block_hashes, self.index
-        cached = self._cached_in_order()
+        cached = self._cached.in_order()
         for b in cached:
             del index[hashes[b]]
             hashes[b] = None
         self._empty.extend(cached)
-        self._lru.clear()
-        self._stale = [0] * self.num_blocks
-        self._num_stale = 0
+        self._cached.clear()
         self.num_evictions += len(cached)
         return len(cached)
 
@@ -259,16 +216,7 @@ class BlockPool:
         empty, hashes, refs = self._empty, self.block_hashes, self.ref_counts
         in_empty = set(empty)
         assert len(in_empty) == len(empty), "a block is twice among the empty blocks"
-        order = self._cached_in_order()
-        cached = set(order)
-        assert len(cached) == len(order) == self.num_cached, "a block is cached twice"
-        assert sum(self._stale) == self._num_stale >= 0, "stale-mark counter drifted"
-        live = list(self._stale)  # per block: entries minus stale marks = 1 iff cached
-        live = [-m for m in live]
-        for b in self._lru:
-            live[b] += 1
-        for b in range(self.num_blocks):
-            assert live[b] == (b in cached), f"block {b}: {live[b]} live cache entries"
+        cached = self._cached.check_invariants()
         assert not in_empty & cached, "a block is both empty and cached"
         assert NULL_BLOCK_ID not in in_empty and NULL_BLOCK_ID not in cached, "null block free"
         assert refs[NULL_BLOCK_ID] >= 1, "null block unpinned"

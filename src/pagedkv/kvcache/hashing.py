@@ -13,7 +13,10 @@ package is installed) is faster but not collision-resistant.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import struct
+import sys
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,6 +27,7 @@ HashFn = Callable[[bytes], bytes]
 # Token ids are serialised as little-endian unsigned 32-bit integers.
 _TOKEN_TYPECODE = "I"
 _TOKEN_BYTES = 4
+_GROUP_TOKENS = 2048  # tokens serialised per C-level call in hash_blocks (8 KiB)
 
 
 @dataclass(frozen=True)
@@ -104,14 +108,23 @@ def mm_span_bytes(spans: tuple[MMSpan, ...], start: int, end: int) -> bytes:
     return ("\x00mm:" + ";".join(parts)).encode() if parts else b""
 
 
+@functools.lru_cache(maxsize=512)
+def _token_struct(num_tokens: int) -> struct.Struct:
+    return struct.Struct(f"<{num_tokens}{_TOKEN_TYPECODE}")
+
+
 def token_bytes(token_ids: Sequence[int]) -> bytes:
     """The serialised token ids, ``_TOKEN_BYTES`` per token (ValueError on a negative id)."""
     if isinstance(token_ids, array) and token_ids.typecode == _TOKEN_TYPECODE:
-        return token_ids.tobytes()  # already in the wire layout (sched.Sequence keeps this)
+        if sys.byteorder == "little":
+            return token_ids.tobytes()  # already in the wire layout (sched.Sequence keeps this)
+        token_ids = token_ids.tolist()
+    # A compiled Struct packs a list about twice as fast as array(...).tobytes() (and 2x
+    # faster than struct.pack with a format string), and its "<" pins the byte order.
     try:
-        return array(_TOKEN_TYPECODE, token_ids).tobytes()
-    except OverflowError:
-        raise ValueError("token ids must be in [0, 2**32)") from None
+        return _token_struct(len(token_ids)).pack(*token_ids)
+    except struct.error:
+        raise ValueError("token ids must be integers in [0, 2**32)") from None
 
 
 def hash_blocks(
@@ -126,24 +139,29 @@ def hash_blocks(
     """Chained hashes of full blocks ``first_block, first_block + 1, ...`` of ``token_ids``.
 
     ``parent`` is the hash of block ``first_block - 1`` (or ``root_hash(extra)`` for block 0).
-    Stops at ``num_blocks`` blocks or at the last full block, whichever is first. The bytes of
-    the tokens are built once and sliced per block, which keeps this at one C-level hash call
-    per block.
+    Stops at ``num_blocks`` blocks or at the last full block, whichever is first. A block's
+    hash input is its parent hash, ``token_bytes`` of its tokens, then its multimodal spans.
     """
     total_full = len(token_ids) // block_size
     stop = total_full if num_blocks is None else min(total_full, first_block + num_blocks)
     if stop <= first_block:
         return []
-    start_tok = first_block * block_size
-    buf = token_bytes(token_ids[start_tok : stop * block_size])
-    stride = block_size * _TOKEN_BYTES
     spans = extra.mm_spans
     hashes: list[BlockHash] = []
-    for i in range(stop - first_block):
-        chunk = buf[i * stride : (i + 1) * stride]
-        if spans:
-            lo = start_tok + i * block_size
-            chunk += mm_span_bytes(spans, lo, lo + block_size)
-        parent = hash_fn(parent + chunk)
-        hashes.append(parent)
+    append = hashes.append
+    stride = block_size * _TOKEN_BYTES
+    # Serialise a group of blocks at a time: one C-level pack per group, and the group's bytes
+    # are still in the CPU cache when hashed (packing a whole long prompt first is 1.3-1.5x
+    # slower at B=128; packing block by block is slower at small B).
+    group = max(1, _GROUP_TOKENS // block_size)
+    for g0 in range(first_block, stop, group):
+        g1 = min(g0 + group, stop)
+        buf = token_bytes(token_ids[g0 * block_size : g1 * block_size])
+        for i in range(g1 - g0):
+            chunk = buf[i * stride : (i + 1) * stride]
+            if spans:
+                lo = (g0 + i) * block_size
+                chunk += mm_span_bytes(spans, lo, lo + block_size)
+            parent = hash_fn(parent + chunk)
+            append(parent)
     return hashes
