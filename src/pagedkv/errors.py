@@ -16,9 +16,7 @@ class UsageError(ValueError):
     working, but edges must catch ``UsageError`` (not every ``ValueError``) as "the user's fault".
     """
 
-    def __init__(
-        self, message: str, param: str | None = None, code: str = "invalid_value"
-    ) -> None:
+    def __init__(self, message: str, param: str | None = None, code: str = "invalid_value") -> None:
         super().__init__(message)
         self.param = param
         self.code = code  # a machine-readable kind, e.g. "context_length_exceeded"
