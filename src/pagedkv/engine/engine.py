@@ -344,7 +344,7 @@ class LLMEngine:
         rec = self.recorder
         return EngineSnapshot(
             num_total_blocks=kv.num_total_blocks,
-            num_free_blocks=kv.num_empty_blocks,
+            num_empty_blocks=kv.num_empty_blocks,
             num_used_blocks=kv.num_used_blocks,
             num_cached_blocks=kv.num_cached_blocks,
             kv_utilization=kv.kv_utilization,

@@ -40,7 +40,7 @@ class EngineSnapshot:
     """The engine's state between two steps; every field counts blocks, sequences or tokens."""
 
     num_total_blocks: int  # usable blocks
-    num_free_blocks: int  # blocks that hold nothing reusable
+    num_empty_blocks: int  # blocks that hold nothing reusable
     num_used_blocks: int  # blocks referenced by a live sequence
     num_cached_blocks: int  # unreferenced blocks kept for prefix hits
     kv_utilization: float  # used slots / pool slots

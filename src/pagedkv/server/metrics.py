@@ -25,7 +25,7 @@ TTFT_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 
 # own counts follow in ``_LOOP_GAUGES``.
 _GAUGES = (
     ("kv_blocks_total", "KV blocks in the pool", "num_total_blocks"),
-    ("kv_blocks_free", "KV blocks holding nothing reusable", "num_free_blocks"),
+    ("kv_blocks_free", "KV blocks holding nothing reusable", "num_empty_blocks"),
     ("kv_blocks_used", "KV blocks referenced by a live sequence", "num_used_blocks"),
     ("kv_blocks_cached", "KV blocks held by no sequence but revivable by a prefix hit",
      "num_cached_blocks"),
