@@ -31,6 +31,7 @@ from collections.abc import Iterable
 
 from pagedkv.kvcache.cached_queue import CachedQueue
 from pagedkv.kvcache.hashing import BlockHash
+from pagedkv.units import check_block_size
 
 NULL_BLOCK_ID = 0
 
@@ -39,8 +40,7 @@ class BlockPool:
     """``num_blocks`` blocks of ``block_size`` slots; block 0 is reserved as the null block."""
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
-        if not isinstance(block_size, int) or block_size < 1:
-            raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
+        check_block_size(block_size)
         if not isinstance(num_blocks, int) or num_blocks < 2:
             raise ValueError(
                 f"num_blocks must be an integer >= 2 (block 0 is the null block), got {num_blocks!r}"

@@ -14,6 +14,7 @@ from pagedkv.kvcache.paged import PagedAllocator
 from pagedkv.kvcache.protocol import KVAllocator
 from pagedkv.kvcache.radix import RadixAllocator
 from pagedkv.kvcache.reserved import ReservedAllocator
+from pagedkv.units import check_block_size
 
 AllocatorKind = Literal["paged", "radix", "reserved"]
 ALLOCATOR_KINDS: tuple[str, ...] = ("paged", "radix", "reserved")
@@ -33,8 +34,8 @@ class Policy:
     def __post_init__(self) -> None:
         if self.allocator not in ALLOCATOR_KINDS:
             raise ValueError(f"unknown allocator {self.allocator!r}; one of {ALLOCATOR_KINDS}")
-        if self.block_size is not None and self.block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.block_size is not None:
+            check_block_size(self.block_size)
 
     def with_block_size(self, block_size: int | None) -> Policy:
         """The same policy at another block size (``None`` keeps the preset's)."""
