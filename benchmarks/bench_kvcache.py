@@ -31,12 +31,14 @@ import platform
 import statistics
 import sys
 import time
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # the peer venv lacks it
 
 from pagedkv.kvcache import NO_EXTRA_KEYS, HashExtraKeys, PagedAllocator, hash_blocks, root_hash
+from pagedkv.sched.sequence import TOKEN_TYPECODE
 
 DECODE_SEQS, DECODE_PROMPT, DECODE_STEPS = 256, 1000, 200
 ADMIT_PROMPT, ADMIT_CACHED, ADMIT_ROUNDS = 2000, 1200, 50
@@ -75,9 +77,15 @@ def gc_paused(method):
 
 @dataclass
 class Seq:
+    """A sequence stored as the engine's ``sched.Seq`` stores it: token ids in an ``array`` of
+    ``TOKEN_TYPECODE`` (vLLM's ``Request`` keeps a list; each side hashes its own storage)."""
+
     seq_id: int
-    token_ids: list[int]
+    token_ids: array
     extra_keys: HashExtraKeys = field(default=NO_EXTRA_KEYS)
+
+    def __post_init__(self) -> None:
+        self.token_ids = array(TOKEN_TYPECODE, self.token_ids)
 
 
 class Ours:
@@ -128,7 +136,7 @@ class Ours:
         return statistics.median(times)
 
     def hash_rate(self, bs: int) -> float:
-        tokens = prompt(3, HASH_TOKENS)
+        tokens = Seq(0, prompt(3, HASH_TOKENS)).token_ids  # built outside the timer, as vLLM's
         out: list = []
         t = timed(lambda: out.extend(hash_blocks(tokens, bs, root_hash(NO_EXTRA_KEYS))))
         assert len(out) == HASH_TOKENS // bs
