@@ -102,3 +102,18 @@ def test_a_prompts_file_that_is_not_utf8_is_named_with_its_line(no_model_load, c
     assert cli.main(["generate", "--prompts-file", str(path)]) == 2
     err = capsys.readouterr().err
     assert f"{path}:2: not UTF-8" in err
+
+
+def test_system_without_chat_is_refused_before_the_load(no_model_load, capsys):
+    assert cli.main(["generate", "--system", "Be brief.", "hi"]) == 2
+    assert "--system needs --chat" in capsys.readouterr().err
+
+
+def test_a_request_the_pool_can_never_hold_is_a_usage_error(tmp_path, capsys):
+    from tests.model.tiny import make_tiny_model
+
+    make_tiny_model("llama", tmp_path)
+    argv = ["generate", "--model", str(tmp_path), "-n", "64", "--max-tokens", "100"]
+    assert cli.main([*argv, "--kv-cache-memory", "64KiB", "hello"]) == 2
+    err = capsys.readouterr().err
+    assert "pagedkv generate: error: PROMPT 1: n = 64 samples" in err and "Traceback" not in err

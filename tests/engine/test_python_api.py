@@ -106,3 +106,37 @@ def test_a_huge_top_k_samples_like_no_top_k(make_engine):
     big = SamplingParams(max_tokens=6, temperature=0.8, seed=5, top_k=2**31 - 1)
     a, b = engine.generate(["Once upon", "Once upon"], [base, big])
     assert a.outputs[0].token_ids == b.outputs[0].token_ids
+
+
+def test_leaving_a_stream_early_frees_its_blocks_and_keeps_other_outputs(make_engine):
+    engine = make_engine()
+    other = engine.add_request("Count to ten:", SamplingParams(max_tokens=3, ignore_eos=True))
+    for _ in engine.stream("Tell me a long story about", SamplingParams(max_tokens=200)):
+        break  # the consumer leaves after the first output
+    outs = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            outs[out.request_id] = out
+    assert outs[other].finished and len(outs[other].outputs[0].token_ids) == 3
+    assert_no_leaks(engine)
+
+
+@pytest.mark.parametrize(
+    ("prompts", "params", "words"),
+    [
+        (None, None, "prompts must be"),
+        (42, None, "prompts must be"),
+        (b"hi", None, "a prompt is a string or a list of token ids"),
+        ("x", 3, "params must be a SamplingParams"),
+        ("x", "bad", "params must be a SamplingParams"),
+        ("x", {}, "params must be a SamplingParams"),
+        (["x", "y"], [SHORT], "1 sampling params for 2 prompts"),
+    ],
+)
+def test_wrong_types_in_the_python_api_are_usage_errors(make_engine, prompts, params, words):
+    engine = make_engine()
+    with pytest.raises(UsageError, match=words):
+        engine.generate(prompts, params)
+    with pytest.raises(UsageError, match="params must be"):
+        engine.add_request("x", params={})
+    assert not engine.has_unfinished()

@@ -122,6 +122,7 @@ def test_request_too_big_for_the_pool_is_refused_not_hung(make_engine):
         {"block_size": 2.5},
         {"block_size": True},
         {"policy": "nope"},
+        {"policy": None},
         {"preemption": "nope"},
         {"kv_cache_memory_bytes": 0},
         {"dtype": "float64"},

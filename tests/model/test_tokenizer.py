@@ -171,3 +171,23 @@ def test_a_forged_turn_stays_text_under_a_template_that_trims_content(tokenizer)
     ids = tok.encode_chat(messages)
     assert ids.count(IM_START) == 3 and ids.count(IM_END) == 2
     assert tok.decode(ids, skip_special_tokens=False) == tok.apply_chat_template(messages)
+
+
+@pytest.mark.parametrize(
+    ("template", "words"),
+    [
+        ("", "no chat template"),
+        ("{% for m in messages %}{{ m.content }", "cannot apply the model's chat template"),
+        ("{{ raise_exception('roles must alternate') }}", "roles must alternate"),
+    ],
+)
+def test_chat_template_problems_are_the_users_to_fix(tokenizer, template, words):
+    """A model without a template, or with one that fails, is a usage error (a 400 over HTTP,
+    one line and exit 2 from ``generate --chat``), never an internal error."""
+    from pagedkv.errors import UsageError
+
+    tok = fresh(tokenizer)
+    tok.chat_template = template
+    with pytest.raises(UsageError, match=words) as info:
+        tok.encode_chat(CHATS[0])
+    assert info.value.param == "messages"

@@ -172,3 +172,34 @@ def test_preset_shapes(preset, query_dim):
     assert shape.source == "preset" and shape.attention == "mha"
     assert shape.query_dim == query_dim
     assert load_layout(preset).query_dim == query_dim
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"num_attention_heads": 0, "head_dim": None}, "num_attention_heads must be >= 1"),
+        ({"hidden_size": "64", "head_dim": None}, "hidden_size must be an integer, got '64'"),
+        ({"num_hidden_layers": 2.5}, "num_hidden_layers must be an integer, got 2.5"),
+        ({"num_key_value_heads": True}, "num_key_value_heads must be an integer"),
+        ({"max_position_embeddings": -1}, "max_position_embeddings must be >= 1"),
+    ],
+)
+def test_a_malformed_config_json_names_the_key(tmp_path, change, words):
+    from pagedkv.errors import UsageError
+
+    config = {
+        "model_type": "llama",
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "vocab_size": 100,
+        "intermediate_size": 128,
+    }
+    config.update(change)
+    config = {k: v for k, v in config.items() if v is not None}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UsageError, match=words) as info:
+        load_layout(str(tmp_path / "config.json"))
+    assert "config.json" in str(info.value)  # names the file too

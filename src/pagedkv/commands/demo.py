@@ -56,11 +56,11 @@ def run(args: argparse.Namespace) -> int:
     if not 1 <= args.num_requests <= len(QUESTIONS):
         raise UsageError(f"--num-requests must be in [1, {len(QUESTIONS)}]", "--num-requests")
     console = Console(stderr=True)
+    params = SamplingParams(max_tokens=args.max_tokens)  # flags checked before the load
+    configs = {policy: engine_config(args, policy=policy) for policy in (args.policy, "reserved")}
     loaded = load_model(args.model, args.dtype)
-    params = SamplingParams(max_tokens=args.max_tokens)
     results = {}
-    for policy in (args.policy, "reserved"):
-        config = engine_config(args, policy=policy)
+    for policy, config in configs.items():
         engine = LLMEngine(config, parts=build_parts(config, loaded))
         prompts = [
             engine.tokenizer.encode_chat(

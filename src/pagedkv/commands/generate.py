@@ -64,6 +64,8 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     prompts = read_prompts(args)
+    if args.system is not None and not args.chat:
+        raise UsageError("--system needs --chat (it is a chat message)", "--system")
     params = sampling_params(args)
     config = engine_config(args)
     from pagedkv.engine import LLMEngine
@@ -74,6 +76,14 @@ def run(args: argparse.Namespace) -> int:
         prompts = [
             engine.tokenizer.encode_chat([*system, {"role": "user", "content": p}]) for p in prompts
         ]
+    # Every prompt is checked before any runs: a request that can never run (context, KV
+    # pool) is the user's to fix, answered like any other bad input.
+    for i, prompt in enumerate(prompts):
+        ids = prompt if isinstance(prompt, list) else engine.tokenizer.encode(prompt)
+        try:
+            engine.check_request(ids, params)
+        except UsageError as exc:
+            raise UsageError(f"PROMPT {i + 1}: {exc}", exc.param, exc.code) from None
     if len(prompts) == 1 and params.n == 1 and not args.json:
         for delta, out in engine.stream(prompts[0], params):
             sys.stdout.write(delta)

@@ -34,8 +34,11 @@ class EngineConfig:
         if self.dtype not in ENGINE_DTYPES:
             raise UsageError(f"dtype must be one of {ENGINE_DTYPES}, got {self.dtype!r}", "dtype")
         for param, lookup in (("policy", get_policy), ("preemption", get_victim_policy)):
+            value = getattr(self, param)
+            if not isinstance(value, str):
+                raise UsageError(f"{param} must be a name, got {value!r}", param)
             try:
-                lookup(getattr(self, param))
+                lookup(value)
             except ValueError as exc:  # the registries list the choices
                 raise UsageError(str(exc), param) from None
         if self.block_size is not None:

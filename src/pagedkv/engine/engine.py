@@ -31,6 +31,16 @@ from pagedkv.sched.batch import ScheduledBatch
 from pagedkv.sched.sequence import Seq
 
 log = logging.getLogger("pagedkv.engine")
+_PARAMS_TYPE = "params must be a SamplingParams (or a list of them, one per prompt), got {}"
+
+
+def _check_params(params: object) -> SamplingParams:
+    if params is None:
+        return SamplingParams()
+    if not isinstance(params, SamplingParams):
+        raise UsageError(_PARAMS_TYPE.format(type(params).__name__), "params")
+    return params
+
 
 Prompt = str | Sequence[int]
 # One batch entry's draws: (token ids, their logprob info), num_samples long.
@@ -108,7 +118,7 @@ class LLMEngine:
         ``check_request`` refuses, a prompt of the wrong type, or an id in use: nothing is
         queued then."""
         text, token_ids = self._tokenize(prompt)
-        return self._add(text, token_ids, params or SamplingParams(), request_id, cache_salt)
+        return self._add(text, token_ids, _check_params(params), request_id, cache_salt)
 
     def _add(
         self,
@@ -147,8 +157,10 @@ class LLMEngine:
     def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
             return prompt, self.tokenizer.encode(prompt)
-        if isinstance(prompt, Sequence) and all(
-            isinstance(t, int) and not isinstance(t, bool) for t in prompt
+        if (
+            isinstance(prompt, Sequence)
+            and not isinstance(prompt, (bytes, bytearray))
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
         ):
             return None, list(prompt)
         raise UsageError(
@@ -293,9 +305,21 @@ class LLMEngine:
             isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)
         ):
             prompts = [prompts]
-        plist = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
+        if not isinstance(prompts, Sequence) or isinstance(prompts, (bytes, bytearray)):
+            raise UsageError(
+                f"prompts must be a string, a list of token ids or a list of those, "
+                f"got {type(prompts).__name__}",
+                "prompts",
+            )
+        if params is None or isinstance(params, SamplingParams):
+            plist = [params] * len(prompts)
+        elif isinstance(params, (list, tuple)):
+            plist = list(params)
+        else:
+            raise UsageError(_PARAMS_TYPE.format(type(params).__name__), "params")
         if len(plist) != len(prompts):
-            raise UsageError(f"{len(plist)} sampling params for {len(prompts)} prompts")
+            raise UsageError(f"{len(plist)} sampling params for {len(prompts)} prompts", "params")
+        plist = [_check_params(p) for p in plist]
         tokenized = [self._tokenize(p) for p in prompts]  # raises before anything is queued
         results: dict[str, RequestOutput] = {}
         order: list[str] = []
@@ -303,9 +327,9 @@ class LLMEngine:
             request_id = self._new_id("gen")
             order.append(request_id)
             try:
-                self._add(text, ids, p or SamplingParams(), request_id, None)
+                self._add(text, ids, p, request_id, None)
             except UsageError as exc:
-                n = (p or SamplingParams()).n
+                n = p.n
                 outs = [CompletionOutput(i, finish_reason="refused") for i in range(n)]
                 results[request_id] = RequestOutput(request_id, text, ids, outs, error=str(exc))
         mine = set(order)
@@ -322,19 +346,28 @@ class LLMEngine:
     ) -> Iterator[tuple[str, RequestOutput]]:
         """Run one request (other queued requests advance too, and their outputs wait for the
         next ``step()``); yields (new text of sample 0, the request's output) after every step
-        that changed it. Ends after the final output, also when the request is aborted."""
+        that changed it. Ends after the final output, also when the request is aborted. A
+        consumer that stops early (``break``, or closing the generator) aborts the request, so
+        its blocks come back."""
         request_id = self.add_request(prompt, params)
         printed = 0
-        while request_id in self._requests:  # gone without a final output: aborted
-            for out in self.step():
-                if out.request_id != request_id:
-                    self._stash[out.request_id] = out
+        try:
+            while request_id in self._requests:  # gone without a final output: aborted
+                mine = None
+                for out in self.step():  # stash the others first: the consumer may stop here
+                    if out.request_id == request_id:
+                        mine = out
+                    else:
+                        self._stash[out.request_id] = out
+                if mine is None:
                     continue
-                text = out.outputs[0].text
-                yield text[printed:], out
+                text = mine.outputs[0].text
+                yield text[printed:], mine
                 printed = len(text)
-                if out.finished:
+                if mine.finished:
                     return
+        finally:
+            self.abort(request_id)  # no-op once it finished
 
     # -- the engine's one face for the edges -----------------------------------------------
 

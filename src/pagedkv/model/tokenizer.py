@@ -16,6 +16,7 @@ from typing import Any
 from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
 
+from pagedkv.errors import UsageError
 from pagedkv.model.chat_template import compile_template, overlaps, render_with_content_spans
 
 # GGUF token types (llama.cpp): 3 = control, 4 = user defined; both are matched whole in text.
@@ -83,18 +84,23 @@ class Tokenizer:
     ) -> str:
         """The prompt text for ``messages`` ``[{"role": ..., "content": ...}]``. The template is
         compiled once per tokenizer (compiling costs milliseconds; rendering, microseconds)."""
+        from jinja2.exceptions import TemplateError
+
         if not self.chat_template:
-            raise ValueError("this model has no chat template")
-        if self._compiled_template is None:
-            self._compiled_template = compile_template(self.chat_template)
+            raise UsageError("this model has no chat template: send plain prompts", "messages")
         bos = self.token_text(self.bos_token_id) if self.bos_token_id is not None else ""
         eos = self.token_text(self.eos_token_id) if self.eos_token_id is not None else ""
-        return self._compiled_template.render(
-            messages=list(messages),
-            add_generation_prompt=add_generation_prompt,
-            bos_token=bos or "",
-            eos_token=eos or "",
-        )
+        try:
+            if self._compiled_template is None:
+                self._compiled_template = compile_template(self.chat_template)
+            return self._compiled_template.render(
+                messages=list(messages),
+                add_generation_prompt=add_generation_prompt,
+                bos_token=bos or "",
+                eos_token=eos or "",
+            )
+        except TemplateError as exc:  # a broken template, or its own raise_exception
+            raise UsageError(f"cannot apply the model's chat template: {exc}", "messages") from None
 
     def encode_chat(
         self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True

@@ -147,7 +147,7 @@ def shape_from_hf_config(
         return default if value is None else value
 
     try:
-        num_heads = int(config["num_attention_heads"])
+        num_heads = _int(config["num_attention_heads"], "num_attention_heads", 1)
         mla = bool(get("kv_lora_rank"))
         rope = dict(get("rope_parameters") or get("rope_scaling") or {})
         rope_type = str(rope.get("rope_type", rope.get("type")) or "default")
@@ -157,18 +157,24 @@ def shape_from_hf_config(
         fields = {
             "architecture": get("model_type"),
             "attention": "mla" if mla else "mha",
-            "num_layers": int(config["num_hidden_layers"]),
+            "num_layers": _int(config["num_hidden_layers"], "num_hidden_layers", 1),
             "num_heads": num_heads,
-            "num_kv_heads": num_heads if mla else int(get("num_key_value_heads", num_heads)),
-            "head_dim": int(get("head_dim") or int(config["hidden_size"]) // num_heads),
-            "kv_lora_rank": int(get("kv_lora_rank", 0)),
-            "qk_rope_head_dim": int(get("qk_rope_head_dim", 0)),
-            "vocab_size": _int_or_none(get("vocab_size")),
-            "hidden_size": _int_or_none(get("hidden_size")),
-            "intermediate_size": _int_or_none(get("intermediate_size")),
-            "num_params": _int_or_none(get("num_params")),
-            "max_context_tokens": int(get("max_position_embeddings", 2048)),
-            "sliding_window_tokens": _int_or_none(window),
+            "num_kv_heads": num_heads
+            if mla
+            else _int(get("num_key_value_heads", num_heads), "num_key_value_heads", 1),
+            "head_dim": _int(get("head_dim"), "head_dim", 1)
+            if get("head_dim")
+            else _int(config["hidden_size"], "hidden_size", 1) // num_heads,
+            "kv_lora_rank": _int(get("kv_lora_rank", 0), "kv_lora_rank"),
+            "qk_rope_head_dim": _int(get("qk_rope_head_dim", 0), "qk_rope_head_dim"),
+            "vocab_size": _int_or_none(get("vocab_size"), "vocab_size"),
+            "hidden_size": _int_or_none(get("hidden_size"), "hidden_size"),
+            "intermediate_size": _int_or_none(get("intermediate_size"), "intermediate_size"),
+            "num_params": _int_or_none(get("num_params"), "num_params"),
+            "max_context_tokens": _int(
+                get("max_position_embeddings", 2048), "max_position_embeddings", 1
+            ),
+            "sliding_window_tokens": _int_or_none(window, "sliding_window"),
             "weight_dtype": str(get("torch_dtype") or get("dtype") or "bf16"),
             "rms_norm_eps": float(get("rms_norm_eps", 1e-6)),
             "rope_theta": float(rope.get("rope_theta", get("rope_theta", 10000.0))),
@@ -178,7 +184,7 @@ def shape_from_hf_config(
             "attention_bias": None
             if get("attention_bias") is None
             else bool(get("attention_bias")),
-            "bos_token_id": _int_or_none(get("bos_token_id")),
+            "bos_token_id": _int_or_none(get("bos_token_id"), "bos_token_id"),
             "eos_token_ids": tuple(int(e) for e in eos_ids),
         }
     except KeyError as exc:
@@ -216,8 +222,18 @@ def estimate_dense_num_params(config: Mapping[str, Any]) -> int | None:
     return num_layers * per_layer + embeddings + hidden
 
 
-def _int_or_none(value: Any) -> int | None:
-    return None if value is None else int(value)
+def _int(value: Any, key: str, minimum: int = 0) -> int:
+    """A count from a model config: an integer (2.0 is fine, 2.5 or "2" is not) >= minimum."""
+    integral = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    if isinstance(value, bool) or not integral:
+        raise UsageError(f"{key} must be an integer, got {value!r}")
+    if value < minimum:
+        raise UsageError(f"{key} must be >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _int_or_none(value: Any, key: str) -> int | None:
+    return None if value is None else _int(value, key)
 
 
 # -- GGUF header ------------------------------------------------------------------------------
