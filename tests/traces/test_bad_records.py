@@ -111,8 +111,9 @@ def test_a_two_billion_token_prompt_costs_nothing_to_read(tmp_path):
     big, small = load_trace(path)
     assert time.perf_counter() - start < 0.5
     assert big.prompt_len_tokens == 2_000_000_000 and len(big.prompt) == 1  # one segment
-    # the next fresh segment starts past every token id of the big one: nothing overlaps
-    assert small.prompt[0][0] == big.prompt[0][0] + 3_906_250  # 2e9 = 512 x 3,906,250
+    # the next fresh segment starts past the big one's first 4,096 x 512 token ids (its
+    # reservation is capped: a tail beyond them cannot fake a hit, the starts differ)
+    assert small.prompt[0][0] == big.prompt[0][0] + 4096
 
 
 @pytest.mark.parametrize(
@@ -137,3 +138,21 @@ def test_traces_sit_at_the_bottom_of_the_import_graph():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_two_giant_prompts_do_not_use_up_the_token_ids_of_the_rest(tmp_path):
+    """Two 1.5e9-token prompts are refused; the small request after them still replays."""
+    from pagedkv.traces import load_trace
+    from pagedkv.traces.segments import segment_tokens
+
+    path = tmp_path / "giants.csv"
+    rows = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    rows += [f"2023-11-16 18:15:46.{i}000000,{n},10" for i, n in enumerate([1_500_000_000] * 2)]
+    rows.append("2023-11-16 18:15:47.0000000,100,10")
+    path.write_text("\n".join(rows) + "\n")
+    requests = load_trace(path)
+    small = requests[-1]
+    ids = segment_tokens(small.prompt)
+    assert len(ids) == 100 and len(set(ids)) == 100
+    giant_starts = {segment_tokens(((r.prompt[0][0], 1),))[0] for r in requests[:2]}
+    assert ids[0] not in giant_starts  # every fresh segment begins with a token of its own

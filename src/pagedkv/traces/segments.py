@@ -6,7 +6,8 @@ two requests share exactly the leading segments they have in common, and a block
 cache of any block size sees exactly that many shared tokens. Mooncake's ``hash_ids`` are such
 segments (512-token prefix blocks, the last one cut to the prompt length). Text no trace names
 gets *fresh* segments: one segment per piece of text, however long, which reserves
-``ceil(n / 512)`` consecutive ids so that no two fresh segments ever hold a common token. A
+``ceil(n / 512)`` consecutive ids (at most ``MAX_RESERVED_SEGMENTS``), so that each fresh
+segment starts with tokens no other segment holds. A
 long prompt therefore costs O(1) until ``segment_tokens`` materializes it, which the simulator
 does only for requests the scheduler can run.
 """
@@ -22,6 +23,11 @@ SEGMENT_TOKENS = 512  # Mooncake's hash block size: the id stride of segment tok
 # Segment ids a trace does not name are drawn from here up, above Mooncake's ids.
 FRESH_SEGMENT_BASE = 4_000_000
 _TOKEN_ID_LIMIT = 2**32  # segment tokens live in array("I")
+# A fresh segment reserves at most this many segment ids (2 Mi tokens). A longer one's tail may
+# reuse ids of the fresh segments after it, which cannot fake a prefix hit: a hit needs the same
+# tokens from a sequence's start, and every fresh segment begins with a token of its own. Without
+# the cap, two 10^9-token prompts (refused anyway) would use up the 32-bit id space for the rest.
+MAX_RESERVED_SEGMENTS = 4096
 
 Segments = tuple[tuple[int, int], ...]
 
@@ -66,5 +72,5 @@ class FreshSegments:
         if num_tokens <= 0:
             return ()
         seg_id = self.next_id
-        self.next_id += -(-num_tokens // SEGMENT_TOKENS)
+        self.next_id += min(-(-num_tokens // SEGMENT_TOKENS), MAX_RESERVED_SEGMENTS)
         return ((seg_id, num_tokens),)
