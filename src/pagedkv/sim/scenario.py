@@ -153,9 +153,8 @@ def _requests(config: SimulateConfig, skipped: list[UsageError]) -> tuple[list[T
         lenient = {} if config.strict else {"on_bad_line": skipped.append}
         requests = load_trace(config.trace, config.max_requests, config.rate_scale, **lenient)
         return requests, config.trace
-    requests = rescale(generate(parse_spec(config.synthetic or ""), config.seed), config.rate_scale)
-    if config.max_requests:
-        requests = requests[: config.max_requests]
+    spec = parse_spec(config.synthetic or "")
+    requests = rescale(generate(spec, config.seed, config.max_requests), config.rate_scale)
     return requests, f"synthetic {config.synthetic} (seed {config.seed})"
 
 

@@ -21,6 +21,7 @@ the context is the scheduler's to refuse, and costs nothing until then (one fres
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
 from dataclasses import dataclass
@@ -122,22 +123,38 @@ def parse_spec(text: str) -> SyntheticSpec:
     return SyntheticSpec(**fields)  # type: ignore[arg-type]
 
 
-def generate(spec: SyntheticSpec, seed: int = 0) -> list[TraceRequest]:
-    """The requests of ``spec``, sorted by arrival. Same spec and seed, same requests."""
+def generate(
+    spec: SyntheticSpec, seed: int = 0, max_requests: int | None = None
+) -> list[TraceRequest]:
+    """The requests of ``spec``, sorted by arrival (the first ``max_requests`` of them). Same
+    spec and seed, same requests: with ``max_requests`` exactly the first ones of the whole
+    workload, built without building the rest."""
     rng = random.Random(seed)
     fresh = FreshSegments()
     system = fresh.take(spec.system_tokens) if spec.system_tokens else ()
     requests: list[TraceRequest] = []
+    earliest: list[float] = []  # max-heap (negated) of the max_requests earliest arrivals
     start_s = 0.0
     for _ in range(spec.num_conversations):
         if math.isfinite(spec.rate_per_s):
             start_s += rng.expovariate(spec.rate_per_s)
+        # Conversations start in order and turns only add time: once the max_requests
+        # earliest arrivals all come no later than this start, no later request can be among
+        # them (a tie sorts after them, as in the whole workload's stable sort).
+        if max_requests and len(earliest) == max_requests and start_s >= -earliest[0]:
+            break
         history = system
         for turn in range(spec.turns):
             prompt = history + fresh.take(spec.prompt_tokens.sample(rng))
             num_out = spec.output_tokens.sample(rng)
             answer = fresh.take(num_out) if turn + 1 < spec.turns else ()
-            requests.append(TraceRequest(start_s + turn * spec.turn_gap_s, prompt, num_out, answer))
+            arrival_s = start_s + turn * spec.turn_gap_s
+            requests.append(TraceRequest(arrival_s, prompt, num_out, answer))
             history = prompt + answer
+            if max_requests:
+                if len(earliest) < max_requests:
+                    heapq.heappush(earliest, -arrival_s)
+                elif arrival_s < -earliest[0]:
+                    heapq.heapreplace(earliest, -arrival_s)
     requests.sort(key=lambda r: r.arrival_time_s)
-    return requests
+    return requests[:max_requests] if max_requests else requests
