@@ -100,3 +100,15 @@ def test_a_giant_synthetic_system_prompt_is_refused_fast(capsys) -> None:
     assert _rss_kib() - before < 200_000  # KiB: was 2.4 GB (and 32 s) to refuse 5 requests
     (run,) = json.loads(capsys.readouterr().out)
     assert run["refused"] == 5 and run["num_finished"] == 0
+
+
+def test_a_trace_whose_every_line_is_bad_says_why_it_is_empty(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(
+        '{"timestamp": "x", "input_length": 10, "output_length": 2, "hash_ids": [1]}\n'
+        '{"timestamp": 5, "input_length": 10.5, "output_length": 2, "hash_ids": [1]}\n'
+    )
+    assert main(["simulate", "--trace", str(path), "--policy", "vllm"]) == 2
+    err = capsys.readouterr().err
+    assert "the workload has no requests (skipped 2 unparsable line(s)" in err
+    assert f"{path}:1:" in err and f"{path}:2:" in err and err.count("\n") == 1

@@ -25,7 +25,14 @@ from pagedkv.sim.compare import Comparison, expand_policies
 from pagedkv.sim.cost_model import ModelCost, RooflineCostModel, kv_pool_bytes
 from pagedkv.sim.gpus import GPUSpec, get_gpu
 from pagedkv.sim.simulator import ProgressFn, RunResult
-from pagedkv.traces import TraceRequest, generate, load_trace, parse_spec, rescale
+from pagedkv.traces import (
+    TraceRequest,
+    generate,
+    load_trace,
+    parse_spec,
+    rescale,
+    skipped_lines_note,
+)
 
 # (policy, pool slots, number of requests) -> a progress callback for that run, or None
 ProgressFactory = Callable[[Policy, int, int], ProgressFn | None]
@@ -193,7 +200,8 @@ def load_scenario(config: SimulateConfig) -> Scenario:
     skipped: list[UsageError] = []
     requests, source = _requests(config, skipped)
     if not requests:
-        raise UsageError("the workload has no requests")
+        why = f" ({skipped_lines_note(skipped)})" if skipped else ""
+        raise UsageError(f"the workload has no requests{why}")
     return Scenario(
         config, source, requests, layout, model, gpu, tuple(pools_bytes), pools_slots,
         policies, scheduler, cost, skipped,
