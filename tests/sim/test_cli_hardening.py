@@ -112,3 +112,16 @@ def test_a_trace_whose_every_line_is_bad_says_why_it_is_empty(tmp_path: Path, ca
     err = capsys.readouterr().err
     assert "the workload has no requests (skipped 2 unparsable line(s)" in err
     assert f"{path}:1:" in err and f"{path}:2:" in err and err.count("\n") == 1
+
+
+def test_a_plot_path_that_cannot_be_written_is_refused_before_the_replay(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    args = ["simulate", "--synthetic", "requests=3", "--policy", "vllm", "--json"]
+    assert main([*args, "--plot", str(blocker / "p.png")]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # nothing was replayed
+    assert "--plot: cannot create the folder" in captured.err
+    # A missing folder is made, as `plan --plot` does.
+    assert main([*args, "--plot", str(tmp_path / "new" / "p.png")]) == 0
+    assert (tmp_path / "new" / "p.png").stat().st_size > 0

@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 
+from pagedkv.commands.plot_path import prepare_plot_path
 from pagedkv.errors import UsageError
 from pagedkv.units import parse_bytes, parse_count, parse_int_list, parse_tokens
 
@@ -180,6 +181,8 @@ def run(args: argparse.Namespace) -> int:
     from pagedkv.planner.plan import build_plan
     from pagedkv.planner.report import plan_to_json, render_plan
 
+    if args.plot:
+        prepare_plot_path(args.plot)
     layout = _layout(args)
     workload = _workload(args)
     plan = build_plan(

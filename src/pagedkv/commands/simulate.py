@@ -12,6 +12,7 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
+from pagedkv.commands.plot_path import prepare_plot_path
 from pagedkv.errors import UsageError
 from pagedkv.units import parse_bytes, parse_count, parse_int_list, parse_number, parse_tokens
 
@@ -128,6 +129,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(a: argparse.Namespace) -> int:
     config = validate(a)
+    if a.plot:
+        prepare_plot_path(a.plot)
     from rich.console import Console
     from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
