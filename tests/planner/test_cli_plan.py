@@ -135,7 +135,7 @@ def test_unwritable_plot_path_is_one_error_line(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
     code, _, err = run_plan(*BASE, "--plot", str(blocker / "sub" / "plan.png"))
-    assert code == 2 and err.count("\n") == 1 and "--plot: cannot write" in err
+    assert code == 2 and err.count("\n") == 1 and "--plot: cannot create the folder" in err
 
 
 HUGE = "9" * 400
