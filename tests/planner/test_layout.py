@@ -203,3 +203,16 @@ def test_a_malformed_config_json_names_the_key(tmp_path, change, words):
     with pytest.raises(UsageError, match=words) as info:
         load_layout(str(tmp_path / "config.json"))
     assert "config.json" in str(info.value)  # names the file too
+
+
+def test_plan_and_the_engine_share_the_head_group_rule(tmp_path):
+    """5 query heads over 2 KV heads is no model: plan refuses it as the engine does."""
+    from pagedkv.errors import UsageError
+
+    config = {
+        "model_type": "llama", "num_attention_heads": 5, "num_key_value_heads": 2,
+        "head_dim": 16, "hidden_size": 80, "num_hidden_layers": 2, "vocab_size": 100,
+    }  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UsageError, match=r"num_heads \(5\) must be a multiple of num_kv_heads"):
+        load_layout(str(tmp_path / "config.json"))

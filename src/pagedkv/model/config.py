@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 
 from pagedkv.errors import UsageError
-from pagedkv.planner.sources import Llama3RopeScaling, ModelShape
+from pagedkv.planner.sources import Llama3RopeScaling, ModelShape, check_head_groups
 
 
 @dataclass(frozen=True)
@@ -84,10 +84,7 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise UsageError(f"ModelConfig.{name} must be a positive int, got {value!r}")
-        if self.num_heads % self.num_kv_heads:
-            raise UsageError(
-                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
-            )
+        check_head_groups(self.num_heads, self.num_kv_heads, "ModelConfig")
         if self.head_dim % 2:
             raise UsageError(f"RoPE needs an even head_dim, got {self.head_dim}")
         if not (self.rms_norm_eps > 0 and math.isfinite(self.rms_norm_eps)):

@@ -114,6 +114,7 @@ class ModelShape:
                 raise UsageError(f"{where}: {field} must be an integer >= 1, got {value!r}")
         if self.num_params is not None and self.num_params < 0:
             raise UsageError(f"{where}: num_params must be >= 0, got {self.num_params}")
+        check_head_groups(self.num_heads, self.num_kv_heads, where)
 
     @property
     def query_dim(self) -> int:
@@ -220,6 +221,15 @@ def estimate_dense_num_params(config: Mapping[str, Any]) -> int | None:
     per_layer += 3 * hidden * intermediate + 2 * hidden
     embeddings = vocab * hidden * (1 if config.get("tie_word_embeddings") else 2)
     return num_layers * per_layer + embeddings + hidden
+
+
+def check_head_groups(num_heads: int, num_kv_heads: int, where: str) -> None:
+    """Each KV head serves a whole group of query heads (GQA): the one rule, for the planner's
+    shapes and the model's config alike."""
+    if num_heads % num_kv_heads:
+        raise UsageError(
+            f"{where}: num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
+        )
 
 
 def _int(value: Any, key: str, minimum: int = 0) -> int:
