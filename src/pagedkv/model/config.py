@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 
 from pagedkv.errors import UsageError
-from pagedkv.planner.sources import Llama3RopeScaling, ModelShape, check_head_groups
+from pagedkv.planner.shape import Llama3RopeScaling, ModelShape, check_head_groups
 
 
 @dataclass(frozen=True)

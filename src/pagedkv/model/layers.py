@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagedkv.planner.sources import Llama3RopeScaling
+from pagedkv.planner.shape import Llama3RopeScaling
 
 
 class RMSNorm(nn.Module):

@@ -21,7 +21,8 @@ from pagedkv.model.tokenizer import (
     tokenizer_from_hf_folder,
 )
 from pagedkv.planner.kv_dtypes import ENGINE_DTYPES
-from pagedkv.planner.sources import ModelShape, load_shape, shape_from_gguf
+from pagedkv.planner.shape import ModelShape
+from pagedkv.planner.sources import load_shape, shape_from_gguf
 
 # The engine's dtype names (planner/kv_dtypes.py owns them) → torch's.
 TORCH_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in ENGINE_DTYPES}

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pagedkv.planner.kv_dtypes import get_kv_dtype
-from pagedkv.planner.sources import ModelShape, load_shape
+from pagedkv.planner.shape import ModelShape
+from pagedkv.planner.sources import load_shape
 from pagedkv.units import check_block_size
 
 # A kernel that forms `block_id * block_bytes` in a signed 32-bit integer can reach this byte.
