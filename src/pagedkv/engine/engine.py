@@ -15,14 +15,13 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 
-import torch
-
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.containment import run_contained
 from pagedkv.engine.outputs import CompletionOutput, RequestOutput
 from pagedkv.engine.params import SamplingParams
+from pagedkv.engine.prompts import Prompt, check_params, pair_prompts, tokenize
 from pagedkv.engine.requests import RequestState
-from pagedkv.engine.sampler import sample, seeded_generator
+from pagedkv.engine.sampler import Draws, sample_batch
 from pagedkv.engine.startup import EngineParts, build_parts
 from pagedkv.engine.stats import EngineInfo, EngineSnapshot, EngineStats, StatsRecorder
 from pagedkv.errors import UsageError
@@ -31,20 +30,6 @@ from pagedkv.sched.batch import ScheduledBatch
 from pagedkv.sched.sequence import Seq
 
 log = logging.getLogger("pagedkv.engine")
-_PARAMS_TYPE = "params must be a SamplingParams (or a list of them, one per prompt), got {}"
-
-
-def _check_params(params: object) -> SamplingParams:
-    if params is None:
-        return SamplingParams()
-    if not isinstance(params, SamplingParams):
-        raise UsageError(_PARAMS_TYPE.format(type(params).__name__), "params")
-    return params
-
-
-Prompt = str | Sequence[int]
-# One batch entry's draws: (token ids, their logprob info), num_samples long.
-Draws = tuple[list[int], list[tuple[float | None, list[tuple[int, float]] | None]]]
 
 
 class LLMEngine:
@@ -117,8 +102,8 @@ class LLMEngine:
         """Queue a request (text, or token ids); returns its id. ``UsageError`` for a request
         ``check_request`` refuses, a prompt of the wrong type, or an id in use: nothing is
         queued then."""
-        text, token_ids = self._tokenize(prompt)
-        return self._add(text, token_ids, _check_params(params), request_id, cache_salt)
+        text, token_ids = tokenize(self.tokenizer, prompt)
+        return self._add(text, token_ids, check_params(params), request_id, cache_salt)
 
     def _add(
         self,
@@ -153,19 +138,6 @@ class LLMEngine:
     def _new_id(self, prefix: str) -> str:
         """A fresh automatic id, skipping any that a caller chose explicitly."""
         return next(r for r in (f"{prefix}-{i}" for i in self._ids) if r not in self._requests)
-
-    def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, str):
-            return prompt, self.tokenizer.encode(prompt)
-        if (
-            isinstance(prompt, Sequence)
-            and not isinstance(prompt, (bytes, bytearray))
-            and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-        ):
-            return None, list(prompt)
-        raise UsageError(
-            f"a prompt is a string or a list of token ids, got {type(prompt).__name__}", "prompt"
-        )
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now and free its blocks; False if it is unknown or already done. No
@@ -211,7 +183,12 @@ class LLMEngine:
         return self._collect(touched)
 
     def _execute_and_sample(self, batch: ScheduledBatch) -> list[Draws]:
-        return self._sample(batch, self.runner.execute(batch, self.allocator))
+        logits = self.runner.execute(batch, self.allocator)
+        return sample_batch(batch, logits, self._sampling_of)
+
+    def _sampling_of(self, seq: Seq) -> tuple[SamplingParams, int]:
+        state = self._owner(seq)
+        return state.params, state.sample_index(seq)
 
     def _record(
         self, batch: ScheduledBatch, draws: list[Draws | None], touched: set[str]
@@ -256,31 +233,6 @@ class LLMEngine:
                 self._forget(state)
         return outputs
 
-    def _sample(self, batch: ScheduledBatch, logits: torch.Tensor) -> list[Draws]:
-        """One (token ids, logprob info) pair per batch entry; n draws for a request's first
-        token when it has n samples, each from its own seed."""
-        rows, params, gens, owners = [], [], [], []
-        r = 0
-        for i, item in enumerate(batch.seqs):
-            if not item.needs_logits:
-                continue
-            state = self._owner(item.seq)
-            first = state.sample_index(item.seq)
-            position = item.seq.num_output_tokens
-            for j in range(item.num_samples):
-                rows.append(r)
-                params.append(state.params)
-                gens.append(seeded_generator(state.params.sample_seed(first + j), position))
-                owners.append(i)
-            r += 1
-        out: list[Draws] = [([], []) for _ in batch.seqs]
-        if rows:
-            result = sample(logits[torch.tensor(rows)], params, gens)
-            for k, i in enumerate(owners):
-                out[i][0].append(result.token_ids[k])
-                out[i][1].append((result.logprobs[k], result.top_logprobs[k]))
-        return out
-
     def _owner(self, seq: Seq) -> RequestState:
         return self._seq_owner[seq.seq_id]
 
@@ -301,29 +253,11 @@ class LLMEngine:
         gets an output with ``error`` set; the others still run. A prompt of the wrong type
         raises ``UsageError`` before anything is queued. Requests added elsewhere advance too;
         their outputs wait for the next ``step()``."""
-        if isinstance(prompts, str) or (
-            isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)
-        ):
-            prompts = [prompts]
-        if not isinstance(prompts, Sequence) or isinstance(prompts, (bytes, bytearray)):
-            raise UsageError(
-                f"prompts must be a string, a list of token ids or a list of those, "
-                f"got {type(prompts).__name__}",
-                "prompts",
-            )
-        if params is None or isinstance(params, SamplingParams):
-            plist = [params] * len(prompts)
-        elif isinstance(params, (list, tuple)):
-            plist = list(params)
-        else:
-            raise UsageError(_PARAMS_TYPE.format(type(params).__name__), "params")
-        if len(plist) != len(prompts):
-            raise UsageError(f"{len(plist)} sampling params for {len(prompts)} prompts", "params")
-        plist = [_check_params(p) for p in plist]
-        tokenized = [self._tokenize(p) for p in prompts]  # raises before anything is queued
+        pairs = pair_prompts(prompts, params)
+        tokenized = [tokenize(self.tokenizer, p) for p, _ in pairs]  # raises before queueing
         results: dict[str, RequestOutput] = {}
         order: list[str] = []
-        for (text, ids), p in zip(tokenized, plist, strict=True):
+        for (text, ids), (_, p) in zip(tokenized, pairs, strict=True):
             request_id = self._new_id("gen")
             order.append(request_id)
             try:
@@ -373,25 +307,7 @@ class LLMEngine:
 
     def snapshot(self) -> EngineSnapshot:
         """The state between two steps (pool, queues, counters). Engine thread only."""
-        kv = self.allocator.stats()
-        rec = self.recorder
-        return EngineSnapshot(
-            num_total_blocks=kv.num_total_blocks,
-            num_empty_blocks=kv.num_empty_blocks,
-            num_used_blocks=kv.num_used_blocks,
-            num_cached_blocks=kv.num_cached_blocks,
-            kv_utilization=kv.kv_utilization,
-            prefix_hit_tokens=kv.prefix_hit_tokens,
-            prefix_query_tokens=kv.prefix_query_tokens,
-            num_running_seqs=self.scheduler.num_running,
-            num_waiting_seqs=self.scheduler.num_waiting,
-            peak_running_seqs=rec.peak_running,
-            num_preemptions=self.scheduler.num_preemptions,
-            generated_tokens=rec.generated_tokens,
-            num_steps=rec.num_steps,
-            num_unfinished_requests=len(self._requests),
-            num_failed_requests=self.num_failed_requests,
-        )
+        return self.recorder.snapshot(self.scheduler, len(self._requests), self.num_failed_requests)
 
     def stats(self) -> EngineStats:
         return self.recorder.summary(self.scheduler)

@@ -7,11 +7,14 @@ which other requests share the batch). Greedy rows take the argmax and draw noth
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from pagedkv.engine.params import SamplingParams
+from pagedkv.sched.batch import ScheduledBatch
+from pagedkv.sched.sequence import Seq
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,41 @@ def sample(
                 values, ids = log_probs[i].topk(w)
                 top[i] = list(zip(ids.tolist(), values.tolist(), strict=True))
     return SampleResult(token_ids, logprobs, top)
+
+
+# One batch entry's draws: (token ids, their logprob info), num_samples long.
+Draws = tuple[list[int], list[tuple[float | None, list[tuple[int, float]] | None]]]
+
+
+def sample_batch(
+    batch: ScheduledBatch,
+    logits: torch.Tensor,
+    sampling_of: Callable[[Seq], tuple[SamplingParams, int]],
+) -> list[Draws]:
+    """One (token ids, logprob info) pair per entry of ``batch.seqs`` from the logits of the
+    entries that need a token (in batch order); n draws for a request's first token when it
+    has n samples, each from its own seed. ``sampling_of(seq)`` is (its params, its sample
+    index)."""
+    rows, params, gens, owners = [], [], [], []
+    r = 0
+    for i, item in enumerate(batch.seqs):
+        if not item.needs_logits:
+            continue
+        p, first = sampling_of(item.seq)
+        position = item.seq.num_output_tokens
+        for j in range(item.num_samples):
+            rows.append(r)
+            params.append(p)
+            gens.append(seeded_generator(p.sample_seed(first + j), position))
+            owners.append(i)
+        r += 1
+    out: list[Draws] = [([], []) for _ in batch.seqs]
+    if rows:
+        result = sample(logits[torch.tensor(rows)], params, gens)
+        for k, i in enumerate(owners):
+            out[i][0].append(result.token_ids[k])
+            out[i][1].append((result.logprobs[k], result.top_logprobs[k]))
+    return out
 
 
 _GOLDEN = 0x9E3779B97F4A7C15  # spreads consecutive seeds apart before mixing in the position

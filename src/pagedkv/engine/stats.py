@@ -131,6 +131,29 @@ class StatsRecorder:
     def end_step(self) -> None:
         self._last = time.perf_counter()
 
+    def snapshot(
+        self, scheduler: Scheduler, num_unfinished_requests: int, num_failed_requests: int
+    ) -> EngineSnapshot:
+        """The engine's state now: the pool's stats, the queues and the run's counters."""
+        kv = self._allocator.stats()
+        return EngineSnapshot(
+            num_total_blocks=kv.num_total_blocks,
+            num_empty_blocks=kv.num_empty_blocks,
+            num_used_blocks=kv.num_used_blocks,
+            num_cached_blocks=kv.num_cached_blocks,
+            kv_utilization=kv.kv_utilization,
+            prefix_hit_tokens=kv.prefix_hit_tokens,
+            prefix_query_tokens=kv.prefix_query_tokens,
+            num_running_seqs=scheduler.num_running,
+            num_waiting_seqs=scheduler.num_waiting,
+            peak_running_seqs=self.peak_running,
+            num_preemptions=scheduler.num_preemptions,
+            generated_tokens=self.generated_tokens,
+            num_steps=self.num_steps,
+            num_unfinished_requests=num_unfinished_requests,
+            num_failed_requests=num_failed_requests,
+        )
+
     def summary(self, scheduler: Scheduler) -> EngineStats:
         s = self._allocator.stats()
         return EngineStats(
