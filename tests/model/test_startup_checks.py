@@ -94,3 +94,14 @@ def test_reserved_pool_has_no_null_block_to_report():
     parts = startup.build_parts(config, loaded=(tiny_model_config(), None, None))
     assert "KV pool 3 usable blocks x 64 tokens = 192 slots, " in parts.startup_report
     assert "null" not in parts.startup_report
+
+
+def test_startup_report_says_when_block_size_replaces_the_policys():
+    config = EngineConfig(block_size=4, kv_cache_memory_bytes=91 * TINY_BLOCK_BYTES)
+    parts = startup.build_parts(config, loaded=(tiny_model_config(), None, None))
+    first = parts.startup_report.splitlines()[0]
+    assert first.endswith("; its block size 16 replaced by 4)"), first
+    default = startup.build_parts(
+        EngineConfig(kv_cache_memory_bytes=91 * TINY_BLOCK_BYTES), (tiny_model_config(), None, None)
+    )
+    assert "replaced" not in default.startup_report

@@ -124,9 +124,12 @@ def startup_report(
     usable, size = allocator.num_total_blocks, allocator.block_size
     num_null = runner.num_blocks - usable
     null = f" (+{num_null} null block)" if num_null == 1 else f" (+{num_null} null blocks)"
+    preset_size = policy.block_size
+    overridden = policy.allocator != "reserved" and preset_size not in (None, size)
+    override = f"; its block size {preset_size} replaced by {size}" if overridden else ""
     return "\n".join(
         [
-            f"pagedkv: policy {policy.name} ({policy.description})",
+            f"pagedkv: policy {policy.name} ({policy.description}{override})",
             f"pagedkv: {resolution.log_line()}",
             f"pagedkv: KV pool {usable} usable blocks x {size} tokens = {usable * size} slots"
             f"{null if num_null else ''}, {runner.kv_cache_bytes / 2**20:.1f} MiB "
