@@ -19,7 +19,7 @@ def test_n4_shares_prompt_blocks_and_matches_independent_runs(make_engine):
     params = SamplingParams(max_tokens=10, temperature=0.9, top_p=0.95, seed=1234, n=4)
     request_id = engine.add_request(PROMPT, params)
     engine.step()  # prefill + first tokens of all four samples; the children fork now
-    parent = engine._requests[request_id].seq_of(0)
+    parent = engine._registry.by_id[request_id].seq_of(0)
     full_blocks = list(engine.allocator.block_table(parent))[: parent.num_prompt_tokens // 4]
     assert full_blocks
     refs = engine.allocator.pool.ref_counts

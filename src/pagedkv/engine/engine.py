@@ -9,7 +9,6 @@ traced to (``engine/containment.py``); the engine goes on with the others.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import sys
 import time
@@ -20,6 +19,7 @@ from pagedkv.engine.containment import run_contained
 from pagedkv.engine.outputs import CompletionOutput, RequestOutput
 from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.prompts import Prompt, check_params, pair_prompts, tokenize
+from pagedkv.engine.registry import RequestRegistry
 from pagedkv.engine.requests import RequestState
 from pagedkv.engine.sampler import Draws, sample_batch
 from pagedkv.engine.startup import EngineParts, build_parts
@@ -61,9 +61,7 @@ class LLMEngine:
             kv_cache_bytes=p.runner.kv_cache_bytes,
             page_format={k: str(v) for k, v in p.page_format.to_dict().items()},
         )
-        self._requests: dict[str, RequestState] = {}
-        self._seq_owner: dict[int, RequestState] = {}
-        self._ids = itertools.count()
+        self._registry = RequestRegistry()
         # Outputs that generate() / stream() stepped past (other requests', aborts), newest per
         # request: handed to the next step() caller instead of being lost.
         self._stash: dict[str, RequestOutput] = {}
@@ -115,8 +113,8 @@ class LLMEngine:
     ) -> str:
         self.check_request(token_ids, params)
         if request_id is None:
-            request_id = self._new_id("req")
-        elif request_id in self._requests:
+            request_id = self._registry.new_id("req")
+        elif request_id in self._registry:
             raise UsageError(f"request id {request_id!r} is already in use", param="request_id")
         stops = set(params.stop_token_ids)
         if not params.ignore_eos:
@@ -129,31 +127,24 @@ class LLMEngine:
             extra_keys=HashExtraKeys(cache_salt=cache_salt),
             n=params.n,
         )
-        state = RequestState(request_id, text, token_ids, params, self.tokenizer)
-        state.attach(seq, sample_index=0)
-        self._requests[request_id] = state
-        self._seq_owner[seq.seq_id] = state
+        self._registry.add(RequestState(request_id, text, token_ids, params, self.tokenizer), seq)
         return request_id
-
-    def _new_id(self, prefix: str) -> str:
-        """A fresh automatic id, skipping any that a caller chose explicitly."""
-        return next(r for r in (f"{prefix}-{i}" for i in self._ids) if r not in self._requests)
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now and free its blocks; False if it is unknown or already done. No
         output follows for it (the ``stream()`` that runs it ends)."""
-        state = self._requests.get(request_id)
+        state = self._registry.by_id.get(request_id)
         if state is None or state.finished:
             return False
         self.scheduler.abort(request_id)
         state.mark_aborted()
         self._stash.pop(request_id, None)
-        self._forget(state)
+        self._registry.forget(state)
         return True
 
     def has_unfinished(self) -> bool:
         """Whether a request is still running or waits to report."""
-        return self.scheduler.has_unfinished() or bool(self._requests) or bool(self._stash)
+        return self.scheduler.has_unfinished() or bool(self._registry) or bool(self._stash)
 
     # -- one step --------------------------------------------------------------------------
 
@@ -164,30 +155,30 @@ class LLMEngine:
         to (``error`` set, blocks freed) and the others go on."""
         started = time.perf_counter()
         batch = self.scheduler.schedule()
-        touched = {self._owner(s).request_id for s in batch.refused}
+        owner = self._registry.owner
+        touched = {owner(s).request_id for s in batch.refused}
         for seq in batch.refused:
-            self._owner(seq).refuse(seq.finish_detail)
+            owner(seq).refuse(seq.finish_detail)
         draws, failures = run_contained(batch, self._execute_and_sample)
         for item, exc in failures:
-            touched.add(self._fail(self._owner(item.seq), exc))
+            touched.add(self._fail(owner(item.seq), exc))
         self.recorder.record_step(batch, started)  # before update() frees finished sequences
         tokens, stopped = self._record(batch, draws, touched)
         done = self.scheduler.update(batch, tokens, stopped)
         for fork in done.forked:
-            state = self._owner(fork.parent)
-            state.attach(fork.child, state.sample_index(fork.parent) + fork.sample_offset)
-            self._seq_owner[fork.child.seq_id] = state
+            self._registry.adopt(fork)
         for seq in done.finished:
-            self._owner(seq).finish_sample(seq)
+            owner(seq).finish_sample(seq)
         self.recorder.end_step()
-        return self._collect(touched)
+        outputs, self._stash = list(self._stash.values()), {}
+        return outputs + self._registry.report(touched)
 
     def _execute_and_sample(self, batch: ScheduledBatch) -> list[Draws]:
         logits = self.runner.execute(batch, self.allocator)
         return sample_batch(batch, logits, self._sampling_of)
 
     def _sampling_of(self, seq: Seq) -> tuple[SamplingParams, int]:
-        state = self._owner(seq)
+        state = self._registry.owner(seq)
         return state.params, state.sample_index(seq)
 
     def _record(
@@ -198,7 +189,7 @@ class LLMEngine:
         tokens: list[list[int]] = []
         stopped: list[list[bool]] = []
         for item, drawn in zip(batch.seqs, draws, strict=True):
-            state = self._seq_owner.get(item.seq.seq_id)
+            state = self._registry.find(item.seq)
             if drawn is None or state is None or item.seq.is_finished:
                 tokens.append([])
                 stopped.append([])
@@ -222,25 +213,6 @@ class LLMEngine:
             state.fail(f"the request failed inside the engine: {type(exc).__name__}: {exc}")
         return state.request_id
 
-    def _collect(self, touched: set[str]) -> list[RequestOutput]:
-        outputs, self._stash = list(self._stash.values()), {}
-        for request_id in touched:
-            state = self._requests.get(request_id)
-            if state is None:
-                continue
-            outputs.append(state.snapshot())
-            if state.finished:
-                self._forget(state)
-        return outputs
-
-    def _owner(self, seq: Seq) -> RequestState:
-        return self._seq_owner[seq.seq_id]
-
-    def _forget(self, state: RequestState) -> None:
-        self._requests.pop(state.request_id, None)
-        for seq_id in state.seq_ids:
-            self._seq_owner.pop(seq_id, None)
-
     # -- conveniences ----------------------------------------------------------------------
 
     def generate(
@@ -258,7 +230,7 @@ class LLMEngine:
         results: dict[str, RequestOutput] = {}
         order: list[str] = []
         for (text, ids), (_, p) in zip(tokenized, pairs, strict=True):
-            request_id = self._new_id("gen")
+            request_id = self._registry.new_id("gen")
             order.append(request_id)
             try:
                 self._add(text, ids, p, request_id, None)
@@ -286,7 +258,7 @@ class LLMEngine:
         request_id = self.add_request(prompt, params)
         printed = 0
         try:
-            while request_id in self._requests:  # gone without a final output: aborted
+            while request_id in self._registry:  # gone without a final output: aborted
                 mine = None
                 for out in self.step():  # stash the others first: the consumer may stop here
                     if out.request_id == request_id:
@@ -307,7 +279,7 @@ class LLMEngine:
 
     def snapshot(self) -> EngineSnapshot:
         """The state between two steps (pool, queues, counters). Engine thread only."""
-        return self.recorder.snapshot(self.scheduler, len(self._requests), self.num_failed_requests)
+        return self.recorder.snapshot(self.scheduler, len(self._registry), self.num_failed_requests)
 
     def stats(self) -> EngineStats:
         return self.recorder.summary(self.scheduler)
