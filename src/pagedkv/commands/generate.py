@@ -78,8 +78,8 @@ def run(args: argparse.Namespace) -> int:
         ]
     # Every prompt is checked before any runs: a request that can never run (context, KV
     # pool) is the user's to fix, answered like any other bad input.
-    for i, prompt in enumerate(prompts):
-        ids = prompt if isinstance(prompt, list) else engine.tokenizer.encode(prompt)
+    prompts = [p if isinstance(p, list) else engine.tokenizer.encode(p) for p in prompts]
+    for i, ids in enumerate(prompts):  # token ids from here on: each prompt is encoded once
         try:
             engine.check_request(ids, params)
         except UsageError as exc:
