@@ -27,6 +27,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pagedkv.commands.generate",
     "pagedkv.commands.plan",
     "pagedkv.commands.simulate",
+    "pagedkv.commands.experiment",
+    "pagedkv.commands.profile",
     "pagedkv.commands.serve",
 )
 

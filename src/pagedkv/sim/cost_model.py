@@ -20,11 +20,21 @@ from pagedkv.sim.gpus import GPUSpec
 class StepShape:
     """What a step computes. ``kv_read_tokens``: context tokens attended to, summed over the
     sequences (each new token's own position included); ``attention_pairs``: query-key pairs
-    (causal, so a chunk of ``n`` new tokens after ``c`` cached ones has ``n*c + n*(n+1)/2``)."""
+    (causal, so a chunk of ``n`` new tokens after ``c`` cached ones has ``n*c + n*(n+1)/2``).
+
+    The block-aware fields (zero where a caller does not know them): ``num_seqs`` in the batch,
+    ``num_decode_seqs`` of them computing exactly one token after a computed context,
+    ``kv_blocks_read`` = sum over the sequences of ceil(context / block_size), the blocks an
+    attention kernel walks (a partly used tail block counts whole), and ``block_size`` in
+    tokens."""
 
     num_batched_tokens: int
     kv_read_tokens: int
     attention_pairs: int
+    num_seqs: int = 0
+    num_decode_seqs: int = 0
+    kv_blocks_read: int = 0
+    block_size: int = 1
 
 
 class CostModel(Protocol):

@@ -128,13 +128,16 @@ class Simulation:
             batch = sched.schedule()
             if not batch.seqs:
                 raise RuntimeError(f"scheduler stalled at t={now:.3f}s with work waiting")
-            num_tokens = kv_read = pairs = 0
+            num_tokens = kv_read = pairs = num_decode = blocks_read = 0
+            block_size = self.allocator.block_size
             sampled: list[list[int]] = []
             first_tokens: list[RequestRecord] = []
             for seq, start, n, num_samples, hit in batch.seqs:
                 num_tokens += n
                 kv_read += start + n
                 pairs += n * start + n * (n + 1) // 2
+                blocks_read += -(-(start + n) // block_size)
+                num_decode += n == 1 and start > 0
                 if start == hit:  # an admission (decode steps always have start > hit == 0)
                     rec = records[index_of[seq.seq_id]]
                     if rec.admitted_s is None:
@@ -153,7 +156,10 @@ class Simulation:
                 if k == 0:
                     first_tokens.append(records[index_of[seq.seq_id]])
 
-            dt = self.cost.step_time_s(StepShape(num_tokens, kv_read, pairs))
+            shape = StepShape(
+                num_tokens, kv_read, pairs, len(batch.seqs), num_decode, blocks_read, block_size
+            )
+            dt = self.cost.step_time_s(shape)
             now += dt
             num_steps += 1
             num_running = len(sched.running)
