@@ -1,5 +1,6 @@
-"""Random admit / grow / fork / free / evict sequences against every allocator, with
-``check_invariants()`` after every step, including the exhaustion and refusal paths.
+"""Random admit / grow / fork / free / evict / swap-out / swap-in sequences against every
+allocator and a host swap space, with ``check_invariants()`` after every step, including the
+exhaustion and refusal paths.
 
 A shadow model tracks what each live sequence must hold (its tokens and their slots); the
 allocator must agree with it after every operation.
@@ -12,6 +13,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from pagedkv.kvcache import HashExtraKeys, ReservedAllocator
+from pagedkv.kvcache.allocator_base import ceil_div
+from pagedkv.kvcache.swap_space import SwapSpace, swap_in, swap_out
 
 from .conftest import FACTORIES, Seq
 
@@ -32,6 +35,9 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.live: dict[int, Seq] = {}
         self.slots: dict[int, list[int]] = {}  # shadow: the slots each live seq was given
         self.next_id = 0
+        # A small swap space, so that a full one (the recompute fallback) happens too.
+        self.space = SwapSpace(max(6, 192 // self.alloc.block_size))
+        self.swapped: dict[int, tuple[Seq, int, list[int]]] = {}  # seq, tokens, host blocks
 
     @initialize()
     def start(self) -> None:
@@ -107,6 +113,53 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.alloc.free(self.live.pop(sid), preempted=preempted)
         del self.slots[sid]
 
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def swap_out(self, data) -> None:
+        sid = data.draw(st.sampled_from(sorted(self.live)))
+        seq = self.live[sid]
+        n = self.alloc.num_tokens(seq)
+        table = list(self.alloc.block_table(seq))
+        free_before = self.space.num_free_blocks
+        pairs = swap_out(self.alloc, self.space, seq, n)
+        if pairs is None:  # the swap space is full: nothing changed, the caller recomputes
+            assert ceil_div(n, self.alloc.block_size) > free_before
+            assert list(self.alloc.block_table(seq)) == table
+            assert self.space.num_free_blocks == free_before and not self.space.holds(sid)
+            return
+        assert [d for d, _ in pairs] == table  # every block, in logical order
+        host = [h for _, h in pairs]
+        assert len(set(host)) == len(host) and all(0 <= h < self.space.num_blocks for h in host)
+        assert not self.alloc.has_seq(seq)
+        del self.live[sid], self.slots[sid]
+        self.swapped[sid] = (seq, n, host)
+
+    @precondition(lambda self: self.swapped)
+    @rule(data=st.data(), grow=st.integers(1, 20))
+    def swap_in(self, data, grow: int) -> None:
+        sid = data.draw(st.sampled_from(sorted(self.swapped)))
+        seq, n, host = self.swapped[sid]
+        missing = n + grow - len(seq.token_ids)
+        if missing > 0:
+            seq.token_ids.extend(3000 + sid * 31 + i for i in range(missing))
+        back = swap_in(self.alloc, self.space, seq, n, grow)
+        if back is None:  # no room on the device: it stays in the swap space
+            assert self.space.blocks_of(sid) == host and not self.alloc.has_seq(seq)
+            return
+        start, num_new, copies = back
+        bs = self.alloc.block_size
+        assert start == n or (start > n and start % bs == 0)  # a hit past it: whole blocks
+        assert 1 <= num_new <= grow and self.alloc.num_tokens(seq) == start + num_new
+        table = self.alloc.block_table(seq)
+        # Each copied host block lands at its own logical index; the rest came from the cache.
+        first = len(host) - len(copies)
+        assert copies == [(host[i], table[i]) for i in range(first, len(host))]
+        assert first * bs <= start
+        assert not self.space.holds(sid)
+        del self.swapped[sid]
+        self.live[sid] = seq
+        self.slots[sid] = self.alloc.slot_mapping(seq, 0, start + num_new)
+
     @rule()
     def reset_cache(self) -> None:
         reset = getattr(self.alloc, "reset_prefix_cache", None)
@@ -117,6 +170,10 @@ class AllocatorMachine(RuleBasedStateMachine):
     @invariant()
     def consistent(self) -> None:
         self.alloc.check_invariants()
+        self.space.check_invariants()
+        assert self.space.num_used_blocks == sum(len(h) for _, _, h in self.swapped.values())
+        for sid, (seq, _, host) in self.swapped.items():
+            assert self.space.blocks_of(sid) == host and not self.alloc.has_seq(seq)
         s = self.alloc.stats()
         assert s.num_empty_blocks + s.num_used_blocks + s.num_cached_blocks == s.num_total_blocks
         assert s.num_seqs == len(self.live)
@@ -139,7 +196,11 @@ class AllocatorMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         for seq in list(self.live.values()):
             self.alloc.free(seq)
+        for sid in list(self.swapped):
+            self.space.release(sid)
         self.alloc.check_invariants()
+        self.space.check_invariants()
+        assert self.space.num_free_blocks == self.space.num_blocks, "host blocks leaked"
         assert self.alloc.stats().num_used_blocks == 0, "blocks leaked after freeing everything"
 
 

@@ -17,11 +17,12 @@ def sample(batch: ScheduledBatch) -> list[list[int]]:
 
 
 def step(sched: Scheduler) -> tuple[ScheduledBatch, list[Seq]]:
-    """One schedule + update, checking the allocator's invariants after each half."""
+    """One schedule + update, checking the invariants (allocator, swap space, queues) after
+    each half."""
     batch = sched.schedule()
-    sched.allocator.check_invariants()
+    sched.check_invariants()
     finished = sched.update(batch, sample(batch)).finished
-    sched.allocator.check_invariants()
+    sched.check_invariants()
     return batch, finished
 
 

@@ -19,6 +19,7 @@ from pagedkv.kvcache.policies import POLICIES, Policy, build_allocator, get_poli
 from pagedkv.kvcache.protocol import KVAllocator, KVCacheStats, SeqLike
 from pagedkv.kvcache.radix import RadixAllocator
 from pagedkv.kvcache.reserved import ReservedAllocator
+from pagedkv.kvcache.swap_space import SwapSpace
 
 __all__ = [
     "HASH_FUNCTIONS",
@@ -36,6 +37,7 @@ __all__ = [
     "RadixAllocator",
     "ReservedAllocator",
     "SeqLike",
+    "SwapSpace",
     "build_allocator",
     "get_policy",
     "hash_blocks",

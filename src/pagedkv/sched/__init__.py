@@ -6,14 +6,15 @@ The engine (and the simulator) drive it like this::
                       max_model_len=4096)
     seq = sched.add_request("r1", prompt_ids, max_new_tokens=64, stop_token_ids={eos})
     while sched.has_unfinished():
-        batch = sched.schedule()          # ScheduledBatch: seqs, block_copies, preempted, refused
-        ...                               # apply batch.block_copies, run batch.seqs
+        batch = sched.schedule()          # ScheduledBatch: seqs, copies, preempted, refused
+        ...                               # apply swap_out, swap_in, block_copies; run seqs
         done = sched.update(batch, sampled)  # sampled: one list of token ids per batch.seqs entry
 """
 
 from pagedkv.sched.batch import ScheduledBatch, ScheduledSeq
 from pagedkv.sched.config import SchedulerConfig
 from pagedkv.sched.preemption import (
+    PREEMPTION_MODES,
     VICTIM_POLICIES,
     VictimPolicy,
     get_victim_policy,
@@ -24,6 +25,7 @@ from pagedkv.sched.scheduler import Scheduler
 from pagedkv.sched.sequence import FinishReason, Seq, SequenceStatus
 
 __all__ = [
+    "PREEMPTION_MODES",
     "VICTIM_POLICIES",
     "FinishReason",
     "ScheduledBatch",

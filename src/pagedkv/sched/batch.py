@@ -34,11 +34,21 @@ class ScheduledSeq(NamedTuple):
 class ScheduledBatch:
     """The plan of one step. The caller may keep it; the sequences inside keep changing.
 
-    The engine must apply ``block_copies`` (``(src_block, dst_block)`` pairs, whole blocks)
-    before the forward pass, run ``seqs``, then call ``Scheduler.update`` with one list of
-    sampled token ids per entry of ``seqs`` (empty where ``num_samples == 0``).
-    ``preempted`` lost their blocks this step and wait again (recompute); ``refused`` are
-    finished with ``FinishReason.REFUSED`` and never ran.
+    Before the forward pass the engine applies, whole blocks and in this order:
+
+    1. ``swap_out``: ``(device_block, host_block)`` copies of sequences swapped out this step;
+    2. ``swap_in``: ``(host_block, device_block)`` copies of sequences swapped back in;
+    3. ``block_copies``: ``(src_block, dst_block)`` device copies (copy-on-write of forks);
+
+    then runs ``seqs`` and calls ``Scheduler.update`` with one list of sampled token ids per
+    entry of ``seqs`` (empty where ``num_samples == 0``). The order matters: a device block
+    freed by a swap-out may already be reused in the same step (by a new allocation, which the
+    forward pass writes), so every swap-out must read its block first. Host block ids index a
+    host pool of ``SwapSpace.num_blocks`` blocks in the device pool's block layout.
+
+    ``preempted`` lost their device blocks this step: the ``WAITING`` ones will be recomputed,
+    the ``SWAPPED`` ones come back through ``swap_in``. ``refused`` are finished with
+    ``FinishReason.REFUSED`` and never ran.
     """
 
     step: int
@@ -46,6 +56,8 @@ class ScheduledBatch:
     block_copies: tuple[tuple[int, int], ...] = ()
     preempted: tuple[Seq, ...] = ()
     refused: tuple[Seq, ...] = ()
+    swap_out: tuple[tuple[int, int], ...] = ()
+    swap_in: tuple[tuple[int, int], ...] = ()
 
     @property
     def num_batched_tokens(self) -> int:

@@ -2,8 +2,10 @@
 
 A policy is a plain function ``(candidates) -> victim``. The scheduler passes the running
 sequences it has not yet scheduled in the current step plus the one that needs room, in
-running order (never empty). Preemption is by recompute: the victim's blocks are freed (full
-ones stay in the prefix cache) and it goes back to the head of the waiting queue.
+running order (never empty). What happens to the victim is the preemption mode: ``recompute``
+frees its blocks (full ones stay in the prefix cache) and puts it back at the head of the
+waiting queue; ``swap`` copies its blocks to the host swap space first and keeps its progress
+(see ``sched/scheduler.py``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from collections.abc import Sequence as SequenceABC
 from pagedkv.sched.sequence import Seq
 
 VictimPolicy = Callable[[SequenceABC[Seq]], Seq]
+
+PREEMPTION_MODES: tuple[str, ...] = ("recompute", "swap")
 
 
 def latest_arrival(candidates: SequenceABC[Seq]) -> Seq:

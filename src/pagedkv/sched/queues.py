@@ -1,7 +1,7 @@
 """``RequestQueues``: the scheduler's half that holds requests, not steps.
 
-The waiting queue, the running list, each request's live sequences, the refusal rule at the
-door, abort and finishing. ``Scheduler`` (``sched/scheduler.py``) adds what one step does:
+The waiting queue, the running list, the swapped queue (sequences whose KV sits in the host swap
+space), each request's live sequences, the refusal rule at the door, abort and finishing. ``Scheduler`` (``sched/scheduler.py``) adds what one step does:
 ``schedule`` (admission, chunking, preemption) and ``update`` (tokens, stops, forks).
 """
 
@@ -12,18 +12,25 @@ from collections.abc import Iterable
 
 from pagedkv.kvcache.hashing import NO_EXTRA_KEYS, HashExtraKeys
 from pagedkv.kvcache.protocol import KVAllocator
+from pagedkv.kvcache.swap_space import SwapSpace
 from pagedkv.sched.preemption import VictimPolicy, latest_arrival
 from pagedkv.sched.refusal import Refusal, never_fits
 from pagedkv.sched.sequence import FinishReason, Seq, SequenceStatus
 
 _RUNNING = SequenceStatus.RUNNING
+_SWAPPED = SequenceStatus.SWAPPED
 
 
 class RequestQueues:
     """Owns the waiting queue and the running list; mutates sequences and the allocator.
 
-    Counters for reports: ``num_preemptions``, ``num_recomputed_tokens`` (tokens computed again
-    after a preemption, prefix hits excluded), ``num_refused``.
+    ``swap_space`` given: preemption swaps the victim's blocks out to it (falling back to
+    recompute when it is full); None: every preemption recomputes.
+
+    Counters for reports: ``num_preemptions`` (swaps and recomputes), ``num_recomputed_tokens``
+    (tokens computed again after a preemption, prefix hits excluded), ``num_refused``,
+    ``num_swap_outs``, ``num_swap_ins``, ``num_swapped_blocks_out``, ``num_swapped_blocks_in``
+    (host-device block copies ordered), ``num_swap_fallbacks`` (swap space full: recomputed).
     """
 
     def __init__(
@@ -35,6 +42,7 @@ class RequestQueues:
         *,
         chunked_prefill: bool = True,
         victim_policy: VictimPolicy = latest_arrival,
+        swap_space: SwapSpace | None = None,
     ) -> None:
         self.allocator = allocator
         self.max_num_seqs = max_num_seqs
@@ -42,8 +50,10 @@ class RequestQueues:
         self.max_model_len = max_model_len
         self.chunked_prefill = chunked_prefill
         self.victim_policy = victim_policy
+        self.swap_space = swap_space
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []
+        self.swapped: deque[Seq] = deque()  # swapped out, oldest first: they come back FIFO
         self._live: dict[str, list[Seq]] = {}  # request id -> its unfinished sequences
         self._refused: list[Seq] = []  # refused since the last schedule()
         self._pending_copies: dict[int, list[tuple[int, int]]] = {}  # forked child -> copies
@@ -53,6 +63,11 @@ class RequestQueues:
         self.num_preemptions = 0
         self.num_recomputed_tokens = 0
         self.num_refused = 0
+        self.num_swap_outs = 0
+        self.num_swap_ins = 0
+        self.num_swapped_blocks_out = 0
+        self.num_swapped_blocks_in = 0
+        self.num_swap_fallbacks = 0
 
     # -- requests --------------------------------------------------------------------------
 
@@ -113,11 +128,9 @@ class RequestQueues:
         ``schedule`` and ``update``: ``update`` skips finished sequences."""
         seqs = self._live.pop(request_id, [])
         for seq in seqs:
-            if seq.status is _RUNNING:
-                self.allocator.free(seq)
-                self.running.remove(seq)
-            else:
+            if seq.status is SequenceStatus.WAITING:
                 self.waiting.remove(seq)
+            self._release(seq)
             self._pending_copies.pop(seq.seq_id, None)
             seq.status = SequenceStatus.FINISHED
             seq.finish_reason = FinishReason.ABORT
@@ -143,13 +156,43 @@ class RequestQueues:
     def num_running(self) -> int:
         return len(self.running)
 
-    def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+    @property
+    def num_swapped(self) -> int:
+        return len(self.swapped)
 
-    def _finish(self, seq: Seq, reason: FinishReason, finished: list[Seq]) -> None:
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped)
+
+    def check_invariants(self) -> None:
+        """The allocator's invariants, the swap space's, and the queues agreeing with them:
+        every swapped sequence holds host blocks and no device blocks, and nothing else holds
+        host blocks. AssertionError otherwise."""
+        self.allocator.check_invariants()
+        space = self.swap_space
+        if space is None:
+            assert not self.swapped, "sequences swapped out without a swap space"
+            return
+        space.check_invariants()
+        for seq in self.swapped:
+            assert seq.status is _SWAPPED, f"{seq} in the swapped queue"
+            assert space.holds(seq.seq_id), f"swapped {seq} holds no host blocks"
+            assert not self.allocator.has_seq(seq), f"swapped {seq} still holds device blocks"
+        assert space.num_used_blocks == sum(len(space.blocks_of(s.seq_id)) for s in self.swapped), (
+            "host blocks held by sequences that are not swapped out"
+        )
+
+    def _release(self, seq: Seq) -> None:
+        """Give back what a running or swapped ``seq`` holds and drop it from its queue."""
         if seq.status is _RUNNING:
             self.allocator.free(seq)
             self.running.remove(seq)
+        elif seq.status is _SWAPPED:
+            assert self.swap_space is not None
+            self.swap_space.release(seq.seq_id)
+            self.swapped.remove(seq)
+
+    def _finish(self, seq: Seq, reason: FinishReason, finished: list[Seq]) -> None:
+        self._release(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         live = self._live.get(seq.request_id)

@@ -1,4 +1,4 @@
-"""``Scheduler``: continuous batching over any ``KVAllocator``, with recompute preemption.
+"""``Scheduler``: continuous batching over any ``KVAllocator``, with recompute or swap preemption.
 
 One engine step is ``batch = scheduler.schedule()``, the forward pass over ``batch.seqs``, then
 ``scheduler.update(batch, sampled)``. ``schedule`` serves running sequences first (a decode
@@ -8,12 +8,21 @@ to grow a running sequence, the victim policy picks a sequence to preempt: its b
 (full ones stay in the prefix cache) and it returns to the head of the waiting queue to be
 recomputed; no new sequence is admitted in a step that preempted. A request that can never fit
 (prompt + max_new_tokens beyond ``max_model_len`` or the whole pool) is refused when added.
+
+With a swap space (``preemption_mode="swap"``) a victim whose computed blocks all fit in it is
+swapped out instead: the batch orders ``(device, host)`` copies, its device blocks are freed and
+it waits in the ``swapped`` queue with its progress kept. In a step that preempted nobody,
+swapped sequences come back first, oldest first, into fresh device blocks (``(host, device)``
+copies; blocks the prefix cache still holds are reused, not copied) and run that same step;
+waiting sequences are admitted only once nobody is swapped out. A victim that does not fit the
+swap space is recomputed (``num_swap_fallbacks``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence as SequenceABC
 
+from pagedkv.kvcache.swap_space import swap_in, swap_out
 from pagedkv.sched.batch import Fork, ScheduledBatch, ScheduledSeq, StepUpdate
 from pagedkv.sched.queues import RequestQueues
 from pagedkv.sched.sequence import FinishReason, Seq, SequenceStatus
@@ -36,6 +45,8 @@ class Scheduler(RequestQueues):
         budget = self.max_num_batched_tokens
         out: list[ScheduledSeq] = []
         preempted: list[Seq] = []
+        swapped_out: list[tuple[int, int]] = []
+        swapped_in: list[tuple[int, int]] = []
 
         # 1. Running sequences, in order: a decode token, or the next chunk of a prompt.
         i = 0
@@ -46,7 +57,7 @@ class Scheduler(RequestQueues):
             while not alloc.allocate(seq, num_new):
                 # Only sequences not yet scheduled this step may give way (the current one too).
                 victim = self.victim_policy(running[i:])
-                self._preempt(victim)
+                self._preempt(victim, swapped_out)
                 preempted.append(victim)
                 if victim is seq:
                     break
@@ -55,10 +66,39 @@ class Scheduler(RequestQueues):
                 budget -= num_new
                 i += 1
 
-        # 2. Waiting sequences in order (preempted ones first), unless this step preempted:
-        # admitting now would only hand the freed blocks to a newcomer.
+        # 2. Swapped-out sequences, oldest first, unless this step preempted (they would only
+        # take back what was just freed). So a step never swaps the same block out and in.
+        swapped = self.swapped
+        while not preempted and swapped and budget > 0 and len(running) < self.max_num_seqs:
+            seq = swapped[0]
+            assert self.swap_space is not None
+            back = swap_in(alloc, self.swap_space, seq, seq.num_computed_tokens, budget)
+            if back is None:
+                break  # first come, first served, as for admissions
+            start, num_new, copies = back
+            swapped.popleft()
+            seq.status = _RUNNING
+            seq.num_computed_tokens = start
+            running.append(seq)
+            swapped_in.extend(copies)
+            self.num_swap_ins += 1
+            self.num_swapped_blocks_in += len(copies)
+            # Not an admission: prefix_hit_tokens stays 0 (blocks reused from the cache are
+            # simply not copied back).
+            out.append(ScheduledSeq(seq, start, num_new, seq.samples_after(num_new), 0))
+            budget -= num_new
+
+        # 3. Waiting sequences in order (preempted ones first), unless this step preempted
+        # (admitting now would only hand the freed blocks to a newcomer) or anyone is still
+        # swapped out (they came first).
         waiting = self.waiting
-        while not preempted and waiting and budget > 0 and len(running) < self.max_num_seqs:
+        while (
+            not preempted
+            and not swapped
+            and waiting
+            and budget > 0
+            and len(running) < self.max_num_seqs
+        ):
             seq = waiting[0]
             num_free = alloc.num_allocatable_blocks
             # Every admission needs at least one new block. A head refused before is retried
@@ -89,13 +129,38 @@ class Scheduler(RequestQueues):
         self._pending_copies.clear()
         refused, self._refused = self._refused, []
         return ScheduledBatch(
-            self._step, tuple(out), tuple(copies), tuple(preempted), tuple(refused)
+            self._step,
+            tuple(out),
+            tuple(copies),
+            tuple(preempted),
+            tuple(refused),
+            swap_out=tuple(swapped_out),
+            swap_in=tuple(swapped_in),
         )
 
-    def _preempt(self, seq: Seq) -> None:
+    def _preempt(self, seq: Seq, swap_copies: list[tuple[int, int]]) -> None:
+        """Swap ``seq`` out (its copies appended to ``swap_copies``) when there is a swap space
+        with room for all its computed blocks, else free it for recompute."""
+        pending = self._pending_copies.pop(seq.seq_id, None)  # its fork copy, not applied yet
+        space = self.swap_space
+        if space is not None and seq.num_computed_tokens > 0:
+            pairs = swap_out(self.allocator, space, seq, seq.num_computed_tokens)
+            if pairs is not None:
+                # A forked child's tail is still to be copied from its parent's (block_copies
+                # come after swap_out in a step): save the source block instead.
+                src_of = dict((dst, src) for src, dst in pending or ())
+                swap_copies.extend((src_of.get(dev, dev), host) for dev, host in pairs)
+                self.running.remove(seq)
+                seq.status = SequenceStatus.SWAPPED
+                self.swapped.append(seq)
+                seq.num_preemptions += 1
+                self.num_preemptions += 1
+                self.num_swap_outs += 1
+                self.num_swapped_blocks_out += len(pairs)
+                return
+            self.num_swap_fallbacks += 1
         self.allocator.free(seq, preempted=True)  # it will be admitted again
         self.running.remove(seq)
-        self._pending_copies.pop(seq.seq_id, None)  # its copy target is gone
         seq.status = SequenceStatus.WAITING
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1

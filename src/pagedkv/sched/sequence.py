@@ -1,4 +1,5 @@
-"""``Seq``: one stream of tokens the scheduler moves through waiting → running → finished.
+"""``Seq``: one stream of tokens the scheduler moves through waiting → running → finished
+(running ⇄ swapped while swap preemption parks its KV in host memory).
 
 A request with ``n > 1`` samples becomes one parent sequence plus ``n - 1`` children forked from
 it once the prompt is computed; all of them carry the request's ``request_id``. Everything else
@@ -23,6 +24,7 @@ TOKEN_TYPECODE = "I"
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
+    SWAPPED = "swapped"  # preempted by swap: its KV waits in the host swap space
     FINISHED = "finished"
 
 
