@@ -9,6 +9,7 @@ from typing import Any
 from pagedkv.kvcache.policies import Policy, get_policy
 from pagedkv.sched import SchedulerConfig
 from pagedkv.sim.cost_model import CostModel
+from pagedkv.sim.links import Link
 from pagedkv.sim.simulator import ProgressFn, RunResult, Simulation
 from pagedkv.sim.summary import summarize
 from pagedkv.traces import TraceRequest, ideal_prefix_hit_tokens, reusable_prefix_tokens
@@ -37,6 +38,8 @@ class Comparison:
     cost: CostModel
     sample_interval_s: float = 1.0
     check_invariants: bool = False  # tests: check the allocator after every step
+    link: Link | None = None  # prices swap transfers (swap preemption needs it)
+    kv_record_bytes: int = 0  # one token's K and V over all layers: block bytes for swaps
 
     def run(
         self,
@@ -57,6 +60,8 @@ class Comparison:
                 sample_interval_s=self.sample_interval_s,
                 progress=progress(policy) if progress else None,
                 check_invariants=self.check_invariants,
+                link=self.link,
+                kv_record_bytes=self.kv_record_bytes,
             )
             result = sim.run()
             ideal = None

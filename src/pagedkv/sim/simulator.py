@@ -5,6 +5,11 @@ The clock is simulated: requests join the scheduler at the first step boundary a
 their arrival, each step lasts ``cost.step_time_s``, and a token sampled in a step exists at the
 end of that step. Nothing is random here, so a run is a pure function of its inputs.
 
+With swap preemption (``SchedulerConfig(preemption_mode="swap")``) a step also lasts the
+transfers it ordered, before its compute: one transfer per block swapped out or in, priced by
+``link`` for blocks of ``kv_record_bytes * block_size`` bytes (``sim/links.py``). The transfers
+are serial with the step, as in vLLM v0, where the model waits for the step's swaps.
+
 Every request generates at least one token (a prefill samples one, even where the trace says
 0). A request the scheduler's refusal rule says can never run (longer than ``max_model_len``,
 bigger than the pool) is recorded as refused *before* its tokens are materialized: a 2e9-token
@@ -22,6 +27,7 @@ from pagedkv.errors import UsageError
 from pagedkv.kvcache.policies import Policy, build_allocator
 from pagedkv.sched import SchedulerConfig
 from pagedkv.sim.cost_model import CostModel, StepShape
+from pagedkv.sim.links import Link
 from pagedkv.sim.metrics import RequestRecord, TimeSeries
 from pagedkv.traces import TraceRequest, segment_tokens
 
@@ -48,12 +54,22 @@ class RunResult:
     recomputed_tokens: int
     evictions: int
     wall_time_s: float  # real seconds the replay took (not part of the simulated result)
+    # Swap preemption (all 0 under recompute): sequences and blocks moved, victims that found
+    # the swap space full and were recomputed, and the simulated seconds spent on transfers.
+    swap_outs: int = 0
+    swap_ins: int = 0
+    swapped_blocks_out: int = 0
+    swapped_blocks_in: int = 0
+    swap_fallbacks: int = 0
+    swap_time_s: float = 0.0
 
 
 class Simulation:
     """One replay: ``Simulation(requests, policy, num_kv_slots, config, cost).run()``.
 
     ``config.max_model_len`` must be set (the reserved allocator reserves exactly that).
+    With ``config.preemption_mode == "swap"``, ``link`` and ``kv_record_bytes`` (one token's K
+    and V over all layers) must be given: they price the swap transfers.
     """
 
     def __init__(
@@ -67,10 +83,20 @@ class Simulation:
         sample_interval_s: float = 1.0,
         progress: ProgressFn | None = None,
         check_invariants: bool = False,
+        link: Link | None = None,
+        kv_record_bytes: int = 0,
     ) -> None:
-        """``check_invariants`` (for tests) checks the allocator after every step."""
+        """``check_invariants`` (for tests) checks the allocator and the swap space after every
+        step."""
         if config.max_model_len is None:
             raise UsageError("the simulator needs max_model_len")
+        if not isinstance(kv_record_bytes, int) or kv_record_bytes < 0:
+            raise UsageError(f"kv_record_bytes must be an integer >= 0, got {kv_record_bytes!r}")
+        if config.preemption_mode == "swap" and (link is None or kv_record_bytes == 0):
+            raise UsageError(
+                "swap preemption needs a host link and kv_record_bytes > 0 to price its "
+                "transfers (see pagedkv.sim.links)"
+            )
         if sample_interval_s <= 0:
             raise UsageError(f"sample interval must be > 0 s, got {sample_interval_s}")
         self.requests = requests
@@ -82,6 +108,8 @@ class Simulation:
         self.sample_interval_s = sample_interval_s
         self.progress = progress
         self.check_invariants = check_invariants
+        self.link = link
+        self.block_bytes = kv_record_bytes * self.allocator.block_size
 
     def run(self) -> RunResult:
         wall_start = time.perf_counter()
@@ -95,6 +123,7 @@ class Simulation:
         fresh_token = _FRESH_TOKEN_BASE
         num_steps = peak_running = num_done = 0
         running_time = 0.0  # integral of running sequences over time
+        swap_time = 0.0
 
         while True:
             while next_req < num_reqs and reqs[next_req].arrival_time_s <= now:
@@ -126,8 +155,13 @@ class Simulation:
                 continue
 
             batch = sched.schedule()
-            if not batch.seqs:
+            if not batch.seqs and not batch.preempted:
                 raise RuntimeError(f"scheduler stalled at t={now:.3f}s with work waiting")
+            transfer_s = 0.0
+            num_moved = len(batch.swap_out) + len(batch.swap_in)
+            if num_moved and self.link is not None:
+                transfer_s = self.link.transfer_time_s(num_moved, self.block_bytes)
+                swap_time += transfer_s
             num_tokens = kv_read = pairs = num_decode = blocks_read = 0
             block_size = self.allocator.block_size
             sampled: list[list[int]] = []
@@ -159,7 +193,8 @@ class Simulation:
             shape = StepShape(
                 num_tokens, kv_read, pairs, len(batch.seqs), num_decode, blocks_read, block_size
             )
-            dt = self.cost.step_time_s(shape)
+            # A step that only swapped its last sequence out costs its transfers alone.
+            dt = transfer_s + (self.cost.step_time_s(shape) if batch.seqs else 0.0)
             now += dt
             num_steps += 1
             num_running = len(sched.running)
@@ -174,7 +209,7 @@ class Simulation:
                 rec.num_output_tokens = seq.num_output_tokens
                 num_done += 1
             if self.check_invariants:
-                self.allocator.check_invariants()
+                sched.check_invariants()
             if now >= next_sample_s:
                 self._sample(series, now)
                 next_sample_s = now + self.sample_interval_s
@@ -199,6 +234,12 @@ class Simulation:
             recomputed_tokens=sched.num_recomputed_tokens,
             evictions=self.allocator.stats().num_evictions,
             wall_time_s=time.perf_counter() - wall_start,
+            swap_outs=sched.num_swap_outs,
+            swap_ins=sched.num_swap_ins,
+            swapped_blocks_out=sched.num_swapped_blocks_out,
+            swapped_blocks_in=sched.num_swapped_blocks_in,
+            swap_fallbacks=sched.num_swap_fallbacks,
+            swap_time_s=swap_time,
         )
 
     def _sample(self, series: TimeSeries, now: float) -> None:
