@@ -48,7 +48,7 @@ RECORD_BYTES = 1000
 LINK = Link("test", bandwidth_bytes_per_s=1e6, per_transfer_s=0.002)
 
 
-def _run(config: SchedulerConfig, num_slots: int = 128):
+def _run(config: SchedulerConfig, num_slots: int = 128, transfers_per_block: int = 1):
     return Simulation(
         _requests(),
         get_policy("paged:4"),
@@ -58,18 +58,15 @@ def _run(config: SchedulerConfig, num_slots: int = 128):
         check_invariants=True,
         link=LINK,
         kv_record_bytes=RECORD_BYTES,
+        transfers_per_block=transfers_per_block,
     ).run()
 
 
 def test_swap_steps_last_their_transfers_and_tokens_match_an_unpreempted_run() -> None:
-    swap = _run(
-        SchedulerConfig(
-            max_model_len=256,
-            preemption_mode="swap",
-            swap_space_slots=4096,
-            max_num_batched_tokens=64,
-        )
+    swap_config = SchedulerConfig(
+        max_model_len=256, preemption_mode="swap", swap_space_slots=4096, max_num_batched_tokens=64
     )
+    swap = _run(swap_config)
     roomy = _run(SchedulerConfig(max_model_len=256, max_num_batched_tokens=64), 100_000)
     assert roomy.preemptions == 0
     assert swap.swap_outs > 0 and swap.swap_ins == swap.swap_outs and swap.swap_fallbacks == 0
@@ -79,6 +76,10 @@ def test_swap_steps_last_their_transfers_and_tokens_match_an_unpreempted_run() -
     moved = swap.swapped_blocks_out + swap.swapped_blocks_in
     assert swap.swap_time_s == pytest.approx(moved * (0.002 + 4 * 1000 / 1e6))
     assert swap.duration_s == pytest.approx(0.01 * swap.num_steps + swap.swap_time_s)
+    # Per-layer K/V tensors (say 2 x 3 layers): 6 fixed costs a block, the same bytes.
+    per_layer = _run(swap_config, transfers_per_block=6)
+    assert per_layer.swapped_blocks_out == swap.swapped_blocks_out  # same schedule
+    assert per_layer.swap_time_s == pytest.approx(moved * (6 * 0.002 + 4 * 1000 / 1e6))
     # The same token counts reach the same requests as without any preemption.
     assert [r.num_output_tokens for r in swap.records] == [24] * 8
     assert [r.num_output_tokens for r in swap.records] == [

@@ -40,6 +40,7 @@ class Comparison:
     check_invariants: bool = False  # tests: check the allocator after every step
     link: Link | None = None  # prices swap transfers (swap preemption needs it)
     kv_record_bytes: int = 0  # one token's K and V over all layers: block bytes for swaps
+    transfers_per_block: int = 1  # 2 * num_layers for per-layer K/V tensors (vLLM v0)
 
     def run(
         self,
@@ -62,6 +63,7 @@ class Comparison:
                 check_invariants=self.check_invariants,
                 link=self.link,
                 kv_record_bytes=self.kv_record_bytes,
+                transfers_per_block=self.transfers_per_block,
             )
             result = sim.run()
             ideal = None

@@ -6,9 +6,11 @@ their arrival, each step lasts ``cost.step_time_s``, and a token sampled in a st
 end of that step. Nothing is random here, so a run is a pure function of its inputs.
 
 With swap preemption (``SchedulerConfig(preemption_mode="swap")``) a step also lasts the
-transfers it ordered, before its compute: one transfer per block swapped out or in, priced by
-``link`` for blocks of ``kv_record_bytes * block_size`` bytes (``sim/links.py``). The transfers
-are serial with the step, as in vLLM v0, where the model waits for the step's swaps.
+transfers it ordered, before its compute: one transfer per block swapped out or in, as the
+first article counts them, priced by ``link`` for blocks of ``kv_record_bytes * block_size``
+bytes (``sim/links.py``); ``transfers_per_block = 2 * num_layers`` prices an engine that keeps
+one K and one V tensor per layer and copies each block of each (vLLM v0). The transfers are
+serial with the step, as in vLLM v0, where the model waits for the step's swaps.
 
 Every request generates at least one token (a prefill samples one, even where the trace says
 0). A request the scheduler's refusal rule says can never run (longer than ``max_model_len``,
@@ -85,6 +87,7 @@ class Simulation:
         check_invariants: bool = False,
         link: Link | None = None,
         kv_record_bytes: int = 0,
+        transfers_per_block: int = 1,
     ) -> None:
         """``check_invariants`` (for tests) checks the allocator and the swap space after every
         step."""
@@ -92,6 +95,10 @@ class Simulation:
             raise UsageError("the simulator needs max_model_len")
         if not isinstance(kv_record_bytes, int) or kv_record_bytes < 0:
             raise UsageError(f"kv_record_bytes must be an integer >= 0, got {kv_record_bytes!r}")
+        if not isinstance(transfers_per_block, int) or transfers_per_block < 1:
+            raise UsageError(
+                f"transfers_per_block must be an integer >= 1, got {transfers_per_block!r}"
+            )
         if config.preemption_mode == "swap" and (link is None or kv_record_bytes == 0):
             raise UsageError(
                 "swap preemption needs a host link and kv_record_bytes > 0 to price its "
@@ -110,6 +117,7 @@ class Simulation:
         self.check_invariants = check_invariants
         self.link = link
         self.block_bytes = kv_record_bytes * self.allocator.block_size
+        self.transfers_per_block = transfers_per_block
 
     def run(self) -> RunResult:
         wall_start = time.perf_counter()
@@ -160,7 +168,9 @@ class Simulation:
             transfer_s = 0.0
             num_moved = len(batch.swap_out) + len(batch.swap_in)
             if num_moved and self.link is not None:
-                transfer_s = self.link.transfer_time_s(num_moved, self.block_bytes)
+                transfer_s = self.link.transfer_time_s(
+                    num_moved, self.block_bytes, self.transfers_per_block
+                )
                 swap_time += transfer_s
             num_tokens = kv_read = pairs = num_decode = blocks_read = 0
             block_size = self.allocator.block_size
