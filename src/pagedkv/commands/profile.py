@@ -148,7 +148,8 @@ def _report(profile, output: Path) -> None:
     console.print(table)
     fit = profile.fit
     console.print(
-        f"fit over {fit.num_samples} timed steps: relative error rms {fit.rms_rel_error:.1%}, "
+        f"fit over {fit.num_samples} timed steps ({fit.num_outliers} left out as disturbed, "
+        f"off by more than 3x the median): relative error rms {fit.rms_rel_error:.1%}, "
         f"median {fit.median_abs_rel_error:.1%}, p90 {fit.p90_abs_rel_error:.1%}, max "
         f"{fit.max_abs_rel_error:.1%}; summed time {fit.total_rel_error:+.1%}"
     )

@@ -82,6 +82,7 @@ class FitStats:
     (what a replay's total time feels)."""
 
     num_samples: int
+    num_outliers: int  # samples left out of the fit (see ``fit_robust``)
     rms_rel_error: float
     median_abs_rel_error: float
     p90_abs_rel_error: float
@@ -89,7 +90,10 @@ class FitStats:
     total_rel_error: float
 
 
-def fit_stats(model: ProfiledCostModel, samples: Sequence[TimedStep]) -> FitStats:
+def fit_stats(
+    model: ProfiledCostModel, samples: Sequence[TimedStep], num_outliers: int = 0
+) -> FitStats:
+    """The errors of ``model`` on ``samples`` (the kept ones; ``num_outliers`` is recorded)."""
     rel = [(model.step_time_s(s.shape) - s.seconds) / s.seconds for s in samples]
     ordered = sorted(abs(r) for r in rel)
     n = len(rel)
@@ -97,6 +101,7 @@ def fit_stats(model: ProfiledCostModel, samples: Sequence[TimedStep]) -> FitStat
     predicted = sum(model.step_time_s(s.shape) for s in samples)
     return FitStats(
         num_samples=n,
+        num_outliers=num_outliers,
         rms_rel_error=math.sqrt(sum(r * r for r in rel) / n),
         median_abs_rel_error=ordered[n // 2],
         p90_abs_rel_error=ordered[min(n - 1, int(0.9 * n))],
@@ -161,6 +166,19 @@ def fit_cost(samples: Sequence[TimedStep], names: Sequence[str] | None = None) -
     return ProfiledCostModel(result)
 
 
+def fit_robust(samples: Sequence[TimedStep]) -> tuple[ProfiledCostModel, list[TimedStep]]:
+    """``fit_cost`` once, leave out the steps it misses by more than max(3x the median
+    relative error, 15 %), fit again: a step that another process slowed down (the machines
+    are shared) must not bend the coefficients. Returns the model and the steps kept."""
+    model = fit_cost(samples)
+    errors = [abs(model.step_time_s(s.shape) - s.seconds) / s.seconds for s in samples]
+    limit = max(3 * sorted(errors)[len(errors) // 2], 0.15)
+    kept = [s for s, e in zip(samples, errors, strict=True) if e <= limit]
+    if len(kept) == len(samples) or len(kept) < len(FEATURES):
+        return model, list(samples)
+    return fit_cost(kept), kept
+
+
 @dataclass(frozen=True)
 class CostProfile:
     """A profile as written to JSON: the fitted coefficients, their fit error, what was
@@ -174,8 +192,10 @@ class CostProfile:
 
     @classmethod
     def from_samples(cls, samples: Sequence[TimedStep], meta: dict[str, Any]) -> CostProfile:
-        model = fit_cost(samples)
-        return cls(model.coefficients, fit_stats(model, samples), dict(meta), tuple(samples))
+        """Fit (``fit_robust``) and keep every sample, the left-out ones too."""
+        model, kept = fit_robust(samples)
+        stats = fit_stats(model, kept, len(samples) - len(kept))
+        return cls(model.coefficients, stats, dict(meta), tuple(samples))
 
     def cost_model(self, source: str = "") -> ProfiledCostModel:
         return ProfiledCostModel(dict(self.coefficients), source or self.describe())
