@@ -63,6 +63,10 @@ class ModelCost:
     num_params: int
     kv_record_bytes: int  # one token's K and V over all layers
     attention_flops_per_pair: int  # 4 * num_layers * query width
+    # The attention grid (0 = unknown; the kernel-aware cost then counts one walk per layer):
+    num_layers: int = 0
+    num_query_heads: int = 0
+    num_kv_heads: int = 0  # MLA: 1 (one latent per layer)
 
     @classmethod
     def from_layout(cls, layout: KVLayout, query_dim: int | None = None) -> ModelCost:
@@ -76,12 +80,17 @@ class ModelCost:
             )
         if query_dim is None:
             query_dim = layout.query_dim or layout.num_kv_heads * layout.head_dim
+        kv_heads = layout.num_kv_heads if layout.attention == "mha" else 1
+        query_heads = query_dim // layout.head_dim if layout.head_dim else kv_heads
         return cls(
             layout.name,
             layout.weight_bytes,
             layout.num_params,
             layout.record_bytes,
             4 * layout.num_layers * query_dim,
+            layout.num_layers,
+            max(query_heads, kv_heads),
+            kv_heads,
         )
 
 
