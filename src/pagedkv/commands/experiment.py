@@ -1,17 +1,90 @@
-"""`pagedkv experiment`: placeholder registered by the lead so that cli.py has one owner; its
-helper replaces this file."""
+"""`pagedkv experiment NAME`: run one of the papers' sweeps, write its JSON and its figure.
+
+Each experiment is a module of ``pagedkv.sim.experiments`` with ``DESCRIPTION``,
+``run(*, quick, workers, progress) -> dict`` (every point, JSON-ready) and
+``plot(result, png_path)``; it is imported only when it runs, so one missing module costs only
+its own name. Output: ``DIR/experiments/NAME.json`` and ``DIR/img/NAME.png`` (DIR = docs).
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
 
 from pagedkv.errors import UsageError
 
+# name -> module under pagedkv.sim.experiments
+EXPERIMENTS: dict[str, str] = {
+    "block-size": "block_size",
+    "preemption": "preemption",
+}
+
+
+def load_experiment(name: str) -> ModuleType:
+    """The module of experiment ``name``; UsageError for an unknown name or a module that is
+    not installed (named, never a traceback)."""
+    if name not in EXPERIMENTS:
+        raise UsageError(f"unknown experiment {name!r} (known: {', '.join(EXPERIMENTS)})")
+    module_name = f"pagedkv.sim.experiments.{EXPERIMENTS[name]}"
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name not in (module_name, "pagedkv.sim.experiments"):
+            raise  # a missing dependency inside it is a bug, not the user's mistake
+        raise UsageError(f"experiment {name!r} is not built ({module_name} is missing)") from None
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("experiment", help="(being built)")
-    p.set_defaults(func=_run)
+    p = subparsers.add_parser(
+        "experiment",
+        help="run a paper's sweep through the simulator; write its JSON and figure",
+        description="Run one of the PagedAttention paper's experiments through the simulator "
+        "and write DIR/experiments/NAME.json (every point) and DIR/img/NAME.png. "
+        "Experiments: " + "; ".join(EXPERIMENTS),
+    )
+    p.add_argument("name", metavar="NAME", help=f"one of {', '.join(EXPERIMENTS)}")
+    p.add_argument("--out", default="docs", metavar="DIR", help="output folder (docs)")
+    p.add_argument("--quick", action="store_true", help="fewer requests per point (a smoke run)")
+    p.add_argument("--workers", metavar="N", help="processes (default: every core)")
+    p.set_defaults(func=run)
 
 
-def _run(args: argparse.Namespace) -> int:
-    raise UsageError("pagedkv experiment is not built yet")
+def _workers(text: str | None) -> int | None:
+    if text is None:
+        return None
+    if not text.strip().isdecimal() or int(text) < 1:
+        raise UsageError(f"--workers must be a whole number >= 1, got {text!r}", "--workers")
+    return int(text)
+
+
+def run(a: argparse.Namespace) -> int:
+    workers = _workers(a.workers)
+    module = load_experiment(a.name)
+    if importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("experiments write a figure: install matplotlib (pagedkv[plot])")
+    out = Path(a.out)
+    json_path = out / "experiments" / f"{a.name}.json"
+    png_path = out / "img" / f"{a.name}.png"
+    for folder in (json_path.parent, png_path.parent):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"--out: cannot create {str(folder)!r}: {exc}", "--out") from None
+
+    def progress(done: int, total: int) -> None:  # a live counter on a terminal only
+        print(f"\r{a.name}: {done}/{total} points", end="", file=sys.stderr, flush=True)
+
+    print(f"{a.name}: {module.DESCRIPTION}", file=sys.stderr)
+    live = sys.stderr.isatty()
+    result = module.run(quick=a.quick, workers=workers, progress=progress if live else None)
+    if live:
+        print(file=sys.stderr)
+    json_path.write_text(json.dumps(result, indent=1, allow_nan=False) + "\n")
+    module.plot(result, png_path)
+    print(f"wrote {json_path} and {png_path}")
+    return 0
