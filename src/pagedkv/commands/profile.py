@@ -20,13 +20,25 @@ import argparse
 from pathlib import Path
 
 from pagedkv.errors import UsageError
+from pagedkv.planner.kv_dtypes import ENGINE_DTYPES
 
-QUICK = {
+# The grid: every size of the replays the simulator is checked against (decode batches up to
+# 16, contexts of tens to hundreds of tokens, prefill chunks up to the 512-token budget).
+DEFAULT_GRID = {
+    "block_sizes": "16,64",
+    "batch_sizes": "1,2,3,4,6,8,12,16",
+    "context_lens": "64,256",
+    "prefill_lens": "32,128,512",
+    "steps": 3,
+    "max_num_batched_tokens": 512,
+}
+QUICK_GRID = {
     "block_sizes": "16",
     "batch_sizes": "1,2",
     "context_lens": "16",
     "prefill_lens": "8,32",
     "steps": 2,
+    "max_num_batched_tokens": 512,
 }
 
 
@@ -37,24 +49,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--model", help="GGUF file or Hugging Face folder (default: embedded SmolLM2)")
-    p.add_argument("--dtype", default="float32", help="weights and KV dtype (default float32)")
-    p.add_argument("-o", "--output", default="cost-profile.json", help="the JSON to write")
-    p.add_argument("--block-sizes", default="16,64", help="block sizes to profile (default 16,64)")
-    p.add_argument("--batch-sizes", default="1,4,16", help="decode batch sizes (default 1,4,16)")
-    p.add_argument(
-        "--context-lens", default="64,256", help="mean decode context lengths (default 64,256)"
+    g = DEFAULT_GRID
+    add = p.add_argument
+    add("--model", help="GGUF file or Hugging Face folder (default: the embedded SmolLM2)")
+    add("--dtype", default="float32", choices=ENGINE_DTYPES, help="(default %(default)s)")
+    add("-o", "--output", default="cost-profile.json", help="JSON to write (%(default)s)")
+    add("--block-sizes", default=g["block_sizes"], help="one engine each (%(default)s)")
+    add("--batch-sizes", default=g["batch_sizes"], help="decode batch sizes (%(default)s)")
+    add("--context-lens", default=g["context_lens"], help="mean decode contexts (%(default)s)")
+    add("--prefill-lens", default=g["prefill_lens"], help="single prompts (%(default)s)")
+    add("--steps", type=int, default=g["steps"], help="timed steps per decode point (%(default)s)")
+    add(
+        "--max-num-batched-tokens",
+        type=int,
+        default=g["max_num_batched_tokens"],
+        help="token budget per step: longer prompts run in chunks (%(default)s)",
     )
-    p.add_argument(
-        "--prefill-lens", default="32,128,512", help="single-prompt lengths (default 32,128,512)"
-    )
-    p.add_argument("--steps", type=int, default=3, help="timed decode steps per point (3)")
-    p.add_argument(
-        "--max-num-batched-tokens", type=int, default=512, help="token budget per step (512)"
-    )
-    p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random prompt ids")
-    p.add_argument("--quick", action="store_true", help="a tiny grid (tests, a first look)")
+    add("--threads", type=int, help="torch intra-op threads (default: torch's own)")
+    add("--seed", type=int, default=0, help="seed of the random prompt token ids")
+    add("--quick", action="store_true", help="a tiny grid in seconds (tests, a first look)")
     p.set_defaults(func=run)
 
 
@@ -68,17 +81,20 @@ def _ints(flag: str, text: str) -> tuple[int, ...]:
     return tuple(sorted(set(values)))
 
 
+def grid_plan(grid: dict | None = None, **flags):
+    """The ``ProfilePlan`` of a grid (default: ``DEFAULT_GRID``), as the flags would give it."""
+    return _plan(argparse.Namespace(**{**(grid or DEFAULT_GRID), **flags}))
+
+
 def _plan(args: argparse.Namespace):
     from pagedkv.engine.profiling import ProfilePlan
 
-    if args.quick:
-        for key, value in QUICK.items():
+    if getattr(args, "quick", False):
+        for key, value in QUICK_GRID.items():
             setattr(args, key, value)
     for name in ("steps", "max_num_batched_tokens"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1", name)
-    if args.threads is not None and args.threads < 1:
-        raise UsageError("--threads must be >= 1", "threads")
     return ProfilePlan(
         block_sizes=_ints("--block-sizes", args.block_sizes),
         batch_sizes=_ints("--batch-sizes", args.batch_sizes),
@@ -94,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
     if output.is_dir() or not output.parent.is_dir():
         raise UsageError(f"--output {str(output)!r}: not a file in an existing folder")
     plan = _plan(args)
+    if args.threads is not None and args.threads < 1:
+        raise UsageError("--threads must be >= 1", "threads")
     from pagedkv.engine import EngineConfig
 
     base = EngineConfig(model=args.model, dtype=args.dtype, log_startup=False)

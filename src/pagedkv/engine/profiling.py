@@ -90,14 +90,14 @@ class StepRecorder:
 
 @dataclass(frozen=True)
 class ProfilePlan:
-    """The grid ``profile_engine`` measures (validated by the command's flags)."""
+    """The grid ``profile_engine`` measures (the defaults are ``pagedkv profile``'s flags)."""
 
-    block_sizes: tuple[int, ...] = (16, 64)
-    batch_sizes: tuple[int, ...] = (1, 4, 16)
-    context_lens: tuple[int, ...] = (64, 256)
-    prefill_lens: tuple[int, ...] = (32, 128, 512)
-    steps_per_point: int = 3
-    max_num_batched_tokens: int = 512
+    block_sizes: tuple[int, ...]
+    batch_sizes: tuple[int, ...]
+    context_lens: tuple[int, ...]
+    prefill_lens: tuple[int, ...]
+    steps_per_point: int
+    max_num_batched_tokens: int
 
     @property
     def num_points(self) -> int:
@@ -153,8 +153,7 @@ def profile_engine(
 def _engine_config(base: EngineConfig, model_config: Any, plan: ProfilePlan, block_size: int):
     seq_tokens = plan.max_tokens_per_seq() + block_size
     batch = max(plan.batch_sizes)
-    record_bytes = 2 * model_config.num_layers * model_config.num_kv_heads * model_config.head_dim
-    record_bytes *= torch.tensor([], dtype=getattr(torch, base.dtype)).element_size()
+    record_bytes = kv_record_bytes(model_config, base.dtype)
     return replace(
         base,
         block_size=block_size,
@@ -164,6 +163,13 @@ def _engine_config(base: EngineConfig, model_config: Any, plan: ProfilePlan, blo
         kv_cache_memory_bytes=(batch * seq_tokens + 2 * block_size) * record_bytes,
         log_startup=False,
     )
+
+
+def kv_record_bytes(model_config: Any, dtype: str) -> int:
+    """Bytes of one token's K and V over all layers in the engine's pool (to size a pool in
+    blocks: ``kv_cache_memory_bytes = num_blocks * block_size * kv_record_bytes``)."""
+    element = torch.tensor([], dtype=getattr(torch, dtype)).element_size()
+    return 2 * model_config.num_layers * model_config.num_kv_heads * model_config.head_dim * element
 
 
 def _params(max_tokens: int) -> SamplingParams:

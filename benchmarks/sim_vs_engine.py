@@ -1,0 +1,231 @@
+"""Is the simulator worth trusting? One trace through the real engine and through the simulator
+with a cost profile fitted on this machine, and the error per metric.
+
+The trace: a slice of the Azure LLM 2023 conversation trace scaled to the embedded
+SmolLM2-135M on a CPU (prompts divided by --prompt-divisor and capped, outputs divided by
+--output-divisor, arrival times stretched by --time-stretch so the load suits the model's
+speed). The engine replays it on the wall clock: before each step it adds every request whose
+arrival has passed, as the simulator admits requests at step boundaries; every request
+generates exactly the trace's output length (ignore_eos); a KV pool of --kv-blocks blocks is
+small enough that sequences are preempted. The simulator (``pagedkv.sim.simulator.Simulation``)
+replays the same requests with the same scheduler limits, policy and pool, priced by the
+profile (measured here first, or --profile FILE).
+
+The engine replay runs --repeats times (the machine may be shared: medians, with the spread);
+the simulator is deterministic. Also reported: the profile's error on the replay's own steps
+(summed predicted vs measured step time), which separates cost-model error from scheduling
+that went differently. Writes results/sim_vs_engine.json and prints a markdown table.
+
+    python benchmarks/sim_vs_engine.py [--repeats 3] [--profile FILE] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from pagedkv.commands.profile import grid_plan, measure
+from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
+from pagedkv.engine.profiling import StepRecorder, kv_record_bytes
+from pagedkv.engine.startup import build_parts
+from pagedkv.kvcache.policies import get_policy
+from pagedkv.model import load_model
+from pagedkv.sched import SchedulerConfig
+from pagedkv.sim.metrics import percentile
+from pagedkv.sim.profiled_cost import ProfiledCostModel, read_cost_profile
+from pagedkv.sim.simulator import Simulation
+from pagedkv.traces import FreshSegments, TraceRequest, load_trace
+
+TRACE = "/work/shared/traces/azure_llm_2023_conv.csv"
+METRICS = ("total_s", "ttft_p50_s", "ttft_p90_s", "mean_e2e_s", "preemptions", "peak_running")
+
+
+def scaled_requests(args: argparse.Namespace) -> list[TraceRequest]:
+    """The slice of the trace, lengths and times scaled (see the module docstring)."""
+    raw = load_trace(args.trace, args.start + args.requests)[args.start :]
+    fresh, t0 = FreshSegments(), raw[0].arrival_time_s
+    out = []
+    for r in raw:
+        prompt = min(args.max_prompt, max(1, r.prompt_len_tokens // args.prompt_divisor))
+        output = min(args.max_output, max(1, r.output_len_tokens // args.output_divisor))
+        arrival = (r.arrival_time_s - t0) * args.time_stretch
+        out.append(TraceRequest(arrival, fresh.take(prompt), output))
+    return out
+
+
+def engine_config(args: argparse.Namespace, loaded) -> EngineConfig:
+    record = kv_record_bytes(loaded[0], "float32")
+    return EngineConfig(
+        block_size=args.block_size,
+        kv_cache_memory_bytes=args.kv_blocks * args.block_size * record,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_prompt + args.max_output + 1,
+        log_startup=False,
+    )
+
+
+def _summary(duration, ttfts, e2es, preemptions, peak) -> dict[str, float]:
+    return {
+        "total_s": duration,
+        "ttft_p50_s": percentile(ttfts, 50),
+        "ttft_p90_s": percentile(ttfts, 90),
+        "mean_e2e_s": statistics.fmean(e2es),
+        "preemptions": preemptions,
+        "peak_running": peak,
+    }
+
+
+def replay_engine(loaded, config: EngineConfig, requests: list[TraceRequest], seed: int):
+    """One wall-clock replay on a fresh engine; (summary, the timed steps)."""
+    warm = LLMEngine(config, parts=build_parts(config, loaded))
+    warm.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=2, ignore_eos=True))
+    engine = LLMEngine(config, parts=build_parts(config, loaded))
+    rec, rng, vocab = StepRecorder(engine), random.Random(seed), engine.info.vocab_size
+    steps, finish_s, peak, next_req = [], {}, 0, 0
+    t0 = time.perf_counter()
+    while next_req < len(requests) or engine.has_unfinished():
+        now = time.perf_counter() - t0
+        while next_req < len(requests) and requests[next_req].arrival_time_s <= now:
+            r = requests[next_req]
+            prompt = [rng.randrange(vocab) for _ in range(r.prompt_len_tokens)]
+            params = SamplingParams(max_tokens=r.output_len_tokens, ignore_eos=True)
+            engine.add_request(prompt, params, request_id=str(next_req))
+            next_req += 1
+        if not engine.has_unfinished():
+            time.sleep(max(0.0, requests[next_req].arrival_time_s - now))
+            continue
+        outputs = rec.step()
+        ended = time.perf_counter() - t0
+        if rec.last is not None:
+            steps.append(rec.last)
+        peak = max(peak, rec.last_running)
+        finish_s.update({o.request_id: ended for o in outputs if o.finished})
+    duration = time.perf_counter() - t0
+    ttfts = [rec.first_token_s[str(i)] - t0 - r.arrival_time_s for i, r in enumerate(requests)]
+    e2es = [finish_s[str(i)] - r.arrival_time_s for i, r in enumerate(requests)]
+    preemptions = engine.scheduler.num_preemptions
+    return _summary(duration, ttfts, e2es, preemptions, peak), steps
+
+
+def replay_sim(config: EngineConfig, num_blocks: int, requests, cost) -> dict[str, float]:
+    policy = get_policy(config.policy)
+    assert policy.block_size == config.block_size, "the benchmark runs the policy's block size"
+    scheduler = SchedulerConfig(
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_model_len=config.max_model_len,
+        preemption=config.preemption,
+    )
+    run = Simulation(requests, policy, num_blocks * config.block_size, scheduler, cost).run()
+    ttfts = [r.ttft_s for r in run.records]
+    e2es = [r.e2e_s for r in run.records]
+    return _summary(run.duration_s, ttfts, e2es, run.preemptions, run.peak_running)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--trace", default=TRACE)
+    p.add_argument("--start", type=int, default=0, help="first request of the slice")
+    p.add_argument("--requests", type=int, default=24)
+    p.add_argument("--prompt-divisor", type=int, default=8)
+    p.add_argument("--output-divisor", type=int, default=4)
+    p.add_argument("--max-prompt", type=int, default=512)
+    p.add_argument("--max-output", type=int, default=64)
+    p.add_argument("--time-stretch", type=float, default=1.0)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--kv-blocks", type=int, default=40, help="KV pool in blocks (preemptions)")
+    p.add_argument("--max-num-seqs", type=int, default=16)
+    p.add_argument("--max-num-batched-tokens", type=int, default=512)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1: robust when shared)")
+    p.add_argument("--profile", help="a cost profile JSON (default: measure one first)")
+    p.add_argument("--save-profile", help="write the profile measured here to this file")
+    p.add_argument("--json", default="results/sim_vs_engine.json")
+    args = p.parse_args()
+
+    torch.set_num_threads(args.threads)
+    requests = scaled_requests(args)
+    loaded = load_model(None, progress=False)
+    config = engine_config(args, loaded)
+    if args.profile:
+        profile = read_cost_profile(args.profile)
+    else:
+        base = EngineConfig(log_startup=False)
+        profile = measure(base, grid_plan(), args.threads, progress=True)
+        if args.save_profile:
+            profile.write(args.save_profile)
+    cost = profile.cost_model()
+    num_blocks = LLMEngine(config, parts=build_parts(config, loaded)).info.num_blocks
+    biggest = max(r.prompt_len_tokens + r.output_len_tokens for r in requests)
+    if biggest > num_blocks * args.block_size:  # refused by both: nothing to compare
+        raise SystemExit(f"--kv-blocks {args.kv_blocks}: a request of {biggest} tokens never fits")
+
+    sim = replay_sim(config, num_blocks, requests, cost)
+    runs, step_errors = [], []
+    for i in range(args.repeats):
+        summary, steps = replay_engine(loaded, config, requests, seed=i)
+        runs.append(summary)
+        step_errors.append(_step_error(cost, steps))
+        print(
+            f"engine run {i + 1}/{args.repeats}: "
+            + ", ".join(f"{k} {v:.3g}" for k, v in summary.items())
+        )
+    rows = _table(runs, sim)
+    describe = (
+        f"{len(requests)} requests of {args.trace} from #{args.start}: prompts/{args.prompt_divisor}"
+        f" (<= {args.max_prompt}), outputs/{args.output_divisor} (<= {args.max_output}), times "
+        f"x{args.time_stretch}; pool {num_blocks} x {args.block_size} tokens, max_num_seqs "
+        f"{args.max_num_seqs}, budget {args.max_num_batched_tokens}; {args.threads} thread(s)"
+    )
+    print(f"\n{describe}\n{profile.describe()}\n")
+    print("| metric | engine (median of runs) | engine min..max | simulator | error |")
+    print("|---|---:|---:|---:|---:|")
+    for name, row in rows.items():
+        print(f"| {name} | {row['engine']:.3f} | {row['engine_min']:.3f}..{row['engine_max']:.3f} "
+              f"| {row['sim']:.3f} | {row['rel_error']:+.1%} |")  # fmt: skip
+    print(f"\nprofile on the replay's own steps (summed predicted / measured - 1): "
+          f"{', '.join(f'{e:+.1%}' for e in step_errors)}")  # fmt: skip
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result = {
+        "setup": describe,
+        "profile": profile.describe(),
+        "coefficients": profile.coefficients,
+        "fit": profile.fit.__dict__,
+        "metrics": rows,
+        "engine_runs": runs,
+        "step_cost_errors": step_errors,
+    }
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {out}")
+
+
+def _step_error(cost: ProfiledCostModel, steps) -> float:
+    measured = sum(s.seconds for s in steps)
+    return sum(cost.step_time_s(s.shape) for s in steps) / measured - 1.0
+
+
+def _table(runs: list[dict[str, float]], sim: dict[str, float]) -> dict[str, dict[str, float]]:
+    rows = {}
+    for name in METRICS:
+        values = [r[name] for r in runs]
+        median = statistics.median(values)
+        rows[name] = {
+            "engine": median,
+            "engine_min": min(values),
+            "engine_max": max(values),
+            "sim": sim[name],
+            "rel_error": (sim[name] - median) / median if median else 0.0,
+        }
+    return rows
+
+
+if __name__ == "__main__":
+    main()
