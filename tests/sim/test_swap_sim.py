@@ -114,3 +114,37 @@ def test_comparison_passes_the_link_on() -> None:
     )
     ((result, _),) = comparison.run([get_policy("paged:4")])
     assert result.swap_outs > 0 and result.swap_time_s > 0
+
+
+def test_preemption_experiment_counts_the_articles_transfers_and_runs_quick(tmp_path) -> None:
+    from pagedkv.sim.experiments import preemption
+
+    result = preemption.run(quick=True, workers=1, progress=None)
+    ex = {p["block_size"]: p for p in result["article_example"]["points"]}
+    # The article: 1 GiB at 4 KiB/token is 262,144 tokens; one transfer per block.
+    assert result["article_example"]["tokens"] == 262_144
+    assert [ex[b]["transfers"] for b in (128, 16, 8)] == [2_048, 16_384, 32_768]
+    link = get_link("pcie4-x16")  # the A100's host link
+    assert ex[16]["swap_s"] == pytest.approx(16_384 * 10e-6 + 2**30 / link.bandwidth_bytes_per_s)
+    opt = result["opt13b"]
+    assert opt["record_bytes"] == 819_200 and opt["tokens"] == 1_310  # 2 x 40 x 5120 x 2 B
+    assert opt["transfers_per_block_per_layer"] == 80
+    swap_one = [p["swap_s_one_transfer_per_block"] for p in opt["points"]]
+    swap_layers = [p["swap_s_per_layer_transfers"] for p in opt["points"]]
+    # Falls as B grows, up to 128 (at 256, 6 whole blocks carry 1,536 slots for 1,310 tokens).
+    assert swap_layers[:-1] == sorted(swap_layers[:-1], reverse=True)
+    assert all(a < b for a, b in zip(swap_one, swap_layers, strict=True))
+    recompute = [p["recompute_s"] for p in opt["points"]]
+    assert max(recompute) <= 1.1 * min(recompute)  # (nearly) flat in B
+    rows = result["end_to_end"]
+    assert len(rows) == 3 * len(preemption.QUICK_BLOCK_SIZES)
+    for row in rows:
+        assert row["num_finished"] + row["num_refused"] == result["workload"]["requests"]
+        if row["mode"] == "recompute":
+            assert row["swap_outs"] == 0 and row["swap_time_s"] == 0
+        else:
+            assert row["recomputed_tokens"] == 0 or row["swap_fallbacks"] > 0
+    assert any(r["preemptions"] for r in rows), "the chosen rate must preempt"
+    png = tmp_path / "preemption.png"
+    preemption.plot(result, png)
+    assert png.stat().st_size > 10_000
