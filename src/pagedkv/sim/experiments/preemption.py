@@ -15,8 +15,8 @@ Three parts, all in one JSON (``run``) and one figure (``plot``):
 
 Assumptions (stated in docs/swap.md as well): the KV pool is the paper's ~30 % of the A100's
 40 GB (12 GB, Figure 1); the swap space is vLLM's default 4 GiB; vLLM v0's scheduler limits
-(2,048 batched tokens, no chunked prefill, no prefix cache); the cost model is helper A's
-block-aware ``KernelCostModel`` when the package has it, else the roofline.
+(2,048 batched tokens, no chunked prefill, no prefix cache); the cost model is the block-aware
+``KernelCostModel`` of the vLLM backend.
 """
 
 from __future__ import annotations
@@ -27,10 +27,12 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from pagedkv.kvcache.policies import get_policy
+from pagedkv.planner.layout import load_layout
 from pagedkv.sched import SchedulerConfig
-from pagedkv.sim.cost_model import CostModel, ModelCost, RooflineCostModel, StepShape
+from pagedkv.sim.cost_model import CostModel, ModelCost, StepShape
 from pagedkv.sim.experiments.runner import run_points
 from pagedkv.sim.gpus import get_gpu
+from pagedkv.sim.kernel_cost import KernelCostModel
 from pagedkv.sim.links import host_link_for_gpu
 from pagedkv.sim.simulator import Simulation
 
@@ -52,36 +54,15 @@ RATE_PER_S = 3.0  # ShareGPT-like requests per second: the pool fills and preemp
 NUM_REQUESTS, QUICK_NUM_REQUESTS = 400, 120
 SEED = 0
 
-# OPT-13B (facebook/opt-13b config.json): 40 layers, hidden 5120 (40 heads of 128), fp16.
-_OPT13B_LAYERS, _OPT13B_HIDDEN, _OPT13B_PARAMS = 40, 5120, 12_853_473_280
+
+def _opt13b() -> ModelCost:
+    """OPT-13B's numbers, from the planner's ``opt-13b`` preset (its config.json shapes)."""
+    return ModelCost.from_layout(load_layout("opt-13b"))
 
 
-def _opt13b() -> tuple[ModelCost, int]:
-    """OPT-13B's numbers and layer count: the planner's ``opt-13b`` preset when the package
-    has one, else the figures of its config.json above."""
-    from pagedkv.planner.layout import load_layout
-
-    try:
-        layout = load_layout("opt-13b")
-    except ValueError:
-        model = ModelCost(
-            "OPT-13B",
-            weight_bytes=2 * _OPT13B_PARAMS,
-            num_params=_OPT13B_PARAMS,
-            kv_record_bytes=2 * _OPT13B_LAYERS * _OPT13B_HIDDEN * 2,
-            attention_flops_per_pair=4 * _OPT13B_LAYERS * _OPT13B_HIDDEN,
-        )
-        return model, _OPT13B_LAYERS
-    return ModelCost.from_layout(layout), layout.num_layers
-
-
-def _cost_model(model: ModelCost) -> tuple[CostModel, str]:
-    gpu = get_gpu(GPU)
-    try:
-        from pagedkv.sim.kernel_cost import KernelCostModel  # helper A's block-aware model
-    except ImportError:
-        return RooflineCostModel(model, gpu), "roofline"
-    return KernelCostModel(model, gpu, backend="vllm"), "kernel (vllm)"
+def _cost_model(model: ModelCost) -> CostModel:
+    """The block-aware kernel cost of the vLLM backend (``sim/kernel_cost.py``)."""
+    return KernelCostModel(model, get_gpu(GPU), backend="vllm")
 
 
 class Point(NamedTuple):
@@ -95,8 +76,8 @@ def _e2e_point(point: Point) -> dict[str, Any]:
     """One end-to-end run (module level: ``run_points`` pickles it)."""
     from pagedkv.traces.paper_workloads import paper_workload
 
-    model, _ = _opt13b()
-    cost, _ = _cost_model(model)
+    model = _opt13b()
+    cost = _cost_model(model)
     swap = point.mode == "swap"
     config = SchedulerConfig(
         max_model_len=MAX_MODEL_LEN,
@@ -193,8 +174,9 @@ def run(
 ) -> dict[str, Any]:
     """Every point of parts (a), (b) and (c), JSON-ready. ``quick``: fewer block sizes and
     requests (a smoke test, not the figure)."""
-    model, num_layers = _opt13b()
-    cost, cost_name = _cost_model(model)
+    model = _opt13b()
+    cost = _cost_model(model)
+    num_layers = model.num_layers
     link = host_link_for_gpu(GPU)
     block_sizes = QUICK_BLOCK_SIZES if quick else BLOCK_SIZES
     num_requests = QUICK_NUM_REQUESTS if quick else NUM_REQUESTS
@@ -210,7 +192,7 @@ def run(
         "description": DESCRIPTION,
         "model": model.name,
         "gpu": GPU,
-        "cost_model": cost_name,
+        "cost_model": "kernel (vllm backend)",
         "link": {
             "name": link.name,
             "bandwidth_bytes_per_s": link.bandwidth_bytes_per_s,
