@@ -148,3 +148,17 @@ def test_preemption_experiment_counts_the_articles_transfers_and_runs_quick(tmp_
     png = tmp_path / "preemption.png"
     preemption.plot(result, png)
     assert png.stat().st_size > 10_000
+
+
+def test_a_swap_space_below_one_block_of_the_policy_is_a_usage_error() -> None:
+    config = SchedulerConfig(max_model_len=256, preemption_mode="swap", swap_space_slots=8)
+    with pytest.raises(UsageError, match="paged:16: swap_space_slots=8 holds no whole KV block"):
+        Simulation(
+            _requests(),
+            get_policy("paged:16"),
+            128,
+            config,
+            LinearCostModel(0.01),
+            link=LINK,
+            kv_record_bytes=RECORD_BYTES,
+        )

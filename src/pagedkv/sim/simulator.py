@@ -109,7 +109,10 @@ class Simulation:
         self.requests = requests
         self.policy = policy
         self.allocator = build_allocator(policy, num_kv_slots, config.max_model_len)
-        self.scheduler = config.build(self.allocator)
+        try:  # a swap space too small for one block of this policy is the user's input
+            self.scheduler = config.build(self.allocator)
+        except ValueError as exc:
+            raise UsageError(f"{policy.name}: {exc}") from None
         self.num_kv_slots = num_kv_slots
         self.cost = cost
         self.sample_interval_s = sample_interval_s
