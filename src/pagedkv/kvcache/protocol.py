@@ -141,6 +141,10 @@ class KVAllocator(Protocol):
         """Tokens of ``seq`` that have slots."""
         ...
 
+    def has_seq(self, seq: SeqLike) -> bool:
+        """Whether ``seq`` holds blocks here now (admitted and not freed)."""
+        ...
+
     def block_table(self, seq: SeqLike) -> Sequence[int]:
         """The block ids of ``seq`` in logical order. A read-only view: do not keep it across
         calls that mutate the allocator."""
