@@ -32,7 +32,7 @@ import torch
 
 from pagedkv.commands.profile import grid_plan, measure
 from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
-from pagedkv.engine.profiling import StepRecorder, kv_record_bytes
+from pagedkv.engine.profiling import CLOCKS, StepRecorder, kv_record_bytes
 from pagedkv.engine.startup import build_parts
 from pagedkv.kvcache.policies import get_policy
 from pagedkv.model import load_model
@@ -82,16 +82,19 @@ def _summary(duration, ttfts, e2es, preemptions, peak) -> dict[str, float]:
     }
 
 
-def replay_engine(loaded, config: EngineConfig, requests: list[TraceRequest], seed: int):
-    """One wall-clock replay on a fresh engine; (summary, the timed steps)."""
+def replay_engine(loaded, config: EngineConfig, requests, seed: int, clock: str):
+    """One replay on a fresh engine; (summary, the timed steps). ``clock`` "wall": arrivals
+    on the wall clock, idle gaps slept. "cpu": the replay's clock is this process's CPU time
+    and an idle gap is skipped (added to the clock), as the simulator does."""
     warm = LLMEngine(config, parts=build_parts(config, loaded))
     warm.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=2, ignore_eos=True))
     engine = LLMEngine(config, parts=build_parts(config, loaded))
-    rec, rng, vocab = StepRecorder(engine), random.Random(seed), engine.info.vocab_size
-    steps, finish_s, peak, next_req = [], {}, 0, 0
-    t0 = time.perf_counter()
+    rec, rng, vocab = StepRecorder(engine, clock), random.Random(seed), engine.info.vocab_size
+    steps, first_s, finish_s, peak, next_req = [], {}, {}, 0, 0
+    read, skipped = CLOCKS[clock], 0.0
+    t0 = read()
     while next_req < len(requests) or engine.has_unfinished():
-        now = time.perf_counter() - t0
+        now = read() - t0 + skipped
         while next_req < len(requests) and requests[next_req].arrival_time_s <= now:
             r = requests[next_req]
             prompt = [rng.randrange(vocab) for _ in range(r.prompt_len_tokens)]
@@ -99,16 +102,24 @@ def replay_engine(loaded, config: EngineConfig, requests: list[TraceRequest], se
             engine.add_request(prompt, params, request_id=str(next_req))
             next_req += 1
         if not engine.has_unfinished():
-            time.sleep(max(0.0, requests[next_req].arrival_time_s - now))
+            gap = max(0.0, requests[next_req].arrival_time_s - now)
+            if clock == "wall":
+                time.sleep(gap)
+            else:
+                skipped += gap
             continue
         outputs = rec.step()
-        ended = time.perf_counter() - t0
+        ended = read() - t0 + skipped
         if rec.last is not None:
             steps.append(rec.last)
         peak = max(peak, rec.last_running)
-        finish_s.update({o.request_id: ended for o in outputs if o.finished})
-    duration = time.perf_counter() - t0
-    ttfts = [rec.first_token_s[str(i)] - t0 - r.arrival_time_s for i, r in enumerate(requests)]
+        for o in outputs:
+            if o.outputs[0].token_ids:
+                first_s.setdefault(o.request_id, ended)
+            if o.finished:
+                finish_s[o.request_id] = ended
+    duration = read() - t0 + skipped
+    ttfts = [first_s[str(i)] - r.arrival_time_s for i, r in enumerate(requests)]
     e2es = [finish_s[str(i)] - r.arrival_time_s for i, r in enumerate(requests)]
     preemptions = engine.scheduler.num_preemptions
     return _summary(duration, ttfts, e2es, preemptions, peak), steps
@@ -145,11 +156,20 @@ def main() -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=512)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: robust when shared)")
+    p.add_argument(
+        "--clock",
+        choices=("cpu", "wall"),
+        default="cpu",
+        help="cpu (default): steps and the replay timed in this process's CPU time, which a "
+        "shared machine does not disturb (one thread only); wall: elapsed time",
+    )
     p.add_argument("--profile", help="a cost profile JSON (default: measure one first)")
     p.add_argument("--save-profile", help="write the profile measured here to this file")
     p.add_argument("--json", default="results/sim_vs_engine.json")
     args = p.parse_args()
 
+    if args.clock == "cpu" and args.threads != 1:
+        raise SystemExit("--clock cpu needs --threads 1 (CPU time adds up over threads)")
     torch.set_num_threads(args.threads)
     requests = scaled_requests(args)
     loaded = load_model(None, progress=False)
@@ -158,7 +178,7 @@ def main() -> None:
         profile = read_cost_profile(args.profile)
     else:
         base = EngineConfig(log_startup=False)
-        profile = measure(base, grid_plan(), args.threads, progress=True)
+        profile = measure(base, grid_plan(), args.threads, 0, True, args.clock, loaded)
         if args.save_profile:
             profile.write(args.save_profile)
     cost = profile.cost_model()
@@ -170,7 +190,7 @@ def main() -> None:
     sim = replay_sim(config, num_blocks, requests, cost)
     runs, step_errors = [], []
     for i in range(args.repeats):
-        summary, steps = replay_engine(loaded, config, requests, seed=i)
+        summary, steps = replay_engine(loaded, config, requests, i, args.clock)
         runs.append(summary)
         step_errors.append(_step_error(cost, steps))
         print(
@@ -182,7 +202,7 @@ def main() -> None:
         f"{len(requests)} requests of {args.trace} from #{args.start}: prompts/{args.prompt_divisor}"
         f" (<= {args.max_prompt}), outputs/{args.output_divisor} (<= {args.max_output}), times "
         f"x{args.time_stretch}; pool {num_blocks} x {args.block_size} tokens, max_num_seqs "
-        f"{args.max_num_seqs}, budget {args.max_num_batched_tokens}; {args.threads} thread(s)"
+        f"{args.max_num_seqs}, budget {args.max_num_batched_tokens}; {args.threads} thread(s), {args.clock} clock"
     )
     print(f"\n{describe}\n{profile.describe()}\n")
     print("| metric | engine (median of runs) | engine min..max | simulator | error |")

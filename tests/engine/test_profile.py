@@ -90,6 +90,7 @@ def test_profile_quick_writes_a_profile_the_simulator_accepts(tiny_folder, tmp_p
         (["--block-sizes", "a"], "--block-sizes: expected comma-separated integers"),
         (["--steps", "0"], "--steps must be >= 1"),
         (["-o", "/no/such/folder/p.json"], "not a file in an existing folder"),
+        (["--clock", "cpu", "--threads", "2"], "--clock cpu needs --threads 1"),
     ],
 )
 def test_bad_flags_are_one_line_before_any_work(flags, message, capsys):

@@ -66,6 +66,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="token budget per step: longer prompts run in chunks (%(default)s)",
     )
     add("--threads", type=int, help="torch intra-op threads (default: torch's own)")
+    add(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="time steps by elapsed time (default) or by this process's CPU time, which leaves "
+        "out other processes on a shared machine (needs --threads 1)",
+    )
     add("--seed", type=int, default=0, help="seed of the random prompt token ids")
     add("--quick", action="store_true", help="a tiny grid in seconds (tests, a first look)")
     p.set_defaults(func=run)
@@ -112,17 +119,28 @@ def run(args: argparse.Namespace) -> int:
     plan = _plan(args)
     if args.threads is not None and args.threads < 1:
         raise UsageError("--threads must be >= 1", "threads")
+    if args.clock == "cpu" and args.threads != 1:
+        raise UsageError("--clock cpu needs --threads 1 (CPU time adds up over threads)", "clock")
     from pagedkv.engine import EngineConfig
 
     base = EngineConfig(model=args.model, dtype=args.dtype, log_startup=False)
-    profile = measure(base, plan, args.threads, args.seed, progress=True)
+    profile = measure(base, plan, args.threads, args.seed, progress=True, clock=args.clock)
     profile.write(output)
     _report(profile, output)
     return 0
 
 
-def measure(base, plan, threads: int | None, seed: int = 0, progress: bool = False):
-    """Load the model, time ``plan`` and fit: the ``CostProfile`` (not yet written)."""
+def measure(
+    base,
+    plan,
+    threads: int | None,
+    seed: int = 0,
+    progress: bool = False,
+    clock: str = "wall",
+    loaded=None,
+):
+    """Load the model (unless ``loaded``), time ``plan`` on ``clock`` and fit: the
+    ``CostProfile`` (not yet written)."""
     import rich.progress
     import torch
 
@@ -132,7 +150,8 @@ def measure(base, plan, threads: int | None, seed: int = 0, progress: bool = Fal
 
     if threads is not None:
         torch.set_num_threads(threads)
-    loaded = load_model(base.model, base.dtype, progress=progress)
+    if loaded is None:
+        loaded = load_model(base.model, base.dtype, progress=progress)
     columns = (
         *rich.progress.Progress.get_default_columns(),
         rich.progress.TextColumn("{task.fields[what]}"),
@@ -140,12 +159,13 @@ def measure(base, plan, threads: int | None, seed: int = 0, progress: bool = Fal
     with rich.progress.Progress(*columns, disable=not progress, transient=True) as bar:
         task = bar.add_task("profiling", total=plan.num_points, what="")
         samples = profile_engine(
-            loaded, base, plan, lambda what: bar.update(task, advance=1, what=what), seed
+            loaded, base, plan, lambda what: bar.update(task, advance=1, what=what), seed, clock
         )
     meta = {
         "model": base.model or "embedded SmolLM2-135M-Instruct",
         "dtype": base.dtype,
         **machine_meta(torch.get_num_threads()),
+        "clock": clock,
         "block_sizes": list(plan.block_sizes),
         "plan": dict(plan.__dict__),
     }

@@ -33,6 +33,12 @@ from pagedkv.sched.batch import ScheduledBatch
 from pagedkv.sim.cost_model import StepShape
 from pagedkv.sim.profiled_cost import TimedStep
 
+# How a step is timed. "wall": elapsed time, what a user waits. "cpu": CPU time of this
+# process, which on a quiet machine with one torch thread is the same number, and on a shared
+# machine leaves out the time other processes held the core (valid with one thread only: with
+# more, CPU time adds up over threads).
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
+
 
 def step_shape(batch: ScheduledBatch, block_size: int) -> StepShape:
     """What ``batch`` computes, counted as ``sim/simulator.py`` counts it for its cost model."""
@@ -52,11 +58,12 @@ class StepRecorder:
     afterwards ``last`` is the ``TimedStep`` it ran (None for a step that scheduled nothing) and
     ``last_running`` the running sequences right after scheduling, before finished ones leave
     (where the simulator counts its peak); ``first_token_s`` maps each request id to the
-    ``perf_counter`` time its first token came back. Observes the scheduler without changing
-    what it decides."""
+    ``clock`` time its first token came back. Observes the scheduler without changing what it
+    decides. ``clock``: a ``CLOCKS`` name."""
 
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: LLMEngine, clock: str = "wall") -> None:
         self.engine = engine
+        self.clock = CLOCKS[clock]
         self.block_size = engine.info.block_size
         self.last: TimedStep | None = None
         self.last_running = 0
@@ -74,9 +81,9 @@ class StepRecorder:
 
     def step(self) -> list[RequestOutput]:
         self._batch = None
-        started = time.perf_counter()
+        started = self.clock()
         outputs = self.engine.step()
-        ended = time.perf_counter()
+        ended = self.clock()
         seconds = ended - started
         for out in outputs:
             if out.outputs and out.outputs[0].token_ids:
@@ -121,9 +128,11 @@ def profile_engine(
     plan: ProfilePlan,
     on_point: Callable[[str], None] | None = None,
     seed: int = 0,
+    clock: str = "wall",
 ) -> list[TimedStep]:
     """Time every step of ``plan`` on engines built from ``base`` (one per block size, the
-    model ``loaded`` once); ``on_point(label)`` after each grid point. Returns the samples."""
+    model ``loaded`` once), timed on ``clock``; ``on_point(label)`` after each grid point.
+    Returns the samples."""
     context = loaded[0].max_position_embeddings
     if plan.max_tokens_per_seq() > context:
         raise UsageError(
@@ -136,7 +145,7 @@ def profile_engine(
     for block_size in plan.block_sizes:
         config = _engine_config(base, loaded[0], plan, block_size)
         engine = LLMEngine(config, parts=build_parts(config, loaded))
-        rec = StepRecorder(engine)
+        rec = StepRecorder(engine, clock)
         vocab = engine.info.vocab_size
         engine.add_request(_prompt(rng, 8, vocab), _params(2))
         _run_to_end(rec)  # warm-up: the first step of an engine pays one-time costs
