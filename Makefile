@@ -61,8 +61,22 @@ $(PEERS_STAMP): Makefile
 	$(PEERS_PY) -c "import vllm.v1.core.kv_cache_manager"
 	touch $(PEERS_STAMP)
 
-bench-peers: $(PEERS_STAMP)
+# llama.cpp for benchmarks/bench_engine.py, in the main venv so one process interleaves it with
+# pagedkv and transformers. Built from source (~10 min on 2 cores) with the non-native flags: a
+# native build dies with "illegal instruction" on the machines without AMX.
+LLAMACPP_STAMP := $(VENV)/.llamacpp-stamp
+LLAMACPP_CMAKE := -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+	-DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+
+$(LLAMACPP_STAMP): Makefile | setup
+	CMAKE_ARGS="$(LLAMACPP_CMAKE)" $(PY) -m pip install -q --no-binary llama-cpp-python \
+		llama-cpp-python==0.3.36
+	$(PY) -c "import llama_cpp"
+	touch $(LLAMACPP_STAMP)
+
+bench-peers: $(PEERS_STAMP) $(LLAMACPP_STAMP)
 	$(PEERS_PY) benchmarks/bench_kvcache.py
+	$(PY) benchmarks/bench_engine.py
 
 clean:
 	rm -rf $(VENV) $(PEERS) build src/*.egg-info .pytest_cache .ruff_cache

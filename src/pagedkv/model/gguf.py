@@ -2,8 +2,9 @@
 read by ``planner/sources.py``; the tokenizer reads the metadata from ``gguf_metadata``).
 
 The ``gguf`` package reads the file (memory-mapped) and dequantizes every quantization it
-knows (Q4_0/1, Q5_x, Q8_0, K-quants, F16, BF16, F32). We keep nothing quantized: each tensor
-becomes fp32 (or the requested dtype) at load, and the mapped file is released afterwards.
+knows (Q4_0/1, Q5_x, Q8_0, K-quants, F16, BF16, F32); Q4_1 and Q8_0, the embedded model's, are
+decoded by ``gguf_quants.py`` in torch (~30x faster). Each tensor becomes fp32 (or the requested
+dtype) at load, and the mapped file is released afterwards; ``quant.py`` may re-pack them.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,6 +19,8 @@ import torch
 
 from pagedkv.errors import UsageError
 from pagedkv.model.config import ARCHITECTURES, ModelConfig
+from pagedkv.model.gguf_file import GGUFFile, open_gguf
+from pagedkv.model.gguf_quants import TORCH_DECODERS
 
 # GGUF tensor name → canonical name (see llama.py). Per-layer names follow "blk.{i}.".
 GGUF_GLOBAL_NAMES: dict[str, str] = {
@@ -46,30 +48,14 @@ _LAYER_NAME = re.compile(r"^blk\.(\d+)\.(.+)$")
 ProgressCallback = Callable[[int, int], None]  # (tensors done, tensors total)
 
 
-def read_gguf(path: str | os.PathLike[str]) -> Any:
-    """Open a GGUF file; ``FileNotFoundError``/``ValueError`` with the path when it cannot be read."""
-    import gguf
-
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"model file not found: {path}")
-    try:
-        return gguf.GGUFReader(path)
-    except (ValueError, OSError, IndexError, KeyError) as exc:
-        raise UsageError(f"{path} is not a readable GGUF file: {exc}") from exc
+def read_gguf(path: str | os.PathLike[str]) -> GGUFFile:
+    """Open a GGUF file; ``FileNotFoundError``/``UsageError`` with the path when it cannot be read."""
+    return open_gguf(path)
 
 
-def gguf_metadata(reader: Any) -> dict[str, Any]:
+def gguf_metadata(reader: GGUFFile) -> dict[str, Any]:
     """All key/value fields as Python values (strings, numbers, lists)."""
-    meta: dict[str, Any] = {}
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF."):
-            continue
-        try:
-            meta[name] = field.contents()
-        except (ValueError, IndexError, TypeError):  # an exotic type we never need
-            continue
-    return meta
+    return dict(reader.metadata)
 
 
 def unpermute_qk_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -101,7 +87,7 @@ def canonical_name(gguf_name: str) -> str:
 
 
 def iter_gguf_weights(
-    reader: Any,
+    reader: GGUFFile,
     config: ModelConfig,
     dtype: torch.dtype = torch.float32,
     progress: ProgressCallback | None = None,
@@ -116,12 +102,16 @@ def iter_gguf_weights(
     total = len(reader.tensors)
     for done, tensor in enumerate(reader.tensors, start=1):
         name = canonical_name(tensor.name)
-        # GGUF lists dims fastest-first; dequantize returns numpy order (rows, cols).
-        array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        # GGUF lists dims fastest-first; we want torch order (rows, cols).
         shape = tuple(int(d) for d in reversed(tensor.shape))
-        # F32 tensors come back as read-only views of the memory map: copy those (and only those).
-        array = np.require(array, np.float32, ["C_CONTIGUOUS", "WRITEABLE"])
-        data = torch.from_numpy(array.reshape(shape))
+        decoder = TORCH_DECODERS.get(tensor.tensor_type.name)
+        if decoder is not None and len(shape) == 2:
+            data = decoder(tensor.data, shape[0])
+        else:
+            array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+            # F32 tensors come back as read-only views of the memory map: copy those only.
+            array = np.require(array, np.float32, ["C_CONTIGUOUS", "WRITEABLE"])
+            data = torch.from_numpy(array.reshape(shape))
         if permuted and name.endswith(("q_proj.weight", "q_proj.bias")):
             data = unpermute_qk_rows(data, config.num_heads)
         elif permuted and name.endswith(("k_proj.weight", "k_proj.bias")):

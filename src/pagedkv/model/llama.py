@@ -9,12 +9,13 @@ Usage by the engine (one call per step)::
     logits = model.compute_logits(hidden[last_token_rows])                        # [N, V] fp32
 
 Weights arrive under *canonical* names (``layers.{i}.q_proj.weight`` ...); loaders translate
-file names into them, ``load_weights`` fuses Q/K/V and gate/up into single matmuls.
+file names into them, ``load_weights`` fuses Q/K/V and gate/up into single matmuls and stores
+every projection transposed (``layers.Projection``) or quantized (``quant.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import nn
@@ -23,26 +24,24 @@ from pagedkv.model.attention import AttentionPlan, paged_attention
 from pagedkv.model.attention_metadata import AttentionMetadata
 from pagedkv.model.config import ModelConfig
 from pagedkv.model.kv_pool import KVCache
-from pagedkv.model.layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rotary
+from pagedkv.model.layers import Projection, RMSNorm, RotaryEmbedding, SwiGLU, apply_rotary
 
-# Fused parameter of a layer → the canonical pieces it is the concatenation of (rows).
-FUSED_PARAMETERS: dict[str, tuple[str, ...]] = {
-    "qkv_proj.weight": ("q_proj.weight", "k_proj.weight", "v_proj.weight"),
-    "qkv_proj.bias": ("q_proj.bias", "k_proj.bias", "v_proj.bias"),
-    "mlp.gate_up_proj.weight": ("gate_proj.weight", "up_proj.weight"),
-}
+# A layer's projections → the canonical pieces their weight (and bias) concatenate, by rows.
+PROJECTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "qkv_proj": (("q_proj.weight", "k_proj.weight", "v_proj.weight"),
+                 ("q_proj.bias", "k_proj.bias", "v_proj.bias")),
+    "o_proj": (("o_proj.weight",), ()),
+    "mlp.gate_up_proj": (("gate_proj.weight", "up_proj.weight"), ()),
+    "mlp.down_proj": (("down_proj.weight",), ()),
+}  # fmt: skip
 # Layer parameters stored one to one: ours → canonical.
 LAYER_PARAMETERS: dict[str, str] = {
     "input_norm.weight": "input_layernorm.weight",
     "post_attention_norm.weight": "post_attention_layernorm.weight",
-    "o_proj.weight": "o_proj.weight",
-    "mlp.down_proj.weight": "down_proj.weight",
 }
-GLOBAL_PARAMETERS: dict[str, str] = {
-    "embed_tokens.weight": "embed_tokens.weight",
-    "norm.weight": "norm.weight",
-    "lm_head.weight": "lm_head.weight",
-}
+# Builds the module of one projection from its fused weight ``[out, in]`` and bias (or None);
+# the default is ``Projection`` in the model dtype, ``quant.py`` makes the quantized ones.
+ProjectionFactory = Callable[[str, torch.Tensor, torch.Tensor | None], nn.Module]
 
 
 class DecoderLayer(nn.Module):
@@ -54,10 +53,10 @@ class DecoderLayer(nn.Module):
         self.kv_size = config.num_kv_heads * config.head_dim
         self.scale = config.head_dim**-0.5
         self.input_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.qkv_proj = nn.Linear(
+        self.qkv_proj = Projection(
             config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias
         )
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.o_proj = Projection(self.q_size, config.hidden_size)
         self.post_attention_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
 
@@ -86,18 +85,23 @@ class CausalLM(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # None: the embedding rows are read from the (tied, fp32) lm_head's columns.
+        self.embed_tokens: nn.Embedding | None = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        if config.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
+        self.lm_head: nn.Module = Projection(config.hidden_size, config.vocab_size)
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
         self.requires_grad_(False)
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embed_tokens.weight.dtype
+        """The dtype of activations (and of the KV written by the model)."""
+        return self.norm.weight.dtype
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.embed_tokens is None:  # tied: column i of lm_head's [hidden, vocab] is row i
+            return self.lm_head.weight_t.index_select(1, input_ids).t()
+        return self.embed_tokens(input_ids)
 
     @torch.inference_mode()
     def forward(
@@ -133,7 +137,7 @@ class CausalLM(nn.Module):
         block_size = block_size or kv_caches[0][0].shape[1]
         plan = AttentionPlan(attn_metadata, block_size, self.config.num_queries_per_kv)
         cos, sin = self.rotary.cos_sin(positions, self.dtype)
-        hidden = self.embed_tokens(input_ids)
+        hidden = self.embed(input_ids)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden = layer(hidden, cos, sin, kv_cache, plan)
         return self.norm(hidden)
@@ -143,12 +147,19 @@ class CausalLM(nn.Module):
         """fp32 logits ``[N, vocab]`` of selected hidden rows (usually each sequence's last)."""
         return self.lm_head(hidden).float()
 
-    def load_weights(self, weights: Mapping[str, torch.Tensor], dtype: torch.dtype) -> None:
+    def load_weights(
+        self,
+        weights: Mapping[str, torch.Tensor],
+        dtype: torch.dtype,
+        make_projection: ProjectionFactory | None = None,
+    ) -> None:
         """Set every parameter from canonical-named tensors (converted to ``dtype``).
 
-        Works on a model built on the ``meta`` device (``build_model``): parameters are replaced,
-        not copied into. Raises ``ValueError`` naming missing, unexpected or mis-shaped tensors.
-        The model may keep (alias) the given tensors: the caller hands them over.
+        Works on a model built on the ``meta`` device (``build_model``): modules and parameters
+        are replaced, not copied into. Raises ``ValueError`` naming missing, unexpected or
+        mis-shaped tensors. ``make_projection`` (name, fused weight ``[out, in]``, bias) builds
+        each projection, the lm_head included; None keeps them unquantized in ``dtype``. The
+        caller hands the tensors over (they may be kept or freed).
         """
         expected = _canonical_names(self.config)
         missing = sorted(expected - weights.keys())
@@ -157,35 +168,77 @@ class CausalLM(nn.Module):
             raise ValueError(
                 f"weights do not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
             )
-        params = dict(self.named_parameters(remove_duplicate=False))
-        sources: dict[str, torch.Tensor] = {
-            ours: weights[canonical]
-            for ours, canonical in GLOBAL_PARAMETERS.items()
-            if canonical in weights
-        }
-        for i in range(self.config.num_layers):
-            for ours, pieces in FUSED_PARAMETERS.items():
-                if f"layers.{i}.{ours}" in params:
-                    sources[f"layers.{i}.{ours}"] = torch.cat(
-                        [weights[f"layers.{i}.{p}"] for p in pieces]
+        cfg = self.config
+        embed = weights["embed_tokens.weight"]
+        lm_head = embed if cfg.tie_word_embeddings else weights["lm_head.weight"]
+        _check_shape("embed_tokens.weight", embed, (cfg.vocab_size, cfg.hidden_size))
+        _check_shape("lm_head.weight", lm_head, (cfg.vocab_size, cfg.hidden_size))
+        self.lm_head = _projection("lm_head", [lm_head], [], dtype, make_projection)
+        if cfg.tie_word_embeddings and isinstance(self.lm_head, Projection):
+            self.embed_tokens = None
+        else:
+            self.embed_tokens = nn.Embedding.from_pretrained(embed.to(dtype), freeze=True)
+        self.norm.weight = _parameter("norm.weight", weights["norm.weight"], self.norm, dtype)
+        for i, layer in enumerate(self.layers):
+            for ours, (weight_names, bias_names) in PROJECTIONS.items():
+                old = layer.get_submodule(ours)
+                pieces = [weights[f"layers.{i}.{p}"] for p in weight_names]
+                biases = [weights[f"layers.{i}.{p}"] for p in bias_names if old.bias is not None]
+                rows = sum(p.shape[0] for p in pieces)
+                for name, piece in zip(weight_names, pieces, strict=True):
+                    _check_shape(f"layers.{i}.{name}", piece, (piece.shape[0], old.in_features))
+                if rows != old.out_features:
+                    raise ValueError(
+                        f"layers.{i}.{ours}: {rows} rows, model wants {old.out_features}"
                     )
+                new = _projection(f"layers.{i}.{ours}", pieces, biases, dtype, make_projection)
+                owner, _, leaf = ours.rpartition(".")
+                setattr(layer.get_submodule(owner) if owner else layer, leaf, new)
             for ours, canonical in LAYER_PARAMETERS.items():
-                sources[f"layers.{i}.{ours}"] = weights[f"layers.{i}.{canonical}"]
-        if self.config.tie_word_embeddings:
-            sources["lm_head.weight"] = sources["embed_tokens.weight"]
-        for name, tensor in sources.items():
-            if tuple(tensor.shape) != tuple(params[name].shape):
-                raise ValueError(
-                    f"{name}: shape {tuple(tensor.shape)}, model wants {tuple(params[name].shape)}"
+                norm = layer.get_submodule(ours.rpartition(".")[0])
+                norm.weight = _parameter(
+                    f"layers.{i}.{canonical}", weights[f"layers.{i}.{canonical}"], norm, dtype
                 )
-            owner_name, _, leaf = name.rpartition(".")
-            owner = self.get_submodule(owner_name)
-            value = tensor.detach().to(dtype).contiguous()
-            owner.register_parameter(leaf, nn.Parameter(value, requires_grad=False))
-        if self.config.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
         if "rope_freqs.weight" in weights:
             self.rotary.scale_frequencies(weights["rope_freqs.weight"])
+
+
+def _check_shape(name: str, tensor: torch.Tensor, want: tuple[int, ...]) -> None:
+    if tuple(tensor.shape) != tuple(want):
+        raise ValueError(f"{name}: shape {tuple(tensor.shape)}, model wants {tuple(want)}")
+
+
+def _parameter(
+    name: str, tensor: torch.Tensor, norm: nn.Module, dtype: torch.dtype
+) -> nn.Parameter:
+    _check_shape(name, tensor, tuple(norm.weight.shape))
+    return nn.Parameter(tensor.detach().to(dtype).contiguous(), requires_grad=False)
+
+
+def _projection(
+    name: str,
+    pieces: list[torch.Tensor],
+    biases: list[torch.Tensor],
+    dtype: torch.dtype,
+    make_projection: ProjectionFactory | None,
+) -> nn.Module:
+    """One projection from the row pieces of its weight (fused here) and of its bias."""
+    bias = torch.cat(biases).to(dtype) if biases else None
+    if make_projection is not None:
+        return make_projection(name, torch.cat(pieces) if len(pieces) > 1 else pieces[0], bias)
+    in_features = pieces[0].shape[1]
+    out_features = sum(p.shape[0] for p in pieces)
+    module = Projection(in_features, out_features, bias=bias is not None)
+    # Each piece is written transposed straight into its columns: one copy, no fused temporary.
+    weight_t = torch.empty(in_features, out_features, dtype=dtype)
+    col = 0
+    for piece in pieces:
+        weight_t[:, col : col + piece.shape[0]].copy_(piece.t())
+        col += piece.shape[0]
+    module.weight_t = nn.Parameter(weight_t, requires_grad=False)
+    if bias is not None:
+        module.bias = nn.Parameter(bias.contiguous(), requires_grad=False)
+    return module
 
 
 def _canonical_names(config: ModelConfig) -> set[str]:
@@ -194,10 +247,10 @@ def _canonical_names(config: ModelConfig) -> set[str]:
         names.add("lm_head.weight")
     for i in range(config.num_layers):
         per_layer = [*LAYER_PARAMETERS.values()]
-        for ours, pieces in FUSED_PARAMETERS.items():
-            if ours.endswith("bias") and not config.attention_bias:
-                continue
-            per_layer.extend(pieces)
+        for weight_names, bias_names in PROJECTIONS.values():
+            per_layer.extend(weight_names)
+            if config.attention_bias:
+                per_layer.extend(bias_names)
         names.update(f"layers.{i}.{p}" for p in per_layer)
     return names
 

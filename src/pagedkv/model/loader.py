@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -57,6 +59,18 @@ class _StatusLine:
             )
 
 
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    """Decoding and copying weights is memory-bound elementwise work on many small tensors:
+    two threads gained nothing on a quiet machine and were 10x slower on a busy one."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def resolve_model_path(path: str | os.PathLike[str] | None) -> Path:
     """None → the embedded GGUF; a ``.gguf`` file; a folder with ``config.json``; or a folder
     holding exactly one ``.gguf``. Anything else: ``FileNotFoundError`` / ``UsageError``."""
@@ -102,19 +116,20 @@ def load_model(
     resolved = resolve_model_path(path)
     config = ModelConfig.from_shape(read_model_shape(resolved))
     status = _StatusLine(f"loading {resolved.name}", progress)
-    if resolved.is_dir():
-        tokenizer = tokenizer_from_hf_folder(resolved, config.eos_token_ids)
-        weights = dict(iter_hf_weights(resolved, config, torch_dtype, status))
-    else:
-        reader = read_gguf(resolved)
-        tokenizer = tokenizer_from_gguf_metadata(gguf_metadata(reader))
-        weights = dict(iter_gguf_weights(reader, config, torch_dtype, status))
-        del reader  # releases the memory map: every tensor is a copy now
-    model = build_model(config)
-    try:
-        model.load_weights(weights, torch_dtype)
-    except ValueError as exc:  # the file's tensors do not fit its own config
-        raise UsageError(f"{resolved}: {exc}") from None
+    with _one_thread():
+        if resolved.is_dir():
+            tokenizer = tokenizer_from_hf_folder(resolved, config.eos_token_ids)
+            weights = dict(iter_hf_weights(resolved, config, torch_dtype, status))
+        else:
+            reader = read_gguf(resolved)
+            tokenizer = tokenizer_from_gguf_metadata(gguf_metadata(reader))
+            weights = dict(iter_gguf_weights(reader, config, torch_dtype, status))
+            del reader  # releases the memory map: every tensor is a copy now
+        model = build_model(config)
+        try:
+            model.load_weights(weights, torch_dtype)
+        except ValueError as exc:  # the file's tensors do not fit its own config
+            raise UsageError(f"{resolved}: {exc}") from None
     model.eval()
     status.finish(
         f"loaded {config.architecture} ({config.num_layers} layers, hidden {config.hidden_size}, {dtype})"
