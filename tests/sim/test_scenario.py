@@ -63,3 +63,104 @@ def test_the_scenario_sizes_the_pool_and_describes_itself() -> None:
 def test_config_errors_are_usage_errors_naming_the_field(changes, message) -> None:
     with pytest.raises(UsageError, match=re.escape(message)):
         load_scenario(SimulateConfig(**{"synthetic": SPEC, **changes}))
+
+
+# -- the clock: kernel (default), roofline, a profile; swap preemption ------------------------
+
+PAPER = dict(
+    synthetic="workload=sharegpt,requests=60,rate=4",
+    model="opt-13b",
+    gpu="A100-40GB",
+    kv_memory_bytes=(12 * 2**30,),
+    max_model_len=2048,
+)
+
+
+def test_each_policy_gets_its_frameworks_kernel_unless_one_is_named() -> None:
+    policies = ("vllm", "sglang", "trtllm", "reserved", "paged:8")
+    scenario = load_scenario(SimulateConfig(**PAPER, policies=policies))
+    kernels = [scenario.cost_for(p).backend for p in scenario.policies]
+    assert kernels == ["vllm", "flashinfer", "trtllm-mha", "contiguous", "vllm"]
+    named = load_scenario(SimulateConfig(**PAPER, policies=policies, kernel="fa4"))
+    # a named kernel prices every paged policy; the reserved baseline stays contiguous
+    assert [named.cost_for(p).backend for p in named.policies] == ["fa4"] * 3 + [
+        "contiguous",
+        "fa4",
+    ]
+    roofline = load_scenario(SimulateConfig(**PAPER, cost="roofline"))
+    assert all(roofline.cost_for(p) is roofline.cost for p in roofline.policies)
+    assert "kernel cost model (vllm, flashinfer, trtllm-mha, contiguous)" in scenario.describe()
+
+
+def test_the_kernel_clock_sees_the_block_size_and_the_roofline_does_not() -> None:
+    def durations(cost: str) -> dict[int, float]:
+        runs = simulate(
+            SimulateConfig(**PAPER, policies=("paged-nocache:1", "paged-nocache:16"), cost=cost)
+        )
+        return {s["block_size"]: s["duration_s"] for _, s in runs}
+
+    roofline, kernel = durations("roofline"), durations("kernel")
+    # a roomy pool (no preemption either way): the roofline prices B=1 and B=16 alike
+    assert roofline[1] == pytest.approx(roofline[16], rel=1e-9)
+    # the vLLM kernel walks one block per token at B=1: 5.3x the bytes' time in attention
+    assert kernel[1] > 1.2 * kernel[16]
+    assert kernel[16] == pytest.approx(roofline[16], rel=0.05)  # above the saturating size
+
+
+def test_swap_preemption_through_the_config_and_the_command(capsys) -> None:
+    tight = {**PAPER, "kv_memory_bytes": (2 * 2**30,), "policies": ("paged-nocache:16",)}
+    ((_, swap),) = simulate(SimulateConfig(**tight, preemption_mode="swap", swap_space_bytes=2**30))
+    ((_, recompute),) = simulate(SimulateConfig(**tight))
+    assert swap["swap_outs"] > 0 and swap["swap_time_s"] > 0
+    assert recompute["swap_outs"] == 0 and recompute["recomputed_tokens"] > 0
+    assert swap["num_finished"] == recompute["num_finished"] == 60
+    argv = ["simulate", "--synthetic", PAPER["synthetic"], "--model", "opt-13b", "--gpu",
+            "A100-40GB", "--kv-memory", "2GiB", "--max-model-len", "2048", "--policy",
+            "paged-nocache:16", "--preemption-mode", "swap", "--host-link", "pcie5-x16", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    (printed,) = json.loads(capsys.readouterr().out)
+    # the same swaps; PCIe 5 moves the same blocks in less time than the A100's PCIe 4
+    assert printed["swapped_blocks_out"] > 0
+    assert (
+        printed["swap_time_s"]
+        < swap["swap_time_s"] * printed["swapped_blocks_out"] / swap["swapped_blocks_out"]
+    )
+
+
+def test_a_cost_profile_replaces_the_gpu_clock(tmp_path) -> None:
+    from pagedkv.sim.cost_model import StepShape
+    from pagedkv.sim.profiled_cost import CostProfile, TimedStep
+
+    shapes = [StepShape(n, 10 * n, 10 * n, n, n, n, 16) for n in range(1, 30)]
+    samples = [TimedStep(s, 0.05) for s in shapes]  # every step 50 ms, whatever its shape
+    path = tmp_path / "profile.json"
+    CostProfile.from_samples(samples, {"model": "m", "machine": "here"}).write(path)
+    ((run, summary),) = simulate(
+        SimulateConfig(**PAPER, policies=("vllm",), cost_profile=str(path))
+    )
+    assert run.duration_s == pytest.approx(run.num_steps * 0.05, rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"cost": "magic"}, "cost must be one of kernel, roofline"),
+        ({"kernel": "cuda9"}, "unknown attention kernel 'cuda9'"),
+        ({"kernel": "vllm", "cost": "roofline"}, "--kernel prices the kernel cost model"),
+        ({"preemption_mode": "swap"}, "needs a --swap-space SIZE > 0"),
+        ({"preemption_mode": "teleport"}, "unknown preemption_mode 'teleport'"),
+        ({"preemption_mode": "swap", "swap_space_bytes": 2**30, "host_link": "usb2"},
+         "unknown link 'usb2'"),
+        ({"cost_profile": "/nonexistent/p.json"}, "cannot read cost profile"),
+    ],
+)  # fmt: skip
+def test_clock_and_swap_errors_are_usage_errors(changes, message) -> None:
+    with pytest.raises(UsageError, match=re.escape(message)):
+        load_scenario(SimulateConfig(**{**PAPER, **changes}))
+
+
+def test_paper_workload_in_a_synthetic_spec_and_its_clashes() -> None:
+    scenario = load_scenario(SimulateConfig(**PAPER))
+    assert len(scenario.requests) == 60
+    with pytest.raises(UsageError, match=re.escape("workload= sets the lengths; drop prompt=")):
+        load_scenario(SimulateConfig(**{**PAPER, "synthetic": "workload=alpaca,prompt=5"}))

@@ -10,7 +10,7 @@ import statistics
 import pytest
 
 from pagedkv.errors import UsageError
-from pagedkv.traces import segment_tokens
+from pagedkv.traces import generate, parse_spec, segment_tokens
 from pagedkv.traces.paper_workloads import clipped_lognormal_mean, paper_workload
 
 # vLLM paper §6.1 / Fig. 11: mean input and output lengths (tokens).
@@ -71,3 +71,16 @@ def test_clipped_lognormal_mean_against_references() -> None:
 def test_bad_arguments_are_usage_errors(args: tuple, words: str) -> None:
     with pytest.raises(UsageError, match=words):
         paper_workload(*args)
+
+
+def test_the_synthetic_spec_names_a_paper_workload() -> None:
+    spec = parse_spec("workload=Alpaca,requests=300,rate=5")
+    assert spec.workload == "alpaca"
+    assert generate(spec, seed=4) == paper_workload("alpaca", 300, 5.0, seed=4)
+    # --max-requests: the first requests of the same workload
+    assert generate(spec, seed=4, max_requests=7) == paper_workload("alpaca", 300, 5.0, 4)[:7]
+    for clash in ("prompt=5", "output=5", "system=3", "turns=2", "gap=1"):
+        with pytest.raises(UsageError, match=f"drop {clash.split('=')[0]}="):
+            parse_spec(f"workload=sharegpt,{clash}")
+    with pytest.raises(UsageError, match="unknown paper workload 'lmsys'"):
+        parse_spec("workload=lmsys")

@@ -29,6 +29,13 @@ def _int_list(option: str, text: str | None) -> tuple[int, ...]:
     return values
 
 
+def _swap_space_bytes(a: argparse.Namespace) -> int:
+    """--swap-space, or vLLM's default of 4 GiB when swapping without one."""
+    if a.swap_space:
+        return parse_bytes("--swap-space", a.swap_space)
+    return 4 * 2**30 if a.preemption_mode == "swap" else 0
+
+
 def validate(a: argparse.Namespace) -> SimulateConfig:
     """The flags as a validated ``SimulateConfig`` (UsageError naming the flag otherwise)."""
     from pagedkv.sim.scenario import SimulateConfig
@@ -61,6 +68,12 @@ def validate(a: argparse.Namespace) -> SimulateConfig:
         seed=parse_count("--seed", a.seed),
         step_overhead_s=parse_number("--step-overhead-ms", a.step_overhead_ms, minimum=0) / 1000,
         sample_interval_s=parse_number("--sample-interval", a.sample_interval, minimum=1e-6),
+        cost=a.cost,
+        kernel=a.kernel,
+        cost_profile=a.cost_profile,
+        preemption_mode=a.preemption_mode,
+        swap_space_bytes=_swap_space_bytes(a),
+        host_link=a.host_link,
     )
 
 
@@ -70,7 +83,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="replay a trace through the real scheduler and allocators under each policy",
         description=(
             "Replay a request trace (or a synthetic workload) through pagedkv's own scheduler "
-            "and KV allocators, with the model replaced by a roofline cost model, once per "
+            "and KV allocators, with the model replaced by a cost model (by default the "
+            "roofline plus each framework's attention-kernel block walk), once per "
             "policy; compare concurrency, KV waste, prefix hits, preemptions and latency. "
             "Sizes: GB = 10^9 bytes, GiB = 2^30; token counts accept 32k = 32768."
         ),
@@ -92,7 +106,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     hw = p.add_argument_group("model and hardware")
     hw.add_argument("--model", default="llama-3-8b", help="preset name or config.json")
     hw.add_argument("--kv-dtype", help="KV cache dtype (default: the model's)")
-    hw.add_argument("--gpu", default="A100-80GB", help="A100-80GB, H100-80GB, H200-141GB, L4")
+    hw.add_argument(
+        "--gpu", default="A100-80GB", help="A100-40GB, A100-80GB, H100-80GB, H200-141GB, L4"
+    )
     hw.add_argument(
         "--kv-memory", metavar="SIZE[,SIZE]", help="KV pool size(s), e.g. 58GiB; else derived"
     )
@@ -103,6 +119,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--activation-memory", default="4GiB", metavar="SIZE", help="reserved for activations"
     )
     hw.add_argument("--step-overhead-ms", default="2", metavar="MS", help="fixed cost per step (2)")
+    hw.add_argument(
+        "--cost", choices=("kernel", "roofline"), default="kernel",
+        help="step clock: kernel = roofline + each policy's attention block walk (default), "
+        "roofline = bytes and FLOPs only (blind to the block size)",
+    )  # fmt: skip
+    hw.add_argument(
+        "--kernel", metavar="BACKEND", help="price every paged policy with this attention "
+        "kernel (vllm, trtllm-mha, flashinfer, fa4, flashmla, torch-sdpa); default: each "
+        "policy's own (vllm -> vllm, sglang -> flashinfer, trtllm -> trtllm-mha)",
+    )  # fmt: skip
+    hw.add_argument(
+        "--cost-profile", metavar="FILE", help="a `pagedkv profile` JSON: its fitted step cost "
+        "replaces the GPU cost model",
+    )  # fmt: skip
     sc = p.add_argument_group("scheduler")
     sc.add_argument("--max-model-len", default="32k", metavar="N", help="context limit (32k)")
     sc.add_argument("--max-num-seqs", default="256", metavar="N", help="running at most (256)")
@@ -111,6 +141,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     sc.add_argument(
         "--preemption", default="latest_arrival", help="victim: latest_arrival or least_computed"
+    )
+    sc.add_argument(
+        "--preemption-mode", choices=("recompute", "swap"), default="recompute",
+        help="a victim's KV is freed and recomputed, or swapped to host memory (recompute)",
+    )  # fmt: skip
+    sc.add_argument(
+        "--swap-space",
+        metavar="SIZE",
+        help="host swap space for --preemption-mode swap (4GiB, as vLLM)",
+    )
+    sc.add_argument(
+        "--host-link", metavar="NAME", help="pcie4-x16 or pcie5-x16 (default: the GPU's own)"
     )
     pol = p.add_argument_group("policies")
     pol.add_argument(

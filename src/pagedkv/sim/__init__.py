@@ -4,7 +4,7 @@
                                    gpu="H200-141GB", policies=("reserved", "vllm")))
     # [(RunResult, summary dict), ...]; or step by step:
     requests = load_trace("mooncake_conversation.jsonl", max_requests=2000)   # pagedkv.traces
-    cost = RooflineCostModel(ModelCost.from_layout(load_layout("llama-3-8b")), get_gpu("H200-141GB"))
+    cost = KernelCostModel(ModelCost.from_layout(load_layout("llama-3-8b")), get_gpu("H200-141GB"))
     runs = Comparison(requests, num_kv_slots, SchedulerConfig(max_model_len=131072), cost).run(
         expand_policies(["reserved", "vllm"]))
 
@@ -22,6 +22,7 @@ from pagedkv.sim.cost_model import (
     kv_pool_bytes,
 )
 from pagedkv.sim.gpus import GPUS, GPUSpec, get_gpu
+from pagedkv.sim.kernel_cost import KERNELS, KernelCostModel, KernelSpec, kernel_for_policy
 from pagedkv.sim.scenario import Scenario, SimulateConfig, load_scenario, simulate
 from pagedkv.sim.simulator import RunResult, Simulation
 from pagedkv.sim.summary import summarize
@@ -31,6 +32,9 @@ __all__ = [
     "Comparison",
     "CostModel",
     "GPUSpec",
+    "KERNELS",
+    "KernelCostModel",
+    "KernelSpec",
     "LinearCostModel",
     "ModelCost",
     "RooflineCostModel",
@@ -41,6 +45,7 @@ __all__ = [
     "StepShape",
     "expand_policies",
     "get_gpu",
+    "kernel_for_policy",
     "kv_pool_bytes",
     "load_scenario",
     "simulate",

@@ -42,13 +42,15 @@ class KernelSpec:
     """An attention backend's block walk. ``iteration_latency_s``: one warp's dependent chain
     per block (table lookup, address, K/V load, reduction); ``warps_per_sm``: warps of this
     kernel an SM keeps resident; ``per_query_head``: the grid walks once per query head (vLLM
-    v0: one thread block per (sequence, query head)) rather than once per KV head."""
+    v0: one thread block per (sequence, query head)) rather than once per KV head.
+    ``paged=False``: a contiguous kernel (no table, reads only the context's tokens)."""
 
     backend: str
     iteration_latency_s: float
     warps_per_sm: int
     per_query_head: bool
     source: str
+    paged: bool = True
 
     def __post_init__(self) -> None:
         if not self.iteration_latency_s >= 0 or self.warps_per_sm < 1:
@@ -75,8 +77,33 @@ KERNELS: dict[str, KernelSpec] = {
         # pagedkv's own torch path gathers whole blocks (all heads at once) per layer with
         # vectorized index ops: a small per-block cost, walked once per layer.
         KernelSpec("torch-sdpa", 0.05e-6, 32, False, "pagedkv gather + SDPA (vectorized)"),
+        # One contiguous region per sequence (the reserved baseline, llama.cpp's cells): no
+        # block table to walk, only the context's tokens are read: the roofline's attention.
+        KernelSpec("contiguous", 0.0, 32, False, "contiguous KV, no block table", paged=False),
     )
 }
+
+
+# Which kernel each framework policy runs (``kernel_for_policy``); KIND:B policies by kind.
+_POLICY_KERNELS = {
+    "vllm": "vllm",
+    "paged": "vllm",
+    "paged-nocache": "vllm",
+    "sglang": "flashinfer",
+    "radix": "flashinfer",
+    "radix-nocache": "flashinfer",
+    "trtllm": "trtllm-mha",
+    "deepinfer": "flashmla",  # an MLA model's engine with a fixed-page kernel
+    "llamacpp": "contiguous",  # flat KV cells, masked: no block table
+    "reserved": "contiguous",
+}
+
+
+def kernel_for_policy(policy_name: str) -> str:
+    """The attention kernel a framework policy runs: ``vllm@32`` -> ``vllm``, ``sglang`` ->
+    ``flashinfer``, ``paged:8`` -> ``vllm``, ``reserved`` -> ``contiguous``; unknown -> vllm."""
+    base = policy_name.split("@")[0].split(":")[0]
+    return _POLICY_KERNELS.get(base, "vllm")
 
 
 def get_kernel(name: str) -> KernelSpec:
@@ -129,6 +156,10 @@ class KernelCostModel:
     def attention_s(self, shape: StepShape) -> float:
         """The attention kernel's part of a step (see the module docstring)."""
         m, gpu = self.model, self.gpu
+        if not self.kernel.paged:
+            memory_s = shape.kv_read_tokens * m.kv_record_bytes / gpu.mem_bandwidth_bytes_per_s
+            flops_s = m.attention_flops_per_pair * shape.attention_pairs / gpu.peak_flops_per_s
+            return max(memory_s, flops_s)
         blocks = shape.kv_blocks_read
         if blocks == 0 and shape.kv_read_tokens:  # a caller that does not know the walk
             blocks = -(-shape.kv_read_tokens // max(1, shape.block_size))

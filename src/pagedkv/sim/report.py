@@ -30,6 +30,12 @@ def _hits(s: dict[str, Any]) -> str:
     return text
 
 
+def _preempt(s: dict[str, Any]) -> str:
+    """Preemptions, and how many of them swapped when any did."""
+    swaps = s.get("swap_outs", 0)
+    return f"{s['preemptions']} ({swaps} swapped)" if swaps else str(s["preemptions"])
+
+
 _COLUMNS = (
     "policy", "B", "pool tokens", "done", "refused", "peak run", "mean run", "KV used", "tail frag",
     "rsv unused", "cached", "prefix hit", "preempt", "out tok/s", "TTFT p50", "TTFT p99",
@@ -57,7 +63,7 @@ def comparison_table(summaries: Sequence[dict[str, Any]], title: str = "") -> Ta
             _pct(s["reserved_unused_mean"]),
             _pct(s["cached_mean"]),
             _hits(s),
-            f"{s['preemptions']}",
+            _preempt(s),
             f"{s['throughput_tokens_per_s']:,.0f}",
             _secs(s["ttft_p50_s"]),
             _secs(s["ttft_p99_s"]),

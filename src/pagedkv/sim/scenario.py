@@ -7,6 +7,12 @@
 
 ``SimulateConfig`` is validated on construction (frozen; every bad value is a ``UsageError``
 naming the field), so ``pagedkv simulate`` only parses flags into it and renders the results.
+
+The clock: ``cost="kernel"`` (default) prices each policy's steps with the attention kernel its
+framework runs (``sim/kernel_cost.py``: vLLM's block walk for ``vllm`` and ``paged:B``,
+FlashInfer for ``sglang``, a contiguous read for ``reserved``), or ``kernel`` names one for
+every paged policy; ``cost="roofline"`` is the block-size-blind roofline; ``cost_profile``
+(a ``pagedkv profile`` file) replaces both with a fitted model of a real engine.
 """
 
 from __future__ import annotations
@@ -22,8 +28,10 @@ from pagedkv.kvcache.policies import Policy
 from pagedkv.planner.layout import KVLayout, load_layout
 from pagedkv.sched import SchedulerConfig
 from pagedkv.sim.compare import Comparison, expand_policies
-from pagedkv.sim.cost_model import ModelCost, RooflineCostModel, kv_pool_bytes
+from pagedkv.sim.cost_model import CostModel, ModelCost, RooflineCostModel, kv_pool_bytes
 from pagedkv.sim.gpus import GPUSpec, get_gpu
+from pagedkv.sim.kernel_cost import KernelCostModel, get_kernel, kernel_for_policy
+from pagedkv.sim.links import Link, get_link, host_link_for_gpu
 from pagedkv.sim.simulator import ProgressFn, RunResult
 from pagedkv.traces import (
     TraceRequest,
@@ -36,6 +44,7 @@ from pagedkv.traces import (
 
 # (policy, pool slots, number of requests) -> a progress callback for that run, or None
 ProgressFactory = Callable[[Policy, int, int], ProgressFn | None]
+COST_MODELS = ("kernel", "roofline")
 
 
 @contextmanager
@@ -76,6 +85,12 @@ class SimulateConfig:
     seed: int = 0
     step_overhead_s: float = 0.002
     sample_interval_s: float = 1.0
+    cost: str = "kernel"  # "kernel" (block-size aware) or "roofline"
+    kernel: str | None = None  # one attention kernel for every paged policy; None: per policy
+    cost_profile: str | None = None  # a `pagedkv profile` JSON: replaces the GPU cost model
+    preemption_mode: str = "recompute"  # or "swap"
+    swap_space_bytes: int = 0  # host swap space (swap mode)
+    host_link: str | None = None  # None: the GPU's own host link
 
     def __post_init__(self) -> None:
         if (self.trace is None) == (self.synthetic is None):
@@ -103,6 +118,18 @@ class SimulateConfig:
             raise UsageError("KV pool sizes and block sizes must be >= 1")
         if self.max_requests is not None and self.max_requests < 1:
             raise UsageError("max_requests must be >= 1", "max_requests")
+        if self.cost not in COST_MODELS:
+            raise UsageError(f"cost must be one of {', '.join(COST_MODELS)}, got {self.cost!r}")
+        if self.kernel is not None:
+            if self.cost != "kernel":
+                raise UsageError("--kernel prices the kernel cost model: drop --cost roofline")
+            get_kernel(self.kernel)
+        if self.cost_profile is not None and self.kernel is not None:
+            raise UsageError("give --cost-profile or --kernel, not both")
+        if self.swap_space_bytes < 0:
+            raise UsageError("swap_space_bytes must be >= 0", "swap_space_bytes")
+        if self.preemption_mode == "swap" and self.swap_space_bytes == 0:
+            raise UsageError("--preemption-mode swap needs a --swap-space SIZE > 0")
 
 
 @dataclass
@@ -119,8 +146,41 @@ class Scenario:
     pools_slots: tuple[int, ...]
     policies: list[Policy]
     scheduler: SchedulerConfig
-    cost: RooflineCostModel
+    cost: CostModel  # the roofline or a profile; ``cost_for`` gives each policy's clock
     skipped: list[UsageError] = field(default_factory=list)  # bad trace records skipped
+    link: Link | None = None  # prices swap transfers
+
+    def kernel_for(self, policy: Policy) -> str | None:
+        """The attention kernel priced for ``policy`` under ``cost="kernel"``: its framework's
+        (``kernel`` overrides it for paged policies; reserved always reads contiguously);
+        None when the roofline or a profile is the clock."""
+        cfg = self.config
+        if cfg.cost_profile is not None or cfg.cost != "kernel":
+            return None
+        if cfg.kernel is not None and policy.allocator != "reserved":
+            return cfg.kernel
+        return kernel_for_policy(policy.name)
+
+    def cost_for(self, policy: Policy) -> CostModel:
+        """The clock of ``policy``'s runs (``kernel_for``, else the roofline or profile)."""
+        kernel = self.kernel_for(policy)
+        if kernel is None:
+            return self.cost
+        return KernelCostModel(self.model, self.gpu, kernel, self.config.step_overhead_s)
+
+    def clock(self) -> str:
+        """One line naming the cost model (and the swap link)."""
+        cfg = self.config
+        if cfg.cost_profile is not None:
+            text = f"cost profile {cfg.cost_profile}"
+        elif cfg.cost == "roofline":
+            text = "roofline cost model"
+        else:
+            kernels = dict.fromkeys(str(self.kernel_for(p)) for p in self.policies)
+            text = f"kernel cost model ({', '.join(kernels)})"
+        if self.link is not None:
+            text += f"; swap over {self.link.name}: {self.link.source}"
+        return text
 
     def describe(self) -> str:
         """Two lines: the workload, then the model, GPU, pools and scheduler limits."""
@@ -137,7 +197,8 @@ class Scenario:
             f"{self.layout.name}: {self.model.kv_record_bytes:,} KV bytes/token "
             f"({self.layout.kv_dtype}), weights {self.model.weight_bytes / 1e9:.1f} GB on "
             f"{self.gpu.name}; KV pool {pools}; max_model_len {cfg.max_model_len:,}, "
-            f"max_num_seqs {cfg.max_num_seqs}, budget {cfg.max_num_batched_tokens:,} tokens/step"
+            f"max_num_seqs {cfg.max_num_seqs}, budget {cfg.max_num_batched_tokens:,} tokens/step; "
+            f"{self.clock()}"
         )
 
     def run(
@@ -147,11 +208,18 @@ class Scenario:
         runs: list[tuple[RunResult, dict[str, Any]]] = []
         n = len(self.requests)
         for slots in self.pools_slots:
-            comparison = Comparison(
-                self.requests, slots, self.scheduler, self.cost, self.config.sample_interval_s
-            )
             track = None if progress is None else (lambda p, s=slots: progress(p, s, n))
-            runs += comparison.run(self.policies, track)
+            for policy in self.policies:
+                comparison = Comparison(
+                    self.requests,
+                    slots,
+                    self.scheduler,
+                    self.cost_for(policy),
+                    self.config.sample_interval_s,
+                    link=self.link,
+                    kv_record_bytes=self.model.kv_record_bytes,
+                )
+                runs += comparison.run([policy], track)
         return runs
 
 
@@ -169,22 +237,31 @@ def load_scenario(config: SimulateConfig) -> Scenario:
     """Read or generate the requests, load the model's layout, size the pools: everything a
     run needs, checked (UsageError) before any replay starts."""
     with _as_usage_error():
+        layout = load_layout(config.model, kv_dtype=config.kv_dtype)
+        model = ModelCost.from_layout(layout)
         scheduler = SchedulerConfig(
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_model_len=config.max_model_len,
             preemption=config.preemption,
+            preemption_mode=config.preemption_mode,
+            swap_space_slots=config.swap_space_bytes // model.kv_record_bytes,
         )
         policies = expand_policies(config.policies, config.block_sizes)
-        layout = load_layout(config.model, kv_dtype=config.kv_dtype)
-        model = ModelCost.from_layout(layout)
         gpu = get_gpu(config.gpu)
         pools_bytes = config.kv_memory_bytes or (
             kv_pool_bytes(
                 gpu, model.weight_bytes, config.gpu_memory_utilization, config.activation_bytes
             ),
         )
-        cost = RooflineCostModel(model, gpu, config.step_overhead_s)
+        cost: CostModel = RooflineCostModel(model, gpu, config.step_overhead_s)
+        if config.cost_profile is not None:
+            from pagedkv.sim.profiled_cost import load_cost_profile
+
+            cost = load_cost_profile(config.cost_profile)
+        link = None
+        if config.preemption_mode == "swap":
+            link = get_link(config.host_link) if config.host_link else host_link_for_gpu(gpu.name)
     pools_slots = tuple(b // model.kv_record_bytes for b in pools_bytes)
     if min(pools_slots) < config.max_model_len and any(p.allocator == "reserved" for p in policies):
         raise UsageError(
@@ -204,7 +281,7 @@ def load_scenario(config: SimulateConfig) -> Scenario:
         raise UsageError(f"the workload has no requests{why}")
     return Scenario(
         config, source, requests, layout, model, gpu, tuple(pools_bytes), pools_slots,
-        policies, scheduler, cost, skipped,
+        policies, scheduler, cost, skipped, link,
     )  # fmt: skip
 
 

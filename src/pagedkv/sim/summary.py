@@ -14,7 +14,12 @@ Fields (times in simulated seconds unless the name says otherwise):
   slots / pool), the waste split as mean fractions of the pool: ``fragmentation_mean`` (unused
   slots in the tail blocks), ``reserved_unused_mean`` (reserved regions beyond what was
   stored), ``cached_mean`` (unreferenced blocks kept for prefix hits);
-* ``preemptions``, ``recomputed_tokens``, ``evictions``; ``wall_time_s`` (real replay time).
+* ``normalized_latency_s_per_token``: the PagedAttention paper's metric, the mean over
+  finished requests of end-to-end latency / output tokens;
+* ``preemptions``, ``recomputed_tokens``, ``evictions``; swap preemption: ``swap_outs``,
+  ``swap_ins`` (sequences), ``swapped_blocks_out`` / ``_in``, ``swap_fallbacks`` (victims
+  recomputed because the swap space was full), ``swap_time_s`` (simulated transfer time);
+  ``wall_time_s`` (real replay time).
 """
 
 from __future__ import annotations
@@ -60,6 +65,10 @@ def summarize(result: RunResult, ideal_prefix_hit_tokens: int | None = None) -> 
         values = [v for r in done if (v := getattr(r, f"{name}_s")) is not None]
         for q in (50, 90, 99):
             out[f"{name}_p{q}_s"] = _round(percentile(values, q))
+    normalized = [r.e2e_s / max(1, r.num_output_tokens) for r in done]  # type: ignore[operator]
+    out["normalized_latency_s_per_token"] = (
+        round(sum(normalized) / len(normalized), 6) if normalized else None
+    )
     s = result.series
     out.update(
         peak_running=result.peak_running,
@@ -72,6 +81,12 @@ def summarize(result: RunResult, ideal_prefix_hit_tokens: int | None = None) -> 
         preemptions=result.preemptions,
         recomputed_tokens=result.recomputed_tokens,
         evictions=result.evictions,
+        swap_outs=result.swap_outs,
+        swap_ins=result.swap_ins,
+        swapped_blocks_out=result.swapped_blocks_out,
+        swapped_blocks_in=result.swapped_blocks_in,
+        swap_fallbacks=result.swap_fallbacks,
+        swap_time_s=round(result.swap_time_s, 6),
         wall_time_s=round(result.wall_time_s, 3),
     )
     return out

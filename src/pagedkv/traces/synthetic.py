@@ -10,6 +10,10 @@
   each turn;
 * ``rate``: conversations per second, Poisson arrivals (``inf``: all at time 0);
 * ``system``: a system prompt of that many tokens shared by every request;
+* ``workload``: ``sharegpt`` or ``alpaca``, the PagedAttention paper's length distributions
+  (``traces/paper_workloads.py``) with ``requests`` and ``rate``; it takes the place of
+  ``prompt``, ``output``, ``system``, ``turns`` and ``gap``
+  (``workload=sharegpt,requests=500,rate=2``);
 * ``turns``, ``gap``: turn ``k`` arrives ``k * gap`` seconds after the conversation starts and its
   prompt is the previous turn's prompt, its answer, then new user text (multi-turn growth; the
   simulated answer tokens are the ones the next prompt repeats, so they can be reused).
@@ -27,10 +31,12 @@ import random
 from dataclasses import dataclass
 
 from pagedkv.errors import UsageError
+from pagedkv.traces.paper_workloads import get_workload, paper_workload
 from pagedkv.traces.segments import FreshSegments, TraceRequest
 
 MAX_SYNTHETIC_REQUESTS = 10_000_000
-_KEYS = ("requests", "prompt", "output", "rate", "system", "turns", "gap")
+_KEYS = ("requests", "prompt", "output", "rate", "system", "turns", "gap", "workload")
+_SHAPE_KEYS = ("prompt", "output", "system", "turns", "gap")  # a paper workload fixes these
 
 
 @dataclass(frozen=True)
@@ -63,8 +69,11 @@ class SyntheticSpec:
     system_tokens: int = 0
     turns: int = 1
     turn_gap_s: float = 10.0
+    workload: str | None = None  # a paper workload's name: lengths from it, not the fields
 
     def __post_init__(self) -> None:
+        if self.workload is not None:
+            object.__setattr__(self, "workload", get_workload(self.workload).name)
         if self.num_conversations < 1 or self.turns < 1:
             raise UsageError("synthetic spec: requests and turns must be >= 1")
         if self.num_conversations * self.turns > MAX_SYNTHETIC_REQUESTS:
@@ -116,10 +125,19 @@ def parse_spec(text: str) -> SyntheticSpec:
                 fields["system_tokens"] = int(value)
             elif key == "turns":
                 fields["turns"] = int(value)
+            elif key == "workload":
+                fields["workload"] = value
             else:
                 fields["turn_gap_s"] = _finite(value)
         except ValueError as exc:
             raise UsageError(f"synthetic spec: {item!r}: {exc}") from None
+    given = {p.strip().partition("=")[0] for p in text.split(",") if p.strip()}
+    if "workload" in given:
+        clash = [k for k in _SHAPE_KEYS if k in given]
+        if clash:
+            raise UsageError(
+                f"synthetic spec: workload= sets the lengths; drop {', '.join(clash)}="
+            )
     return SyntheticSpec(**fields)  # type: ignore[arg-type]
 
 
@@ -129,6 +147,9 @@ def generate(
     """The requests of ``spec``, sorted by arrival (the first ``max_requests`` of them). Same
     spec and seed, same requests: with ``max_requests`` exactly the first ones of the whole
     workload, built without building the rest."""
+    if spec.workload is not None:  # arrivals are in order: the first N are the earliest N
+        count = min(spec.num_conversations, max_requests or spec.num_conversations)
+        return paper_workload(spec.workload, count, spec.rate_per_s, seed)
     rng = random.Random(seed)
     fresh = FreshSegments()
     system = fresh.take(spec.system_tokens) if spec.system_tokens else ()
