@@ -83,3 +83,23 @@ def test_bad_backend_and_overhead_are_usage_errors() -> None:
         KernelCostModel(MODEL, GPU, "cuda9")
     with pytest.raises(UsageError, match="step overhead"):
         KernelCostModel(MODEL, GPU, "vllm", -1.0)
+
+
+def test_contiguous_kernel_is_the_roofline_when_everything_is_memory_bound() -> None:
+    model = ModelCost.from_layout(load_layout("opt-13b"))
+    gpu = get_gpu("A100-40GB")
+    contiguous = KernelCostModel(model, gpu, "contiguous", 0.002)
+    roofline = RooflineCostModel(model, gpu, 0.002)
+    # reserved regions: block_size = max_model_len, one "block" per sequence, yet only the
+    # context is read (the reservation's unused slots are not)
+    shape = StepShape(16, 16 * 300, 16 * 300, 16, 16, 16, 2048)
+    assert contiguous.step_time_s(shape) == pytest.approx(roofline.step_time_s(shape))
+
+
+def test_each_policy_has_its_frameworks_kernel() -> None:
+    from pagedkv.sim.kernel_cost import kernel_for_policy
+
+    names = ["vllm@32", "sglang", "radix:4", "trtllm", "paged-nocache:8", "reserved", "llamacpp"]
+    assert [kernel_for_policy(n) for n in names] == [
+        "vllm", "flashinfer", "flashinfer", "trtllm-mha", "vllm", "contiguous", "contiguous",
+    ]  # fmt: skip
