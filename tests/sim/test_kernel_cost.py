@@ -101,5 +101,6 @@ def test_each_policy_has_its_frameworks_kernel() -> None:
 
     names = ["vllm@32", "sglang", "radix:4", "trtllm", "paged-nocache:8", "reserved", "llamacpp"]
     assert [kernel_for_policy(n) for n in names] == [
-        "vllm", "flashinfer", "flashinfer", "trtllm-mha", "vllm", "contiguous", "contiguous",
+        "flash-attn", "flashinfer", "flashinfer", "trtllm-mha", "flash-attn", "contiguous",
+        "contiguous",
     ]  # fmt: skip
