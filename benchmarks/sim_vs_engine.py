@@ -217,7 +217,8 @@ def main() -> None:
     result = {
         "setup": describe,
         "profile": profile.describe(),
-        "coefficients": profile.coefficients,
+        "coefficients": profile.model.coefficients,
+        "token_offsets_s": profile.model.token_offsets_s,
         "fit": profile.fit.__dict__,
         "metrics": rows,
         "engine_runs": runs,

@@ -13,13 +13,12 @@ from pagedkv.errors import UsageError
 from pagedkv.kvcache.policies import get_policy
 from pagedkv.sched import SchedulerConfig
 from pagedkv.sim.cost_model import StepShape
+from pagedkv.sim.profile_fit import fit_cost, fit_robust
 from pagedkv.sim.profiled_cost import (
     FEATURES,
     CostProfile,
     ProfiledCostModel,
     TimedStep,
-    fit_cost,
-    fit_robust,
     load_cost_profile,
 )
 from pagedkv.sim.simulator import Simulation
@@ -96,6 +95,35 @@ def test_a_disturbed_step_is_left_out_and_the_coefficients_still_recovered():
         assert model.coefficients[name] == pytest.approx(value, rel=1e-6), name
 
 
+def _decode(num_seqs: int, context: int) -> StepShape:
+    return StepShape(num_seqs, num_seqs * context, num_seqs * context, num_seqs, num_seqs,
+                     num_seqs * -(-context // 16), 16)  # fmt: skip
+
+
+def test_token_offsets_interpolate_between_fitted_counts():
+    model = ProfiledCostModel({"per_step_s": 1.0}, {1: -0.2, 4: 0.1})
+    assert [model.step_time_s(_decode(n, 10)) for n in (1, 2, 3, 4, 5)] == pytest.approx(
+        [0.8, 0.9, 1.0, 1.1, 1.0]  # beyond the largest fitted count: the line itself
+    )
+
+
+def test_the_fit_recovers_the_kernel_offsets_of_few_rows():
+    # As measured on this project's CPU: 2-3 rows slower than the line, 1 row faster.
+    bump = {1: -0.01, 2: 0.04, 3: 0.035}
+    shapes = [s.shape for s in _samples()]
+    shapes += [_decode(n, context) for n in (1, 2, 3, 4, 6, 8) for context in (50, 200, 400)]
+    samples = [TimedStep(s, _true_seconds(s) + bump.get(s.num_batched_tokens, 0)) for s in shapes]
+    model, kept = fit_robust(samples)
+    assert len(kept) == len(samples)
+    for name, value in TRUE.items():
+        assert model.coefficients[name] == pytest.approx(value, rel=1e-6), name
+    assert {1, 2, 3, 4, 6, 8} <= set(model.token_offsets_s)
+    for n, offset in model.token_offsets_s.items():
+        assert offset == pytest.approx(bump.get(n, 0.0), abs=1e-9), n
+    without = fit_cost(samples, offsets=False)  # the line alone cannot follow the bump
+    assert without.coefficients != pytest.approx(TRUE, rel=1e-2)
+
+
 def test_coefficients_never_go_negative():
     # Time falls slightly with the number of sequences: an unconstrained fit would price a
     # sequence below zero. The constrained one sets that cost to 0 and keeps the rest >= 0.
@@ -125,6 +153,8 @@ def test_a_profile_round_trips_and_drives_the_simulator(tmp_path):
     profile.write(path)
     cost = load_cost_profile(path)
     assert cost.coefficients == pytest.approx(TRUE, rel=1e-6)
+    assert cost.token_offsets_s == profile.model.token_offsets_s
+    assert all(abs(v) < 1e-9 for v in cost.token_offsets_s.values())  # noise-free: none
     assert str(path) in cost.source and "here" in cost.source
     fresh = FreshSegments()
     requests = [TraceRequest(0.0, fresh.take(20), 3), TraceRequest(0.0, fresh.take(5), 1)]
@@ -156,6 +186,10 @@ def _profile_dict() -> dict:
         (lambda d: d["samples"][3].pop("seconds"), r"samples\[3\] must hold exactly"),
         (lambda d: d.update(samples=5), "'samples' must be a list"),
         (lambda d: d.update(fit=[]), "'fit' must be an object"),
+        (lambda d: d.pop("token_offsets_s"), "missing key 'token_offsets_s'"),
+        (lambda d: d.update(token_offsets_s={"0": 1.0}), "'0' is not a token count >= 1"),
+        (lambda d: d.update(token_offsets_s={"x": 1.0}), "'x' is not a token count"),
+        (lambda d: d.update(token_offsets_s={"2": "a"}), r"token_offsets_s.2 must be a number"),
     ],
 )
 def test_a_bad_profile_is_one_usage_error_naming_the_file(tmp_path, edit, message):

@@ -179,8 +179,10 @@ def _report(profile, output: Path) -> None:
     table = rich.table.Table(title="fitted step cost: seconds per unit")
     table.add_column("coefficient")
     table.add_column("value", justify="right")
-    for name, value in profile.coefficients.items():
+    for name, value in profile.model.coefficients.items():
         table.add_row(name, f"{value:.4g}")
+    for count, offset in profile.model.token_offsets_s.items():
+        table.add_row(f"offset_s at {count} new token{'s' if count > 1 else ''}", f"{offset:+.4g}")
     console = rich.console.Console()
     console.print(profile.describe())
     console.print(table)

@@ -1,16 +1,18 @@
 """A step cost measured on a real engine: a linear model over ``StepShape`` fitted to timed
-steps (``pagedkv profile``), read back from its JSON by ``load_cost_profile``.
+steps (``pagedkv profile``, fitted by ``sim/profile_fit.py``), read back from its JSON by
+``load_cost_profile``.
 
-    step_time_s = sum(coefficient[f] * feature_f(shape))   over the features below
+    step_time_s = sum(coefficient[f] * feature_f(shape)) + token_offset_s(num_batched_tokens)
 
 The features are what one engine step pays for: a fixed cost per step (scheduling, launching
 the forward pass, Python), each new token (the weight matmuls), each sequence (sampling,
 detokenizing, per-sequence bookkeeping), each context token attended to (reading K and V),
 each query-key pair (attention arithmetic, dominant in long prefills) and each KV block walked
-(the block-table gather). The fit is a weighted least-squares with non-negative coefficients
-(``fit_cost``): weighted by ``1 / seconds`` so that a 20 ms decode step counts as much as a 2 s
-prefill, i.e. it minimises the *relative* error. Pure Python (no numpy, no torch): the
-simulator package must stay importable without them.
+(the block-table gather). ``token_offsets_s`` correct the line for steps of few new tokens,
+where the matmul library picks other kernels (on the 2-core AMD EPYC machine of this project,
+2 and 3 rows ran ~40 ms slower than the line through 1 and 4 rows): seconds added per token
+count, interpolated between the counts measured, 0 outside them. Pure Python (no numpy,
+no torch): the simulator package must stay importable without them.
 """
 
 from __future__ import annotations
@@ -59,9 +61,17 @@ class ProfiledCostModel:
     ``source`` says where they came from (file, model, machine), for reports."""
 
     coefficients: dict[str, float]
+    token_offsets_s: dict[int, float] = field(default_factory=dict)  # signed
     source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
+        bad_offsets = {
+            k: v
+            for k, v in self.token_offsets_s.items()
+            if isinstance(k, bool) or not isinstance(k, int) or k < 1 or not math.isfinite(v)
+        }
+        if bad_offsets:
+            raise ValueError(f"token offsets need counts >= 1 and finite seconds: {bad_offsets}")
         unknown = sorted(set(self.coefficients) - set(FEATURES))
         if unknown:
             raise ValueError(f"unknown cost coefficients {unknown} (known: {list(FEATURES)})")
@@ -72,7 +82,19 @@ class ProfiledCostModel:
     def step_time_s(self, shape: StepShape) -> float:
         c = self.coefficients
         t = sum(c.get(name, 0.0) * x for name, x in zip(FEATURES, features(shape), strict=True))
+        t += self.token_offset_s(shape.num_batched_tokens)
         return max(t, 1e-9)  # the CostModel contract: > 0 (a profile of all zeros is absurd)
+
+    def token_offset_s(self, num_tokens: int) -> float:
+        """The fitted offset at ``num_tokens``, linear between fitted counts, 0 outside."""
+        f = self.token_offsets_s
+        if not f or num_tokens > max(f) or num_tokens < min(f):
+            return 0.0
+        if num_tokens in f:
+            return f[num_tokens]
+        lo = max(k for k in f if k < num_tokens)
+        hi = min(k for k in f if k > num_tokens)
+        return f[lo] + (f[hi] - f[lo]) * (num_tokens - lo) / (hi - lo)
 
 
 @dataclass(frozen=True)
@@ -90,115 +112,27 @@ class FitStats:
     total_rel_error: float
 
 
-def fit_stats(
-    model: ProfiledCostModel, samples: Sequence[TimedStep], num_outliers: int = 0
-) -> FitStats:
-    """The errors of ``model`` on ``samples`` (the kept ones; ``num_outliers`` is recorded)."""
-    rel = [(model.step_time_s(s.shape) - s.seconds) / s.seconds for s in samples]
-    ordered = sorted(abs(r) for r in rel)
-    n = len(rel)
-    total = sum(s.seconds for s in samples)
-    predicted = sum(model.step_time_s(s.shape) for s in samples)
-    return FitStats(
-        num_samples=n,
-        num_outliers=num_outliers,
-        rms_rel_error=math.sqrt(sum(r * r for r in rel) / n),
-        median_abs_rel_error=ordered[n // 2],
-        p90_abs_rel_error=ordered[min(n - 1, int(0.9 * n))],
-        max_abs_rel_error=ordered[-1],
-        total_rel_error=predicted / total - 1.0,
-    )
-
-
-def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
-    """Gaussian elimination with partial pivoting; None if ``a`` is (numerically) singular."""
-    n = len(b)
-    m = [row[:] + [b[i]] for i, row in enumerate(a)]
-    for col in range(n):
-        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
-        if abs(m[pivot][col]) < 1e-12:
-            return None
-        m[col], m[pivot] = m[pivot], m[col]
-        for r in range(col + 1, n):
-            factor = m[r][col] / m[col][col]
-            for c in range(col, n + 1):
-                m[r][c] -= factor * m[col][c]
-    x = [0.0] * n
-    for r in range(n - 1, -1, -1):
-        x[r] = (m[r][n] - sum(m[r][c] * x[c] for c in range(r + 1, n))) / m[r][r]
-    return x
-
-
-def fit_cost(samples: Sequence[TimedStep], names: Sequence[str] | None = None) -> ProfiledCostModel:
-    """Fit the coefficients of ``names`` (default: every feature) to ``samples``; the other
-    coefficients are 0. Minimises sum(((predicted - measured) / measured)^2) subject to every
-    coefficient >= 0: solve, drop the most negative feature, solve again (an active-set pass
-    that is exact whenever no dropped feature would come back, which holds for the well-spread
-    samples ``pagedkv profile`` takes). Columns are scaled to unit norm first, so counts of
-    10^6 query-key pairs and the constant 1 are solved with the same precision.
-    ValueError with no samples or a non-positive time."""
-    if not samples:
-        raise ValueError("no timed steps to fit")
-    if any(not (s.seconds > 0 and math.isfinite(s.seconds)) for s in samples):
-        raise ValueError("every timed step must last a finite time > 0")
-    all_names = list(FEATURES)
-    active = [all_names.index(n) for n in (names or all_names)]
-    # Weighted rows: x_i / y_i against 1 (relative error), one per sample.
-    rows = [[x / s.seconds for x in features(s.shape)] for s in samples]
-    while True:
-        active = [j for j in active if any(r[j] for r in rows)]  # a feature never seen: 0
-        norms = [math.sqrt(sum(r[j] ** 2 for r in rows)) for j in active]
-        cols = [[r[j] / nrm for r in rows] for j, nrm in zip(active, norms, strict=True)]
-        gram = [[sum(p * q for p, q in zip(ci, cj, strict=True)) for cj in cols] for ci in cols]
-        rhs = [sum(ci) for ci in cols]
-        scaled = _solve(gram, rhs)
-        if scaled is None:  # collinear features: drop the last one and retry
-            active = active[:-1]
-            continue
-        coef = [x / nrm for x, nrm in zip(scaled, norms, strict=True)]
-        worst = min(range(len(coef)), key=lambda k: coef[k], default=None)
-        if worst is None or coef[worst] >= 0:
-            break
-        del active[worst]
-    result = dict.fromkeys(all_names, 0.0)
-    for j, c in zip(active, coef, strict=True):
-        result[all_names[j]] = c
-    return ProfiledCostModel(result)
-
-
-def fit_robust(samples: Sequence[TimedStep]) -> tuple[ProfiledCostModel, list[TimedStep]]:
-    """``fit_cost`` once, leave out the steps it misses by more than max(3x the median
-    relative error, 15 %), fit again: a step that another process slowed down (the machines
-    are shared) must not bend the coefficients. Returns the model and the steps kept."""
-    model = fit_cost(samples)
-    errors = [abs(model.step_time_s(s.shape) - s.seconds) / s.seconds for s in samples]
-    limit = max(3 * sorted(errors)[len(errors) // 2], 0.15)
-    kept = [s for s, e in zip(samples, errors, strict=True) if e <= limit]
-    if len(kept) == len(samples) or len(kept) < len(FEATURES):
-        return model, list(samples)
-    return fit_cost(kept), kept
-
-
 @dataclass(frozen=True)
 class CostProfile:
     """A profile as written to JSON: the fitted coefficients, their fit error, what was
     measured (``meta``: model, machine, threads, torch version, dtype, block sizes) and the
     raw samples (so another fit can be tried without measuring again)."""
 
-    coefficients: dict[str, float]
+    model: ProfiledCostModel
     fit: FitStats
     meta: dict[str, Any]
     samples: tuple[TimedStep, ...]
 
     @classmethod
     def from_samples(cls, samples: Sequence[TimedStep], meta: dict[str, Any]) -> CostProfile:
-        """Fit (``fit_robust``) and keep every sample, the left-out ones too."""
-        model, kept = fit_robust(samples)
-        stats = fit_stats(model, kept, len(samples) - len(kept))
-        return cls(model.coefficients, stats, dict(meta), tuple(samples))
+        """Fit ``samples`` (``profile_fit.build_profile``), keeping every one of them."""
+        from pagedkv.sim.profile_fit import build_profile  # it builds on this module
+
+        return build_profile(samples, meta)
 
     def cost_model(self, source: str = "") -> ProfiledCostModel:
-        return ProfiledCostModel(dict(self.coefficients), source or self.describe())
+        m = self.model
+        return ProfiledCostModel(m.coefficients, m.token_offsets_s, source or self.describe())
 
     def describe(self) -> str:
         m = self.meta
@@ -212,7 +146,8 @@ class CostProfile:
             "format": PROFILE_FORMAT,
             "version": PROFILE_VERSION,
             **self.meta,
-            "coefficients": self.coefficients,
+            "coefficients": self.model.coefficients,
+            "token_offsets_s": {str(k): v for k, v in sorted(self.model.token_offsets_s.items())},
             "fit": asdict(self.fit),
             "samples": [{**asdict(s.shape), "seconds": s.seconds} for s in self.samples],
         }
@@ -240,7 +175,7 @@ def parse_cost_profile(data: Any, source: str) -> CostProfile:
                 f"cost profile version {data.get('version')!r} is not supported "
                 f"(this pagedkv reads version {PROFILE_VERSION}; run pagedkv profile again)"
             )
-        for key in ("coefficients", "fit", "samples"):
+        for key in _DATA_KEYS:
             if key not in data:
                 raise UsageError(f"missing key {key!r}")
         coeffs = data["coefficients"]
@@ -253,6 +188,7 @@ def parse_cost_profile(data: Any, source: str) -> CostProfile:
                 f"coefficients: unknown {unknown}, missing {missing} (expected {list(FEATURES)})"
             )
         coefficients = {k: _number(coeffs[k], f"coefficients.{k}") for k in FEATURES}
+        token_offsets = _token_offsets(data["token_offsets_s"])
         try:
             fit = FitStats(**data["fit"])
         except TypeError:
@@ -263,8 +199,22 @@ def parse_cost_profile(data: Any, source: str) -> CostProfile:
         samples = tuple(_sample(s, i) for i, s in enumerate(data["samples"]))
     except UsageError as exc:
         raise UsageError(f"{source}: {exc}") from None
-    meta = {k: v for k, v in data.items() if k not in ("coefficients", "fit", "samples")}
-    return CostProfile(coefficients, fit, meta, samples)
+    meta = {k: v for k, v in data.items() if k not in _DATA_KEYS}
+    return CostProfile(ProfiledCostModel(coefficients, token_offsets), fit, meta, samples)
+
+
+_DATA_KEYS = ("coefficients", "token_offsets_s", "fit", "samples")
+
+
+def _token_offsets(record: Any) -> dict[int, float]:
+    if not isinstance(record, dict):
+        raise UsageError("'token_offsets_s' must be an object {token count: seconds}")
+    out = {}
+    for key, value in record.items():
+        if not (isinstance(key, str) and key.isdigit() and int(key) >= 1):
+            raise UsageError(f"token_offsets_s: {key!r} is not a token count >= 1")
+        out[int(key)] = _number(value, f"token_offsets_s.{key}", -math.inf)
+    return out
 
 
 def _sample(record: Any, index: int) -> TimedStep:
