@@ -1,0 +1,86 @@
+"""``SimulateConfig``: everything a `pagedkv simulate` run depends on, validated on construction
+(frozen; every bad value is a ``UsageError`` naming the field). ``sim.scenario`` loads and runs
+it."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from pagedkv.errors import UsageError
+from pagedkv.sim.kernel_cost import get_kernel
+
+COST_MODELS = ("kernel", "roofline")
+
+
+@dataclass(frozen=True)
+class SimulateConfig:
+    """Everything a simulate run depends on. ``kv_memory_bytes`` empty: size the pool from
+    the GPU (memory x utilization - weights - activations). ``strict``: a bad trace record is
+    an error; otherwise it is skipped and listed in ``Scenario.skipped``."""
+
+    trace: str | None = None
+    synthetic: str | None = None
+    model: str = "llama-3-8b"
+    kv_dtype: str | None = None
+    gpu: str = "A100-80GB"
+    kv_memory_bytes: tuple[int, ...] = ()
+    gpu_memory_utilization: float = 0.9
+    activation_bytes: int = 4 * 2**30
+    max_model_len: int = 32768
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    preemption: str = "latest_arrival"
+    policies: tuple[str, ...] = ("reserved", "vllm")
+    block_sizes: tuple[int, ...] = ()
+    max_requests: int | None = None
+    strict: bool = False
+    rate_scale: float = 1.0
+    seed: int = 0
+    step_overhead_s: float = 0.002
+    sample_interval_s: float = 1.0
+    cost: str = "kernel"  # "kernel" (block-size aware) or "roofline"
+    kernel: str | None = None  # one attention kernel for every paged policy; None: per policy
+    cost_profile: str | None = None  # a `pagedkv profile` JSON: replaces the GPU cost model
+    preemption_mode: str = "recompute"  # or "swap"
+    swap_space_bytes: int = 0  # host swap space (swap mode)
+    host_link: str | None = None  # None: the GPU's own host link
+
+    def __post_init__(self) -> None:
+        if (self.trace is None) == (self.synthetic is None):
+            raise UsageError("give exactly one of --trace FILE or --synthetic SPEC")
+        if not self.policies:
+            raise UsageError("--policy: name at least one policy", "policy")
+        finite = {
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "rate_scale": self.rate_scale,
+            "step_overhead_s": self.step_overhead_s,
+            "sample_interval_s": self.sample_interval_s,
+        }
+        for name, value in finite.items():  # NaN passes every `<` check: test it first
+            if not math.isfinite(value):
+                raise UsageError(f"{name} must be a finite number, got {value}", name)
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise UsageError("gpu_memory_utilization must be in (0, 1]", "gpu_memory_utilization")
+        positive = {"rate_scale": self.rate_scale, "sample_interval_s": self.sample_interval_s}
+        for name, value in positive.items():
+            if value <= 0:
+                raise UsageError(f"{name} must be > 0, got {value}", name)
+        if self.step_overhead_s < 0:
+            raise UsageError("step_overhead_s must be >= 0", "step_overhead_s")
+        if any(b < 1 for b in (*self.kv_memory_bytes, *self.block_sizes)):
+            raise UsageError("KV pool sizes and block sizes must be >= 1")
+        if self.max_requests is not None and self.max_requests < 1:
+            raise UsageError("max_requests must be >= 1", "max_requests")
+        if self.cost not in COST_MODELS:
+            raise UsageError(f"cost must be one of {', '.join(COST_MODELS)}, got {self.cost!r}")
+        if self.kernel is not None:
+            if self.cost != "kernel":
+                raise UsageError("--kernel prices the kernel cost model: drop --cost roofline")
+            get_kernel(self.kernel)
+        if self.cost_profile is not None and self.kernel is not None:
+            raise UsageError("give --cost-profile or --kernel, not both")
+        if self.swap_space_bytes < 0:
+            raise UsageError("swap_space_bytes must be >= 0", "swap_space_bytes")
+        if self.preemption_mode == "swap" and self.swap_space_bytes == 0:
+            raise UsageError("--preemption-mode swap needs a --swap-space SIZE > 0")
