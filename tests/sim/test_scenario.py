@@ -166,3 +166,20 @@ def test_paper_workload_in_a_synthetic_spec_and_its_clashes() -> None:
     assert len(scenario.requests) == 60
     with pytest.raises(UsageError, match=re.escape("workload= sets the lengths; drop prompt=")):
         load_scenario(SimulateConfig(**{**PAPER, "synthetic": "workload=alpaca,prompt=5"}))
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--kernel", "cuda9"], "unknown attention kernel 'cuda9'"),
+        (["--cost", "roofline", "--kernel", "vllm"], "--kernel prices the kernel cost model"),
+        (["--preemption-mode", "swap", "--swap-space", "banana"], "--swap-space"),
+        (["--preemption-mode", "swap", "--host-link", "usb2"], "unknown link 'usb2'"),
+        (["--cost-profile", "/nonexistent/p.json"], "cannot read cost profile '/nonexistent/p.json'"),
+    ],
+)  # fmt: skip
+def test_clock_and_swap_flags_fail_in_one_line(flags, words, capsys) -> None:
+    argv = ["simulate", "--synthetic", "workload=alpaca,requests=5", "--max-model-len", "2k"]
+    assert main([*argv, *flags]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
