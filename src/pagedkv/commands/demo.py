@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     params = SamplingParams(max_tokens=args.max_tokens)  # flags checked before the load
     configs = {policy: engine_config(args, policy=policy) for policy in (args.policy, "reserved")}
-    loaded = load_model(args.model, args.dtype)
+    loaded = load_model(args.model, args.dtype, weights=args.weights)
     results = {}
     for policy, config in configs.items():
         engine = LLMEngine(config, parts=build_parts(config, loaded))

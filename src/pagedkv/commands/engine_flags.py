@@ -19,6 +19,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", help="GGUF file or Hugging Face folder (default: embedded SmolLM2)")
     g.add_argument("--dtype", default="float32", choices=ENGINE_DTYPES)
     g.add_argument(
+        "--weights",
+        default="float",
+        help="float (in --dtype, the reference; default), int8 or int4: weight-only quantized, "
+        "kernel per shape measured at load and printed",
+    )
+    g.add_argument(
         "--policy",
         default="vllm",
         help="paging policy: vllm (paged 16), sglang (radix 1), trtllm (paged 64), llamacpp, "
@@ -50,6 +56,7 @@ def engine_config(args: argparse.Namespace, **overrides):
     fields = dict(
         model=args.model,
         dtype=args.dtype,
+        weights=args.weights,
         policy=args.policy,
         block_size=args.block_size,
         kv_cache_memory_bytes=parse_bytes("--kv-cache-memory", args.kv_cache_memory),

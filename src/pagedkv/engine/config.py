@@ -11,6 +11,8 @@ from pagedkv.sched.preemption import get_victim_policy
 from pagedkv.units import check_block_size
 
 MIB = 1 << 20
+# Weight formats the loader knows (model/quant.py implements the quantized two).
+WEIGHT_FORMATS = ("float", "int8", "int4")
 
 
 @dataclass(frozen=True)
@@ -20,6 +22,7 @@ class EngineConfig:
 
     model: str | None = None
     dtype: str = "float32"
+    weights: str = "float"  # "int8" / "int4": weight-only quantized (model/quant.py)
     policy: str = "vllm"
     block_size: int | None = None
     kv_cache_memory_bytes: int = 512 * MIB
@@ -33,6 +36,10 @@ class EngineConfig:
         """Every check raises ``UsageError`` naming the field (these are the user's flags)."""
         if self.dtype not in ENGINE_DTYPES:
             raise UsageError(f"dtype must be one of {ENGINE_DTYPES}, got {self.dtype!r}", "dtype")
+        if self.weights not in WEIGHT_FORMATS:
+            raise UsageError(
+                f"weights must be one of {WEIGHT_FORMATS}, got {self.weights!r}", "weights"
+            )
         for param, lookup in (("policy", get_policy), ("preemption", get_victim_policy)):
             value = getattr(self, param)
             if not isinstance(value, str):

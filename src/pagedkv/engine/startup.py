@@ -86,11 +86,14 @@ def build_parts(
         preemption=config.preemption,
     ).build(allocator)
     if loaded is None:
-        loaded = load_model(config.model, config.dtype)
+        loaded = load_model(config.model, config.dtype, weights=config.weights)
     _, model, tokenizer = loaded
     runner = ModelRunner(model, model_config, num_blocks, block_size, TORCH_DTYPES[config.dtype])
     page_format = PageFormat.from_layout(layout, block_size)
     report = startup_report(policy, resolution, allocator, runner, layout, max_model_len)
+    # How the projections compute (the quantized kernels chosen at load), when the loader said.
+    for line in getattr(model, "weights_report", "").splitlines():
+        report += f"\npagedkv: {line}"
     report += "\npagedkv: page format " + ", ".join(
         f"{k}={v}" for k, v in page_format.to_dict().items()
     )

@@ -91,6 +91,7 @@ class CausalLM(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head: nn.Module = Projection(config.hidden_size, config.vocab_size)
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
+        self.weights_report = ""  # how the projections compute, set by the loader
         self.requires_grad_(False)
 
     @property

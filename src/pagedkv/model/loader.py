@@ -16,6 +16,7 @@ from pagedkv.model.config import ARCHITECTURES, ModelConfig
 from pagedkv.model.embedded import embedded_model_path
 from pagedkv.model.gguf import gguf_metadata, iter_gguf_weights, read_gguf
 from pagedkv.model.llama import CausalLM, build_model
+from pagedkv.model.quant import QuantizingFactory
 from pagedkv.model.safetensors import iter_hf_weights
 from pagedkv.model.tokenizer import (
     Tokenizer,
@@ -102,36 +103,50 @@ def read_model_shape(path: str | os.PathLike[str] | None = None) -> ModelShape:
 
 
 def load_model(
-    path: str | os.PathLike[str] | None = None, dtype: str = "float32", progress: bool = True
+    path: str | os.PathLike[str] | None = None,
+    dtype: str = "float32",
+    progress: bool = True,
+    weights: str = "float",
 ) -> tuple[ModelConfig, CausalLM, Tokenizer]:
-    """Load a model for inference (eval mode, no grads, weights in ``dtype``).
+    """Load a model for inference (eval mode, no grads, activations in ``dtype``).
 
     ``path``: None (embedded SmolLM2-135M-Instruct), a GGUF file, or a Hugging Face folder.
+    ``weights``: "float" (in ``dtype``, the reference), "int8" or "int4" (weight-only, kernels
+    chosen per shape at load, ``quant.py``; the choice is kept in ``model.weights_report``).
+    The load time is printed (with the choice) when ``progress``.
     Progress goes to stderr when ``progress``. Errors: ``FileNotFoundError`` for a missing
     path, ``UsageError`` for anything unreadable or unsupported (e.g. the architecture).
     """
     if dtype not in TORCH_DTYPES:
         raise UsageError(f"unsupported dtype {dtype!r} (supported: {sorted(TORCH_DTYPES)})")
+    if weights not in ("float", "int8", "int4"):  # EngineConfig.weights, checked there first
+        raise UsageError(f"weights must be float, int8 or int4, got {weights!r}")
     torch_dtype = TORCH_DTYPES[dtype]
+    factory = QuantizingFactory(weights, torch_dtype) if weights != "float" else None
     resolved = resolve_model_path(path)
     config = ModelConfig.from_shape(read_model_shape(resolved))
     status = _StatusLine(f"loading {resolved.name}", progress)
     with _one_thread():
         if resolved.is_dir():
             tokenizer = tokenizer_from_hf_folder(resolved, config.eos_token_ids)
-            weights = dict(iter_hf_weights(resolved, config, torch_dtype, status))
+            tensors = dict(iter_hf_weights(resolved, config, torch_dtype, status))
         else:
             reader = read_gguf(resolved)
             tokenizer = tokenizer_from_gguf_metadata(gguf_metadata(reader))
-            weights = dict(iter_gguf_weights(reader, config, torch_dtype, status))
+            tensors = dict(iter_gguf_weights(reader, config, torch_dtype, status))
             del reader  # releases the memory map: every tensor is a copy now
         model = build_model(config)
         try:
-            model.load_weights(weights, torch_dtype)
+            model.load_weights(tensors, torch_dtype, factory)
         except ValueError as exc:  # the file's tensors do not fit its own config
             raise UsageError(f"{resolved}: {exc}") from None
+        del tensors
     model.eval()
+    model.weights_report = factory.report() if factory else f"weights {dtype}, fp32 matmuls"
     status.finish(
-        f"loaded {config.architecture} ({config.num_layers} layers, hidden {config.hidden_size}, {dtype})"
+        f"loaded {config.architecture} ({config.num_layers} layers, hidden {config.hidden_size}, "
+        f"{dtype}, weights {weights})"
     )
+    if progress and factory is not None:
+        print(model.weights_report, file=sys.stderr, flush=True)
     return config, model, tokenizer

@@ -1,0 +1,114 @@
+"""The workloads of ``bench_engine.py`` that are about batching (not latency): throughput of a
+fixed batch, the paging overhead, the pool's capacity, and the trace-driven workload."""
+
+from __future__ import annotations
+
+import csv
+import random
+import statistics
+import time
+from functools import partial
+from pathlib import Path
+
+from engine_peers import engine_on, run_hf_continuous, run_hf_static, run_pagedkv
+from pagedkv.engine import LLMEngine, SamplingParams
+
+AZURE_CONV = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure_llm_2023_conv.csv"
+
+
+def azure_workload(
+    count: int, vocab: int, path: Path = AZURE_CONV, scale: int = 4, seed: int = 0
+) -> tuple[list[list[int]], list[int]]:
+    """The first ``count`` Azure conversation requests, lengths divided by ``scale`` and clipped
+    to prompts of 16-768 and outputs of 8-256 tokens (the model's 2k context); prompt token ids
+    drawn at random (fixed seed): every engine is fed the same ids."""
+    rng = random.Random(seed)
+    ids, outs = [], []
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            if len(ids) == count:
+                break
+            prompt = min(max(int(row["ContextTokens"]) // scale, 16), 768)
+            outs.append(min(max(int(row["GeneratedTokens"]) // scale, 8), 256))
+            ids.append([rng.randrange(100, vocab) for _ in range(prompt)])
+    return ids, outs
+
+
+TOPICS = ["the ocean", "a lighthouse", "compilers", "bread", "winter", "a violin", "trains",
+          "the moon", "gardening", "chess", "volcanoes", "libraries", "bees", "rain", "maps",
+          "glass"]  # fmt: skip
+
+
+def prompts(tokenizer, count: int) -> list[list[int]]:
+    """``count`` prompts of varied length (about 10 to 60 tokens), as token ids."""
+    out = []
+    for i in range(count):
+        topic = TOPICS[i % len(TOPICS)]
+        text = f"Write a short essay about {topic}. " + "Be specific and vivid. " * (i % 6)
+        out.append(tokenizer.encode(text))
+    return out
+
+
+def bench_throughput(
+    loaded, hf, repeats: int, num_prompts: int, new_tokens: int, dtype: str = "float32"
+) -> dict:
+    """Ours and the peers on the same weights at ``dtype``, alternating; medians and ratios."""
+    tokenizer = loaded[2]
+    ids = prompts(tokenizer, num_prompts)
+    pad_id = tokenizer.eos_token_id or 0
+    peers = {"transformers generate (padded)": partial(run_hf_static, batch_size=len(ids))}
+    if hasattr(hf, "generate_batch"):
+        peers["transformers generate_batch (continuous)"] = run_hf_continuous
+    rates: dict[str, list[float]] = {"pagedkv": [], **{k: [] for k in peers}}
+    for _ in range(repeats):
+        secs, toks = run_pagedkv(loaded, ids, [new_tokens] * len(ids), dtype=dtype)
+        rates["pagedkv"].append(toks / secs)
+        for name, fn in peers.items():
+            try:
+                secs, toks = fn(hf, ids, [new_tokens] * len(ids), pad_id=pad_id)
+                rates[name].append(toks / secs)
+            except Exception as exc:  # a peer API that does not run on CPU is reported, not fatal
+                print(f"{name} failed: {exc!r}")
+    med = {k: statistics.median(v) for k, v in rates.items() if v}
+    return {"tokens_per_s": med, "ratio": {k: med["pagedkv"] / v for k, v in med.items()}}
+
+
+def decode_step_times(engine: LLMEngine, ids, new_tokens: int) -> float:
+    """Median wall time of the steps in which every scheduled sequence decodes one token."""
+    for p in ids:
+        engine.add_request(p, SamplingParams(max_tokens=new_tokens, ignore_eos=True))
+    times = []
+    while engine.has_unfinished():
+        t0 = time.perf_counter()
+        batch_size_before = engine.snapshot().num_running_seqs
+        engine.step()
+        if batch_size_before == len(ids):  # all prompts computed: a pure decode step
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def bench_paging_overhead(loaded, repeats: int, num_seqs: int, new_tokens: int) -> dict:
+    ids = prompts(loaded[2], num_seqs)
+    step = {"paged B=16": [], "reserved": []}
+    for _ in range(repeats):
+        for name, policy in (("paged B=16", "vllm"), ("reserved", "reserved")):
+            engine = engine_on(loaded, policy=policy, kv_cache_memory_bytes=1 << 30)
+            step[name].append(decode_step_times(engine, ids, new_tokens))
+    med = {k: statistics.median(v) * 1e3 for k, v in step.items()}
+    return {"decode_step_ms": med, "paged_over_reserved": med["paged B=16"] / med["reserved"]}
+
+
+def bench_capacity(loaded, num_requests: int) -> dict:
+    tokenizer = loaded[2]
+    ids = [tokenizer.encode("Summarise: " + "lorem ipsum dolor sit amet " * (2 + 7 * (i % 8)))
+           for i in range(num_requests)]  # fmt: skip
+    params = [SamplingParams(max_tokens=8 + 8 * (i % 4), ignore_eos=True) for i in range(len(ids))]
+    out = {}
+    for policy in ("reserved", "vllm"):
+        engine = engine_on(loaded, policy=policy, kv_cache_memory_bytes=64 << 20)
+        engine.generate(ids, params)
+        s = engine.stats()
+        out[policy] = {"peak_running": s.peak_running, "steps": s.num_steps,
+                       "kv_utilization_peak": round(s.kv_utilization_peak, 3)}  # fmt: skip
+    out["prompt_tokens"] = [len(p) for p in ids]
+    return out

@@ -1,0 +1,146 @@
+"""Weight-only quantized projections on torch's CPU kernels, chosen per shape at load.
+
+``weights="int4"``: group-wise asymmetric int4, 32 weights per group with a scale and a minimum,
+which is exactly GGUF's Q4_1: re-quantizing a Q4_1 tensor's dequantized values by each group's
+min and max gives back its integers, scale and minimum (up to fp32 rounding), so the embedded
+model loses nothing more than the file already lost. Kernel: ``_weight_int4pack_mm_for_cpu``
+(it computes ``(q - 8) * scale + zero``, so zero = minimum + 8 * scale).
+``weights="int8"``: per-output-channel symmetric int8, ``_weight_int8pack_mm``.
+
+Which kernel serves each projection shape is measured at load, at one row (batch-1 decode,
+what the option is for): the int kernel with fp32 activations, with bf16 activations, or the
+plain fp32 matmul when neither beats it. On an AVX-512 machine the bf16-activation kernels win
+by 2-5x at one row; with fp32 activations they were 3-6x *slower* than fp32; on other CPUs
+the order differs, hence the measurement. The choices are printed at start-up. fp32 stays the
+reference: the greedy-equality tests never run a quantized path.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from pagedkv.model.layers import Projection
+
+GROUP = 32
+
+
+class QuantProjection(nn.Module):
+    """``x @ W.T (+ bias)`` with W held quantized; output in ``x``'s dtype."""
+
+    def __init__(self, kind: str, in_features: int, out_features: int, tensors, act, bias):
+        super().__init__()
+        self.kind, self.in_features, self.out_features = kind, in_features, out_features
+        self.act_dtype = act
+        self.weight_q, self.scales = tensors  # int4: (packed uint8, [groups, N, 2] scale/zero)
+        self.bias = bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xa = x.to(self.act_dtype)
+        if self.kind == "int4":
+            out = torch.ops.aten._weight_int4pack_mm_for_cpu(xa, self.weight_q, GROUP, self.scales)
+        else:
+            out = torch._weight_int8pack_mm(xa, self.weight_q, self.scales)
+        out = out.to(x.dtype)
+        return out if self.bias is None else out + self.bias
+
+    def describe(self) -> str:
+        return f"{self.kind} kernel, {str(self.act_dtype).removeprefix('torch.')} activations"
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.weight_q, self.scales))
+
+
+def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(packed, scales_and_zeros)`` of fp32 ``[N, K]`` (K a multiple of 32)."""
+    n, k = weight.shape
+    groups = weight.float().view(n, k // GROUP, GROUP)
+    low, high = groups.amin(-1), groups.amax(-1)
+    scale = ((high - low) / 15).clamp_min(1e-12)  # a constant group: any scale, q = 0
+    q = torch.round((groups - low[..., None]) / scale[..., None]).clamp_(0, 15)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).view(n, k), 1)
+    scales = torch.stack((scale, low + 8 * scale), dim=-1).transpose(0, 1).contiguous()
+    return packed, scales
+
+
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(int8 [N, K], fp32 scales [N])``, symmetric per output channel."""
+    scale = (weight.float().abs().amax(-1) / 127).clamp_min(1e-12)
+    q = torch.round(weight.float() / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q.contiguous(), scale
+
+
+def _time_us(fn: Callable[[], object], reps: int = 5) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best * 1e6
+
+
+class QuantizingFactory:
+    """A ``ProjectionFactory`` for ``llama.load_weights``: quantizes each projection and picks
+    its kernel by a one-row timing per distinct shape (cached). ``report()`` says what won."""
+
+    def __init__(self, kind: str, dtype: torch.dtype, threads: int | None = None) -> None:
+        """``threads``: what the kernels will run with (the loader decodes on one thread)."""
+        if kind not in ("int8", "int4"):
+            raise ValueError(f"quantized weights are int8 or int4, not {kind!r}")
+        self.kind, self.dtype = kind, dtype
+        self.threads = threads or torch.get_num_threads()
+        self.choices: dict[tuple[int, int], tuple[str, dict[str, float]]] = {}
+        self.counts: dict[tuple[int, int], int] = {}
+
+    def __call__(self, name: str, weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
+        n, k = weight.shape
+        plain = Projection(k, n, bias=bias is not None)
+        plain.weight_t = nn.Parameter(weight.t().to(self.dtype).contiguous(), requires_grad=False)
+        plain.bias = (
+            None if bias is None else nn.Parameter(bias.to(self.dtype), requires_grad=False)
+        )
+        if self.kind == "int4" and k % GROUP:
+            return plain
+        tensors = quantize_int4(weight) if self.kind == "int4" else quantize_int8(weight)
+        key = (k, n)
+        self.counts[key] = self.counts.get(key, 0) + 1
+        if key not in self.choices:
+            self.choices[key] = self._choose(k, n, tensors, plain)
+        choice = self.choices[key][0]
+        if choice == "plain":
+            return plain
+        act = getattr(torch, choice)
+        scales = tensors[1].to(act)
+        return QuantProjection(self.kind, k, n, (tensors[0], scales), act, plain.bias)
+
+    def _choose(self, k: int, n: int, tensors, plain: Projection):
+        x = torch.randn(1, k, dtype=self.dtype)
+        before = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        try:
+            timings = {"plain": _time_us(lambda: plain(x))}
+            for act in (torch.float32, torch.bfloat16):
+                scales = tensors[1].to(act)
+                module = QuantProjection(self.kind, k, n, (tensors[0], scales), act, None)
+                try:
+                    timings[str(act).removeprefix("torch.")] = _time_us(lambda m=module: m(x))
+                except RuntimeError:  # a kernel this CPU build lacks
+                    continue
+        finally:
+            torch.set_num_threads(before)
+        return min(timings, key=timings.__getitem__), timings
+
+    def report(self) -> str:
+        """One line per shape: ``[in x out] xN: <kernel> (us at 1 row per candidate)``."""
+        lines = [f"weights {self.kind}, kernel per shape measured at 1 row (cpu "
+                 f"{torch.backends.cpu.get_cpu_capability()}):"]  # fmt: skip
+        for (k, n), (choice, timings) in self.choices.items():
+            what = f"{self.kind} kernel, {choice} activations" if choice != "plain" else "fp32"
+            times = ", ".join(f"{c} {us:.0f} us" for c, us in timings.items())
+            lines.append(f"  [{k} x {n}] x{self.counts[(k, n)]}: {what} ({times})")
+        return "\n".join(lines)
