@@ -26,6 +26,7 @@ import json
 import random
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -82,17 +83,20 @@ def _summary(duration, ttfts, e2es, preemptions, peak) -> dict[str, float]:
     }
 
 
-def replay_engine(loaded, config: EngineConfig, requests, seed: int, clock: str):
+def replay_engine(loaded, config: EngineConfig, requests, seed: int, clock: str, cost=None):
     """One replay on a fresh engine; (summary, the timed steps). ``clock`` "wall": arrivals
     on the wall clock, idle gaps slept. "cpu": the replay's clock is this process's CPU time
-    and an idle gap is skipped (added to the clock), as the simulator does."""
+    and an idle gap is skipped (added to the clock), as the simulator does. With ``cost`` the
+    clock is the sum of ``cost``'s prices of the steps run (idle gaps skipped): the engine
+    then sees the simulator's time, which isolates the scheduling from the step times."""
     warm = LLMEngine(config, parts=build_parts(config, loaded))
     warm.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=2, ignore_eos=True))
     engine = LLMEngine(config, parts=build_parts(config, loaded))
     rec, rng, vocab = StepRecorder(engine, clock), random.Random(seed), engine.info.vocab_size
     steps, first_s, finish_s, peak, next_req = [], {}, {}, 0, 0
-    read, skipped = CLOCKS[clock], 0.0
-    t0 = read()
+    modeled = [0.0]
+    read = CLOCKS[clock] if cost is None else (lambda: modeled[0])
+    skipped, t0 = 0.0, read()
     while next_req < len(requests) or engine.has_unfinished():
         now = read() - t0 + skipped
         while next_req < len(requests) and requests[next_req].arrival_time_s <= now:
@@ -103,12 +107,14 @@ def replay_engine(loaded, config: EngineConfig, requests, seed: int, clock: str)
             next_req += 1
         if not engine.has_unfinished():
             gap = max(0.0, requests[next_req].arrival_time_s - now)
-            if clock == "wall":
+            if clock == "wall" and cost is None:
                 time.sleep(gap)
             else:
                 skipped += gap
             continue
         outputs = rec.step()
+        if cost is not None and rec.last is not None:
+            modeled[0] += cost.step_time_s(rec.last.shape)
         ended = read() - t0 + skipped
         if rec.last is not None:
             steps.append(rec.last)
@@ -126,6 +132,10 @@ def replay_engine(loaded, config: EngineConfig, requests, seed: int, clock: str)
 
 
 def replay_sim(config: EngineConfig, num_blocks: int, requests, cost) -> dict[str, float]:
+    """The simulator on the engine's pool: ``num_blocks`` usable blocks, as the engine reports
+    them. The allocators keep one more block than that (the null block that pads block
+    tables), so the simulator is given ``num_blocks + 1`` blocks' slots, as ``build_parts``
+    gives the engine's allocator."""
     policy = get_policy(config.policy)
     assert policy.block_size == config.block_size, "the benchmark runs the policy's block size"
     scheduler = SchedulerConfig(
@@ -134,7 +144,10 @@ def replay_sim(config: EngineConfig, num_blocks: int, requests, cost) -> dict[st
         max_model_len=config.max_model_len,
         preemption=config.preemption,
     )
-    run = Simulation(requests, policy, num_blocks * config.block_size, scheduler, cost).run()
+    slots = (num_blocks + 1) * config.block_size
+    sim = Simulation(requests, policy, slots, scheduler, cost)
+    assert sim.allocator.num_total_blocks == num_blocks, "the pools must be the same"
+    run = sim.run()
     ttfts = [r.ttft_s for r in run.records]
     e2es = [r.e2e_s for r in run.records]
     return _summary(run.duration_s, ttfts, e2es, run.preemptions, run.peak_running)
@@ -154,7 +167,7 @@ def main() -> None:
     p.add_argument("--kv-blocks", type=int, default=40, help="KV pool in blocks (preemptions)")
     p.add_argument("--max-num-seqs", type=int, default=16)
     p.add_argument("--max-num-batched-tokens", type=int, default=512)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5, help="engine replays (default 5)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: robust when shared)")
     p.add_argument(
         "--clock",
@@ -188,6 +201,12 @@ def main() -> None:
         raise SystemExit(f"--kv-blocks {args.kv_blocks}: a request of {biggest} tokens never fits")
 
     sim = replay_sim(config, num_blocks, requests, cost)
+    # How much the discrete outcomes move when every step is 5 % slower or faster: the noise
+    # band the engine's own runs show too (an arrival lands one step earlier or later).
+    band = {
+        f"{f:+.0%}": replay_sim(config, num_blocks, requests, ScaledCost(cost, 1 + f))
+        for f in (-0.05, 0.05)
+    }
     runs, step_errors = [], []
     for i in range(args.repeats):
         summary, steps = replay_engine(loaded, config, requests, i, args.clock)
@@ -197,6 +216,7 @@ def main() -> None:
             f"engine run {i + 1}/{args.repeats}: "
             + ", ".join(f"{k} {v:.3g}" for k, v in summary.items())
         )
+    same_clock = replay_engine(loaded, config, requests, 0, args.clock, cost)[0]
     rows = _table(runs, sim)
     describe = (
         f"{len(requests)} requests of {args.trace} from #{args.start}: prompts/{args.prompt_divisor}"
@@ -210,6 +230,14 @@ def main() -> None:
     for name, row in rows.items():
         print(f"| {name} | {row['engine']:.3f} | {row['engine_min']:.3f}..{row['engine_max']:.3f} "
               f"| {row['sim']:.3f} | {row['rel_error']:+.1%} |")  # fmt: skip
+    for name in ("preemptions", "peak_running"):
+        engine_values = sorted(int(r[name]) for r in runs)
+        moved = ", ".join(f"{k}: {int(v[name])}" for k, v in band.items())
+        print(f"{name}: engine runs {engine_values}; simulator {int(sim[name])} "
+              f"(steps {moved})")  # fmt: skip
+    diffs = ", ".join(f"{k} {same_clock[k] - sim[k]:+.3g}" for k in METRICS)
+    print(f"engine on the simulator's clock (each step priced by the profile) minus the "
+          f"simulator: {diffs}")  # fmt: skip
     print(f"\nprofile on the replay's own steps (summed predicted / measured - 1): "
           f"{', '.join(f'{e:+.1%}' for e in step_errors)}")  # fmt: skip
     out = Path(args.json)
@@ -223,9 +251,20 @@ def main() -> None:
         "metrics": rows,
         "engine_runs": runs,
         "step_cost_errors": step_errors,
+        "simulator_cost_band": band,
+        "engine_on_simulator_clock": same_clock,
     }
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {out}")
+
+
+@dataclass(frozen=True)
+class ScaledCost:
+    cost: ProfiledCostModel
+    factor: float
+
+    def step_time_s(self, shape) -> float:
+        return self.cost.step_time_s(shape) * self.factor
 
 
 def _step_error(cost: ProfiledCostModel, steps) -> float:
