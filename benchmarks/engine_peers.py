@@ -10,6 +10,8 @@ to these output lengths, greedy, EOS ignored; return (seconds, useful output tok
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import time
 
 import torch
@@ -66,14 +68,50 @@ def run_hf_continuous(model, ids: list[list[int]], new_tokens: list[int], pad_id
     return elapsed, sum(len(r.generated_tokens) for r in res.values())
 
 
-def load_llama_cpp(path, threads: int):
-    """A llama.cpp context on the GGUF, or None when llama-cpp-python is not installed."""
+class LlamaCpp:
+    """llama.cpp in a child process. In the same process its worker threads (OpenMP) stayed
+    busy after each call and slowed the torch engines that ran next by 3-4x; a child that
+    blocks on its pipe (passive OpenMP waiting) leaves the cores to whoever runs."""
+
+    def __init__(self, path, threads: int) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_llama_cpp_child, args=(child, str(path), threads))
+        self.proc.start()
+        ok, detail = self.conn.recv()
+        if not ok:
+            self.proc.join()
+            raise ImportError(detail)
+
+    def __call__(self, ids: list[list[int]], new_tokens: list[int]) -> tuple[float, int]:
+        self.conn.send((ids, new_tokens))
+        return self.conn.recv()
+
+    def close(self) -> None:
+        self.conn.send(None)
+        self.proc.join()
+
+
+def load_llama_cpp(path, threads: int) -> LlamaCpp | None:
+    """A llama.cpp runner on the GGUF, or None when llama-cpp-python is not installed."""
     try:
-        from llama_cpp import Llama
+        return LlamaCpp(path, threads)
     except ImportError:
         return None
-    return Llama(model_path=str(path), n_ctx=2048, n_batch=512, n_threads=threads,
-                 n_threads_batch=threads, verbose=False)  # fmt: skip
+
+
+def _llama_cpp_child(conn, path: str, threads: int) -> None:
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"  # before ggml's OpenMP starts
+    try:
+        from llama_cpp import Llama
+    except ImportError as exc:
+        conn.send((False, repr(exc)))
+        return
+    llm = Llama(model_path=path, n_ctx=2048, n_batch=512, n_threads=threads,
+                n_threads_batch=threads, verbose=False)  # fmt: skip
+    conn.send((True, ""))
+    while (job := conn.recv()) is not None:
+        conn.send(run_llama_cpp(llm, *job))
 
 
 def run_llama_cpp(llm, ids: list[list[int]], new_tokens: list[int]):
