@@ -1,12 +1,13 @@
-"""Where one engine step goes, on the embedded SmolLM2-135M (fp32): batch 1 and batch 32.
+"""Where one engine step goes, on the embedded SmolLM2-135M: batch 1 and batch 32.
 
 For each batch size the engine first prefills the prompts, then times ``--steps`` pure decode
 steps three ways: wall time per step, cProfile (Python: which functions, cumulative), and the
 torch profiler (operators: matmuls vs attention vs the rest). It also prints the memory-bound
-floor of a decode step: the bytes of the weights read once per step over a measured copy
-bandwidth. Nothing is asserted; this is the "before" picture of the latency issue.
+floor of a decode step: the bytes of the weights read once per step over the measured read
+bandwidth. Nothing is asserted; docs/latency.md has the before and after pictures.
 
     python benchmarks/profile_step.py [--batch-sizes 1,32] [--steps 20] [--threads 2]
+        [--weights float|int8|int4]
 """
 
 from __future__ import annotations
@@ -40,16 +41,16 @@ def decoding_engine(loaded, batch_size: int, steps: int) -> LLMEngine:
     return engine
 
 
-def copy_bandwidth_gb_s() -> float:
-    """Read+write bandwidth of one large tensor copy (a rough memory-bound reference)."""
-    src = torch.empty(64 << 20, dtype=torch.float32)
-    dst = torch.empty_like(src)
+def read_bandwidth_gb_s() -> float:
+    """Bytes per second of one pass over a 512 MiB tensor (a sum: reads only, all threads),
+    the rate a decode step at batch 1 reads its weights at best."""
+    data = torch.ones(128 << 20, dtype=torch.float32)
     times = []
     for _ in range(5):
         t0 = time.perf_counter()
-        dst.copy_(src)
+        data.sum()
         times.append(time.perf_counter() - t0)
-    return 2 * src.numel() * 4 / min(times) / 1e9
+    return data.numel() * 4 / min(times) / 1e9
 
 
 def profile(loaded, batch_size: int, steps: int) -> None:
@@ -83,13 +84,19 @@ def main() -> None:
     parser.add_argument("--batch-sizes", default="1,32")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--weights", default="float", help="float, int8 or int4")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    loaded = load_model(None, progress=False)
-    weight_bytes = sum(p.numel() * p.element_size() for p in loaded[1].parameters())
-    bandwidth = copy_bandwidth_gb_s()
+    loaded = load_model(None, progress=False, weights=args.weights)
+    model = loaded[1]
+    tensors = [*model.parameters(), *model.buffers()]
+    if model.embed_tokens is not None:  # only a row of the table is read per token
+        tensors = [t for t in tensors if t is not model.embed_tokens.weight]
+    weight_bytes = sum(t.numel() * t.element_size() for t in tensors)
+    bandwidth = read_bandwidth_gb_s()
     floor_ms = weight_bytes / (bandwidth * 1e9) * 1e3
-    print(f"weights {weight_bytes / 1e6:.0f} MB; copy bandwidth {bandwidth:.1f} GB/s; "
+    print(f"weights {args.weights}: {weight_bytes / 1e6:.0f} MB read per step; read bandwidth "
+          f"{bandwidth:.1f} GB/s; "
           f"memory-bound floor of a decode step ~{floor_ms:.1f} ms")  # fmt: skip
     for batch_size in (int(b) for b in args.batch_sizes.split(",")):
         profile(loaded, batch_size, args.steps)

@@ -35,7 +35,9 @@ class QuantProjection(nn.Module):
         super().__init__()
         self.kind, self.in_features, self.out_features = kind, in_features, out_features
         self.act_dtype = act
-        self.weight_q, self.scales = tensors  # int4: (packed uint8, [groups, N, 2] scale/zero)
+        # int4: packed uint8 and [groups, N, 2] scale/zero; int8: int8 [N, K] and scales [N]
+        self.register_buffer("weight_q", tensors[0])
+        self.register_buffer("scales", tensors[1])
         self.bias = bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
