@@ -2,7 +2,7 @@
 
 The engine (the embedded SmolLM2-135M unless --model) runs a grid of known batches for each
 block size: single prompts of each --prefill-lens length, then for each --context-lens L a
-batch of prompts of about L tokens (spread over L/2..3L/2) prefilled under the token budget
+batch of prompts of L tokens on average (spread over 1..2L) prefilled under the token budget
 and decoded at each --batch-sizes size. Every engine step is timed whole (scheduling, forward
 pass, sampling, detokenizing) and noted with the shape it computed. A linear model over those
 shapes (per step, per new token, per sequence, per context token read, per query-key pair, per

@@ -6,9 +6,9 @@ pays) and notes the ``StepShape`` of the batch each one ran, the same shape the 
 ``profile_engine`` drives engines through a grid of known batches: single prompts of several
 lengths (prefill), then, per context length, a batch of prompts prefilled together (chunked
 prefill steps under the token budget) and decoded at several batch sizes (requests aborted
-between sizes, so one prefill serves every size). Prompts in a decode batch spread over
-[L/2, 3L/2] tokens, as real batches do: the attention pads each batch to its longest context,
-which a batch of equal lengths would hide.
+between sizes, so one prefill serves every size). Prompts in a decode batch spread evenly over
+[1, 2L] tokens (mean L, longest twice the mean), as in the batches of a real trace: the
+attention pads a batch to its longest context, which a batch of equal lengths would hide.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ class ProfilePlan:
 
     def max_tokens_per_seq(self) -> int:
         """The longest a profiled sequence gets: its prompt plus every decode step."""
-        longest = max(max(self.prefill_lens), (3 * max(self.context_lens)) // 2 + 1)
+        longest = max(max(self.prefill_lens), 2 * max(self.context_lens))
         return longest + self.steps_per_point * len(self.batch_sizes) + 2
 
 
@@ -207,7 +207,7 @@ def _decode_points(
     sizes = sorted(plan.batch_sizes, reverse=True)
     params = _params(plan.steps_per_point * len(sizes) + 2)
     n, vocab = sizes[0], engine.info.vocab_size
-    spread = [context // 2 + (context * i) // (n - 1) for i in range(n)] if n > 1 else [context]
+    spread = [max(1, 2 * context * i // (n - 1)) for i in range(n)] if n > 1 else [context]
     ids = [engine.add_request(_prompt(rng, length, vocab), params) for length in spread]
     rng.shuffle(ids)  # abort a random subset at each size: the context spread stays
     while any(i not in rec.first_token_s for i in ids):
