@@ -13,10 +13,9 @@ from pagedkv.errors import UsageError
 from pagedkv.kvcache.policies import get_policy
 from pagedkv.sched import SchedulerConfig
 from pagedkv.sim.cost_model import StepShape
-from pagedkv.sim.profile_fit import fit_cost, fit_robust
+from pagedkv.sim.profile_fit import build_profile, fit_cost, fit_robust
 from pagedkv.sim.profiled_cost import (
     FEATURES,
-    CostProfile,
     ProfiledCostModel,
     TimedStep,
     load_cost_profile,
@@ -148,7 +147,7 @@ def test_a_feature_never_seen_is_priced_zero():
 
 
 def test_a_profile_round_trips_and_drives_the_simulator(tmp_path):
-    profile = CostProfile.from_samples(_samples(), {"model": "m", "machine": "here", "threads": 1})
+    profile = build_profile(_samples(), {"model": "m", "machine": "here", "threads": 1})
     path = tmp_path / "p.json"
     profile.write(path)
     cost = load_cost_profile(path)
@@ -170,7 +169,7 @@ def test_a_profile_round_trips_and_drives_the_simulator(tmp_path):
 
 
 def _profile_dict() -> dict:
-    return CostProfile.from_samples(_samples(20), {"model": "m"}).to_dict()
+    return build_profile(_samples(20), {"model": "m"}).to_dict()
 
 
 @pytest.mark.parametrize(

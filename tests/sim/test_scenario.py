@@ -131,12 +131,13 @@ def test_swap_preemption_through_the_config_and_the_command(capsys) -> None:
 
 def test_a_cost_profile_replaces_the_gpu_clock(tmp_path) -> None:
     from pagedkv.sim.cost_model import StepShape
-    from pagedkv.sim.profiled_cost import CostProfile, TimedStep
+    from pagedkv.sim.profile_fit import build_profile
+    from pagedkv.sim.profiled_cost import TimedStep
 
     shapes = [StepShape(n, 10 * n, 10 * n, n, n, n, 16) for n in range(1, 30)]
     samples = [TimedStep(s, 0.05) for s in shapes]  # every step 50 ms, whatever its shape
     path = tmp_path / "profile.json"
-    CostProfile.from_samples(samples, {"model": "m", "machine": "here"}).write(path)
+    build_profile(samples, {"model": "m", "machine": "here"}).write(path)
     ((run, summary),) = simulate(
         SimulateConfig(**PAPER, policies=("vllm",), cost_profile=str(path))
     )

@@ -146,7 +146,7 @@ def measure(
 
     from pagedkv.engine.profiling import machine_meta, profile_engine
     from pagedkv.model import load_model
-    from pagedkv.sim.profiled_cost import CostProfile
+    from pagedkv.sim.profile_fit import build_profile
 
     if threads is not None:
         torch.set_num_threads(threads)
@@ -169,7 +169,7 @@ def measure(
         "block_sizes": list(plan.block_sizes),
         "plan": dict(plan.__dict__),
     }
-    return CostProfile.from_samples(samples, meta)
+    return build_profile(samples, meta)
 
 
 def _report(profile, output: Path) -> None:

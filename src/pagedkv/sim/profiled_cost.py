@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -116,19 +115,13 @@ class FitStats:
 class CostProfile:
     """A profile as written to JSON: the fitted coefficients, their fit error, what was
     measured (``meta``: model, machine, threads, torch version, dtype, block sizes) and the
-    raw samples (so another fit can be tried without measuring again)."""
+    raw samples (so another fit can be tried without measuring again). Built from samples by
+    ``profile_fit.build_profile``."""
 
     model: ProfiledCostModel
     fit: FitStats
     meta: dict[str, Any]
     samples: tuple[TimedStep, ...]
-
-    @classmethod
-    def from_samples(cls, samples: Sequence[TimedStep], meta: dict[str, Any]) -> CostProfile:
-        """Fit ``samples`` (``profile_fit.build_profile``), keeping every one of them."""
-        from pagedkv.sim.profile_fit import build_profile  # it builds on this module
-
-        return build_profile(samples, meta)
 
     def cost_model(self, source: str = "") -> ProfiledCostModel:
         m = self.model
