@@ -59,14 +59,16 @@ def test_the_recorder_notes_each_step_the_engine_ran(tiny_folder):
     ]
 
 
-def test_profile_quick_writes_a_profile_the_simulator_accepts(tiny_folder, tmp_path, capsys):
+@pytest.mark.parametrize("clock", ["wall", "cpu"])
+def test_profile_quick_writes_a_profile_the_simulator_accepts(tiny_folder, tmp_path, capsys, clock):
     out = tmp_path / "profile.json"
-    code = cli.main(["profile", "--quick", "--model", str(tiny_folder), "-o", str(out)])
+    flags = ["--quick", "--model", str(tiny_folder), "-o", str(out), "--clock", clock]
+    code = cli.main(["profile", *flags, "--threads", "1"])
     assert code == 0
     assert "wrote" in capsys.readouterr().out
     data = json.loads(out.read_text())
     assert data["model"] == str(tiny_folder) and data["block_sizes"] == [16]
-    assert data["threads"] >= 1 and data["torch"]
+    assert data["threads"] == 1 and data["torch"] and data["clock"] == clock
     profile = read_cost_profile(out)
     shapes = [s.shape for s in profile.samples]
     # --quick: prompts of 8 and 32 alone, then 2 prompts of ~16 decoded at batch 2 and 1.

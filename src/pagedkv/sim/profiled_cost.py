@@ -131,7 +131,8 @@ class CostProfile:
         m = self.meta
         return (
             f"profile of {m.get('model', '?')} on {m.get('machine', '?')} "
-            f"({m.get('threads', '?')} threads, fit rms error {self.fit.rms_rel_error:.1%})"
+            f"({m.get('threads', '?')} thread(s), {m.get('clock', 'wall')} clock, "
+            f"fit rms error {self.fit.rms_rel_error:.1%} over {self.fit.num_samples} steps)"
         )
 
     def to_dict(self) -> dict[str, Any]:
