@@ -1,22 +1,26 @@
 """Is the simulator worth trusting? One trace through the real engine and through the simulator
-with a cost profile fitted on this machine, and the error per metric.
+with a cost profile fitted on this machine, and the error per metric (docs/calibration.md).
 
 The trace: a slice of the Azure LLM 2023 conversation trace scaled to the embedded
 SmolLM2-135M on a CPU (prompts divided by --prompt-divisor and capped, outputs divided by
 --output-divisor, arrival times stretched by --time-stretch so the load suits the model's
-speed). The engine replays it on the wall clock: before each step it adds every request whose
+speed). The engine replays it in real time: before each step it adds every request whose
 arrival has passed, as the simulator admits requests at step boundaries; every request
 generates exactly the trace's output length (ignore_eos); a KV pool of --kv-blocks blocks is
 small enough that sequences are preempted. The simulator (``pagedkv.sim.simulator.Simulation``)
 replays the same requests with the same scheduler limits, policy and pool, priced by the
-profile (measured here first, or --profile FILE).
+profile (measured here first with `pagedkv profile`'s default grid, or --profile FILE).
 
-The engine replay runs --repeats times (the machine may be shared: medians, with the spread);
-the simulator is deterministic. Also reported: the profile's error on the replay's own steps
-(summed predicted vs measured step time), which separates cost-model error from scheduling
-that went differently. Writes results/sim_vs_engine.json and prints a markdown table.
+Time is the process's CPU time with one torch thread (--clock cpu, the default: another
+process on a shared machine does not count) or elapsed time (--clock wall: a quiet machine).
+The engine replay runs --repeats times (medians, with the spread); the simulator is
+deterministic. Also reported: the profile's error on the replay's own steps; the simulator's
+preemptions and peak with every step 5 % cheaper or dearer (how timing-sensitive they are);
+and one engine replay on the simulator's clock (each step priced by the profile instead of
+timed), which must equal the simulator exactly: same scheduling, only step time differs.
+Writes results/sim_vs_engine.json (--json) and prints a markdown table.
 
-    python benchmarks/sim_vs_engine.py [--repeats 3] [--profile FILE] [--threads 1]
+    python benchmarks/sim_vs_engine.py [--repeats 5] [--profile FILE] [--clock cpu|wall]
 """
 
 from __future__ import annotations
