@@ -123,6 +123,14 @@ def test_the_fit_recovers_the_kernel_offsets_of_few_rows():
     assert without.coefficients != pytest.approx(TRUE, rel=1e-2)
 
 
+def test_too_few_steps_get_no_offsets():
+    # 12 steps, 6 line coefficients + 6 counts = 12 unknowns: the line alone.
+    samples = [TimedStep(_decode(n, 100), 0.05 + 0.01 * n) for n in (1, 2, 3, 4, 5, 6) * 2]
+    model = fit_cost(samples)
+    assert model.token_offsets_s == {}
+    assert model.step_time_s(_decode(3, 100)) == pytest.approx(0.08)
+
+
 def test_coefficients_never_go_negative():
     # Time falls slightly with the number of sequences: an unconstrained fit would price a
     # sequence below zero. The constrained one sets that cost to 0 and keeps the rest >= 0.

@@ -70,8 +70,8 @@ def fit_cost(samples: Sequence[TimedStep], offsets: bool = True) -> ProfiledCost
     """Minimise sum(((predicted - measured) / measured)^2) over ``samples``: every line
     coefficient >= 0 (solve, drop the most negative one, solve again: an active-set pass that
     is exact whenever no dropped feature would come back, which holds for the well-spread
-    samples ``pagedkv profile`` takes) and, when ``offsets``, a signed offset per small token
-    count seen twice or more. Columns are scaled to unit norm first, so counts of 10^6
+    samples ``pagedkv profile`` takes) and, when ``offsets`` and there are twice as many
+    samples as unknowns, a signed offset per small token count seen twice or more. Columns are scaled to unit norm first, so counts of 10^6
     query-key pairs and the constant 1 are solved with the same precision.
     ValueError with no samples or a non-positive time."""
     if not samples:
@@ -82,7 +82,10 @@ def fit_cost(samples: Sequence[TimedStep], offsets: bool = True) -> ProfiledCost
     for s in samples:
         seen[s.shape.num_batched_tokens] = seen.get(s.shape.num_batched_tokens, 0) + 1
     counts = sorted(n for n, k in seen.items() if k >= 2 and n <= TOKEN_OFFSET_MAX_TOKENS)
-    counts = counts if offsets else []
+    # An offset per count only with twice as many steps as unknowns: a tiny grid (--quick)
+    # would otherwise be fitted exactly, noise included.
+    enough = len(samples) >= 2 * (len(FEATURES) + len(counts))
+    counts = counts if offsets and enough else []
     names = [*FEATURES, *counts]  # str: a line coefficient; int: the offset at that count
     rows = [
         [x / s.seconds for x in features(s.shape)]
