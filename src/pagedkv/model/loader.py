@@ -113,7 +113,7 @@ def load_model(
     ``path``: None (embedded SmolLM2-135M-Instruct), a GGUF file, or a Hugging Face folder.
     ``weights``: "float" (in ``dtype``, the reference), "int8" or "int4" (weight-only, kernels
     chosen per shape at load, ``quant.py``; the choice is kept in ``model.weights_report``).
-    The load time is printed (with the choice) when ``progress``.
+    The load time is printed when ``progress``; the engine's start-up report prints the choice.
     Progress goes to stderr when ``progress``. Errors: ``FileNotFoundError`` for a missing
     path, ``UsageError`` for anything unreadable or unsupported (e.g. the architecture).
     """
@@ -147,6 +147,4 @@ def load_model(
         f"loaded {config.architecture} ({config.num_layers} layers, hidden {config.hidden_size}, "
         f"{dtype}, weights {weights})"
     )
-    if progress and factory is not None:
-        print(model.weights_report, file=sys.stderr, flush=True)
     return config, model, tokenizer
