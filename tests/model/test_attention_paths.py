@@ -1,5 +1,5 @@
-"""The fast paths of ``paged_attention`` (decode by matmuls, consecutive slots read as a view,
-a whole single-sequence prefill by the causal kernel) against a naive per-sequence reference:
+"""The paths of ``paged_attention`` (decode and chunk groups with a mask, consecutive slots read
+as a view, a whole single-sequence prefill by the causal kernel) against a naive reference:
 softmax(q k^T * scale + causal mask) v, written out here with a loop over heads."""
 
 from __future__ import annotations

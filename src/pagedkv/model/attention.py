@@ -172,15 +172,6 @@ def paged_attention(
             values = v_flat.index_select(0, g.gather_slots).view(gathered)
         keys = keys.to(q.dtype).transpose(1, 2)  # [S, Hkv, ctx, D]
         values = values.to(q.dtype).transpose(1, 2)
-        if max_q == 1:
-            # Decode: one query per sequence, so no padding of queries, and three small
-            # matmuls beat the flash kernel's set-up (~80 -> ~20 us per layer at batch 1).
-            q_dec = q.index_select(0, g.token_index).view(s, num_kv_heads, group, head_dim)
-            scores = torch.matmul(q_dec, keys.transpose(-1, -2)).mul_(scale)
-            scores.masked_fill_(~g.mask, float("-inf"))
-            attn = torch.matmul(scores.softmax(dim=-1), values)  # [S, Hkv, group, D]
-            out[g.token_index] = attn.reshape(s, num_heads * head_dim)
-            continue
         q_pad = q.new_zeros(s * max_q, num_heads, head_dim)
         q_pad[g.padded_index] = q[g.token_index]
         # [S, max_q, Hkv, group, D] -> [S, Hkv, group * max_q, D]: no K/V repeat for GQA.
