@@ -4,6 +4,7 @@ SwiGLU."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +35,45 @@ class Projection(nn.Module):
 
     def describe(self) -> str:
         return f"{str(self.weight_t.dtype).removeprefix('torch.')} matmul"
+
+
+def projection_from_pieces(
+    name: str,
+    pieces: list[torch.Tensor],
+    biases: list[torch.Tensor],
+    dtype: torch.dtype,
+    make_projection: Callable[[str, torch.Tensor, torch.Tensor | None], nn.Module] | None,
+) -> nn.Module:
+    """One projection from the row pieces of its weight (fused here) and of its bias."""
+    bias = torch.cat(biases).to(dtype) if biases else None
+    if make_projection is not None:
+        return make_projection(name, torch.cat(pieces) if len(pieces) > 1 else pieces[0], bias)
+    in_features = pieces[0].shape[1]
+    out_features = sum(p.shape[0] for p in pieces)
+    module = Projection(in_features, out_features, bias=bias is not None)
+    # Each piece is written transposed straight into its columns: one copy, no fused temporary.
+    weight_t = torch.empty(in_features, out_features, dtype=dtype)
+    col = 0
+    for piece in pieces:
+        _copy_transposed(weight_t[:, col : col + piece.shape[0]], piece.to(dtype))
+        col += piece.shape[0]
+    module.weight_t = nn.Parameter(weight_t, requires_grad=False)
+    if bias is not None:
+        module.bias = nn.Parameter(bias.contiguous(), requires_grad=False)
+    return module
+
+
+def _copy_transposed(dst: torch.Tensor, src: torch.Tensor, rows_per_block: int = 256) -> None:
+    """``dst[:] = src.T`` by blocks of source rows: a whole-matrix strided copy thrashes the
+    cache (the 49k x 576 lm_head: 110 ms in torch, 40 ms in 256-row blocks; numpy's copy of a
+    transposed block is ~2.5x torch's on this CPU; bf16, which numpy lacks, stays in torch)."""
+    numpy_ok = src.dtype in (torch.float32, torch.float16, torch.float64)
+    for start in range(0, src.shape[0], rows_per_block):
+        block = src[start : start + rows_per_block]
+        if numpy_ok:
+            dst[:, start : start + rows_per_block].numpy()[:] = block.numpy().T
+        else:
+            dst[:, start : start + rows_per_block].copy_(block.t())
 
 
 class RMSNorm(nn.Module):

@@ -24,7 +24,14 @@ from pagedkv.model.attention import AttentionPlan, paged_attention
 from pagedkv.model.attention_metadata import AttentionMetadata
 from pagedkv.model.config import ModelConfig
 from pagedkv.model.kv_pool import KVCache
-from pagedkv.model.layers import Projection, RMSNorm, RotaryEmbedding, SwiGLU, apply_rotary
+from pagedkv.model.layers import (
+    Projection,
+    RMSNorm,
+    RotaryEmbedding,
+    SwiGLU,
+    apply_rotary,
+    projection_from_pieces,
+)
 
 # A layer's projections → the canonical pieces their weight (and bias) concatenate, by rows.
 PROJECTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -174,7 +181,7 @@ class CausalLM(nn.Module):
         lm_head = embed if cfg.tie_word_embeddings else weights["lm_head.weight"]
         _check_shape("embed_tokens.weight", embed, (cfg.vocab_size, cfg.hidden_size))
         _check_shape("lm_head.weight", lm_head, (cfg.vocab_size, cfg.hidden_size))
-        self.lm_head = _projection("lm_head", [lm_head], [], dtype, make_projection)
+        self.lm_head = projection_from_pieces("lm_head", [lm_head], [], dtype, make_projection)
         if cfg.tie_word_embeddings and isinstance(self.lm_head, Projection):
             self.embed_tokens = None
         else:
@@ -192,7 +199,9 @@ class CausalLM(nn.Module):
                     raise ValueError(
                         f"layers.{i}.{ours}: {rows} rows, model wants {old.out_features}"
                     )
-                new = _projection(f"layers.{i}.{ours}", pieces, biases, dtype, make_projection)
+                new = projection_from_pieces(
+                    f"layers.{i}.{ours}", pieces, biases, dtype, make_projection
+                )
                 owner, _, leaf = ours.rpartition(".")
                 setattr(layer.get_submodule(owner) if owner else layer, leaf, new)
             for ours, canonical in LAYER_PARAMETERS.items():
@@ -214,45 +223,6 @@ def _parameter(
 ) -> nn.Parameter:
     _check_shape(name, tensor, tuple(norm.weight.shape))
     return nn.Parameter(tensor.detach().to(dtype).contiguous(), requires_grad=False)
-
-
-def _projection(
-    name: str,
-    pieces: list[torch.Tensor],
-    biases: list[torch.Tensor],
-    dtype: torch.dtype,
-    make_projection: ProjectionFactory | None,
-) -> nn.Module:
-    """One projection from the row pieces of its weight (fused here) and of its bias."""
-    bias = torch.cat(biases).to(dtype) if biases else None
-    if make_projection is not None:
-        return make_projection(name, torch.cat(pieces) if len(pieces) > 1 else pieces[0], bias)
-    in_features = pieces[0].shape[1]
-    out_features = sum(p.shape[0] for p in pieces)
-    module = Projection(in_features, out_features, bias=bias is not None)
-    # Each piece is written transposed straight into its columns: one copy, no fused temporary.
-    weight_t = torch.empty(in_features, out_features, dtype=dtype)
-    col = 0
-    for piece in pieces:
-        _copy_transposed(weight_t[:, col : col + piece.shape[0]], piece.to(dtype))
-        col += piece.shape[0]
-    module.weight_t = nn.Parameter(weight_t, requires_grad=False)
-    if bias is not None:
-        module.bias = nn.Parameter(bias.contiguous(), requires_grad=False)
-    return module
-
-
-def _copy_transposed(dst: torch.Tensor, src: torch.Tensor, rows_per_block: int = 256) -> None:
-    """``dst[:] = src.T`` by blocks of source rows: a whole-matrix strided copy thrashes the
-    cache (the 49k x 576 lm_head: 110 ms in torch, 40 ms in 256-row blocks; numpy's copy of a
-    transposed block is ~2.5x torch's on this CPU; bf16, which numpy lacks, stays in torch)."""
-    numpy_ok = src.dtype in (torch.float32, torch.float16, torch.float64)
-    for start in range(0, src.shape[0], rows_per_block):
-        block = src[start : start + rows_per_block]
-        if numpy_ok:
-            dst[:, start : start + rows_per_block].numpy()[:] = block.numpy().T
-        else:
-            dst[:, start : start + rows_per_block].copy_(block.t())
 
 
 def _canonical_names(config: ModelConfig) -> set[str]:
