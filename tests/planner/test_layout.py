@@ -18,7 +18,7 @@ from pagedkv.planner.sources import estimate_dense_num_params, list_presets, loa
 
 
 def test_presets_are_listed():
-    assert list_presets() == ["deepseek-v3", "llama-3-8b", "qwen2.5-7b", "smollm2-135m"]
+    assert list_presets() == ["deepseek-v3", "llama-3-8b", "opt-13b", "qwen2.5-7b", "smollm2-135m"]
 
 
 @pytest.mark.parametrize(
