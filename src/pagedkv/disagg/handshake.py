@@ -1,0 +1,137 @@
+"""The page-format handshake of a prefill/decode pair, through the shared store.
+
+Each instance publishes, under ``pagedkv:pd:<group>:<role>``, what a KV page of its pool
+means (``PageFormat``) and which model wrote it. A decode instance reads the prefill side's
+record at start-up and refuses to start when they differ: a block read with another block
+size, dtype, layer count or head layout is silently wrong, so a warning is not enough.
+With ``--kv-import relayout`` the block size may differ (the decode side re-pages the
+prefill side's blocks on import); every other field must still match.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pagedkv.errors import UsageError
+from pagedkv.planner.constraints import PageFormat
+
+KEY_PREFIX = "pagedkv:pd"
+POLL_S = 0.2
+# Fields a relayout import can bridge: the block size is how tokens are grouped, not what a
+# token's KV record is.
+RELAYOUT_BRIDGES = frozenset({"block_size"})
+
+
+@dataclass(frozen=True)
+class PeerRecord:
+    """What one instance of a pair published about itself."""
+
+    role: str
+    model: str
+    page_format: PageFormat
+    pid: int
+    host: str
+
+    def to_json(self) -> str:
+        return json.dumps({"role": self.role, "model": self.model, "pid": self.pid,
+                           "host": self.host, "page_format": self.page_format.to_dict()})  # fmt: skip
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> PeerRecord:
+        """ValueError on anything that is not a record this version wrote."""
+        try:
+            data = json.loads(text)
+            return cls(
+                role=str(data["role"]),
+                model=str(data["model"]),
+                page_format=PageFormat.from_dict(data["page_format"]),
+                pid=int(data["pid"]),
+                host=str(data["host"]),
+            )
+        except (KeyError, TypeError, ValueError, UsageError) as exc:
+            raise ValueError(f"not a pagedkv page-format record: {exc}") from None
+
+
+def record_key(group: str, role: str) -> str:
+    return f"{KEY_PREFIX}:{group}:{role}"
+
+
+def own_record(role: str, model: str, page_format: PageFormat) -> PeerRecord:
+    return PeerRecord(role, model, page_format, os.getpid(), socket.gethostname())
+
+
+def differences(ours: PeerRecord, theirs: PeerRecord, kv_import: str) -> list[str]:
+    """Every field that stops ``ours`` from reading ``theirs``' pages, both values named:
+    ``"block_size 32 (decode) vs 16 (prefill)"``. Empty when they are compatible."""
+    bridged = RELAYOUT_BRIDGES if kv_import == "relayout" else frozenset()
+    diffs = []
+    if ours.model != theirs.model:
+        diffs.append(f"model {ours.model!r} ({ours.role}) vs {theirs.model!r} ({theirs.role})")
+    mine, other = ours.page_format.to_dict(), theirs.page_format.to_dict()
+    for name, value in mine.items():
+        if name not in bridged and value != other[name]:
+            diffs.append(f"{name} {value} ({ours.role}) vs {other[name]} ({theirs.role})")
+    return diffs
+
+
+def check_peer(ours: PeerRecord, theirs: PeerRecord, kv_import: str, group: str) -> None:
+    """UsageError (one line, both sides' values) unless ``ours`` may read ``theirs``' pages."""
+    diffs = differences(ours, theirs, kv_import)
+    if not diffs:
+        return
+    hint = (
+        "start both with the same model, --dtype and --block-size"
+        + ("" if kv_import == "relayout" or diffs[0].startswith("model") else
+           ", or the decode side with --kv-import relayout if only the block size differs")
+    )  # fmt: skip
+    raise UsageError(
+        f"KV page format mismatch in P/D group {group!r}: {'; '.join(diffs)} ({hint})",
+        "page_format",
+        code="page_format_mismatch",
+    )
+
+
+class Handshake:
+    """Publish our record and read the peer's, over ``client`` (a ``redis.Redis``; any object
+    with ``get``/``set`` works). Store errors become ``UsageError``: a pair cannot start
+    without its store."""
+
+    def __init__(self, client, url: str, group: str) -> None:
+        self._client, self._url, self._group = client, url, group
+
+    def publish(self, record: PeerRecord) -> None:
+        try:
+            self._client.set(record_key(self._group, record.role), record.to_json())
+        except Exception as exc:  # noqa: BLE001 - any client error means: no store
+            raise UsageError(f"cannot publish the page format to {self._url}: {exc}",
+                             "kv_store") from None  # fmt: skip
+
+    def wait_for(self, role: str, wait_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> PeerRecord:  # fmt: skip
+        """The ``role`` instance's record; UsageError if none appears within ``wait_s``."""
+        deadline = clock() + wait_s
+        key = record_key(self._group, role)
+        while True:
+            try:
+                raw = self._client.get(key)
+            except Exception as exc:  # noqa: BLE001
+                raise UsageError(f"cannot read the {role} instance's page format from "
+                                 f"{self._url}: {exc}", "kv_store") from None  # fmt: skip
+            if raw is not None:
+                try:
+                    return PeerRecord.from_json(raw)
+                except ValueError as exc:
+                    raise UsageError(f"{key} in {self._url}: {exc}", "kv_store") from None
+            if clock() >= deadline:
+                raise UsageError(
+                    f"no {role} instance published its page format in {self._url} "
+                    f"(P/D group {self._group!r}) within {wait_s:g} s: start it first, "
+                    "with the same --kv-store and --pd-group",
+                    "kv_store",
+                )
+            time.sleep(POLL_S)
