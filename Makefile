@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup test lint format run bench bench-peers clean
+.PHONY: setup test lint format run bench bench-peers clean redis
 
 setup: $(STAMP)
 
@@ -25,7 +25,11 @@ format: setup
 	$(VENV)/bin/ruff check --fix src tests benchmarks
 	$(VENV)/bin/ruff format src tests benchmarks
 
-test: lint
+# The KV store tests run a real redis-server (Debian's package; CI runs as root, no sudo).
+redis:
+	command -v redis-server >/dev/null || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server)
+
+test: lint redis
 	$(PY) -m pytest -q
 
 run: setup

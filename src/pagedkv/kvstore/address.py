@@ -1,0 +1,45 @@
+"""``--kv-store redis://HOST:PORT[/DB]``: parsed and checked once, at the edge."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from pagedkv.errors import UsageError
+
+DEFAULT_PORT = 6379
+
+
+@dataclass(frozen=True)
+class StoreAddress:
+    """Where the shared store listens: a Redis server (``db`` is the logical database)."""
+
+    host: str
+    port: int
+    db: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"redis://{self.host}:{self.port}/{self.db}"
+
+
+def parse_store_url(url: str) -> StoreAddress:
+    """``redis://HOST[:PORT][/DB]`` -> ``StoreAddress``; a one-line ``UsageError`` naming the
+    ``kv_store`` parameter for anything else (other schemes, credentials, a query, a bad port
+    or database number)."""
+    if not isinstance(url, str):
+        raise UsageError(f"--kv-store must be a redis://HOST:PORT URL, got {url!r}", "kv_store")
+    bad = f"--kv-store must be redis://HOST:PORT[/DB], got {url!r}"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:  # a port that is not a number, or out of range
+        raise UsageError(f"{bad}: {exc}", "kv_store") from None
+    if parts.scheme != "redis" or not parts.hostname:
+        raise UsageError(bad, "kv_store")
+    if parts.username or parts.password or parts.query or parts.fragment:
+        raise UsageError(f"{bad}: credentials, queries and fragments are not supported", "kv_store")
+    db_text = parts.path.strip("/")
+    if db_text and not db_text.isdigit():
+        raise UsageError(f"{bad}: the database must be a number", "kv_store")
+    return StoreAddress(parts.hostname, port or DEFAULT_PORT, int(db_text or 0))

@@ -1,0 +1,88 @@
+"""``StoreWriter``: write-through of full blocks, off the step's thread.
+
+After a forward pass the engine turns the step's newly full blocks into payloads (a copy: the
+device blocks may be reused next step) and ``submit``s them; a daemon thread sends them to the
+store in pipelined batches. The step therefore never waits for the network. What the queue
+cannot hold (``max_queued_bytes``) or the store refuses is dropped and counted
+(``counters.writes_dropped``): a dropped block is only a later miss, never wrong KV.
+``flush`` waits until everything submitted so far was sent (tests, shutdown, benchmarks).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Sequence
+
+from pagedkv.kvstore.client import StoreClient
+
+DEFAULT_MAX_QUEUED_BYTES = 256 << 20
+
+
+class StoreWriter:
+    """One daemon thread per engine; ``submit`` and ``flush`` may be called from any thread."""
+
+    def __init__(self, client: StoreClient, max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES):
+        self._client = client
+        self._max_queued_bytes = max_queued_bytes
+        self._queue: deque[list[tuple[bytes, bytes]]] = deque()
+        self._queued_bytes = 0
+        self._in_flight = 0  # batches taken off the queue and not yet finished
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="pagedkv-kv-store", daemon=True)
+        self._thread.start()
+
+    def submit(self, items: Sequence[tuple[bytes, bytes]]) -> int:
+        """Queue ``(key, payload)`` pairs; returns how many were accepted (the rest dropped and
+        counted). Never blocks on the store; items are skipped at once while it is down."""
+        counters = self._client.counters
+        if not items:
+            return 0
+        if self._client.is_down or self._closed:
+            counters.add(writes_dropped=len(items))
+            return 0
+        accepted: list[tuple[bytes, bytes]] = []
+        with self._cond:
+            for key, value in items:
+                if self._queued_bytes + len(value) > self._max_queued_bytes:
+                    break
+                accepted.append((key, value))
+                self._queued_bytes += len(value)
+            if accepted:
+                self._queue.append(accepted)
+                self._cond.notify()
+        if len(accepted) < len(items):
+            counters.add(writes_dropped=len(items) - len(accepted))
+        return len(accepted)
+
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Wait until every submitted batch was sent (or dropped); False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._queue and not self._in_flight, timeout_s)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Send what is queued (up to ``timeout_s``), then stop the thread."""
+        self.flush(timeout_s)
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._queue or self._closed)
+                if not self._queue:
+                    return  # closed and drained
+                batch = self._queue.popleft()
+                self._in_flight += 1
+            try:
+                sent = self._client.put_many(batch)
+                if sent < len(batch):
+                    self._client.counters.add(writes_dropped=len(batch) - sent)
+            finally:
+                with self._cond:
+                    self._queued_bytes -= sum(len(v) for _, v in batch)
+                    self._in_flight -= 1
+                    self._cond.notify_all()
