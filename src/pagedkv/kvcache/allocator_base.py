@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pagedkv.kvcache.block_pool import NULL_BLOCK_ID
 from pagedkv.kvcache.hashing import BlockHash
 from pagedkv.kvcache.protocol import KVCacheStats, SeqLike
+from pagedkv.kvcache.tiers import NO_TIER_ORDERS, TierOrders
 
 INT32_BYTES = 4
 
@@ -67,6 +68,11 @@ class BlockTableAllocator:
     @property
     def block_size(self) -> int:
         return self._block_size
+
+    def drain_tier_orders(self) -> TierOrders:
+        """The lower-tier copies this step ordered (``tiers.py``), handed out once; the paged
+        allocator with tiers overrides it. Called by the scheduler at the end of a step."""
+        return NO_TIER_ORDERS
 
     # -- argument checks shared by the subclasses ------------------------------------------
 

@@ -27,7 +27,7 @@ State is kept as parallel lists rather than one object per block: the hot loops 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from pagedkv.kvcache.cached_queue import CachedQueue
 from pagedkv.kvcache.hashing import BlockHash
@@ -60,6 +60,9 @@ class BlockPool:
         # Cached free blocks, least recently freed first.
         self._cached = CachedQueue(num_blocks)
         self.num_evictions = 0
+        # Called with (block_id, hash) for every cached block ``take`` evicts (the lower tiers
+        # of ``tiers.py`` take it over), before the block is handed out. None = no one listens.
+        self.on_evict: Callable[[int, BlockHash], None] | None = None
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -104,8 +107,11 @@ class BlockPool:
         del empty[len(empty) - k :]
         if k < num_blocks:
             pop, hashes, index = self._cached.pop_oldest, self.block_hashes, self.index
+            on_evict = self.on_evict
             for _ in range(num_blocks - k):
                 b = pop()
+                if on_evict is not None:
+                    on_evict(b, hashes[b])
                 del index[hashes[b]]  # the only holder of its hash (see the docstring)
                 hashes[b] = None
                 out.append(b)

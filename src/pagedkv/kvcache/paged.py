@@ -8,10 +8,15 @@ while any is left, else the least recently freed cached one (see ``block_pool.py
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
+
 from pagedkv.kvcache.allocator_base import BlockTableAllocator, SeqBlocks, ceil_div
 from pagedkv.kvcache.block_pool import BlockPool
 from pagedkv.kvcache.hashing import BlockHash, HashExtraKeys, get_hash_fn, hash_blocks, root_hash
 from pagedkv.kvcache.protocol import KVCacheStats, SeqLike
+from pagedkv.kvcache.tier_chain import TierChain
+from pagedkv.kvcache.tiers import NO_TIER_ORDERS, TIER_DEVICE, KVTier, TierOrders
 
 # Root hashes are a cache (one sha256 to recompute); a server with per-user salts meets many.
 _MAX_CACHED_ROOTS = 4096
@@ -34,6 +39,18 @@ class PagedAllocator(BlockTableAllocator):
         self._roots: dict[HashExtraKeys, BlockHash] = {}
         # The hashes computed by the last match_prefix, reused by the admission right after it.
         self._last_match: tuple[int, int, HashExtraKeys, list[BlockHash]] | None = None
+        self.tiers: TierChain | None = None  # lower tiers (``tiers.py``); None = device only
+
+    def set_tiers(self, tiers: Sequence[KVTier]) -> None:
+        """Continue prefix matches in ``tiers`` (in order) and offer evicted blocks to them;
+        the step's copies come out of ``drain_tier_orders``. Call before the first admission."""
+        if not self.prefix_caching:
+            raise ValueError("lower KV tiers need prefix caching (they are keyed by block hash)")
+        self.tiers = TierChain(tiers)
+        self.pool.on_evict = self.tiers.evicted
+
+    def drain_tier_orders(self) -> TierOrders:
+        return self.tiers.drain() if self.tiers is not None else NO_TIER_ORDERS
 
     @property
     def num_total_blocks(self) -> int:
@@ -72,10 +89,14 @@ class PagedAllocator(BlockTableAllocator):
         max_blocks = (len(seq.token_ids) - 1) // self._block_size
         index = self.pool.index
         num_hit = 0
-        for h in self._prompt_hashes(seq)[:max_blocks]:
+        hashes = self._prompt_hashes(seq)
+        for h in hashes[:max_blocks]:
             if h not in index:
                 break
             num_hit += 1
+        if self.tiers is not None and num_hit < max_blocks:
+            rest = hashes[num_hit:max_blocks]
+            num_hit += self.tiers.match(seq.seq_id, len(seq.token_ids), num_hit, rest)
         return num_hit * self._block_size
 
     # -- allocation ------------------------------------------------------------------------
@@ -124,17 +145,31 @@ class PagedAllocator(BlockTableAllocator):
         for h in hashes[:num_hit]:
             b = self.pool.lookup(h)
             if b is None:
+                if self.tiers is not None:
+                    break  # the rest come from the lower tiers (checked by claim)
                 raise ValueError(
                     f"sequence {seq.seq_id}: the prefix match is stale (a cached block was "
                     "evicted); call match_prefix again right before allocate"
                 )
             hit_ids.append(b)
             num_revived += refs[b] == 0
-        need = ceil_div(total, bs) - num_hit
+        num_device = len(hit_ids)
+        need = ceil_div(total, bs) - num_device
         if need + num_revived > self.pool.num_allocatable:
+            if self.tiers is not None:
+                self.tiers.forget_plan()
             return False
+        loaded = hashes[num_device:num_hit]
+        if loaded:  # claimed before take(), whose evictions must not push them out of a tier
+            assert self.tiers is not None
+            tier_names = self.tiers.claim(seq.seq_id, len(seq.token_ids), num_device, loaded)
         self.pool.share(hit_ids)
         hit_ids.extend(self.pool.take(need))
+        if loaded:
+            fresh = hit_ids[num_device:num_hit]
+            self.tiers.order_loads(tier_names, loaded, fresh)
+            for b, h in zip(fresh, loaded, strict=True):
+                self.pool.set_hash(b, h)
         st = SeqBlocks(hit_ids, total)
         st.block_hashes = hashes[:num_hit]
         self._seqs[seq.seq_id] = st
@@ -169,6 +204,8 @@ class PagedAllocator(BlockTableAllocator):
         for i, h in enumerate(new, start=first):
             set_hash(ids[i], h)
         st.block_hashes.extend(new)
+        if self.tiers is not None:
+            self.tiers.computed(ids[first:num_full], new)
 
     def free(self, seq: SeqLike, preempted: bool = False) -> None:
         st = self._pop(seq, preempted)
@@ -204,12 +241,17 @@ class PagedAllocator(BlockTableAllocator):
 
     def stats(self) -> KVCacheStats:
         pool = self.pool
-        return self._make_stats(
+        stats = self._make_stats(
             pool.num_usable_blocks,
             pool.num_empty,
             pool.num_cached,
             pool.num_evictions,
         )
+        if self.tiers is None:
+            return stats
+        lower = [(name, n * self._block_size) for name, n in self.tiers.hit_blocks.items()]
+        device = stats.prefix_hit_tokens - sum(n for _, n in lower)
+        return replace(stats, tier_hit_tokens=((TIER_DEVICE, device), *lower))
 
     def check_invariants(self) -> None:
         self.pool.check_invariants()

@@ -78,6 +78,9 @@ class KVCacheStats:
     prefix_query_tokens: int  # prompt tokens looked up at admission
     prefix_hit_tokens: int  # of those, tokens whose KV was reused
     num_evictions: int  # cached blocks dropped to make room
+    # Of prefix_hit_tokens, how many each tier supplied ("device" first, then the lower tiers
+    # of ``tiers.py``); empty for an allocator without lower tiers (all hits are device hits).
+    tier_hit_tokens: tuple[tuple[str, int], ...] = ()
 
     @property
     def num_total_slots(self) -> int:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from pagedkv.kvcache.hashing import BlockHash
+from pagedkv.kvcache.tiers import BlockLoad
 from pagedkv.sched.sequence import Seq
 
 
@@ -36,15 +38,22 @@ class ScheduledBatch:
 
     Before the forward pass the engine applies, whole blocks and in this order:
 
+    0. ``block_offloads``: ``(device_block, block_hash)`` evicted cached blocks copied into the
+       host tier (``kvcache/tiers.py``);
     1. ``swap_out``: ``(device_block, host_block)`` copies of sequences swapped out this step;
     2. ``swap_in``: ``(host_block, device_block)`` copies of sequences swapped back in;
     3. ``block_copies``: ``(src_block, dst_block)`` device copies (copy-on-write of forks);
+    4. ``block_loads``: ``BlockLoad(tier, block_hash, device_block)`` prefix blocks copied
+       from a lower tier into fresh device blocks (counted as computed, like a prefix hit);
 
-    then runs ``seqs`` and calls ``Scheduler.update`` with one list of sampled token ids per
-    entry of ``seqs`` (empty where ``num_samples == 0``). The order matters: a device block
-    freed by a swap-out may already be reused in the same step (by a new allocation, which the
-    forward pass writes), so every swap-out must read its block first. Host block ids index a
-    host pool of ``SwapSpace.num_blocks`` blocks in the device pool's block layout.
+    then runs ``seqs``, then applies ``block_saves`` (``(device_block, block_hash)`` full blocks
+    the forward pass just computed, written through to a store tier), and calls
+    ``Scheduler.update`` with one list of sampled token ids per entry of ``seqs`` (empty where
+    ``num_samples == 0``). The order matters: a device block evicted or freed by a swap-out
+    may already be reused in the same step (by a new allocation, which a swap-in, a load or
+    the forward pass writes), so every offload and swap-out must read its block first. Host
+    block ids index a host pool of ``SwapSpace.num_blocks`` blocks in the device pool's block
+    layout. The tier orders are empty unless the allocator has lower tiers.
 
     ``preempted`` lost their device blocks this step: the ``WAITING`` ones will be recomputed,
     the ``SWAPPED`` ones come back through ``swap_in``. ``refused`` are finished with
@@ -58,6 +67,9 @@ class ScheduledBatch:
     refused: tuple[Seq, ...] = ()
     swap_out: tuple[tuple[int, int], ...] = ()
     swap_in: tuple[tuple[int, int], ...] = ()
+    block_offloads: tuple[tuple[int, BlockHash], ...] = ()
+    block_loads: tuple[BlockLoad, ...] = ()
+    block_saves: tuple[tuple[int, BlockHash], ...] = ()
 
     @property
     def num_batched_tokens(self) -> int:

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence as SequenceABC
 
 from pagedkv.kvcache.swap_space import swap_in, swap_out
+from pagedkv.kvcache.tiers import NO_TIER_ORDERS
 from pagedkv.sched.batch import Fork, ScheduledBatch, ScheduledSeq, StepUpdate
 from pagedkv.sched.queues import RequestQueues
 from pagedkv.sched.sequence import FinishReason, Seq, SequenceStatus
@@ -128,6 +129,9 @@ class Scheduler(RequestQueues):
         copies = [c for cs in self._pending_copies.values() for c in cs]
         self._pending_copies.clear()
         refused, self._refused = self._refused, []
+        # Duck-typed: an allocator without lower tiers (or a test double) orders no tier copies.
+        drain = getattr(alloc, "drain_tier_orders", None)
+        tiers = drain() if drain is not None else NO_TIER_ORDERS
         return ScheduledBatch(
             self._step,
             tuple(out),
@@ -136,6 +140,9 @@ class Scheduler(RequestQueues):
             tuple(refused),
             swap_out=tuple(swapped_out),
             swap_in=tuple(swapped_in),
+            block_offloads=tiers.offloads,
+            block_loads=tiers.loads,
+            block_saves=tiers.saves,
         )
 
     def _preempt(self, seq: Seq, swap_copies: list[tuple[int, int]]) -> None:
