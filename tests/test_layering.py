@@ -16,6 +16,7 @@ CORE_PACKAGES = [
     "pagedkv.sched",
     "pagedkv.planner",
     "pagedkv.sim",
+    "pagedkv.kvstore",
 ]
 
 _BLOCK_AND_IMPORT = """
