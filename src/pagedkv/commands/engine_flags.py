@@ -35,6 +35,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-seqs", type=int, default=64, help="running sequences at most")
     g.add_argument("--max-num-batched-tokens", type=int, default=2048, help="tokens per step")
     g.add_argument("--max-model-len", type=int, help="context length (default min(model, 2048))")
+    g.add_argument(
+        "--kv-store",
+        metavar="redis://HOST:PORT",
+        help="shared KV store: full blocks written through to Redis and read back on a miss "
+        "(other engines on the same store share prefixes); down or slow = recompute",
+    )
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -63,6 +69,7 @@ def engine_config(args: argparse.Namespace, **overrides):
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
+        kv_store=args.kv_store,
     )
     fields.update(overrides)
     return EngineConfig(**fields)

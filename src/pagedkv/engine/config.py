@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from pagedkv.errors import UsageError
 from pagedkv.kvcache.policies import get_policy
+from pagedkv.kvstore.address import parse_store_url
 from pagedkv.planner.kv_dtypes import ENGINE_DTYPES
 from pagedkv.sched.preemption import get_victim_policy
 from pagedkv.units import check_block_size
@@ -31,6 +32,8 @@ class EngineConfig:
     max_model_len: int | None = None
     preemption: str = "latest_arrival"
     log_startup: bool = True
+    # The shared KV store tier (kvstore/): a redis://HOST:PORT[/DB] URL; None = no store.
+    kv_store: str | None = None
 
     def __post_init__(self) -> None:
         """Every check raises ``UsageError`` naming the field (these are the user's flags)."""
@@ -50,6 +53,8 @@ class EngineConfig:
                 raise UsageError(str(exc), param) from None
         if self.block_size is not None:
             check_block_size(self.block_size)
+        if self.kv_store is not None:
+            parse_store_url(self.kv_store)  # one-line UsageError naming kv_store
         for name in ("kv_cache_memory_bytes", "max_num_seqs", "max_num_batched_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
