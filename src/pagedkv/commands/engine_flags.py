@@ -36,6 +36,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-batched-tokens", type=int, default=2048, help="tokens per step")
     g.add_argument("--max-model-len", type=int, help="context length (default min(model, 2048))")
     g.add_argument(
+        "--host-kv-memory",
+        default="0",
+        metavar="SIZE",
+        help="host tier for evicted prefix blocks, e.g. 2GiB (LRU; default 0 = none)",
+    )
+    g.add_argument(
         "--kv-store",
         metavar="redis://HOST:PORT",
         help="shared KV store: full blocks written through to Redis and read back on a miss "
@@ -69,6 +75,7 @@ def engine_config(args: argparse.Namespace, **overrides):
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
+        host_kv_memory_bytes=parse_bytes("--host-kv-memory", args.host_kv_memory),
         kv_store=args.kv_store,
     )
     fields.update(overrides)

@@ -31,6 +31,8 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None
     preemption: str = "latest_arrival"
+    # Host tier of evicted prefix blocks (engine/tier_setup.py); 0 = none.
+    host_kv_memory_bytes: int = 0
     log_startup: bool = True
     # The shared KV store tier (kvstore/): a redis://HOST:PORT[/DB] URL; None = no store.
     kv_store: str | None = None
@@ -53,6 +55,11 @@ class EngineConfig:
                 raise UsageError(str(exc), param) from None
         if self.block_size is not None:
             check_block_size(self.block_size)
+        host = self.host_kv_memory_bytes
+        if isinstance(host, bool) or not isinstance(host, int) or host < 0:
+            raise UsageError(
+                f"host_kv_memory_bytes must be an integer >= 0, got {host!r}", "host_kv_memory"
+            )
         if self.kv_store is not None:
             parse_store_url(self.kv_store)  # one-line UsageError naming kv_store
         for name in ("kv_cache_memory_bytes", "max_num_seqs", "max_num_batched_tokens"):

@@ -66,6 +66,7 @@ class LLMEngine:
         # request: handed to the next step() caller instead of being lost.
         self._stash: dict[str, RequestOutput] = {}
         self.recorder = StatsRecorder(self.allocator)
+        self.recorder.tier_counts = self.runner.tiers.counts if self.runner.tiers else None
         self.num_failed_requests = 0
 
     @property

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pagedkv.engine.tier_runtime import TierRuntime
 from pagedkv.kvcache.protocol import KVAllocator
 from pagedkv.model.attention_metadata import AttentionMetadata
 from pagedkv.model.config import ModelConfig
@@ -46,6 +47,8 @@ class ModelRunner:
         self.config = config
         self.block_size = block_size
         self.num_blocks = num_blocks  # physical blocks, the null block included
+        # Lower KV tiers (host, store): their copies run around the forward pass. Start-up sets it.
+        self.tiers: TierRuntime | None = None
         self.kv_caches: list[KVCache] = allocate_kv_caches(
             config.num_layers,
             num_blocks,
@@ -95,14 +98,20 @@ class ModelRunner:
     def execute(self, batch: ScheduledBatch, allocator: KVAllocator) -> torch.Tensor:
         """Apply the batch's block copies, run the forward pass, and return fp32 logits
         ``[R, vocab]`` for the entries of ``batch.seqs`` that need logits, in batch order."""
+        if self.tiers is not None:  # first: the evicted blocks are reused below
+            self.tiers.offload(batch, self.kv_caches)
         if batch.block_copies:
             copy_blocks(self.kv_caches, torch.tensor(batch.block_copies, dtype=torch.int64))
+        if self.tiers is not None:  # last before the forward pass, which reads them
+            self.tiers.load(batch, self.kv_caches)
         if not batch.seqs:
             return torch.empty(0, self.config.vocab_size)
         inputs = self.prepare(batch, allocator)
         hidden = self.model(
             inputs.input_ids, inputs.positions, self.kv_caches, inputs.metadata, self.block_size
         )
+        if self.tiers is not None:  # write-through of the full blocks just computed
+            self.tiers.save(batch, self.kv_caches)
         if inputs.logit_rows.numel() == 0:
             return torch.empty(0, self.config.vocab_size)
         return self.model.compute_logits(hidden[inputs.logit_rows])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from pagedkv.engine.tier_counts import TierCounts, tier_rows
 from pagedkv.kvcache.protocol import KVAllocator
 from pagedkv.sched.batch import ScheduledBatch
 from pagedkv.sched.scheduler import Scheduler
@@ -54,6 +55,10 @@ class EngineSnapshot:
     num_steps: int
     num_unfinished_requests: int  # added, not yet reported finished
     num_failed_requests: int  # requests a failure inside a step ended (the rest went on)
+    # Lower KV tiers (kvcache/tiers.py): hit tokens per tier ("device" first; empty without
+    # lower tiers) and the blocks / bytes they copied (None without lower tiers).
+    tier_hit_tokens: tuple[tuple[str, int], ...] = ()
+    tier_moves: TierCounts | None = None
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,7 @@ class EngineStats:
     kv_utilization_peak: float
     peak_running: int
     preemptions: int
+    tier_hit_tokens: tuple[tuple[str, int], ...] = ()  # of prefix_hit_tokens, per tier
 
     @property
     def generated_tokens_per_s(self) -> float:
@@ -93,11 +99,14 @@ class EngineStats:
             ),
             ("peak running sequences", f"{self.peak_running}"),
             ("preemptions", f"{self.preemptions}"),
+            *tier_rows(self.tier_hit_tokens),
         ]
 
 
 class StatsRecorder:
     """Samples the allocator after every step. Cheap: one ``stats()`` call per step."""
+
+    tier_counts: TierCounts | None = None  # the runner's lower-tier copies (engine.py sets it)
 
     def __init__(self, allocator: KVAllocator) -> None:
         self._allocator = allocator
@@ -152,6 +161,8 @@ class StatsRecorder:
             num_steps=self.num_steps,
             num_unfinished_requests=num_unfinished_requests,
             num_failed_requests=num_failed_requests,
+            tier_hit_tokens=kv.tier_hit_tokens,
+            tier_moves=self.tier_counts.copy() if self.tier_counts else None,
         )
 
     def summary(self, scheduler: Scheduler) -> EngineStats:
@@ -169,4 +180,5 @@ class StatsRecorder:
             kv_utilization_peak=self._util_peak,
             peak_running=self.peak_running,
             preemptions=scheduler.num_preemptions,
+            tier_hit_tokens=s.tier_hit_tokens,
         )

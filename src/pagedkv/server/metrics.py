@@ -14,6 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from pagedkv.server.engine_loop import LoopSnapshot
+from pagedkv.server.tier_metrics import tier_metrics
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PREFIX = "pagedkv"
@@ -69,6 +70,7 @@ class _SnapshotCollector(Collector):
             yield GaugeMetricFamily(f"{PREFIX}_{name}", help_text, value=getattr(snap, field))
         for name, help_text, field in _COUNTERS:
             yield CounterMetricFamily(f"{PREFIX}_{name}", help_text, value=getattr(engine, field))
+        yield from tier_metrics(PREFIX, engine)
 
 
 class ServerMetrics:

@@ -1,0 +1,139 @@
+"""The host tier in the engine: a prefix evicted from the device pool comes back from host
+memory instead of being recomputed, and greedy tokens equal a cold run and a device hit, for
+block sizes 1, 16 and 64. Invariants (allocator and host index) after every step.
+
+A tiny random Llama with a 512-token context; prompts are token ids (their text means nothing).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
+from pagedkv.engine.startup import build_parts
+from pagedkv.errors import UsageError
+
+from .conftest import assert_no_leaks
+
+RECORD_BYTES = 512  # the tiny llama: 2 layers x 2 KV heads x 16 dims x K,V x fp32
+POOL_TOKENS = 192  # usable device slots: one long prompt fills most of it
+GREEDY = SamplingParams(max_tokens=6, ignore_eos=True)
+_rng = random.Random(7)
+PROMPT = [_rng.randrange(256) for _ in range(130)]
+# Two distinct long prompts: each takes most of the pool, so that after both no block of
+# PROMPT is left on the device (the second evicts what the first left, oldest first).
+DISTRACTORS = [[_rng.randrange(256) for _ in range(150)] for _ in range(2)]
+
+
+@pytest.fixture(scope="module")
+def tiny_long(tmp_path_factory):
+    from pagedkv.model import load_model
+    from tests.model import tiny
+
+    folder = tmp_path_factory.mktemp("tiny-llama-host-tier")
+    original = dict(tiny.COMMON)
+    tiny.COMMON["max_position_embeddings"] = 512
+    try:
+        tiny.make_tiny_model("llama", folder)
+    finally:
+        tiny.COMMON.clear()
+        tiny.COMMON.update(original)
+    return load_model(folder, progress=False)
+
+
+def make(tiny_long, block_size: int, host_bytes: int) -> LLMEngine:
+    config = EngineConfig(
+        block_size=block_size,
+        kv_cache_memory_bytes=(POOL_TOKENS + block_size) * RECORD_BYTES,  # + the null block
+        host_kv_memory_bytes=host_bytes,
+        max_model_len=256,
+        log_startup=False,
+    )
+    return LLMEngine(config, parts=build_parts(config, tiny_long))
+
+
+def hits(engine: LLMEngine) -> dict[str, int]:
+    return dict(engine.allocator.stats().tier_hit_tokens)
+
+
+def run(engine: LLMEngine, prompt: list[int]):
+    """One request, stepped by hand with every invariant checked after each step."""
+    request_id = engine.add_request(prompt, GREEDY)
+    final = None
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.request_id == request_id and out.finished:
+                final = out
+        engine.allocator.check_invariants()
+        if engine.runner.tiers is not None:
+            engine.runner.tiers.executors["host"].index.check_invariants()
+    assert final is not None and final.error is None
+    return final
+
+
+@pytest.mark.parametrize("block_size", [1, 16, 64])
+def test_host_hit_gives_the_tokens_of_a_cold_run(tiny_long, block_size):
+    cold = run(make(tiny_long, block_size, 0), PROMPT)
+    assert cold.num_cached_tokens == 0
+
+    engine = make(tiny_long, block_size, 1 << 20)
+    first = run(engine, PROMPT)
+    assert first.outputs[0].token_ids == cold.outputs[0].token_ids
+    device = run(engine, PROMPT)  # still on the device: a device hit
+    expected_hit = (len(PROMPT) - 1) // block_size * block_size
+    assert device.num_cached_tokens == expected_hit
+    assert device.outputs[0].token_ids == cold.outputs[0].token_ids
+    assert hits(engine) == {"device": expected_hit, "host": 0}
+
+    for d in DISTRACTORS:  # push every block of PROMPT off the device, into the host tier
+        run(engine, d)
+    assert not any(engine.allocator.pool.lookup(h) for h in _hashes(engine, PROMPT))
+    before = hits(engine)
+    host = run(engine, PROMPT)
+    after = hits(engine)
+    assert after["host"] - before["host"] == expected_hit  # every hit block came from the host
+    assert after["device"] == before["device"]  # none from the device
+    assert host.num_cached_tokens == expected_hit  # usage.cached_tokens counts every tier
+    assert host.outputs[0].token_ids == cold.outputs[0].token_ids
+    snap = engine.snapshot()
+    assert snap.tier_moves is not None
+    assert snap.tier_moves.blocks[("host", "loaded")] == expected_hit // block_size
+    assert snap.tier_moves.blocks[("host", "offloaded")] >= expected_hit // block_size
+    assert_no_leaks(engine)
+
+
+def _hashes(engine: LLMEngine, prompt: list[int]) -> list[bytes]:
+    from pagedkv.kvcache import HashExtraKeys, hash_blocks, root_hash
+
+    bs = engine.allocator.block_size
+    return hash_blocks(prompt, bs, root_hash(HashExtraKeys()), extra=HashExtraKeys())[
+        : (len(prompt) - 1) // bs
+    ]
+
+
+def test_without_a_host_tier_the_evicted_prefix_is_recomputed(tiny_long):
+    engine = make(tiny_long, 16, 0)
+    run(engine, PROMPT)
+    for d in DISTRACTORS:
+        run(engine, d)
+    assert run(engine, PROMPT).num_cached_tokens == 0
+    assert engine.allocator.stats().tier_hit_tokens == ()
+    assert engine.runner.tiers is None
+
+
+def test_bad_host_kv_memory_is_one_usage_error(tiny_long):
+    with pytest.raises(UsageError, match="host_kv_memory_bytes must be an integer >= 0"):
+        EngineConfig(host_kv_memory_bytes=-1)
+    with pytest.raises(UsageError, match="holds no KV block"):
+        make(tiny_long, 16, 100)
+    config = EngineConfig(policy="sglang", host_kv_memory_bytes=1 << 20, log_startup=False)
+    with pytest.raises(UsageError, match="needs a paged policy"):
+        build_parts(config, tiny_long)
+
+
+def test_startup_prints_the_host_tier(tiny_long):
+    config = EngineConfig(host_kv_memory_bytes=1 << 20, max_model_len=256, log_startup=False)
+    report = build_parts(config, tiny_long).startup_report
+    assert "pagedkv: host KV tier 128 blocks x 16 tokens = 2048 slots, 1.0 MiB" in report
