@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.runner import ModelRunner
+from pagedkv.engine.store_runtime import check_store_policy, store_tiers
 from pagedkv.engine.tier_setup import attach_tiers, host_tier_blocks
 from pagedkv.errors import UsageError
 from pagedkv.kvcache.policies import Policy, build_allocator, get_policy
@@ -80,6 +81,7 @@ def build_parts(
             param="kv_cache_memory",
         )
     num_host_kv_blocks = host_tier_blocks(config, policy, layout, block_size)
+    check_store_policy(config, policy)
     allocator = build_allocator(policy, num_blocks * block_size, max_model_len, block_size)
     scheduler = SchedulerConfig(
         max_num_seqs=config.max_num_seqs,
@@ -93,7 +95,8 @@ def build_parts(
     runner = ModelRunner(model, model_config, num_blocks, block_size, TORCH_DTYPES[config.dtype])
     page_format = PageFormat.from_layout(layout, block_size)
     report = startup_report(policy, resolution, allocator, runner, layout, max_model_len)
-    for line in attach_tiers(allocator, runner, num_host_kv_blocks):
+    store = store_tiers(config, page_format, model, runner.kv_caches)
+    for line in attach_tiers(allocator, runner, num_host_kv_blocks, store):
         report += f"\npagedkv: {line}"
     # How the projections compute (the quantized kernels chosen at load), when the loader said.
     for line in getattr(model, "weights_report", "").splitlines():

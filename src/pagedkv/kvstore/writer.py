@@ -10,6 +10,7 @@ cannot hold (``max_queued_bytes``) or the store refuses is dropped and counted
 
 from __future__ import annotations
 
+import atexit
 import threading
 from collections import deque
 from collections.abc import Sequence
@@ -32,6 +33,7 @@ class StoreWriter:
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="pagedkv-kv-store", daemon=True)
         self._thread.start()
+        atexit.register(self.close)  # a process that exits normally sends what it queued
 
     def submit(self, items: Sequence[tuple[bytes, bytes]]) -> int:
         """Queue ``(key, payload)`` pairs; returns how many were accepted (the rest dropped and
@@ -63,6 +65,7 @@ class StoreWriter:
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Send what is queued (up to ``timeout_s``), then stop the thread."""
+        atexit.unregister(self.close)
         self.flush(timeout_s)
         with self._cond:
             self._closed = True
