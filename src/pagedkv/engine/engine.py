@@ -26,6 +26,7 @@ from pagedkv.engine.startup import EngineParts, build_parts
 from pagedkv.engine.stats import EngineInfo, EngineSnapshot, EngineStats, StatsRecorder
 from pagedkv.errors import UsageError
 from pagedkv.kvcache.hashing import HashExtraKeys
+from pagedkv.kvcache.tiers import TIER_STORE
 from pagedkv.sched.batch import ScheduledBatch
 from pagedkv.sched.sequence import Seq
 
@@ -67,6 +68,8 @@ class LLMEngine:
         self._stash: dict[str, RequestOutput] = {}
         self.recorder = StatsRecorder(self.allocator)
         self.recorder.tier_counts = self.runner.tiers.counts if self.runner.tiers else None
+        store = self.runner.tiers.executors.get(TIER_STORE) if self.runner.tiers else None
+        self.recorder.store_counters = store.tier.counters if store is not None else None
         self.num_failed_requests = 0
 
     @property

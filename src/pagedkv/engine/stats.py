@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 
 from pagedkv.engine.tier_counts import TierCounts, tier_rows
+from pagedkv.kvstore.counters import StoreCounters, store_rows
 from pagedkv.kvcache.protocol import KVAllocator
 from pagedkv.sched.batch import ScheduledBatch
 from pagedkv.sched.scheduler import Scheduler
@@ -59,6 +60,9 @@ class EngineSnapshot:
     # lower tiers) and the blocks / bytes they copied (None without lower tiers).
     tier_hit_tokens: tuple[tuple[str, int], ...] = ()
     tier_moves: TierCounts | None = None
+    # The store tier's counters (kvstore/counters.py StoreCounters.as_dict: bytes read and
+    # written, blocks written and dropped, errors, rejected_<reason>); empty without a store.
+    kv_store: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,7 @@ class EngineStats:
     peak_running: int
     preemptions: int
     tier_hit_tokens: tuple[tuple[str, int], ...] = ()  # of prefix_hit_tokens, per tier
+    kv_store: tuple[tuple[str, int], ...] = ()  # as in EngineSnapshot
 
     @property
     def generated_tokens_per_s(self) -> float:
@@ -100,6 +105,7 @@ class EngineStats:
             ("peak running sequences", f"{self.peak_running}"),
             ("preemptions", f"{self.preemptions}"),
             *tier_rows(self.tier_hit_tokens),
+            *store_rows(self.kv_store),
         ]
 
 
@@ -107,6 +113,7 @@ class StatsRecorder:
     """Samples the allocator after every step. Cheap: one ``stats()`` call per step."""
 
     tier_counts: TierCounts | None = None  # the runner's lower-tier copies (engine.py sets it)
+    store_counters: StoreCounters | None = None  # the store tier's (engine.py sets it)
 
     def __init__(self, allocator: KVAllocator) -> None:
         self._allocator = allocator
@@ -140,6 +147,10 @@ class StatsRecorder:
     def end_step(self) -> None:
         self._last = time.perf_counter()
 
+    def _store_items(self) -> tuple[tuple[str, int], ...]:
+        c = self.store_counters
+        return tuple(c.as_dict().items()) if c is not None else ()
+
     def snapshot(
         self, scheduler: Scheduler, num_unfinished_requests: int, num_failed_requests: int
     ) -> EngineSnapshot:
@@ -163,6 +174,7 @@ class StatsRecorder:
             num_failed_requests=num_failed_requests,
             tier_hit_tokens=kv.tier_hit_tokens,
             tier_moves=self.tier_counts.copy() if self.tier_counts else None,
+            kv_store=self._store_items(),
         )
 
     def summary(self, scheduler: Scheduler) -> EngineStats:
@@ -181,4 +193,5 @@ class StatsRecorder:
             peak_running=self.peak_running,
             preemptions=scheduler.num_preemptions,
             tier_hit_tokens=s.tier_hit_tokens,
+            kv_store=self._store_items(),
         )

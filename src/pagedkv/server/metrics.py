@@ -14,6 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from pagedkv.server.engine_loop import LoopSnapshot
+from pagedkv.server.store_metrics import store_metrics
 from pagedkv.server.tier_metrics import tier_metrics
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -71,6 +72,7 @@ class _SnapshotCollector(Collector):
         for name, help_text, field in _COUNTERS:
             yield CounterMetricFamily(f"{PREFIX}_{name}", help_text, value=getattr(engine, field))
         yield from tier_metrics(PREFIX, engine)
+        yield from store_metrics(PREFIX, engine)
 
 
 class ServerMetrics:

@@ -1,0 +1,160 @@
+"""TTFT of a shared 1,500-token prompt by the tier that holds its prefix: cold (recomputed),
+device hit, host hit (and a store hit where a store is plugged in), in one run.
+
+The embedded SmolLM2-135M (fp32), paged B = 16, a device pool of ``--pool-tokens`` slots (room
+for the prompt, not for the prompt and the distractors) and a host tier of ``--host-memory``.
+Each repeat, on one engine:
+
+* **cold**: the prompt under a fresh ``cache_salt`` (nothing anywhere can hit);
+* **device**: the same request again (its blocks are cached on the device);
+* **host**: two distractor prompts evict every block of it from the device into the host tier
+  (checked: the request's hit must come from the host tier only), then the request again;
+* **store**: ``measure_store`` (None here: the store tier's benchmark fills it in).
+
+TTFT = wall time of ``generate(max_tokens=1)`` (one prefill step plus the sample; the
+engine's own clock). Medians over the repeats and their ratios to cold. The machine may be
+shared: read the ratios, and rerun when the spread is wide. Writes results/bench_tiers.json
+and prints a markdown table.
+
+    python benchmarks/bench_tiers.py [--repeats 5] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
+from pagedkv.engine.startup import build_parts
+from pagedkv.model import load_model
+
+PROMPT_TOKENS = 1500
+BLOCK_SIZE = 16
+ONE_TOKEN = SamplingParams(max_tokens=1, ignore_eos=True)
+COLUMNS = ("cold", "device", "host", "store")
+
+
+def prompt_ids(vocab_size: int, n: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(100, vocab_size - 100, (n,), generator=g).tolist()
+
+
+def ttft_s(engine: LLMEngine, prompt: list[int], salt: str) -> tuple[float, dict[str, int]]:
+    """Seconds of one max_tokens=1 request, and the hit tokens it got from each tier."""
+    before = dict(engine.allocator.stats().tier_hit_tokens)
+    request_id = engine.add_request(prompt, ONE_TOKEN, cache_salt=salt)
+    start = time.perf_counter()
+    while True:
+        outs = [o for o in engine.step() if o.request_id == request_id and o.finished]
+        if outs:
+            break
+    elapsed = time.perf_counter() - start
+    after = dict(engine.allocator.stats().tier_hit_tokens)
+    return elapsed, {t: after[t] - before.get(t, 0) for t in after}
+
+
+def measure_store(args: argparse.Namespace, parts, prompt: list[int]) -> list[float] | None:
+    """TTFT of store hits (a second engine reading the prompt's blocks from the store), or None
+    when no store is plugged in. The store tier's helper fills this in."""
+    return None
+
+
+def run(args: argparse.Namespace) -> dict:
+    loaded = load_model(None, progress=False)
+    vocab = loaded[0].vocab_size
+    config = EngineConfig(
+        block_size=BLOCK_SIZE,
+        kv_cache_memory_bytes=args.pool_tokens * 46080,  # SmolLM2: 46,080 KV bytes per token
+        host_kv_memory_bytes=args.host_memory_mib << 20,
+        max_model_len=2048,
+        log_startup=True,
+    )
+    parts = build_parts(config, loaded)
+    engine = LLMEngine(config, parts=parts)
+    prompt = prompt_ids(vocab, PROMPT_TOKENS, 1)
+    distractors = [prompt_ids(vocab, args.distractor_tokens, 2 + i) for i in range(2)]
+    ttft_s(engine, prompt_ids(vocab, 64, 99), "warm-up")
+    times: dict[str, list[float]] = {c: [] for c in COLUMNS}
+    splits: list[dict[str, int]] = []
+    for r in range(args.repeats):
+        salt = f"repeat-{r}"
+        t, hit = ttft_s(engine, prompt, salt)
+        assert sum(hit.values()) == 0, hit
+        times["cold"].append(t)
+        t, hit = ttft_s(engine, prompt, salt)
+        assert hit.get("host", 0) == 0 and hit["device"] > 0, hit
+        times["device"].append(t)
+        for i, d in enumerate(distractors):
+            ttft_s(engine, d, f"distractor-{r}-{i}")
+        t, hit = ttft_s(engine, prompt, salt)
+        assert hit["device"] == 0 and hit["host"] > 0, f"not a pure host hit: {hit}"
+        times["host"].append(t)
+        splits.append(hit)
+    store = measure_store(args, parts, prompt)
+    if store is not None:
+        times["store"] = store
+    medians = {c: statistics.median(v) for c, v in times.items() if v}
+    return {
+        "prompt_tokens": PROMPT_TOKENS,
+        "block_size": BLOCK_SIZE,
+        "pool_tokens": args.pool_tokens,
+        "host_memory_mib": args.host_memory_mib,
+        "repeats": args.repeats,
+        "threads": args.threads,
+        "machine": platform.processor() or platform.machine(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "ttft_s": times,
+        "median_ttft_s": medians,
+        "ratio_to_cold": {c: medians["cold"] / m for c, m in medians.items()},
+        "host_hit_split_tokens": splits[-1] if splits else {},
+        "tier_moves": _moves(engine),
+    }
+
+
+def _moves(engine: LLMEngine) -> dict[str, int]:
+    moves = engine.snapshot().tier_moves
+    if moves is None:
+        return {}
+    return {f"{t}/{k}": n for (t, k), n in moves.blocks.items()}
+
+
+def table(result: dict, fmt: Callable[[float], str] = lambda s: f"{s * 1000:.0f} ms") -> str:
+    cols = [c for c in COLUMNS if c in result["median_ttft_s"]]
+    lines = [
+        "| " + " | ".join(["", *cols]) + " |",
+        "|" + "---|" * (len(cols) + 1),
+        "| TTFT median | " + " | ".join(fmt(result["median_ttft_s"][c]) for c in cols) + " |",
+        "| speed-up vs cold | "
+        + " | ".join(f"{result['ratio_to_cold'][c]:.1f}x" for c in cols)
+        + " |",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--pool-tokens", type=int, default=1600, help="device KV pool, tokens")
+    parser.add_argument("--distractor-tokens", type=int, default=1000)
+    parser.add_argument("--host-memory-mib", type=int, default=256)
+    parser.add_argument("--out", type=Path, default=Path("results/bench_tiers.json"))
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    result = run(args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(table(result))
+    print(f"host hit split (tokens): {result['host_hit_split_tokens']}")
+    print(f"tier copies (blocks): {result['tier_moves']}")
+
+
+if __name__ == "__main__":
+    main()
