@@ -11,8 +11,8 @@ import time
 from dataclasses import dataclass
 
 from pagedkv.engine.tier_counts import TierCounts, tier_rows
-from pagedkv.kvstore.counters import StoreCounters, store_rows
 from pagedkv.kvcache.protocol import KVAllocator
+from pagedkv.kvstore.counters import StoreCounters, store_rows
 from pagedkv.sched.batch import ScheduledBatch
 from pagedkv.sched.scheduler import Scheduler
 

@@ -46,3 +46,20 @@ class StoreCounters:
             }  # fmt: skip
             out.update({f"rejected_{r}": n for r, n in self.rejected.items()})
         return out
+
+
+def store_rows(items: tuple[tuple[str, int], ...]) -> list[tuple[str, str]]:
+    """The store's lines of a stats table (none without a store): ``items`` as in
+    ``EngineSnapshot.kv_store``."""
+    if not items:
+        return []
+    c = dict(items)
+    rejected = sum(n for k, n in c.items() if k.startswith("rejected_"))
+    return [
+        (
+            "KV store read / written",
+            f"{c['bytes_read'] / 2**20:.1f} / {c['bytes_written'] / 2**20:.1f} MiB "
+            f"({c['blocks_written']} blocks written, {c['writes_dropped']} dropped)",
+        ),
+        ("KV store payloads rejected / errors", f"{rejected} / {c['errors']}"),
+    ]
