@@ -47,6 +47,30 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         help="shared KV store: full blocks written through to Redis and read back on a miss "
         "(other engines on the same store share prefixes); down or slow = recompute",
     )
+    add_swap_args(g)
+
+
+def add_swap_args(g: argparse._ArgumentGroup) -> None:
+    """``--preemption-mode`` and ``--swap-space``: the engine's and the simulator's."""
+    g.add_argument(
+        "--preemption-mode",
+        choices=("recompute", "swap"),
+        default="recompute",
+        help="a victim's KV is freed and recomputed, or swapped to host memory (recompute)",
+    )
+    g.add_argument(
+        "--swap-space",
+        metavar="SIZE",
+        help="host swap space for --preemption-mode swap, e.g. 2GiB (4GiB, as vLLM)",
+    )
+
+
+def swap_space_bytes(args: argparse.Namespace) -> int:
+    """--swap-space, or vLLM's default of 4 GiB when swapping without one (0 otherwise: a
+    --swap-space under recompute is passed on, for the config to refuse)."""
+    if args.swap_space:
+        return parse_bytes("--swap-space", args.swap_space)
+    return 4 * 2**30 if args.preemption_mode == "swap" else 0
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -77,6 +101,8 @@ def engine_config(args: argparse.Namespace, **overrides):
         max_model_len=args.max_model_len,
         host_kv_memory_bytes=parse_bytes("--host-kv-memory", args.host_kv_memory),
         kv_store=args.kv_store,
+        preemption_mode=args.preemption_mode,
+        swap_space_bytes=swap_space_bytes(args),
     )
     fields.update(overrides)
     return EngineConfig(**fields)

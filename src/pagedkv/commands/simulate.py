@@ -12,6 +12,7 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
+from pagedkv.commands.engine_flags import add_swap_args, swap_space_bytes
 from pagedkv.commands.plot_path import prepare_plot_path
 from pagedkv.errors import UsageError
 from pagedkv.units import parse_bytes, parse_count, parse_int_list, parse_number, parse_tokens
@@ -27,13 +28,6 @@ def _int_list(option: str, text: str | None) -> tuple[int, ...]:
     if any(v < 1 for v in values):
         raise UsageError(f"{option}: values must be >= 1, got {text!r}", option)
     return values
-
-
-def _swap_space_bytes(a: argparse.Namespace) -> int:
-    """--swap-space, or vLLM's default of 4 GiB when swapping without one."""
-    if a.swap_space:
-        return parse_bytes("--swap-space", a.swap_space)
-    return 4 * 2**30 if a.preemption_mode == "swap" else 0
 
 
 def validate(a: argparse.Namespace) -> SimulateConfig:
@@ -72,7 +66,7 @@ def validate(a: argparse.Namespace) -> SimulateConfig:
         kernel=a.kernel,
         cost_profile=a.cost_profile,
         preemption_mode=a.preemption_mode,
-        swap_space_bytes=_swap_space_bytes(a),
+        swap_space_bytes=swap_space_bytes(a),
         host_link=a.host_link,
     )
 
@@ -142,15 +136,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sc.add_argument(
         "--preemption", default="latest_arrival", help="victim: latest_arrival or least_computed"
     )
-    sc.add_argument(
-        "--preemption-mode", choices=("recompute", "swap"), default="recompute",
-        help="a victim's KV is freed and recomputed, or swapped to host memory (recompute)",
-    )  # fmt: skip
-    sc.add_argument(
-        "--swap-space",
-        metavar="SIZE",
-        help="host swap space for --preemption-mode swap (4GiB, as vLLM)",
-    )
+    add_swap_args(sc)
     sc.add_argument(
         "--host-link", metavar="NAME", help="pcie4-x16 or pcie5-x16 (default: the GPU's own)"
     )

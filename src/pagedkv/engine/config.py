@@ -8,7 +8,7 @@ from pagedkv.errors import UsageError
 from pagedkv.kvcache.policies import get_policy
 from pagedkv.kvstore.address import parse_store_url
 from pagedkv.planner.kv_dtypes import ENGINE_DTYPES
-from pagedkv.sched.preemption import get_victim_policy
+from pagedkv.sched.preemption import PREEMPTION_MODES, get_victim_policy
 from pagedkv.units import check_block_size
 
 MIB = 1 << 20
@@ -33,6 +33,10 @@ class EngineConfig:
     preemption: str = "latest_arrival"
     # Host tier of evicted prefix blocks (engine/tier_setup.py); 0 = none.
     host_kv_memory_bytes: int = 0
+    # What a preempted sequence's KV becomes: "recompute" (freed) or "swap" (copied to a host
+    # pool of swap_space_bytes, copied back before it runs again; recompute when it is full).
+    preemption_mode: str = "recompute"
+    swap_space_bytes: int = 0
     log_startup: bool = True
     # The shared KV store tier (kvstore/): a redis://HOST:PORT[/DB] URL; None = no store.
     kv_store: str | None = None
@@ -66,6 +70,7 @@ class EngineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UsageError(f"{name} must be an integer >= 1, got {value!r}", name)
+        self._check_swap()
         if self.max_model_len is not None and (
             isinstance(self.max_model_len, bool)
             or not isinstance(self.max_model_len, int)
@@ -74,4 +79,26 @@ class EngineConfig:
             raise UsageError(
                 f"max_model_len must be an integer >= 2, got {self.max_model_len!r}",
                 "max_model_len",
+            )
+
+    def _check_swap(self) -> None:
+        """The swap fields agree (whether one block fits is checked at start-up, once the
+        block size is known)."""
+        if self.preemption_mode not in PREEMPTION_MODES:
+            raise UsageError(
+                f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}",
+                "preemption_mode",
+            )
+        swap = self.swap_space_bytes
+        if isinstance(swap, bool) or not isinstance(swap, int) or swap < 0:
+            raise UsageError(
+                f"swap_space_bytes must be an integer >= 0, got {swap!r}", "swap_space"
+            )
+        if self.preemption_mode == "swap" and swap == 0:
+            raise UsageError("--preemption-mode swap needs a --swap-space SIZE > 0", "swap_space")
+        if self.preemption_mode == "recompute" and swap:
+            raise UsageError(
+                "--swap-space is only used with --preemption-mode swap (recompute keeps nothing "
+                "in host memory)",
+                "swap_space",
             )

@@ -66,7 +66,7 @@ class LLMEngine:
         # Outputs that generate() / stream() stepped past (other requests', aborts), newest per
         # request: handed to the next step() caller instead of being lost.
         self._stash: dict[str, RequestOutput] = {}
-        self.recorder = StatsRecorder(self.allocator)
+        self.recorder = StatsRecorder(self.allocator, self.runner.swap_pool)
         self.recorder.tier_counts = self.runner.tiers.counts if self.runner.tiers else None
         store = self.runner.tiers.executors.get(TIER_STORE) if self.runner.tiers else None
         self.recorder.store_counters = store.tier.counters if store is not None else None

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pagedkv.engine.kv_swap import HostSwapPool
 from pagedkv.engine.tier_runtime import TierRuntime
 from pagedkv.kvcache.protocol import KVAllocator
 from pagedkv.model.attention_metadata import AttentionMetadata
@@ -42,7 +43,10 @@ class ModelRunner:
         num_blocks: int,
         block_size: int,
         kv_dtype: torch.dtype = torch.float32,
+        num_host_blocks: int = 0,
     ) -> None:
+        """``num_host_blocks`` > 0 adds a host swap pool of that many blocks (swap
+        preemption; the scheduler's ``SwapSpace`` hands out its block ids)."""
         self.model = model
         self.config = config
         self.block_size = block_size
@@ -57,6 +61,16 @@ class ModelRunner:
             config.head_dim,
             kv_dtype,
         )
+        self.swap_pool: HostSwapPool | None = None
+        if num_host_blocks:
+            self.swap_pool = HostSwapPool(
+                config.num_layers,
+                num_host_blocks,
+                block_size,
+                config.num_kv_heads,
+                config.head_dim,
+                kv_dtype,
+            )
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -96,10 +110,15 @@ class ModelRunner:
         )
 
     def execute(self, batch: ScheduledBatch, allocator: KVAllocator) -> torch.Tensor:
-        """Apply the batch's block copies, run the forward pass, and return fp32 logits
-        ``[R, vocab]`` for the entries of ``batch.seqs`` that need logits, in batch order."""
+        """Apply the batch's swaps (once per step, ``HostSwapPool.apply``) and block copies,
+        run the forward pass, and return fp32 logits ``[R, vocab]`` for the entries of
+        ``batch.seqs`` that need logits, in batch order."""
         if self.tiers is not None:  # first: the evicted blocks are reused below
             self.tiers.offload(batch, self.kv_caches)
+        if self.swap_pool is not None:
+            self.swap_pool.apply(batch, self.kv_caches)
+        elif batch.swap_out or batch.swap_in:
+            raise RuntimeError("the batch swaps KV blocks but this runner has no host swap pool")
         if batch.block_copies:
             copy_blocks(self.kv_caches, torch.tensor(batch.block_copies, dtype=torch.int64))
         if self.tiers is not None:  # last before the forward pass, which reads them

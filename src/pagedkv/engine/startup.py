@@ -80,6 +80,7 @@ def build_parts(
             "or more",
             param="kv_cache_memory",
         )
+    check_swap_space(config, layout, block_size)
     num_host_kv_blocks = host_tier_blocks(config, policy, layout, block_size)
     check_store_policy(config, policy)
     allocator = build_allocator(policy, num_blocks * block_size, max_model_len, block_size)
@@ -88,11 +89,17 @@ def build_parts(
         max_num_batched_tokens=config.max_num_batched_tokens,
         max_model_len=max_model_len,
         preemption=config.preemption,
+        preemption_mode=config.preemption_mode,
+        swap_space_slots=config.swap_space_bytes // layout.record_bytes,
     ).build(allocator)
+    # The scheduler's SwapSpace hands out host block ids: the host pool has exactly its blocks.
+    num_host_blocks = scheduler.swap_space.num_blocks if scheduler.swap_space else 0
     if loaded is None:
         loaded = load_model(config.model, config.dtype, weights=config.weights)
     _, model, tokenizer = loaded
-    runner = ModelRunner(model, model_config, num_blocks, block_size, TORCH_DTYPES[config.dtype])
+    runner = ModelRunner(
+        model, model_config, num_blocks, block_size, TORCH_DTYPES[config.dtype], num_host_blocks
+    )
     page_format = PageFormat.from_layout(layout, block_size)
     report = startup_report(policy, resolution, allocator, runner, layout, max_model_len)
     store = store_tiers(config, page_format, model, runner.kv_caches)
@@ -145,4 +152,28 @@ def startup_report(
             f"{null if num_null else ''}, {runner.kv_cache_bytes / 2**20:.1f} MiB "
             f"({layout.record_bytes} bytes per token); max_model_len {max_model_len}",
         ]
+        + swap_report_lines(runner)
     )
+
+
+def check_swap_space(config: EngineConfig, layout: KVLayout, block_size: int) -> None:
+    """``UsageError`` when swap preemption's host space cannot hold one block."""
+    block_bytes = layout.block_bytes(block_size)
+    if config.preemption_mode == "swap" and config.swap_space_bytes < block_bytes:
+        raise UsageError(
+            f"--swap-space of {config.swap_space_bytes} bytes holds no KV block of {block_size} "
+            f"tokens ({block_bytes} bytes each): give {block_bytes} bytes or more",
+            param="swap_space",
+        )
+
+
+def swap_report_lines(runner: ModelRunner) -> list[str]:
+    """The host swap pool's line, when swap preemption is on."""
+    pool = runner.swap_pool
+    if pool is None:
+        return []
+    return [
+        f"pagedkv: host swap pool {pool.num_blocks} blocks x {pool.block_size} tokens = "
+        f"{pool.num_blocks * pool.block_size} slots, {pool.pool_bytes / 2**20:.1f} MiB in host "
+        "memory (preemption swaps KV out, recompute when it is full)"
+    ]

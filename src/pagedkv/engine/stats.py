@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from pagedkv.engine.kv_swap import HostSwapPool, swap_counts
 from pagedkv.engine.tier_counts import TierCounts, tier_rows
 from pagedkv.kvcache.protocol import KVAllocator
 from pagedkv.kvstore.counters import StoreCounters, store_rows
@@ -63,6 +64,14 @@ class EngineSnapshot:
     # The store tier's counters (kvstore/counters.py StoreCounters.as_dict: bytes read and
     # written, blocks written and dropped, errors, rejected_<reason>); empty without a store.
     kv_store: tuple[tuple[str, int], ...] = ()
+    # Swap preemption (engine/kv_swap.py swap_counts; all 0 under recompute).
+    num_swap_outs: int = 0  # sequences swapped out to the host pool
+    num_swap_ins: int = 0  # sequences swapped back in
+    num_swapped_blocks_out: int = 0
+    num_swapped_blocks_in: int = 0
+    num_swap_fallbacks: int = 0  # victims the full host pool sent to recompute instead
+    swap_out_bytes: int = 0  # KV bytes copied device -> host
+    swap_in_bytes: int = 0  # host -> device
 
 
 @dataclass(frozen=True)
@@ -81,6 +90,9 @@ class EngineStats:
     preemptions: int
     tier_hit_tokens: tuple[tuple[str, int], ...] = ()  # of prefix_hit_tokens, per tier
     kv_store: tuple[tuple[str, int], ...] = ()  # as in EngineSnapshot
+    swap_outs: int = 0  # sequences swapped out (of ``preemptions``)
+    swap_ins: int = 0
+    swap_bytes: int = 0  # KV bytes copied both ways
 
     @property
     def generated_tokens_per_s(self) -> float:
@@ -106,7 +118,13 @@ class EngineStats:
             ("preemptions", f"{self.preemptions}"),
             *tier_rows(self.tier_hit_tokens),
             *store_rows(self.kv_store),
-        ]
+        ] + self._swap_rows()
+
+    def _swap_rows(self) -> list[tuple[str, str]]:
+        if not (self.swap_outs or self.swap_ins):
+            return []
+        moved = f"{self.swap_outs} / {self.swap_ins} ({self.swap_bytes / 2**20:.1f} MiB moved)"
+        return [("sequences swapped out / in", moved)]
 
 
 class StatsRecorder:
@@ -115,8 +133,9 @@ class StatsRecorder:
     tier_counts: TierCounts | None = None  # the runner's lower-tier copies (engine.py sets it)
     store_counters: StoreCounters | None = None  # the store tier's (engine.py sets it)
 
-    def __init__(self, allocator: KVAllocator) -> None:
+    def __init__(self, allocator: KVAllocator, swap_pool: HostSwapPool | None = None) -> None:
         self._allocator = allocator
+        self._swap_pool = swap_pool
         self._start: float | None = None
         self._last = 0.0
         self.num_steps = 0
@@ -175,6 +194,7 @@ class StatsRecorder:
             tier_hit_tokens=kv.tier_hit_tokens,
             tier_moves=self.tier_counts.copy() if self.tier_counts else None,
             kv_store=self._store_items(),
+            **swap_counts(scheduler, self._swap_pool),
         )
 
     def summary(self, scheduler: Scheduler) -> EngineStats:
@@ -194,4 +214,9 @@ class StatsRecorder:
             preemptions=scheduler.num_preemptions,
             tier_hit_tokens=s.tier_hit_tokens,
             kv_store=self._store_items(),
+            swap_outs=scheduler.num_swap_outs,
+            swap_ins=scheduler.num_swap_ins,
+            swap_bytes=self._swap_pool.bytes_out + self._swap_pool.bytes_in
+            if self._swap_pool
+            else 0,
         )

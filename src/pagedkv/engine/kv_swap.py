@@ -1,0 +1,124 @@
+"""The host swap pool: where swap preemption parks a sequence's KV blocks while it waits.
+
+The scheduler decides (``sched/scheduler.py``, ``kvcache/swap_space.py``): a step's
+``ScheduledBatch.swap_out`` lists ``(device_block, host_block)`` copies and ``swap_in``
+``(host_block, device_block)`` copies. ``HostSwapPool`` executes them on tensors: per layer, K
+and V of shape ``[num_host_blocks, block_size, num_kv_heads, head_dim]``, the device pool's
+block layout (``model/kv_pool.py``), so a block moves as one row of each tensor.
+
+Every step's copies of one direction move together: one ``index_select`` (gather) and one
+``index_copy_`` (scatter) per layer and tensor over all of the step's blocks, never a Python
+loop per block. ``apply`` runs swap-outs before swap-ins (the batch's order): a device block
+freed by a swap-out may be reused in the same step, so it must be read first.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pagedkv.model.kv_pool import KVCache
+from pagedkv.sched.batch import ScheduledBatch
+from pagedkv.sched.scheduler import Scheduler
+
+
+class HostSwapPool:
+    """``num_blocks`` host blocks in the device pool's layout, and the bytes moved so far.
+
+    Host blocks are only read after a swap-out wrote them, so the pool is left uninitialised
+    (``torch.empty``: the memory is committed page by page as swap-outs touch it); pinned when
+    the device is a GPU (faster transfers). Not thread-safe: the engine thread only.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"a host swap pool needs num_blocks >= 1, got {num_blocks}")
+        pin = torch.device(device).type == "cuda"
+        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        self.kv_caches: list[KVCache] = [
+            (
+                torch.empty(shape, dtype=dtype, pin_memory=pin),
+                torch.empty(shape, dtype=dtype, pin_memory=pin),
+            )
+            for _ in range(num_layers)
+        ]
+        self.num_blocks = num_blocks
+        self.block_size = block_size  # tokens per block
+        self.block_bytes = 2 * num_layers * block_size * num_kv_heads * head_dim * dtype.itemsize
+        self.blocks_out = 0  # device -> host, counted as copied
+        self.blocks_in = 0  # host -> device
+        self._last_step: int | None = None  # the last step whose swaps ``apply`` ran
+
+    @property
+    def pool_bytes(self) -> int:
+        """Bytes of the whole host pool (K and V of every layer)."""
+        return self.num_blocks * self.block_bytes
+
+    @property
+    def bytes_out(self) -> int:
+        return self.blocks_out * self.block_bytes
+
+    @property
+    def bytes_in(self) -> int:
+        return self.blocks_in * self.block_bytes
+
+    def apply(self, batch: ScheduledBatch, device_caches: list[KVCache]) -> None:
+        """Execute ``batch.swap_out`` then ``batch.swap_in`` on ``device_caches``, at most once
+        per step: a second call for the same ``batch.step`` (containment re-running entries of
+        a failed step one by one) moves nothing, as the blocks already moved. Call it before
+        the step's block copies and forward pass. Mutates both pools and the counters."""
+        if batch.step == self._last_step or not (batch.swap_out or batch.swap_in):
+            return
+        self._last_step = batch.step  # before copying: a copy that raises is not retried
+        if batch.swap_out:
+            self.swap_out(device_caches, torch.tensor(batch.swap_out, dtype=torch.int64))
+        if batch.swap_in:
+            self.swap_in(device_caches, torch.tensor(batch.swap_in, dtype=torch.int64))
+
+    def swap_out(self, device_caches: list[KVCache], device_host: torch.Tensor) -> None:
+        """Copy device blocks to host blocks, int64 ``[N, 2]`` rows ``(device, host)``.
+
+        Host blocks must be distinct; a device block may appear twice (two sequences sharing a
+        prefix block each park their own copy)."""
+        if device_host.numel() == 0:
+            return
+        src, dst = device_host[:, 0], device_host[:, 1]
+        for device_pair, host_pair in zip(device_caches, self.kv_caches, strict=True):
+            for device, host in zip(device_pair, host_pair, strict=True):
+                rows = device.index_select(0, src.to(device.device))
+                host.index_copy_(0, dst, rows.to(host.device))
+        self.blocks_out += len(device_host)
+
+    def swap_in(self, device_caches: list[KVCache], host_device: torch.Tensor) -> None:
+        """Copy host blocks to device blocks, int64 ``[N, 2]`` rows ``(host, device)``; the
+        device blocks must be distinct (fresh blocks of the sequences coming back)."""
+        if host_device.numel() == 0:
+            return
+        src, dst = host_device[:, 0], host_device[:, 1]
+        for device_pair, host_pair in zip(device_caches, self.kv_caches, strict=True):
+            for device, host in zip(device_pair, host_pair, strict=True):
+                rows = host.index_select(0, src).to(device.device)
+                device.index_copy_(0, dst.to(device.device), rows)
+        self.blocks_in += len(host_device)
+
+
+def swap_counts(scheduler: Scheduler, pool: HostSwapPool | None) -> dict[str, int]:
+    """The swap counters of a snapshot (``EngineSnapshot``'s swap fields, all 0 under
+    recompute): sequences and blocks as the scheduler ordered them, bytes as the pool copied."""
+    return {
+        "num_swap_outs": scheduler.num_swap_outs,
+        "num_swap_ins": scheduler.num_swap_ins,
+        "num_swapped_blocks_out": scheduler.num_swapped_blocks_out,
+        "num_swapped_blocks_in": scheduler.num_swapped_blocks_in,
+        "num_swap_fallbacks": scheduler.num_swap_fallbacks,
+        "swap_out_bytes": pool.bytes_out if pool else 0,
+        "swap_in_bytes": pool.bytes_in if pool else 0,
+    }
