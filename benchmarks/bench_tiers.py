@@ -65,9 +65,72 @@ def ttft_s(
 
 
 def measure_store(args: argparse.Namespace, parts, prompt: list[int]) -> list[float] | None:
-    """TTFT of store hits (a second engine reading the prompt's blocks from the store), or None
-    when no store is plugged in. The store tier's helper fills this in."""
-    return None
+    """TTFT of store hits: per repeat, a writer engine computes the prompt under a fresh salt
+    (write-through, flushed), then a second engine -- its own device pool, no host tier, the
+    same process and weights -- reads the prompt's blocks from the store (checked: its hit
+    comes from the store tier only). ``--kv-store URL``, or a redis-server this benchmark
+    starts on a free loopback port (and stops by PID); None when neither is available."""
+    url, server = args.kv_store, None
+    if url is None:
+        server = _start_redis()
+        if server is None:
+            return None
+        url = f"redis://127.0.0.1:{server[1]}"
+    try:
+        loaded = (parts.model_config, parts.model, parts.tokenizer)
+        config = EngineConfig(
+            block_size=BLOCK_SIZE,
+            kv_cache_memory_bytes=args.pool_tokens * 46080,
+            max_model_len=2048,
+            log_startup=True,
+            kv_store=url,
+        )
+        writer = LLMEngine(config, parts=build_parts(config, loaded))
+        reader = LLMEngine(config, parts=build_parts(config, loaded))
+        store = reader.runner.tiers.executors["store"].tier
+        times = []
+        for r in range(args.repeats):
+            salt = f"store-repeat-{r}"
+            ttft_s(writer, prompt, salt)
+            assert writer.runner.tiers.executors["store"].tier.flush(60)
+            t, hit = ttft_s(reader, prompt, salt)
+            assert hit.get("store", 0) > 0 and hit["device"] == 0, f"not a store hit: {hit}"
+            times.append(t)
+        counters = store.counters.as_dict()
+        print(f"store reader counters: {counters}")
+        return times
+    finally:
+        if server is not None:
+            server[0].kill()
+            server[0].wait()
+
+
+def _start_redis():
+    """(process, port) of a fresh redis-server on a free loopback port, or None."""
+    import shutil
+    import socket
+    import subprocess
+
+    binary = shutil.which("redis-server")
+    if binary is None:
+        print("no redis-server (make redis): the store column is left out")
+        return None
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return proc, port
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("redis-server did not start")
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -151,6 +214,7 @@ def main() -> None:
     parser.add_argument("--pool-tokens", type=int, default=1600, help="device KV pool, tokens")
     parser.add_argument("--distractor-tokens", type=int, default=1000)
     parser.add_argument("--host-memory-mib", type=int, default=256)
+    parser.add_argument("--kv-store", help="redis://HOST:PORT (default: start a redis-server)")
     parser.add_argument("--out", type=Path, default=Path("results/bench_tiers.json"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

@@ -3,6 +3,8 @@ for tests that kill their own."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from .redis_server import RedisServer
@@ -32,3 +34,21 @@ def own_redis(tmp_path):
     server = RedisServer(tmp_path).start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_folder(tmp_path_factory) -> Path:
+    """A tiny random Llama checkpoint (vocab 300, context 128, 2 layers)."""
+    from tests.model.tiny import make_tiny_model
+
+    folder = tmp_path_factory.mktemp("tiny-store")
+    make_tiny_model("llama", folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny(tiny_folder):
+    """``(config, model, tokenizer)`` of ``tiny_folder``, loaded once."""
+    from pagedkv.model import load_model
+
+    return load_model(tiny_folder, progress=False)

@@ -22,20 +22,6 @@ GREEDY = SamplingParams(max_tokens=8, ignore_eos=True)
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory) -> Path:
-    from tests.model.tiny import make_tiny_model
-
-    folder = tmp_path_factory.mktemp("tiny-store")
-    make_tiny_model("llama", folder)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_folder):
-    return load_model(tiny_folder, progress=False)
-
-
 def make_engine(loaded, url: str | None) -> LLMEngine:
     config = EngineConfig(log_startup=False, max_model_len=128, kv_store=url)
     return LLMEngine(config, parts=build_parts(config, loaded))
