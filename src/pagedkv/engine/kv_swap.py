@@ -91,9 +91,12 @@ class HostSwapPool:
         if device_host.numel() == 0:
             return
         src, dst = device_host[:, 0], device_host[:, 1]
+        device0 = device_caches[0][0]
+        src = src.to(device0.device)
+        rows = self._staging(len(src), device0)  # one buffer for every layer of the step
         for device_pair, host_pair in zip(device_caches, self.kv_caches, strict=True):
             for device, host in zip(device_pair, host_pair, strict=True):
-                rows = device.index_select(0, src.to(device.device))
+                torch.index_select(device, 0, src, out=rows)
                 host.index_copy_(0, dst, rows.to(host.device))
         self.blocks_out += len(device_host)
 
@@ -103,11 +106,19 @@ class HostSwapPool:
         if host_device.numel() == 0:
             return
         src, dst = host_device[:, 0], host_device[:, 1]
+        dst = dst.to(device_caches[0][0].device)
+        rows = self._staging(len(src), self.kv_caches[0][0])
         for device_pair, host_pair in zip(device_caches, self.kv_caches, strict=True):
             for device, host in zip(device_pair, host_pair, strict=True):
-                rows = host.index_select(0, src).to(device.device)
-                device.index_copy_(0, dst.to(device.device), rows)
+                torch.index_select(host, 0, src, out=rows)
+                device.index_copy_(0, dst, rows.to(device.device))
         self.blocks_in += len(host_device)
+
+    @staticmethod
+    def _staging(num_blocks: int, like: torch.Tensor) -> torch.Tensor:
+        """A gather buffer of ``num_blocks`` blocks shaped like ``like``'s blocks: allocated
+        once per step and direction, not once per layer (fresh memory costs page faults)."""
+        return torch.empty((num_blocks, *like.shape[1:]), dtype=like.dtype, device=like.device)
 
 
 def swap_counts(scheduler: Scheduler, pool: HostSwapPool | None) -> dict[str, int]:
