@@ -101,6 +101,8 @@ def test_host_hit_gives_the_tokens_of_a_cold_run(tiny_long, block_size):
     assert snap.tier_moves is not None
     assert snap.tier_moves.blocks[("host", "loaded")] == expected_hit // block_size
     assert snap.tier_moves.blocks[("host", "offloaded")] >= expected_hit // block_size
+    rows = dict(engine.stats().rows())
+    assert rows["prefix-hit tokens by tier"] == f"device {after['device']}, host {after['host']}"
     assert_no_leaks(engine)
 
 
