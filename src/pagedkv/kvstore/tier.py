@@ -1,7 +1,7 @@
 """``StoreTier``: the shared store as the allocator's "store" tier (``kvcache/tiers.py``).
 
 ``match`` fetches the payloads of the leading hashes (MGET, a chunk at a time), verifies each
-(``codec.decode_payload``: magic, version, namespace, block hash, length, blake2b) and stops at
+(``codec.decode_payload``: magic, version, namespace, block hash, length, CRC-32) and stops at
 the first miss or rejected payload; the verified bodies are *staged*, so the engine's load only
 copies bytes that already passed the checksum. A rejected payload is counted by reason, deleted
 from the store (best effort; the recomputed block's write-through replaces it anyway) and its
