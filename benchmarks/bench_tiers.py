@@ -9,7 +9,9 @@ Each repeat, on one engine:
 * **device**: the same request again (its blocks are cached on the device);
 * **host**: two distractor prompts evict every block of it from the device into the host tier
   (checked: the request's hit must come from the host tier only), then the request again;
-* **store**: ``measure_store`` (None here: the store tier's benchmark fills it in).
+* **store**: ``measure_store``: a writer engine computes the prompt (write-through to Redis),
+  then a second engine with its own device pool and no host tier reads every block from the
+  store (checked: a pure store hit). ``--kv-store URL``, or a redis-server started here.
 
 TTFT = time of one max_tokens=1 request (its prefill step plus the sample), twice: wall time,
 and this process's CPU time (``time.process_time``). On a machine shared with other jobs the
@@ -64,8 +66,10 @@ def ttft_s(
     return elapsed, {t: after[t] - before.get(t, 0) for t in after}
 
 
-def measure_store(args: argparse.Namespace, parts, prompt: list[int]) -> list[float] | None:
-    """TTFT of store hits: per repeat, a writer engine computes the prompt under a fresh salt
+def measure_store(
+    args: argparse.Namespace, parts, prompt: list[int]
+) -> list[tuple[float, float]] | None:
+    """(wall, CPU) TTFT of store hits: per repeat, a writer engine computes the prompt under a fresh salt
     (write-through, flushed), then a second engine -- its own device pool, no host tier, the
     same process and weights -- reads the prompt's blocks from the store (checked: its hit
     comes from the store tier only). ``--kv-store URL``, or a redis-server this benchmark
