@@ -139,3 +139,43 @@ def test_startup_prints_the_host_tier(tiny_long):
     config = EngineConfig(host_kv_memory_bytes=1 << 20, max_model_len=256, log_startup=False)
     report = build_parts(config, tiny_long).startup_report
     assert "pagedkv: host KV tier 128 blocks x 16 tokens = 2048 slots, 1.0 MiB" in report
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--host-kv-memory", "12XB"], "--host-kv-memory: expected a size"),
+        (["--host-kv-memory", "1GiB", "--policy", "sglang"], "needs a paged policy"),
+        (["--host-kv-memory", "100"], "holds no KV block"),
+    ],
+)
+def test_bad_host_kv_memory_flag_is_one_line(capsys, argv, message):
+    from pagedkv import cli
+
+    assert cli.main(["generate", *argv, "hi"]) == 2  # refused before the weights load
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err, err
+
+
+def test_batches_under_pressure_match_a_roomy_pool(tiny_long):
+    """Rounds of batches over shared stems in a pool too small for them: evictions, offloads,
+    host loads (and preemptions) inside one step, among many sequences; every output equals a
+    run in a pool with room for everything, and nothing leaks."""
+    rng = random.Random(3)
+    stems = [[rng.randrange(256) for _ in range(64)] for _ in range(3)]
+    prompts = [stems[i % 3] + [rng.randrange(256) for _ in range(10 + 7 * i)] for i in range(9)]
+    config = EngineConfig(
+        block_size=16, kv_cache_memory_bytes=4 << 20, max_model_len=256, log_startup=False
+    )
+    roomy = LLMEngine(config, parts=build_parts(config, tiny_long))
+    want = [o.outputs[0].token_ids for o in roomy.generate(prompts, GREEDY)]
+    engine = make(tiny_long, 16, 1 << 20)
+    for rnd in range(3):
+        order = list(range(len(prompts)))
+        rng.shuffle(order)
+        outs = engine.generate([prompts[i] for i in order], GREEDY)
+        for i, out in zip(order, outs, strict=True):
+            assert out.error is None and out.outputs[0].token_ids == want[i], (rnd, i)
+        engine.allocator.check_invariants()
+    assert hits(engine)["host"] > 0
+    assert_no_leaks(engine)
