@@ -3,20 +3,21 @@
 Any block size >= 1. Full blocks are registered in the pool's hash index when they fill; a new
 sequence reuses the longest chain of cached full blocks (never its last token, so that logits
 exist). Freed full blocks keep their hash and are evicted lazily: a new block is an empty one
-while any is left, else the least recently freed cached one (see ``block_pool.py``).
+while any is left, else the least recently freed cached one (see ``block_pool.py``). With
+lower tiers (``set_tiers``, ``tiers.py``) a match continues where the device chain breaks, and
+evicted blocks are offered to the host tier.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 from pagedkv.kvcache.allocator_base import BlockTableAllocator, SeqBlocks, ceil_div
 from pagedkv.kvcache.block_pool import BlockPool
 from pagedkv.kvcache.hashing import BlockHash, HashExtraKeys, get_hash_fn, hash_blocks, root_hash
 from pagedkv.kvcache.protocol import KVCacheStats, SeqLike
 from pagedkv.kvcache.tier_chain import TierChain
-from pagedkv.kvcache.tiers import NO_TIER_ORDERS, TIER_DEVICE, KVTier, TierOrders
+from pagedkv.kvcache.tiers import NO_TIER_ORDERS, KVTier, TierOrders
 
 # Root hashes are a cache (one sha256 to recompute); a server with per-user salts meets many.
 _MAX_CACHED_ROOTS = 4096
@@ -247,11 +248,7 @@ class PagedAllocator(BlockTableAllocator):
             pool.num_cached,
             pool.num_evictions,
         )
-        if self.tiers is None:
-            return stats
-        lower = [(name, n * self._block_size) for name, n in self.tiers.hit_blocks.items()]
-        device = stats.prefix_hit_tokens - sum(n for _, n in lower)
-        return replace(stats, tier_hit_tokens=((TIER_DEVICE, device), *lower))
+        return stats if self.tiers is None else self.tiers.with_hits(stats, self._block_size)
 
     def check_invariants(self) -> None:
         self.pool.check_invariants()

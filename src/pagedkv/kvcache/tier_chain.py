@@ -9,8 +9,10 @@ orders out once per step (``drain``).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from pagedkv.kvcache.hashing import BlockHash
+from pagedkv.kvcache.protocol import KVCacheStats
 from pagedkv.kvcache.tiers import TIER_DEVICE, BlockLoad, KVTier, TierOrders
 
 # (sequence id, number of tokens, first block the tiers supply, [(tier, number of blocks)])
@@ -93,6 +95,12 @@ class TierChain:
         """Full blocks this step computes (write-through saves, when a tier wants them)."""
         if self.wants_saves:
             self._saves.extend(zip(block_ids, block_hashes, strict=True))
+
+    def with_hits(self, stats: KVCacheStats, block_size: int) -> KVCacheStats:
+        """``stats`` with its prefix hits split by tier (the device's are the rest)."""
+        lower = [(name, n * block_size) for name, n in self.hit_blocks.items()]
+        device = stats.prefix_hit_tokens - sum(n for _, n in lower)
+        return replace(stats, tier_hit_tokens=((TIER_DEVICE, device), *lower))
 
     def drain(self) -> TierOrders:
         """The step's orders, handed out once; ends the step in every tier."""
