@@ -9,7 +9,6 @@ from pagedkv.kvstore.client import StoreClient
 from pagedkv.kvstore.counters import StoreCounters
 from pagedkv.kvstore.namespace import store_namespace
 from pagedkv.kvstore.tier import StoreTier
-from pagedkv.kvstore.writer import StoreWriter
 from pagedkv.planner.constraints import PageFormat
 
 FMT = PageFormat(4, "mha", "fp32", 2, 2, 16, 0, 0, 512)
@@ -19,19 +18,19 @@ BODY_BYTES = 4 * 512
 def make_tier(url: str, model: str = "m") -> StoreTier:
     client = StoreClient(parse_store_url(url), StoreCounters())
     ns = store_namespace(FMT, model, "sha256")
-    return StoreTier(client, StoreWriter(client), ns, BODY_BYTES, block_size=4)
+    return StoreTier(client, ns, BODY_BYTES, block_size=4)
 
 
 def hashes(n: int) -> list[bytes]:
     return [bytes([i]) * 32 for i in range(n)]
 
 
-def body(i: int) -> bytes:
-    return bytes([i % 251]) * BODY_BYTES
+def body(i: int) -> memoryview:
+    return memoryview(bytes([i % 251]) * BODY_BYTES)
 
 
 def write(tier: StoreTier, hs: list[bytes]) -> None:
-    tier.submit([tier.encode(h, body(i)) for i, h in enumerate(hs)])
+    tier.submit([(h, body(i)) for i, h in enumerate(hs)])
     assert tier.flush(10)
 
 
@@ -87,7 +86,7 @@ def test_store_down_is_a_miss_logged_once(own_redis, caplog):
     with caplog.at_level(logging.WARNING, "pagedkv.kvstore"):
         for _ in range(5):
             assert tier.match(hashes(2)) == 0
-            tier.submit([tier.encode(hashes(1)[0], body(0))])
+            tier.submit([(hashes(1)[0], body(0))])
             tier.flush(5)
     warnings = [r for r in caplog.records if "failed" in r.getMessage()]
     assert len(warnings) == 1, [r.getMessage() for r in caplog.records]

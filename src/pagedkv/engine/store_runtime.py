@@ -8,8 +8,9 @@ serves anyway, recomputing until it answers. Per step:
 * ``load``, before the forward pass: the step's store loads (verified and staged by the tier's
   ``match``, so nothing here can fail) are scattered into their fresh device blocks with one
   ``write_blocks`` per step;
-* ``save``, after it: the step's newly full blocks are gathered once (``read_blocks``),
-  encoded and queued for the background writer: the step pays the copy, never the network.
+* ``save``, after it: the step's newly full blocks are gathered once (``read_blocks``) and
+  queued for the background writer, which encodes and sends them: the step pays the copy,
+  never the encoding or the network.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from pagedkv.kvstore.client import StoreClient
 from pagedkv.kvstore.counters import StoreCounters
 from pagedkv.kvstore.namespace import store_namespace
 from pagedkv.kvstore.tier import StoreTier
-from pagedkv.kvstore.writer import StoreWriter
 from pagedkv.model.kv_pool import KVCache
 from pagedkv.planner.constraints import PageFormat
 
@@ -61,9 +61,8 @@ class StoreExecutor:
     def save(
         self, kv_caches: list[KVCache], device_blocks: Sequence[int], hashes: Sequence[BlockHash]
     ) -> None:
-        bodies = read_blocks(kv_caches, device_blocks)
-        tier = self.tier
-        tier.submit([tier.encode(h, body) for h, body in zip(hashes, bodies, strict=True)])
+        bodies = read_blocks(kv_caches, device_blocks)  # a copy: the blocks may be reused
+        self.tier.submit(list(zip(hashes, bodies, strict=True)))
 
     def describe(self) -> str:
         """The start-up line (no prefix): where the store is, its namespace, whether it
@@ -101,6 +100,6 @@ def open_store(
     client = StoreClient(parse_store_url(url), StoreCounters())
     namespace = store_namespace(page_format, model_identity(model), HASH_ALGORITHM)
     body_bytes = block_body_bytes(kv_caches)
-    tier = StoreTier(client, StoreWriter(client), namespace, body_bytes, page_format.block_size)
+    tier = StoreTier(client, namespace, body_bytes, page_format.block_size)
     client.ping()  # logs once if the store is down
     return StoreExecutor(tier)

@@ -7,7 +7,7 @@ copies bytes that already passed the checksum. A rejected payload is counted by 
 from the store (best effort; the recomputed block's write-through replaces it anyway) and its
 block is recomputed. ``claim`` pins staged bodies until the engine ``take``s them; ``end_step``
 drops what was staged but not claimed. Saves: ``encode`` builds the payloads of the step's
-newly computed full blocks and ``submit`` hands them to the background writer.
+newly computed full blocks (on the writer's thread) and ``submit`` hands the bodies to it.
 
 Pure Python; a store that is down or slow is a miss (``client.py``).
 """
@@ -36,15 +36,10 @@ class StoreTier:
     wants_saves = True
 
     def __init__(
-        self,
-        client: StoreClient,
-        writer: StoreWriter,
-        namespace: bytes,
-        body_bytes: int,
-        block_size: int,
+        self, client: StoreClient, namespace: bytes, body_bytes: int, block_size: int
     ) -> None:
         self.client = client
-        self.writer = writer
+        self.writer = StoreWriter(client, self.encode)
         self.counters: StoreCounters = client.counters
         self.namespace = namespace
         self.body_bytes = body_bytes
@@ -109,8 +104,9 @@ class StoreTier:
         """``(key, payload)`` of one block computed here."""
         return self.key(block_hash), encode_payload(self.namespace, block_hash, body)
 
-    def submit(self, items: Sequence[tuple[bytes, bytes]]) -> int:
-        """Write-through (background thread); returns how many were queued."""
+    def submit(self, items: Sequence[tuple[BlockHash, memoryview]]) -> int:
+        """Write-through of ``(block hash, body)`` pairs, encoded and sent on the background
+        thread; returns how many were queued. The bodies must not change afterwards."""
         return self.writer.submit(items)
 
     def flush(self, timeout_s: float = 30.0) -> bool:

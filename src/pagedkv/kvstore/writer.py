@@ -1,8 +1,9 @@
 """``StoreWriter``: write-through of full blocks, off the step's thread.
 
-After a forward pass the engine turns the step's newly full blocks into payloads (a copy: the
-device blocks may be reused next step) and ``submit``s them; a daemon thread sends them to the
-store in pipelined batches. The step therefore never waits for the network. What the queue
+After a forward pass the engine copies the step's newly full blocks out of the pool (their
+bodies: the device blocks may be reused next step) and ``submit``s ``(block hash, body)``
+pairs; a daemon thread encodes them (header, CRC-32, one join) and sends them to the store in
+pipelined batches. The step therefore pays only the copy, never the encoding or the network. What the queue
 cannot hold (``max_queued_bytes``) or the store refuses is dropped and counted
 (``counters.writes_dropped``): a dropped block is only a later miss, never wrong KV.
 ``flush`` waits until everything submitted so far was sent (tests, shutdown, benchmarks).
@@ -11,11 +12,16 @@ cannot hold (``max_queued_bytes``) or the store refuses is dropped and counted
 from __future__ import annotations
 
 import atexit
+import logging
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pagedkv.kvstore.client import StoreClient
+
+Encode = Callable[[bytes, memoryview], tuple[bytes, bytes]]  # (hash, body) -> (key, payload)
+
+log = logging.getLogger("pagedkv.kvstore")
 
 DEFAULT_MAX_QUEUED_BYTES = 256 << 20
 
@@ -23,10 +29,13 @@ DEFAULT_MAX_QUEUED_BYTES = 256 << 20
 class StoreWriter:
     """One daemon thread per engine; ``submit`` and ``flush`` may be called from any thread."""
 
-    def __init__(self, client: StoreClient, max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES):
+    def __init__(
+        self, client: StoreClient, encode: Encode, max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES
+    ) -> None:
         self._client = client
+        self._encode = encode
         self._max_queued_bytes = max_queued_bytes
-        self._queue: deque[list[tuple[bytes, bytes]]] = deque()
+        self._queue: deque[list[tuple[bytes, memoryview]]] = deque()
         self._queued_bytes = 0
         self._in_flight = 0  # batches taken off the queue and not yet finished
         self._cond = threading.Condition()
@@ -35,22 +44,23 @@ class StoreWriter:
         self._thread.start()
         atexit.register(self.close)  # a process that exits normally sends what it queued
 
-    def submit(self, items: Sequence[tuple[bytes, bytes]]) -> int:
-        """Queue ``(key, payload)`` pairs; returns how many were accepted (the rest dropped and
-        counted). Never blocks on the store; items are skipped at once while it is down."""
+    def submit(self, items: Sequence[tuple[bytes, memoryview]]) -> int:
+        """Queue ``(block hash, body)`` pairs (bodies the caller no longer writes); returns how
+        many were accepted (the rest dropped and counted). Never blocks on the store; items are
+        skipped at once while it is down."""
         counters = self._client.counters
         if not items:
             return 0
         if self._client.is_down or self._closed:
             counters.add(writes_dropped=len(items))
             return 0
-        accepted: list[tuple[bytes, bytes]] = []
+        accepted: list[tuple[bytes, memoryview]] = []
         with self._cond:
             for key, value in items:
-                if self._queued_bytes + len(value) > self._max_queued_bytes:
+                if self._queued_bytes + value.nbytes > self._max_queued_bytes:
                     break
                 accepted.append((key, value))
-                self._queued_bytes += len(value)
+                self._queued_bytes += value.nbytes
             if accepted:
                 self._queue.append(accepted)
                 self._cond.notify()
@@ -81,11 +91,15 @@ class StoreWriter:
                 batch = self._queue.popleft()
                 self._in_flight += 1
             try:
-                sent = self._client.put_many(batch)
+                sent = self._client.put_many([self._encode(h, body) for h, body in batch])
+            except Exception:  # the writer must outlive one bad batch (client errors are caught)
+                log.exception("KV store writer: a batch of %d blocks failed", len(batch))
+                sent = 0
+            try:
                 if sent < len(batch):
                     self._client.counters.add(writes_dropped=len(batch) - sent)
             finally:
                 with self._cond:
-                    self._queued_bytes -= sum(len(v) for _, v in batch)
+                    self._queued_bytes -= sum(body.nbytes for _, body in batch)
                     self._in_flight -= 1
                     self._cond.notify_all()
