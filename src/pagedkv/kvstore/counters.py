@@ -55,11 +55,9 @@ def store_rows(items: tuple[tuple[str, int], ...]) -> list[tuple[str, str]]:
         return []
     c = dict(items)
     rejected = sum(n for k, n in c.items() if k.startswith("rejected_"))
+    read_mib, written_mib = c["bytes_read"] / 2**20, c["bytes_written"] / 2**20
     return [
-        (
-            "KV store read / written",
-            f"{c['bytes_read'] / 2**20:.1f} / {c['bytes_written'] / 2**20:.1f} MiB "
-            f"({c['blocks_written']} blocks written, {c['writes_dropped']} dropped)",
-        ),
+        ("KV store read / written", f"{read_mib:.1f} / {written_mib:.1f} MiB"),
+        ("KV store blocks written / dropped", f"{c['blocks_written']} / {c['writes_dropped']}"),
         ("KV store payloads rejected / errors", f"{rejected} / {c['errors']}"),
     ]
