@@ -99,3 +99,27 @@ def test_store_down_is_a_miss_logged_once(own_redis, caplog):
         assert time.monotonic() < deadline, "the client never reconnected"
         time.sleep(0.2)
     tier.close()
+
+
+def test_a_hung_store_costs_one_timeout_then_is_skipped(caplog):
+    """A server that accepts and never answers: the first call times out (a miss, logged
+    once), the next ones are skipped without waiting until the back-off passes."""
+    import socket
+    import time
+
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(8)
+        tier = make_tier(f"redis://127.0.0.1:{hung.getsockname()[1]}")
+        with caplog.at_level(logging.WARNING, "pagedkv.kvstore"):
+            start = time.monotonic()
+            assert tier.match(hashes(3)) == 0
+            first_s = time.monotonic() - start
+            start = time.monotonic()
+            for _ in range(20):
+                assert tier.match(hashes(3)) == 0
+            rest_s = time.monotonic() - start
+        assert first_s < 2.0 and rest_s < 0.5, (first_s, rest_s)
+        assert tier.counters.errors == 1 and tier.client.is_down
+        assert len([r for r in caplog.records if "failed" in r.getMessage()]) == 1
+        tier.close()

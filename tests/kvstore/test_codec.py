@@ -78,3 +78,12 @@ def test_store_url_is_checked_at_the_edge():
         with pytest.raises(UsageError) as info:
             parse_store_url(bad)
         assert "\n" not in str(info.value) and info.value.param == "kv_store"
+
+
+def test_a_malformed_kv_store_flag_is_one_line(capsys):
+    from pagedkv import cli
+
+    assert cli.main(["generate", "--kv-store", "redis:/nowhere", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pagedkv generate: error: --kv-store must be redis://HOST:PORT")
+    assert err.count("\n") == 1
