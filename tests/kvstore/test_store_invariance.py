@@ -46,3 +46,26 @@ def test_embedded_model_store_hit_equals_cold(embedded, redis_url):
     assert outs[0].outputs[0].token_ids == outs[1].outputs[0].token_ids
     assert outs[2].outputs[0].token_ids == outs[0].outputs[0].token_ids
     assert outs[1].num_cached_tokens == 0 and outs[2].num_cached_tokens >= 160
+
+
+def test_host_tier_and_store_together(tiny, redis_url):
+    """Store hit first; then distractors evict the prompt into the host tier, and the next hit
+    comes from the host tier, not the store. Same tokens throughout."""
+    config = dict(log_startup=False, max_model_len=128, kv_store=redis_url,
+                  kv_cache_memory_bytes=12 * 16 * 512, host_kv_memory_bytes=1 << 20)  # fmt: skip
+    cold, _ = run(engine(tiny, None, 16), PROMPTS[:1])
+    writer = LLMEngine(EngineConfig(**config), parts=build_parts(EngineConfig(**config), tiny))
+    run(writer, PROMPTS[:1])
+    assert store_of(writer).flush(30)
+    reader = LLMEngine(EngineConfig(**config), parts=build_parts(EngineConfig(**config), tiny))
+
+    def hits():
+        return dict(reader.allocator.stats().tier_hit_tokens)
+
+    assert run(reader, PROMPTS[:1])[0] == cold
+    assert hits()["store"] > 0 and hits()["host"] == 0
+    run(reader, ["x" * 100, "y" * 100])  # evict the prompt's blocks into the host tier
+    store_before = hits()["store"]
+    assert run(reader, PROMPTS[:1])[0] == cold
+    assert hits()["host"] > 0 and hits()["store"] == store_before
+    assert_no_leaks(reader)
