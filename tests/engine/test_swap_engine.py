@@ -166,43 +166,12 @@ def test_startup_prints_the_host_swap_pool(tiny_long, capsys):
     assert "host swap pool 128 blocks x 16 tokens = 2048 slots, 1.0 MiB" in err
 
 
-@pytest.mark.parametrize(
-    "fields, match",
-    [
-        (dict(preemption_mode="swap"), "needs a --swap-space"),
-        (dict(preemption_mode="swap", swap_space_bytes=0), "needs a --swap-space"),
-        (dict(preemption_mode="swap", swap_space_bytes=-1), "integer >= 0"),
-        (dict(swap_space_bytes=1 << 20), "only used with --preemption-mode swap"),
-        (dict(preemption_mode="spill"), "preemption_mode must be one of"),
-    ],
-)
-def test_bad_swap_config_is_a_usage_error(fields, match):
-    with pytest.raises(UsageError, match=match):
-        EngineConfig(**fields)
-
-
 def test_swap_space_below_one_block_is_a_usage_error(tiny_long):
     # 16 tokens x 512 bytes = 8192 bytes per block.
     with pytest.raises(UsageError, match="holds no KV block of 16 tokens") as info:
         make(tiny_long, preemption_mode="swap", swap_space_bytes=8191)
     assert info.value.param == "swap_space"
     make(tiny_long, preemption_mode="swap", swap_space_bytes=8192)
-
-
-def test_engine_flags_build_the_swap_config():
-    import argparse
-
-    from pagedkv.commands.engine_flags import add_engine_args, engine_config
-
-    p = argparse.ArgumentParser()
-    add_engine_args(p)
-    config = engine_config(p.parse_args(["--preemption-mode", "swap", "--swap-space", "64MiB"]))
-    assert (config.preemption_mode, config.swap_space_bytes) == ("swap", 64 << 20)
-    default = engine_config(p.parse_args(["--preemption-mode", "swap"]))
-    assert default.swap_space_bytes == 4 << 30  # vLLM's default, as the simulator's
-    assert engine_config(p.parse_args([])).preemption_mode == "recompute"
-    with pytest.raises(UsageError):
-        engine_config(p.parse_args(["--swap-space", "1GiB"]))  # without swap mode
 
 
 def test_kv_survives_the_round_trip_bit_for_bit(tiny_long):
@@ -246,29 +215,3 @@ def test_containment_reruns_do_not_swap_twice(tiny_long, reference):
     assert pool.blocks_in == sched.num_swapped_blocks_in > 0
     assert pool.blocks_out == sched.num_swapped_blocks_out
     assert engine.snapshot().num_failed_requests == 0
-
-
-def test_apply_moves_a_steps_blocks_once():
-    from pagedkv.engine.kv_swap import HostSwapPool
-    from pagedkv.model.kv_pool import allocate_kv_caches
-    from pagedkv.sched.batch import ScheduledBatch
-
-    device = allocate_kv_caches(2, 6, 4, 2, 8)
-    for k, v in device:
-        k.copy_(torch.randn_like(k))
-        v.copy_(torch.randn_like(v))
-    pool = HostSwapPool(2, 3, 4, 2, 8)
-    out = ScheduledBatch(step=1, seqs=(), swap_out=((2, 0), (4, 1)))
-    pool.apply(out, device)
-    saved = [(k[[2, 4]].clone(), v[[2, 4]].clone()) for k, v in device]
-    back = ScheduledBatch(step=2, seqs=(), swap_in=((1, 0), (0, 5)))
-    pool.apply(back, device)
-    for k, _ in device:
-        k[0].zero_()  # written by the step's forward pass after the swap-in
-    pool.apply(back, device)  # the same step again (a containment re-run): nothing moves
-    pool.apply(ScheduledBatch(step=2, seqs=()), device)
-    for (k, v), (k_saved, v_saved) in zip(device, saved, strict=True):
-        assert torch.equal(k[5], k_saved[0]) and torch.equal(v[0], v_saved[1])
-        assert not k[0].any()
-    assert (pool.blocks_out, pool.blocks_in) == (2, 2)
-    assert pool.bytes_in == 2 * pool.block_bytes == 2 * (2 * 2 * 4 * 2 * 8 * 4)
