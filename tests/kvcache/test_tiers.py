@@ -189,6 +189,19 @@ def test_tiers_need_distinct_names_and_prefix_caching() -> None:
         PagedAllocator(9, B, prefix_caching=False).set_tiers([FakeTier("host")])
 
 
+def test_a_tier_that_raises_is_a_miss() -> None:
+    class Broken(FakeTier):
+        def match(self, block_hashes) -> int:
+            raise ConnectionError("down")
+
+    h = hashes_of(PROMPT)
+    store = FakeTier("store", held=h[:3])
+    alloc = PagedAllocator(9, B)
+    alloc.set_tiers([Broken("host", held=h[:3], offloads=True), store])
+    assert admit(alloc, Seq(1, PROMPT)) == 12  # the host tier failed: the store answered
+    assert [ld.tier for ld in alloc.drain_tier_orders().loads] == ["store"] * 3
+
+
 # -- HostTierIndex on its own -------------------------------------------------------------
 
 

@@ -8,12 +8,15 @@ orders out once per step (``drain``).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import replace
 
 from pagedkv.kvcache.hashing import BlockHash
 from pagedkv.kvcache.protocol import KVCacheStats
 from pagedkv.kvcache.tiers import TIER_DEVICE, BlockLoad, KVTier, TierOrders
+
+log = logging.getLogger("pagedkv.kvcache")
 
 # (sequence id, number of tokens, first block the tiers supply, [(tier, number of blocks)])
 _Plan = tuple[int, int, int, list[tuple[KVTier, int]]]
@@ -34,6 +37,7 @@ class TierChain:
         self._offloads: list[tuple[int, BlockHash]] = []
         self._loads: list[BlockLoad] = []
         self._saves: list[tuple[int, BlockHash]] = []
+        self._failed: set[str] = set()  # tiers whose match raised (logged once each)
 
     def match(self, seq_id: int, num_tokens: int, first: int, rest: Sequence[BlockHash]) -> int:
         """Blocks of ``rest`` (the chain from block ``first`` on, where the device stopped)
@@ -44,12 +48,23 @@ class TierChain:
         for tier in self.tiers:
             if done == len(rest):
                 break
-            n = tier.match(rest[done:])
+            n = self._match_one(tier, rest[done:])
             if n:
                 plan.append((tier, n))
                 done += n
         self._plan = (seq_id, num_tokens, first, plan)
         return done
+
+    def _match_one(self, tier: KVTier, hashes: Sequence[BlockHash]) -> int:
+        """``tier.match``, where an exception (a tier breaking its never-raise contract) is a
+        miss, logged once per tier: the blocks are recomputed and the engine goes on."""
+        try:
+            return max(0, min(int(tier.match(hashes)), len(hashes)))
+        except Exception as exc:  # noqa: BLE001 - any tier failure is a miss, by contract
+            if tier.name not in self._failed:
+                self._failed.add(tier.name)
+                log.error("KV tier %s failed a match (%r); counted as misses", tier.name, exc)
+            return 0
 
     def claim(
         self, seq_id: int, num_tokens: int, first: int, hashes: Sequence[BlockHash]
