@@ -106,7 +106,8 @@ def test_groups_do_not_see_each_other():
      ({"role": "decode", "kv_store": "redis://h:1"}, "needs --prefill-url"),
      ({"role": "decode", "kv_store": "redis://h:1", "prefill_url": "ftp://h"}, "http\\(s\\)"),
      ({"prefill_url": "http://h:1"}, "only used with --role decode"),
-     ({"kv_import": "relayout"}, "only used with --role decode"),
+     ({"kv_import": "relayout", "role": "decode", "kv_store": "redis://h:1",
+       "prefill_url": "http://h:2"}, "--kv-import must be one of strict"),
      ({"kv_import": "magic"}, "--kv-import must be one of"),
      ({"group": "a b"}, "--pd-group"),
      ({"peer_wait_s": 0}, "--pd-wait")],
@@ -118,6 +119,5 @@ def test_config_errors(kwargs, match):
 
 def test_config_accepts_a_pair():
     assert not PDConfig().is_pair
-    cfg = PDConfig(role="decode", kv_store="redis://h:1", prefill_url="http://h:2",
-                   kv_import="relayout")  # fmt: skip
+    cfg = PDConfig(role="decode", kv_store="redis://h:1", prefill_url="http://h:2")
     assert cfg.is_pair

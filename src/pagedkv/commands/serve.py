@@ -54,7 +54,58 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="uvicorn's log level",
     )
     add_engine_args(p)
+    _add_pd_args(p)
     p.set_defaults(func=run)
+
+
+def _add_pd_args(p: argparse.ArgumentParser) -> None:
+    from pagedkv.disagg.config import (
+        DEFAULT_PEER_WAIT_S,
+        DEFAULT_PREFILL_TIMEOUT_S,
+        KV_IMPORT_MODES,
+        ROLES,
+    )
+
+    g = p.add_argument_group(
+        "prefill/decode disaggregation",
+        "Two instances share one --kv-store: start `--role prefill` first, then `--role decode "
+        "--prefill-url http://HOST:PORT` (clients talk to the decode instance). The decode "
+        "instance refuses to start (exit 2) unless both sides' KV page formats match.",
+    )
+    g.add_argument("--role", default="both", choices=ROLES,
+                   help="both: a normal single instance (default); prefill: computes prompts and "
+                   "writes their KV blocks to the store; decode: asks the prefill instance to "
+                   "compute each prompt, loads its blocks from the store and decodes")  # fmt: skip
+    g.add_argument("--prefill-url", help="the prefill instance's base URL (--role decode)")
+    g.add_argument("--kv-import", default="strict", choices=KV_IMPORT_MODES,
+                   help="strict: both sides' page formats must match exactly (the only mode "
+                   "so far)")  # fmt: skip
+    g.add_argument("--pd-group", default="default",
+                   help="instances pair only within one group of the store (default 'default')")  # fmt: skip
+    g.add_argument("--pd-wait", type=float, default=DEFAULT_PEER_WAIT_S,
+                   help="seconds a decode instance waits for the prefill instance's page "
+                   f"format at start-up (default {DEFAULT_PEER_WAIT_S:g})")  # fmt: skip
+    g.add_argument("--prefill-timeout", type=float, default=DEFAULT_PREFILL_TIMEOUT_S,
+                   help="seconds to wait for one prefill call before computing the prompt "
+                   f"here (default {DEFAULT_PREFILL_TIMEOUT_S:g})")  # fmt: skip
+
+
+def engine_kv_store(args: argparse.Namespace) -> str | None:
+    return args.kv_store
+
+
+def pd_config(args: argparse.Namespace):
+    from pagedkv.disagg import PDConfig
+
+    return PDConfig(
+        role=args.role,
+        prefill_url=args.prefill_url,
+        kv_import=args.kv_import,
+        group=args.pd_group,
+        peer_wait_s=args.pd_wait,
+        prefill_timeout_s=args.prefill_timeout,
+        kv_store=engine_kv_store(args),
+    )
 
 
 def served_model_name(args: argparse.Namespace) -> str:
@@ -90,6 +141,7 @@ def _is_loopback(host: str) -> bool:
 def run(args: argparse.Namespace) -> int:
     config = server_config(args)  # validate the edge before loading anything
     engine_cfg = engine_config(args)
+    pd_cfg = pd_config(args)
     from pagedkv.server import bind, create_app, serve_forever
 
     sock = bind(config.host, config.port)  # a port in use is an error now, not after the load
@@ -106,5 +158,34 @@ def run(args: argparse.Namespace) -> int:
     except BaseException:
         sock.close()
         raise
-    serve_forever(create_app(engine, config), config, sock)
+    try:
+        pd = _pair_up(pd_cfg, engine, config)
+    except BaseException:
+        sock.close()
+        raise
+    app = create_app(engine, config, pd=pd, flush_store=pd_cfg.role == "prefill")
+    serve_forever(app, config, sock)
     return 0
+
+
+def _pair_up(pd_cfg, engine, config):
+    """The decode side's front (None for other roles) after the page-format handshake; a
+    mismatch is a UsageError (exit 2)."""
+    if not pd_cfg.is_pair:
+        return None
+    from pagedkv.disagg.pairing import pair_up
+    from pagedkv.engine.kv_transfer import model_identity
+
+    # The store's own notion of "the same model" (a digest of the weights), not a name.
+    model = model_identity(engine.parts.model)
+    peer = pair_up(pd_cfg, engine.parts.page_format, model)
+    print(f"pagedkv: P/D role {pd_cfg.role}, group {pd_cfg.group!r}, store {pd_cfg.kv_store}"
+          + (f"; prefill instance {pd_cfg.prefill_url} (pid {peer.pid} on {peer.host}, "
+             f"block_size={peer.page_format.block_size})" if peer else ""),
+          file=sys.stderr)  # fmt: skip
+    if peer is None:
+        return None
+    from pagedkv.disagg.prefill_client import PrefillClient
+    from pagedkv.server.pd_front import PDFront
+
+    return PDFront(PrefillClient(pd_cfg.prefill_url, pd_cfg.prefill_timeout_s, config.api_key))

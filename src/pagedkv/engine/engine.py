@@ -76,6 +76,13 @@ class LLMEngine:
     def max_model_len(self) -> int:
         return self.info.max_model_len
 
+    def flush_kv_store(self, timeout_s: float = 30.0) -> bool:
+        """Wait until every block written through to the KV store so far has been sent (True;
+        False on timeout or with no store). Safe from any thread: it only waits on the
+        store's writer."""
+        store = self.runner.tiers.executors.get(TIER_STORE) if self.runner.tiers else None
+        return store.tier.flush(timeout_s) if store is not None else False
+
     # -- requests --------------------------------------------------------------------------
 
     def check_request(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:

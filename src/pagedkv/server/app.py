@@ -24,6 +24,7 @@ from pagedkv.server.config import ServerConfig
 from pagedkv.server.engine_loop import ADMIT_AHEAD_SEQS, EngineLoop
 from pagedkv.server.errors import APIError, install_error_handlers
 from pagedkv.server.metrics import ServerMetrics
+from pagedkv.server.pd_front import PDFront
 
 # Probes answer without the key: a load balancer or Prometheus must not need it.
 OPEN_PATHS = frozenset({"/health", "/metrics"})
@@ -56,20 +57,34 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.engine_loop.start()
     yield
     await asyncio.to_thread(app.state.engine_loop.stop)
+    if app.state.pd is not None:
+        await app.state.pd.aclose()
 
 
 def create_app(
-    engine: LLMEngine, config: ServerConfig, *, admit_ahead_seqs: int = ADMIT_AHEAD_SEQS
+    engine: LLMEngine,
+    config: ServerConfig,
+    *,
+    admit_ahead_seqs: int = ADMIT_AHEAD_SEQS,
+    pd: PDFront | None = None,
+    flush_store: bool = False,
 ) -> FastAPI:
     """The app serving ``engine``; reads only the engine's face (``info``, ``snapshot`` via
     the loop, ``check_request``, ``tokenizer``). ``admit_ahead_seqs``: the fair queue's depth
-    (see ``engine_loop``), a knob for benchmarks; a huge value is first come, first served."""
+    (see ``engine_loop``), a knob for benchmarks; a huge value is first come, first served.
+    ``pd``: the decode side of a prefill/decode pair (the app closes it at shutdown).
+    ``flush_store``: a prefill instance answers only once the request's blocks are in the KV
+    store (its decode instance reads them right after the answer)."""
     engine_loop = EngineLoop(engine, admit_ahead_seqs=admit_ahead_seqs)
     app = FastAPI(title="pagedkv", lifespan=_lifespan, docs_url=None, redoc_url=None)
     state = app.state
     state.engine_loop, state.config, state.info = engine_loop, config, engine.info
     state.rules, state.tokenizer, state.started_s = engine, engine.tokenizer, int(time.time())
     state.metrics = ServerMetrics(lambda: engine_loop.snapshot, engine.info.labels())
+    state.pd = pd
+    state.flush_store = engine.flush_kv_store if flush_store else None
+    if pd is not None:
+        state.metrics.registry.register(pd.collector())
     install_error_handlers(app)
     app.add_middleware(BearerAuth, api_key=config.api_key)
     app.add_api_route("/health", routes.health, methods=["GET"])

@@ -77,6 +77,8 @@ async def _serve(request: Request, kind: type[BaseModel]) -> Response:
         )
         if not state.engine_loop.alive:
             raise APIError("the engine is not running", 503, code="engine_unavailable")
+        if state.pd is not None:  # a decode instance: the prefill instance computes prompts
+            await state.pd.before_admit(inputs.prompts, req.cache_salt)
     except APIError as exc:
         metrics.count_request("rejected" if exc.status_code < 500 else "failed")
         raise
@@ -99,6 +101,8 @@ async def _respond(request: Request, req, head: ResponseHeader, run: RequestRun)
     try:
         if not req.stream:
             outputs = await run.wait_finished(request)
+            if request.app.state.flush_store is not None:  # a prefill instance of a P/D pair
+                await asyncio.to_thread(request.app.state.flush_store)
             metrics.count_request("finished")
             return JSONResponse(p.dump(full_response(head, tokenizer, outputs)))
         # Wait for the first output before answering, so that a refusal is still a status.

@@ -1,0 +1,64 @@
+"""The decode instance's front of a prefill/decode pair (``pagedkv serve --role decode``).
+
+Before a request is admitted, its prompts go to the prefill instance (``PrefillClient``),
+whose store tier writes their full blocks to the shared store; with ``--kv-import relayout``
+the blocks are then re-paged into this instance's block size (``disagg.relayout``). The engine
+then admits the request as usual and its store tier finds the prompt's blocks. Nothing here is
+needed for correctness: if the prefill instance or the import fails, the engine computes the
+prompt itself (counted in ``/metrics``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator, Sequence
+
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from pagedkv.disagg.prefill_client import PrefillClient
+
+
+class PDFront:
+    """``before_admit`` is awaited by the generation routes; ``importer`` (optional) has
+    ``import_prompts(prompts, cache_salt) -> int`` (blocks written) and counters, and runs on
+    a worker thread (it blocks on the store)."""
+
+    def __init__(self, prefill: PrefillClient, importer=None) -> None:
+        self.prefill = prefill
+        self.importer = importer
+
+    async def before_admit(self, prompts: Sequence[Sequence[int]], cache_salt: str | None) -> None:
+        if await self.prefill.prefill(prompts, cache_salt) and self.importer is not None:
+            await asyncio.to_thread(self.importer.import_prompts, prompts, cache_salt)
+
+    async def aclose(self) -> None:
+        await self.prefill.aclose()
+
+    def collector(self) -> Collector:
+        return _PDCollector(self)
+
+
+class _PDCollector(Collector):
+    def __init__(self, front: PDFront) -> None:
+        self._front = front
+
+    def collect(self) -> Iterator[Metric]:
+        p = self._front.prefill
+        yield CounterMetricFamily("pagedkv_pd_prefill_requests",
+                                  "requests sent to the prefill instance", value=p.num_requests)  # fmt: skip
+        yield CounterMetricFamily(
+            "pagedkv_pd_prefill_failures",
+            "prefill calls that failed (the prompt was computed here instead)",
+            value=p.num_failures,
+        )
+        yield CounterMetricFamily("pagedkv_pd_prefill_prompt_tokens",
+                                  "prompt tokens the prefill instance computed", value=p.prompt_tokens)  # fmt: skip
+        imp = self._front.importer
+        if imp is not None:
+            yield CounterMetricFamily("pagedkv_pd_relayout_blocks",
+                                      "blocks re-paged into this block size on import",
+                                      value=imp.num_blocks_written)  # fmt: skip
+            yield CounterMetricFamily("pagedkv_pd_relayout_misses",
+                                      "prompt blocks the prefill side's store did not hold",
+                                      value=imp.num_source_misses)  # fmt: skip
