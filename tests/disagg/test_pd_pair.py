@@ -103,6 +103,15 @@ def test_decode_instance_loads_the_prefill_instances_blocks(tiny_folder, redis):
         # The same greedy text as one engine that computed everything itself.
         assert out["usage"]["completion_tokens"] == 8
         assert out["choices"][0]["text"] == want
+        # The prefill instance dies: the decode instance computes prompts itself, same text.
+        _stop(prefill)
+        body["prompt"] = PROMPT[::-1]
+        want2 = ref.generate([PROMPT[::-1]], params)[0].outputs[0].text
+        resp = httpx.post(f"http://127.0.0.1:{d_port}/v1/completions", json=body, timeout=60)
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["choices"][0]["text"] == want2
+        metrics = httpx.get(f"http://127.0.0.1:{d_port}/metrics").text
+        assert _metric(metrics, "pagedkv_pd_prefill_failures_total", "") == 1
     finally:
         if decode is not None:
             _stop(decode)
