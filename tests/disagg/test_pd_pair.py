@@ -39,9 +39,11 @@ def redis(tmp_path):
 
 
 def _serve(folder, port: int, *flags: str) -> subprocess.Popen:
+    """``folder`` None: the embedded SmolLM2-135M."""
     env = {**os.environ, "PAGEDKV_API_KEY": "", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "pagedkv", "serve", "--model", str(folder), "--port", str(port),
-           "--kv-cache-memory", "4MiB", *flags]  # fmt: skip
+    model = ["--model", str(folder)] if folder is not None else []
+    cmd = [sys.executable, "-m", "pagedkv", "serve", *model, "--port", str(port),
+           "--kv-cache-memory", "32MiB", *flags]  # fmt: skip
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env)  # fmt: skip
 
@@ -78,7 +80,7 @@ def _metric(text: str, name: str, label: str) -> float:
 
 
 def test_decode_instance_loads_the_prefill_instances_blocks(tiny_folder, redis):
-    ref = LLMEngine(EngineConfig(model=str(tiny_folder), kv_cache_memory_bytes=4 << 20,
+    ref = LLMEngine(EngineConfig(model=str(tiny_folder), kv_cache_memory_bytes=32 << 20,
                                  log_startup=False))  # fmt: skip
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     want = ref.generate([PROMPT], params)[0].outputs[0].text
@@ -134,4 +136,45 @@ def test_a_decode_instance_with_another_block_size_refuses_to_start(tiny_folder,
         assert len(errors) == 1, err
         assert "block_size 32 (decode) vs 16 (prefill)" in errors[0]
     finally:
+        _stop(prefill)
+
+
+@pytest.mark.parametrize(
+    ("embedded_model", "src", "dst", "prompt_len", "cached"),
+    [(False, 16, 32, 60, 32), (False, 64, 16, 120, 64), (True, 128, 16, 300, 256)],
+)
+def test_relayout_pair_imports_another_block_size(
+    tiny_folder, redis, embedded_model, src, dst, prompt_len, cached
+):
+    """16 -> 32: two source blocks make one of ours; 64 -> 16 and 128 -> 16 (the embedded
+    SmolLM2, whose context holds a 128-token block): one source block makes four or eight.
+    Only tokens the prefill side stored as full blocks are imported."""
+    folder = None if embedded_model else tiny_folder
+    prompt = [(5 * i + 1) % 250 + 10 for i in range(prompt_len)]
+    ref = LLMEngine(EngineConfig(model=None if folder is None else str(folder),
+                                 kv_cache_memory_bytes=32 << 20, block_size=dst,
+                                 log_startup=False))  # fmt: skip
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    want = ref.generate([prompt], params)[0].outputs[0].text
+    p_port, d_port = free_port(), free_port()
+    prefill = _serve(folder, p_port, "--role", "prefill", "--kv-store", redis.url,
+                     "--block-size", str(src))  # fmt: skip
+    decode = None
+    try:
+        _wait_healthy(prefill, p_port)
+        decode = _serve(folder, d_port, "--role", "decode", "--kv-store", redis.url,
+                        "--prefill-url", f"http://127.0.0.1:{p_port}", "--block-size", str(dst),
+                        "--kv-import", "relayout")  # fmt: skip
+        _wait_healthy(decode, d_port)
+        body = {"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+        resp = httpx.post(f"http://127.0.0.1:{d_port}/v1/completions", json=body, timeout=60)
+        assert resp.status_code == 200, resp.text
+        out = resp.json()
+        assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == cached
+        assert out["choices"][0]["text"] == want
+        metrics = httpx.get(f"http://127.0.0.1:{d_port}/metrics").text
+        assert _metric(metrics, "pagedkv_pd_relayout_blocks_total", "") == cached // dst
+    finally:
+        if decode is not None:
+            _stop(decode)
         _stop(prefill)

@@ -78,8 +78,9 @@ def _add_pd_args(p: argparse.ArgumentParser) -> None:
                    "compute each prompt, loads its blocks from the store and decodes")  # fmt: skip
     g.add_argument("--prefill-url", help="the prefill instance's base URL (--role decode)")
     g.add_argument("--kv-import", default="strict", choices=KV_IMPORT_MODES,
-                   help="strict: both sides' page formats must match exactly (the only mode "
-                   "so far)")  # fmt: skip
+                   help="strict: both sides' page formats must match exactly (default); "
+                   "relayout: another block size is accepted and the prefill side's blocks are "
+                   "re-paged into this instance's block size on import")  # fmt: skip
     g.add_argument("--pd-group", default="default",
                    help="instances pair only within one group of the store (default 'default')")  # fmt: skip
     g.add_argument("--pd-wait", type=float, default=DEFAULT_PEER_WAIT_S,
@@ -181,11 +182,18 @@ def _pair_up(pd_cfg, engine, config):
     peer = pair_up(pd_cfg, engine.parts.page_format, model)
     print(f"pagedkv: P/D role {pd_cfg.role}, group {pd_cfg.group!r}, store {pd_cfg.kv_store}"
           + (f"; prefill instance {pd_cfg.prefill_url} (pid {peer.pid} on {peer.host}, "
-             f"block_size={peer.page_format.block_size})" if peer else ""),
+             f"block_size={peer.page_format.block_size}, kv import {pd_cfg.kv_import})"
+             if peer else ""),
           file=sys.stderr)  # fmt: skip
     if peer is None:
         return None
     from pagedkv.disagg.prefill_client import PrefillClient
     from pagedkv.server.pd_front import PDFront
 
-    return PDFront(PrefillClient(pd_cfg.prefill_url, pd_cfg.prefill_timeout_s, config.api_key))
+    importer = None
+    if peer.page_format.block_size != engine.parts.page_format.block_size:  # relayout
+        from pagedkv.disagg.relayout import RelayoutImporter
+
+        importer = RelayoutImporter.for_engine(engine, peer, pd_cfg.kv_store, model)
+    client = PrefillClient(pd_cfg.prefill_url, pd_cfg.prefill_timeout_s, config.api_key)
+    return PDFront(client, importer)

@@ -8,10 +8,9 @@ from urllib.parse import urlsplit
 from pagedkv.errors import UsageError
 
 ROLES = ("both", "prefill", "decode")
-# strict: the decode side reads only pages of its own format. (A "relayout" mode, re-paging the
-# prefill side's blocks when only the block size differs, is not built yet; the handshake's
-# ``differences`` already knows which fields it could bridge.)
-KV_IMPORT_MODES = ("strict",)
+# strict: the decode side reads only pages of its own format; relayout: it also re-pages the
+# prefill side's blocks when only the block size differs (``relayout.py``).
+KV_IMPORT_MODES = ("strict", "relayout")
 DEFAULT_PEER_WAIT_S = 30.0
 DEFAULT_PREFILL_TIMEOUT_S = 120.0
 
