@@ -33,13 +33,7 @@ def tiny_long(tmp_path_factory):
     from tests.model import tiny
 
     folder = tmp_path_factory.mktemp("tiny-llama-host-tier")
-    original = dict(tiny.COMMON)
-    tiny.COMMON["max_position_embeddings"] = 512
-    try:
-        tiny.make_tiny_model("llama", folder)
-    finally:
-        tiny.COMMON.clear()
-        tiny.COMMON.update(original)
+    tiny.make_tiny_model("llama", folder, context_len=512)
     return load_model(folder, progress=False)
 
 

@@ -49,9 +49,14 @@ def tiny_model_config():
     )
 
 
-def hf_config(arch: str):
-    """A transformers config of ``arch`` exercising that family's particulars."""
+def hf_config(arch: str, context_len: int | None = None):
+    """A transformers config of ``arch`` exercising that family's particulars (``context_len``
+    replaces the usual ``max_position_embeddings``)."""
     import transformers
+
+    common = dict(COMMON)
+    if context_len is not None:
+        common["max_position_embeddings"] = context_len
 
     if arch == "llama":  # untied head, llama3 RoPE scaling, explicit head_dim
         rope = {
@@ -63,16 +68,16 @@ def hf_config(arch: str):
             "original_max_position_embeddings": 16,
         }
         return transformers.LlamaConfig(
-            **COMMON, head_dim=16, tie_word_embeddings=False, rope_parameters=rope
+            **common, head_dim=16, tie_word_embeddings=False, rope_parameters=rope
         )
     if arch == "qwen2":  # q/k/v bias, tied embeddings
-        return transformers.Qwen2Config(**COMMON, tie_word_embeddings=True)
+        return transformers.Qwen2Config(**common, tie_word_embeddings=True)
     if arch == "mistral":
-        return transformers.MistralConfig(**COMMON, tie_word_embeddings=False)
+        return transformers.MistralConfig(**common, tie_word_embeddings=False)
     raise ValueError(arch)
 
 
-def make_tiny_model(arch: str, folder: Path, seed: int = 0):
+def make_tiny_model(arch: str, folder: Path, seed: int = 0, context_len: int | None = None):
     """Save a random ``arch`` model to ``folder``; returns the transformers model (fp32, eval).
 
     Every parameter (norms and biases too, which transformers initialises to 1 and 0) is drawn
@@ -81,7 +86,9 @@ def make_tiny_model(arch: str, folder: Path, seed: int = 0):
     import transformers
 
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(hf_config(arch)).float().eval()
+    model = (
+        transformers.AutoModelForCausalLM.from_config(hf_config(arch, context_len)).float().eval()
+    )
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
