@@ -9,6 +9,7 @@ import random
 
 from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
 from pagedkv.engine.startup import build_parts
+from tests.engine.test_host_tier import run  # one stepping loop, invariants each step
 
 RECORD_BYTES = 512  # the tiny llama: 2 layers x 2 KV heads x 16 dims x K,V x fp32
 GREEDY = SamplingParams(max_tokens=4, ignore_eos=True)
@@ -27,19 +28,6 @@ def engine_with(tiny, url: str | None, host_bytes: int) -> LLMEngine:
         log_startup=False,
     )
     return LLMEngine(config, parts=build_parts(config, tiny))
-
-
-def run(engine: LLMEngine, prompt: list[int]):
-    request_id = engine.add_request(prompt, GREEDY)
-    final = None
-    while engine.has_unfinished():
-        for out in engine.step():
-            if out.request_id == request_id and out.finished:
-                final = out
-        engine.allocator.check_invariants()
-        engine.runner.tiers.executors["host"].index.check_invariants()
-    assert final is not None and final.error is None
-    return final
 
 
 def test_store_then_host(tiny, redis_url):
