@@ -11,12 +11,15 @@ prompt itself (counted in ``/metrics``).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterator, Sequence
 
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from pagedkv.disagg.prefill_client import PrefillClient
+
+log = logging.getLogger("pagedkv.disagg")
 
 
 class PDFront:
@@ -27,10 +30,17 @@ class PDFront:
     def __init__(self, prefill: PrefillClient, importer=None) -> None:
         self.prefill = prefill
         self.importer = importer
+        self.num_import_failures = 0
 
     async def before_admit(self, prompts: Sequence[Sequence[int]], cache_salt: str | None) -> None:
+        """Never raises for the pair's failures: the request then computes its prompt here."""
         if await self.prefill.prefill(prompts, cache_salt) and self.importer is not None:
-            await asyncio.to_thread(self.importer.import_prompts, prompts, cache_salt)
+            try:
+                await asyncio.to_thread(self.importer.import_prompts, prompts, cache_salt)
+            except Exception:  # noqa: BLE001 - a bug in the import must not fail the request
+                self.num_import_failures += 1
+                if self.num_import_failures == 1:
+                    log.exception("relayout import failed; prompts are computed here instead")
 
     async def aclose(self) -> None:
         await self.prefill.aclose()
@@ -59,6 +69,9 @@ class _PDCollector(Collector):
             yield CounterMetricFamily("pagedkv_pd_relayout_blocks",
                                       "blocks re-paged into this block size on import",
                                       value=imp.num_blocks_written)  # fmt: skip
+            yield CounterMetricFamily("pagedkv_pd_relayout_failures",
+                                      "relayout imports that failed (computed here instead)",
+                                      value=self._front.num_import_failures)  # fmt: skip
             yield CounterMetricFamily("pagedkv_pd_relayout_misses",
                                       "prompt blocks the prefill side's store did not hold",
                                       value=imp.num_source_misses)  # fmt: skip
