@@ -68,8 +68,9 @@ class LLMEngine:
         self._stash: dict[str, RequestOutput] = {}
         self.recorder = StatsRecorder(self.allocator, self.runner.swap_pool)
         self.recorder.tier_counts = self.runner.tiers.counts if self.runner.tiers else None
-        store = self._store_executor
-        self.recorder.store_counters = store.tier.counters if store is not None else None
+        # The KV store tier's executor, or None without ``--kv-store``.
+        self._store = self.runner.tiers.executors.get(TIER_STORE) if self.runner.tiers else None
+        self.recorder.store_counters = self._store.tier.counters if self._store else None
         self.num_failed_requests = 0
 
     @property
@@ -80,13 +81,7 @@ class LLMEngine:
         """Wait until every block written through to the KV store so far has been sent (True;
         False on timeout or with no store). Safe from any thread: it only waits on the
         store's writer."""
-        store = self._store_executor
-        return store.tier.flush(timeout_s) if store is not None else False
-
-    @property
-    def _store_executor(self):
-        """The KV store tier's executor, or None without ``--kv-store``."""
-        return self.runner.tiers.executors.get(TIER_STORE) if self.runner.tiers else None
+        return self._store.tier.flush(timeout_s) if self._store is not None else False
 
     # -- requests --------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ import torch
 from pagedkv.kvcache.hashing import BlockHash
 from pagedkv.kvcache.host_index import HostTierIndex
 from pagedkv.kvcache.tiers import TIER_HOST
-from pagedkv.model.kv_pool import KVCache
+from pagedkv.model.kv_pool import KVCache, allocate_host_kv_caches
 
 
 class HostKVTier:
@@ -41,11 +41,9 @@ class HostKVTier:
     ) -> None:
         self.index = index
         self.block_size = block_size  # tokens per block
-        shape = (index.num_blocks, block_size, num_kv_heads, head_dim)
-        self.kv_caches: list[KVCache] = [
-            (torch.empty(shape, dtype=dtype), torch.empty(shape, dtype=dtype))
-            for _ in range(num_layers)
-        ]
+        self.kv_caches: list[KVCache] = allocate_host_kv_caches(
+            num_layers, index.num_blocks, block_size, num_kv_heads, head_dim, dtype
+        )
         self.block_bytes = 2 * num_layers * block_size * num_kv_heads * head_dim * dtype.itemsize
 
     @property

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from pagedkv.model.kv_pool import KVCache
+from pagedkv.model.kv_pool import KVCache, allocate_host_kv_caches
 from pagedkv.sched.batch import ScheduledBatch
 from pagedkv.sched.scheduler import Scheduler
 
@@ -42,14 +42,9 @@ class HostSwapPool:
         if num_blocks < 1:
             raise ValueError(f"a host swap pool needs num_blocks >= 1, got {num_blocks}")
         pin = torch.device(device).type == "cuda"
-        shape = (num_blocks, block_size, num_kv_heads, head_dim)
-        self.kv_caches: list[KVCache] = [
-            (
-                torch.empty(shape, dtype=dtype, pin_memory=pin),
-                torch.empty(shape, dtype=dtype, pin_memory=pin),
-            )
-            for _ in range(num_layers)
-        ]
+        self.kv_caches: list[KVCache] = allocate_host_kv_caches(
+            num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype, pin_memory=pin
+        )
         self.num_blocks = num_blocks
         self.block_size = block_size  # tokens per block
         self.block_bytes = 2 * num_layers * block_size * num_kv_heads * head_dim * dtype.itemsize

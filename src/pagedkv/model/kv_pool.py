@@ -36,6 +36,32 @@ def allocate_kv_caches(
     ]
 
 
+def allocate_host_kv_caches(
+    num_layers: int,
+    num_blocks: int,
+    block_size: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype = torch.float32,
+    pin_memory: bool = False,
+) -> list[KVCache]:
+    """Host ``(k, v)`` pools per layer in the device pool's block layout, for blocks that are
+    only read after a copy wrote them (swap space, the host tier): left uninitialised
+    (``torch.empty``: the memory is committed page by page as copies touch it); ``pin_memory``
+    for faster transfers to and from a GPU. The caller owns the tensors."""
+    check_block_size(block_size)
+    if num_blocks < 1:
+        raise ValueError(f"need num_blocks >= 1, got {num_blocks}")
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    return [
+        (
+            torch.empty(shape, dtype=dtype, pin_memory=pin_memory),
+            torch.empty(shape, dtype=dtype, pin_memory=pin_memory),
+        )
+        for _ in range(num_layers)
+    ]
+
+
 def copy_blocks(kv_caches: list[KVCache], src_dst: torch.Tensor) -> None:
     """Copy whole blocks ``src -> dst`` (int64 ``[N, 2]``) in every layer: copy-on-write after a
     fork, applied before the forward pass that writes into ``dst``. Mutates the caches."""
