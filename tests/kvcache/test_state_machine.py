@@ -14,6 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from pagedkv.kvcache import HashExtraKeys, ReservedAllocator
 from pagedkv.kvcache.allocator_base import ceil_div
+from pagedkv.kvcache.events import KVEventLog, replay
 from pagedkv.kvcache.swap_space import SwapSpace, swap_in, swap_out
 
 from .conftest import FACTORIES, Seq
@@ -38,6 +39,10 @@ class AllocatorMachine(RuleBasedStateMachine):
         # A small swap space, so that a full one (the recompute fallback) happens too.
         self.space = SwapSpace(max(6, 192 // self.alloc.block_size))
         self.swapped: dict[int, tuple[Seq, int, list[int]]] = {}  # seq, tokens, host blocks
+        # KV events: replayed in order, they must give the hashes the prefix cache holds.
+        self.events = KVEventLog()
+        self.alloc.enable_events(self.events)
+        self.held_hashes: set[bytes] = {b"stale"}  # AllBlocksCleared must come first
 
     @initialize()
     def start(self) -> None:
@@ -170,6 +175,8 @@ class AllocatorMachine(RuleBasedStateMachine):
     @invariant()
     def consistent(self) -> None:
         self.alloc.check_invariants()
+        replay(self.events.drain(), self.held_hashes)
+        assert self.held_hashes == self.alloc.prefix_hashes()
         self.space.check_invariants()
         assert self.space.num_used_blocks == sum(len(h) for _, _, h in self.swapped.values())
         for sid, (seq, _, host) in self.swapped.items():

@@ -36,6 +36,7 @@ class TierMachine(AllocatorMachine):
         self.alloc = PagedAllocator(self.pool_blocks, self.block_size)
         self.index = HostTierIndex(self.host_blocks)
         self.alloc.set_tiers([self.index])
+        self.alloc.enable_events(self.events)
         self.held = list(self.alloc.pool.block_hashes)  # device block -> hash at step start
         self.host: dict[int, bytes] = {}  # host slot -> hash written there
         self.num_loads = 0

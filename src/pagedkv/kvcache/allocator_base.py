@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pagedkv.kvcache.block_pool import NULL_BLOCK_ID
+from pagedkv.kvcache.events import KVEventLog
 from pagedkv.kvcache.hashing import BlockHash
 from pagedkv.kvcache.protocol import KVCacheStats, SeqLike
 from pagedkv.kvcache.tiers import NO_TIER_ORDERS, TierOrders
@@ -73,6 +74,16 @@ class BlockTableAllocator:
         """The lower-tier copies this step ordered (``tiers.py``), handed out once; the paged
         allocator with tiers overrides it. Called by the scheduler at the end of a step."""
         return NO_TIER_ORDERS
+
+    def enable_events(self, log: KVEventLog) -> None:
+        """Report the prefix cache's changes to ``log`` (``events.py``). An allocator without a
+        prefix cache (reserved) reports only that it holds nothing."""
+        log.cleared()
+
+    def prefix_hashes(self) -> set[BlockHash]:
+        """The chained hashes of every block the prefix cache holds now (what replaying this
+        allocator's KV events gives). O(cached blocks): for tests and snapshots."""
+        return set()
 
     # -- argument checks shared by the subclasses ------------------------------------------
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from pagedkv.kvcache.cached_queue import CachedQueue
+from pagedkv.kvcache.events import KVEventLog
 from pagedkv.kvcache.hashing import BlockHash
 from pagedkv.units import check_block_size
 
@@ -63,6 +64,9 @@ class BlockPool:
         # Called with (block_id, hash) for every cached block ``take`` evicts (the lower tiers
         # of ``tiers.py`` take it over), before the block is handed out. None = no one listens.
         self.on_evict: Callable[[int, BlockHash], None] | None = None
+        # Told of every hash that leaves the index (``events.py``); the allocator reports the
+        # ones that enter it, as it alone knows their parents. None = no one listens.
+        self.events: KVEventLog | None = None
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -107,11 +111,13 @@ class BlockPool:
         del empty[len(empty) - k :]
         if k < num_blocks:
             pop, hashes, index = self._cached.pop_oldest, self.block_hashes, self.index
-            on_evict = self.on_evict
+            on_evict, events = self.on_evict, self.events
             for _ in range(num_blocks - k):
                 b = pop()
                 if on_evict is not None:
                     on_evict(b, hashes[b])
+                if events is not None:
+                    events.removed(hashes[b])
                 del index[hashes[b]]  # the only holder of its hash (see the docstring)
                 hashes[b] = None
                 out.append(b)
@@ -188,29 +194,35 @@ class BlockPool:
             del self._copies[block_hash]
         self.block_hashes[block_id] = None
 
-    def set_hash(self, block_id: int, block_hash: BlockHash) -> None:
+    def set_hash(self, block_id: int, block_hash: BlockHash) -> bool:
         """Register a full, in-use block under ``block_hash``. If a cached (unreferenced) block
         already holds that prefix, this block supersedes it and the cached one becomes empty;
-        if blocks in use hold it, this one is indexed beside them."""
+        if blocks in use hold it, this one is indexed beside them. Returns whether the hash is
+        new to the index (a KV event's "stored")."""
         held = self.index.get(block_hash)
         if held == block_id:
-            return
+            return False
         self.block_hashes[block_id] = block_hash
         if held is None:
             self.index[block_hash] = block_id
-        elif self.ref_counts[held] == 0:
+            return True
+        if self.ref_counts[held] == 0:
             self._cached.remove(held)
             self.block_hashes[held] = None
             self._empty.append(held)
             self.index[block_hash] = block_id
         else:
             self._copies.setdefault(block_hash, []).append(block_id)
+        return False
 
     def evict_all_cached(self) -> int:
         """Drop every cached hash (a cache reset); returns how many blocks were dropped."""
         hashes, index = self.block_hashes, self.index
         cached = self._cached.in_order()
+        events = self.events
         for b in cached:
+            if events is not None:
+                events.removed(hashes[b])
             del index[hashes[b]]
             hashes[b] = None
         self._empty.extend(cached)

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from pagedkv.kvcache.allocator_base import BlockTableAllocator, SeqBlocks, ceil_div
 from pagedkv.kvcache.block_pool import BlockPool
+from pagedkv.kvcache.events import KVEventLog
 from pagedkv.kvcache.hashing import BlockHash, HashExtraKeys, get_hash_fn, hash_blocks, root_hash
 from pagedkv.kvcache.protocol import KVCacheStats, SeqLike
 from pagedkv.kvcache.tier_chain import TierChain
@@ -41,6 +42,7 @@ class PagedAllocator(BlockTableAllocator):
         # The hashes computed by the last match_prefix, reused by the admission right after it.
         self._last_match: tuple[int, int, HashExtraKeys, list[BlockHash]] | None = None
         self.tiers: TierChain | None = None  # lower tiers (``tiers.py``); None = device only
+        self.events: KVEventLog | None = None  # KV events (``enable_events``); None = off
 
     def set_tiers(self, tiers: Sequence[KVTier]) -> None:
         """Continue prefix matches in ``tiers`` (in order) and offer evicted blocks to them;
@@ -52,6 +54,41 @@ class PagedAllocator(BlockTableAllocator):
 
     def drain_tier_orders(self) -> TierOrders:
         return self.tiers.drain() if self.tiers is not None else NO_TIER_ORDERS
+
+    def enable_events(self, log: KVEventLog) -> None:
+        """Report every hash entering or leaving the prefix cache to ``log`` (``events.py``),
+        starting with ``AllBlocksCleared`` and the hashes held now."""
+        self.events = self.pool.events = log
+        log.cleared()
+        for h, b in self.pool.index.items():  # a snapshot: one run per block, parents unknown
+            log.stored([h], None, self._block_size)
+
+    def prefix_hashes(self) -> set[BlockHash]:
+        return set(self.pool.index)
+
+    def _set_hashes(
+        self, block_ids: Sequence[int], hashes: Sequence[BlockHash], parent: BlockHash | None,
+        lora_id: str | None,
+    ) -> None:  # fmt: skip
+        """``pool.set_hash`` each block, reporting the hashes new to the index as runs of
+        consecutive blocks. ``parent``: the hash before ``hashes[0]`` (None at block 0)."""
+        set_hash, events = self.pool.set_hash, self.events
+        if events is None:
+            for b, h in zip(block_ids, hashes, strict=True):
+                set_hash(b, h)
+            return
+        run: list[BlockHash] = []
+        run_parent = prev = parent
+        for b, h in zip(block_ids, hashes, strict=True):
+            if set_hash(b, h):
+                if not run:
+                    run_parent = prev
+                run.append(h)
+            elif run:
+                events.stored(run, run_parent, self._block_size, lora_id)
+                run = []
+            prev = h
+        events.stored(run, run_parent, self._block_size, lora_id)
 
     @property
     def num_total_blocks(self) -> int:
@@ -169,8 +206,8 @@ class PagedAllocator(BlockTableAllocator):
         if loaded:
             fresh = hit_ids[num_device:num_hit]
             self.tiers.order_loads(tier_names, loaded, fresh)
-            for b, h in zip(fresh, loaded, strict=True):
-                self.pool.set_hash(b, h)
+            parent = hashes[num_device - 1] if num_device else None
+            self._set_hashes(fresh, loaded, parent, seq.extra_keys.lora_id)
         st = SeqBlocks(hit_ids, total)
         st.block_hashes = hashes[:num_hit]
         self._seqs[seq.seq_id] = st
@@ -201,9 +238,8 @@ class PagedAllocator(BlockTableAllocator):
                 hash_fn=self._hash_fn,
             )
         ids = st.block_ids
-        set_hash = self.pool.set_hash
-        for i, h in enumerate(new, start=first):
-            set_hash(ids[i], h)
+        parent = st.block_hashes[-1] if st.block_hashes else None
+        self._set_hashes(ids[first:num_full], new, parent, seq.extra_keys.lora_id)
         st.block_hashes.extend(new)
         if self.tiers is not None:
             self.tiers.computed(ids[first:num_full], new)

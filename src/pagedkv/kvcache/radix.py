@@ -19,7 +19,8 @@ from collections.abc import Sequence
 
 from pagedkv.kvcache.allocator_base import BlockTableAllocator, SeqBlocks, ceil_div
 from pagedkv.kvcache.block_pool import NULL_BLOCK_ID
-from pagedkv.kvcache.hashing import HashExtraKeys, mm_span_bytes
+from pagedkv.kvcache.events import KVEventLog
+from pagedkv.kvcache.hashing import BlockHash, HashExtraKeys, hash_blocks, mm_span_bytes, root_hash
 from pagedkv.kvcache.protocol import KVCacheStats, SeqLike
 from pagedkv.kvcache.radix_tree import RadixNode, RadixTree
 
@@ -42,6 +43,32 @@ class RadixAllocator(BlockTableAllocator):
         self._clock = 0
         self.num_evictable = 0  # tree pages with ref_count 0
         self.num_evictions = 0
+        # KV events (``enable_events``): the tree keys pages by tokens, a router by chained
+        # hashes, so each page in the tree gets the hash a paged allocator would give it.
+        self.events: KVEventLog | None = None
+        self._page_hash: dict[int, BlockHash] = {}
+
+    def enable_events(self, log: KVEventLog) -> None:
+        """Report pages entering and leaving the tree to ``log`` as chained block hashes
+        (sha256, one block per page). Call before the first admission."""
+        if self.tree.node_of_page:
+            raise ValueError("enable KV events before the first admission")
+        self.events = log
+        log.cleared()
+
+    def prefix_hashes(self) -> set[BlockHash]:
+        return set(self._page_hash.values())
+
+    def _report_stored(self, seq: SeqLike, node: RadixNode, first: int, pages: list[int]) -> None:
+        """Hash ``pages`` (pages ``first ...`` of ``seq``, about to hang under ``node``)."""
+        assert self.events is not None
+        extra = seq.extra_keys
+        parent = self._page_hash[node.pages[-1]] if node.parent is not None else None
+        hashes = hash_blocks(
+            seq.token_ids, self._block_size, parent or root_hash(extra), first, len(pages), extra
+        )
+        self._page_hash.update(zip(pages, hashes, strict=True))
+        self.events.stored(hashes, parent, self._block_size, extra.lora_id)
 
     @property
     def num_total_blocks(self) -> int:
@@ -98,6 +125,9 @@ class RadixAllocator(BlockTableAllocator):
         short = num_pages - len(self._free_pages)
         if short > 0:
             evicted = self.tree.evict(short)
+            if self.events is not None:
+                for p in evicted:
+                    self.events.removed(self._page_hash.pop(p))
             self.num_evictable -= len(evicted)
             self.num_evictions += len(evicted)
             self._free_pages.extend(evicted)
@@ -205,6 +235,8 @@ class RadixAllocator(BlockTableAllocator):
                     # A forked sibling still holds these pages under the pages we just swapped
                     # away: they can join the tree only under the sibling's own path.
                     break
+                if self.events is not None:
+                    self._report_stored(seq, node, first + i, pages)
                 node = self._add_run(node, keys[i:], pages)
                 i = len(keys)
                 break
@@ -282,6 +314,8 @@ class RadixAllocator(BlockTableAllocator):
             assert refs[page] >= 0, f"page {page}: negative ref_count"
             assert (page in free) == (refs[page] == 0 and page not in on_tree), f"page {page}"
         assert self.tree.check(list(self._roots.values())) == self.num_evictable, "evictable"
+        if self.events is not None:
+            assert self._page_hash.keys() == on_tree.keys(), "a tree page without a hash"
         for sid, st in self._seqs.items():  # a sequence's tree pages are its tree path
             node, pages = st.tree_node, []
             while isinstance(node, RadixNode) and node.parent is not None:
