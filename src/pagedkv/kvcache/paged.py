@@ -60,7 +60,7 @@ class PagedAllocator(BlockTableAllocator):
         starting with ``AllBlocksCleared`` and the hashes held now."""
         self.events = self.pool.events = log
         log.cleared()
-        for h, b in self.pool.index.items():  # a snapshot: one run per block, parents unknown
+        for h in self.pool.index:  # a snapshot: one run per block, parents unknown
             log.stored([h], None, self._block_size)
 
     def prefix_hashes(self) -> set[BlockHash]:
