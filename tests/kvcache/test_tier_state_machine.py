@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import invariant, precondition, rule
 
 from pagedkv.kvcache import PagedAllocator
+from pagedkv.kvcache.events import MEDIUM_HOST, replay
 from pagedkv.kvcache.host_index import HostTierIndex
 
 from .test_state_machine import AllocatorMachine
@@ -37,6 +38,7 @@ class TierMachine(AllocatorMachine):
         self.index = HostTierIndex(self.host_blocks)
         self.alloc.set_tiers([self.index])
         self.alloc.enable_events(self.events)
+        self.host_hashes: set[bytes] = set()
         self.held = list(self.alloc.pool.block_hashes)  # device block -> hash at step start
         self.host: dict[int, bytes] = {}  # host slot -> hash written there
         self.num_loads = 0
@@ -78,6 +80,10 @@ class TierMachine(AllocatorMachine):
     def swap_out(self, data) -> None:
         self.end_step()
         AllocatorMachine.swap_out(self, data)
+
+    def check_other_media(self, events: list) -> None:
+        replay(events, self.host_hashes, MEDIUM_HOST)
+        assert self.host_hashes == set(self.index.hashes())
 
     @invariant()
     def host_index_consistent(self) -> None:

@@ -135,14 +135,15 @@ class KVEventBatch:
 
 
 class KVEventLog:
-    """Collects one allocator's events between drains (the engine or the simulator drains it
-    once per step). Consecutive removals are merged into one ``BlockRemoved``. Not
-    thread-safe: the allocator and the drainer are the same thread (the engine's)."""
+    """Collects one allocator's events (and its lower tiers') between drains; the engine or the
+    simulator drains it once per step. Consecutive removals from one medium are merged into one
+    ``BlockRemoved``. Not thread-safe: the allocator and the drainer are the engine's thread."""
 
     def __init__(self, medium: str = MEDIUM_DEVICE) -> None:
-        self.medium = medium
+        self.medium = medium  # the default medium of ``stored`` and ``removed``
         self._events: list[KVEvent] = []
         self._removed: list[BlockHash] = []
+        self._removed_medium = medium
         self.num_stored_blocks = 0
         self.num_removed_blocks = 0
 
@@ -152,16 +153,23 @@ class KVEventLog:
         parent_block_hash: BlockHash | None,
         block_size: int,
         lora_id: str | None = None,
+        medium: str | None = None,
     ) -> None:
         if not block_hashes:
             return
         self._flush_removed()
         self._events.append(
-            BlockStored(tuple(block_hashes), parent_block_hash, block_size, lora_id, self.medium)
+            BlockStored(
+                tuple(block_hashes), parent_block_hash, block_size, lora_id, medium or self.medium
+            )
         )
         self.num_stored_blocks += len(block_hashes)
 
-    def removed(self, block_hash: BlockHash) -> None:
+    def removed(self, block_hash: BlockHash, medium: str | None = None) -> None:
+        medium = medium or self.medium
+        if medium != self._removed_medium:
+            self._flush_removed()
+            self._removed_medium = medium
         self._removed.append(block_hash)
         self.num_removed_blocks += 1
 
@@ -171,7 +179,7 @@ class KVEventLog:
 
     def _flush_removed(self) -> None:
         if self._removed:
-            self._events.append(BlockRemoved(tuple(self._removed), self.medium))
+            self._events.append(BlockRemoved(tuple(self._removed), self._removed_medium))
             self._removed = []
 
     def drain(self) -> list[KVEvent]:
@@ -181,12 +189,14 @@ class KVEventLog:
         return out
 
 
-def replay(events: Sequence[KVEvent], held: set[BlockHash]) -> None:
-    """Apply ``events`` to ``held``, the hashes one replica's cache holds (one medium)."""
+def replay(events: Sequence[KVEvent], held: set[BlockHash], medium: str = MEDIUM_DEVICE) -> None:
+    """Apply ``events`` to ``held``, the hashes one replica holds in ``medium``."""
     for ev in events:
-        if isinstance(ev, BlockStored):
-            held.update(ev.block_hashes)
-        elif isinstance(ev, BlockRemoved):
-            held.difference_update(ev.block_hashes)
-        else:
+        if isinstance(ev, AllBlocksCleared):
             held.clear()
+        elif ev.medium != medium:
+            continue
+        elif isinstance(ev, BlockStored):
+            held.update(ev.block_hashes)
+        else:
+            held.difference_update(ev.block_hashes)

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from pagedkv.kvcache.events import MEDIUM_HOST, KVEventLog
 from pagedkv.kvcache.hashing import BlockHash
 from pagedkv.kvcache.tiers import TIER_HOST
 
@@ -42,6 +43,15 @@ class HostTierIndex:
         self.num_offloaded = 0  # offers accepted (blocks the engine copied in)
         self.num_dropped = 0  # blocks pushed out by the LRU to make room
         self.num_declined = 0  # offers refused because every slot was pinned
+        self._events: KVEventLog | None = None
+        self._block_size = 0
+
+    def enable_events(self, log: KVEventLog, block_size: int) -> None:
+        """Report hashes entering and leaving this tier to ``log`` (medium ``host``), starting
+        with the ones held now. Parents are not known here: ``parent_block_hash`` is None."""
+        self._events, self._block_size = log, block_size
+        for h in self._slots:
+            log.stored([h], None, block_size, medium=MEDIUM_HOST)
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -90,7 +100,11 @@ class HostTierIndex:
                 return False
             slot = slots.pop(victim)
             self.num_dropped += 1
+            if self._events is not None:
+                self._events.removed(victim, MEDIUM_HOST)
         slots[block_hash] = slot
+        if self._events is not None:
+            self._events.stored([block_hash], None, self._block_size, medium=MEDIUM_HOST)
         self._pinned.add(block_hash)
         self._pending.add(block_hash)
         self.num_offloaded += 1
@@ -105,6 +119,9 @@ class HostTierIndex:
     def clear(self) -> int:
         """Forget every block (a cache reset); returns how many were held."""
         n = len(self._slots)
+        if self._events is not None:
+            for h in self._slots:
+                self._events.removed(h, MEDIUM_HOST)
         self._free = list(range(self.num_blocks - 1, -1, -1))
         self._slots.clear()
         self._pinned.clear()

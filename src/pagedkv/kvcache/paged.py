@@ -51,6 +51,7 @@ class PagedAllocator(BlockTableAllocator):
             raise ValueError("lower KV tiers need prefix caching (they are keyed by block hash)")
         self.tiers = TierChain(tiers)
         self.pool.on_evict = self.tiers.evicted
+        self._enable_tier_events()
 
     def drain_tier_orders(self) -> TierOrders:
         return self.tiers.drain() if self.tiers is not None else NO_TIER_ORDERS
@@ -62,8 +63,18 @@ class PagedAllocator(BlockTableAllocator):
         log.cleared()
         for h in self.pool.index:  # a snapshot: one run per block, parents unknown
             log.stored([h], None, self._block_size)
+        self._enable_tier_events()
+
+    def _enable_tier_events(self) -> None:
+        """Lower tiers that keep their own blocks (the host tier) report them too; a shared
+        store is no replica's cache and reports nothing."""
+        for tier in self.tiers.tiers if self.tiers is not None and self.events else ():
+            enable = getattr(tier, "enable_events", None)
+            if enable is not None:
+                enable(self.events, self._block_size)
 
     def prefix_hashes(self) -> set[BlockHash]:
+        """Device hashes only; a host tier's are ``tiers``' (``HostTierIndex.hashes``)."""
         return set(self.pool.index)
 
     def _set_hashes(
