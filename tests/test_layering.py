@@ -17,6 +17,7 @@ CORE_PACKAGES = [
     "pagedkv.planner",
     "pagedkv.sim",
     "pagedkv.kvstore",
+    "pagedkv.routing",
 ]
 
 _BLOCK_AND_IMPORT = """
