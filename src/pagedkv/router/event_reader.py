@@ -1,0 +1,163 @@
+"""``KVEventReader``: one replica's KV event stream, read from Redis on a daemon thread.
+
+A replica started with ``--kv-events redis://HOST:PORT`` appends one entry per engine step to
+the Redis stream ``pagedkv:kv-events:<instance_id>`` (field ``batch``: a
+``KVEventBatch.to_json()``; ``GET /pagedkv/info`` names the URL and the stream; the format is in
+docs/kv_events.md). The reader ``XREAD``s from ``start_id`` (``"0"``: the stream's start, so a
+router started late or restarted replays the retained history, which holds a full snapshot),
+decodes each entry and calls ``on_batch`` with it, in stream order, on the reader's thread.
+
+Contracts:
+
+* ``on_batch`` sees every well-formed entry once, in order. An entry that does not decode (no
+  ``batch`` field, not a batch this version wrote) is skipped and counted (``num_malformed``;
+  the first one is logged). An exception from ``on_batch`` is logged and the reader goes on.
+* Redis down or unreachable: ``connected`` turns False, ``last_error`` says why (logged once per
+  outage), and the reader retries with a back-off (``RETRY_AFTER_S`` doubling to
+  ``MAX_RETRY_AFTER_S``); once it answers again it continues after the last entry it read, so
+  nothing still in the stream is missed or seen twice.
+* ``stop()`` returns within about ``block_ms`` (plus a socket timeout when Redis hangs).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from pagedkv.kvcache.events import KVEventBatch
+
+log = logging.getLogger("pagedkv.router")
+
+BATCH_FIELD = b"batch"
+READ_COUNT = 256  # entries per XREAD: bounds one call's reply, not the rate
+CONNECT_TIMEOUT_S = 1.0
+RETRY_AFTER_S = 0.2
+MAX_RETRY_AFTER_S = 5.0
+
+
+class KVEventReader:
+    """Reads one stream; ``num_batches``, ``num_malformed``, ``connected`` and ``last_error``
+    may be read from any thread (each is one attribute written by the reader's thread)."""
+
+    def __init__(
+        self,
+        url: str,
+        stream: str,
+        on_batch: Callable[[KVEventBatch], None],
+        *,
+        start_id: str = "0",
+        block_ms: int = 200,
+    ) -> None:
+        """``url``: ``redis://HOST:PORT[/DB]``; ``stream``: the replica's stream name;
+        ``start_id``: the entry id to read after (``"0"`` = from the start, ``"$"`` = only new
+        entries); ``block_ms`` (>= 1): how long one XREAD waits for new entries."""
+        import redis  # the engine extra's dependency, imported only when a reader is built
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        if block_ms < 1:
+            raise ValueError(f"block_ms must be >= 1, got {block_ms}")
+        self.url, self.stream, self.block_ms = url, stream, block_ms
+        self._on_batch = on_batch
+        self._errors = (redis.RedisError, OSError)
+        self._redis = redis.Redis.from_url(
+            url,
+            socket_connect_timeout=CONNECT_TIMEOUT_S,
+            # A blocked XREAD is silent for block_ms: the timeout must be longer than that.
+            socket_timeout=block_ms / 1000 + 2.0,
+            retry=Retry(NoBackoff(), 0),  # failures surface here and go through our back-off
+        )
+        self.last_id: str = start_id
+        self.num_batches = 0
+        self.num_malformed = 0
+        self.connected = False
+        self.last_error: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def from_info(
+        cls, kv_events: dict, on_batch: Callable[[KVEventBatch], None], **kwargs
+    ) -> KVEventReader:
+        """A reader of the ``kv_events`` object of a replica's ``GET /pagedkv/info``."""
+        return cls(kv_events["url"], kv_events["stream"], on_batch, **kwargs)
+
+    def start(self) -> KVEventReader:
+        """Start the daemon thread (once)."""
+        if self._thread is not None:
+            raise RuntimeError("the reader was started already")
+        self._thread = threading.Thread(
+            target=self._run, name=f"pagedkv-kv-events-{self.stream}", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Stop the thread and close the connection; waits up to ``timeout_s`` (default: one
+        XREAD plus its socket timeout)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s if timeout_s is not None else self.block_ms / 1000 + 3.0)
+        self._redis.close()
+
+    def _run(self) -> None:
+        backoff_s = RETRY_AFTER_S
+        while not self._stop.is_set():
+            try:
+                reply = self._redis.xread(
+                    {self.stream: self.last_id}, count=READ_COUNT, block=self.block_ms
+                )
+            except self._errors as exc:
+                self._failed(exc)
+                self._stop.wait(backoff_s)
+                backoff_s = min(backoff_s * 2, MAX_RETRY_AFTER_S)
+                continue
+            if not self.connected:
+                if self.last_error is not None:
+                    log.warning("KV event stream %s at %s answers again", self.stream, self.url)
+                self.connected, backoff_s = True, RETRY_AFTER_S
+            for _, entries in reply or ():
+                for entry_id, fields in entries:
+                    if self._stop.is_set():
+                        return
+                    self._deliver(entry_id, fields)
+
+    def _deliver(self, entry_id: bytes | str, fields: dict) -> None:
+        entry = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+        try:
+            raw = fields.get(BATCH_FIELD, fields.get(BATCH_FIELD.decode()))
+            if raw is None:
+                raise ValueError("the entry has no 'batch' field")
+            batch = KVEventBatch.from_json(raw)
+        except ValueError as exc:
+            self.num_malformed += 1
+            if self.num_malformed == 1:
+                log.warning(
+                    "KV event stream %s: entry %s skipped (%s); further malformed entries are "
+                    "only counted",
+                    self.stream,
+                    entry,
+                    exc,
+                )
+            self.last_id = entry
+            return
+        self.last_id = entry  # before the callback: a failing callback must not loop forever
+        self.num_batches += 1
+        try:
+            self._on_batch(batch)
+        except Exception:  # the router's bug, not the stream's: keep reading
+            log.exception("KV event stream %s: on_batch failed on entry %s", self.stream, entry)
+
+    def _failed(self, exc: BaseException) -> None:
+        was_connected_or_new = self.connected or self.last_error is None
+        self.connected = False
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        if was_connected_or_new:  # once per outage
+            log.warning(
+                "KV event stream %s at %s failed (%s); retrying with back-off (logged once per "
+                "outage)",
+                self.stream,
+                self.url,
+                self.last_error,
+            )
