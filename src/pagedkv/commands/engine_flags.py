@@ -47,6 +47,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         help="shared KV store: full blocks written through to Redis and read back on a miss "
         "(other engines on the same store share prefixes); down or slow = recompute",
     )
+    g.add_argument(
+        "--kv-events",
+        metavar="redis://HOST:PORT",
+        help="publish the prefix cache's changes (blocks stored / removed, per step) to the "
+        "Redis stream pagedkv:kv-events:<instance id>, for a prefix-aware router "
+        "(GET /pagedkv/info names it; docs/kv_events.md); Redis down = events dropped and "
+        "counted, a snapshot once it answers",
+    )
     add_swap_args(g)
 
 
@@ -101,6 +109,7 @@ def engine_config(args: argparse.Namespace, **overrides):
         max_model_len=args.max_model_len,
         host_kv_memory_bytes=parse_bytes("--host-kv-memory", args.host_kv_memory),
         kv_store=args.kv_store,
+        kv_events_url=args.kv_events,
         preemption_mode=args.preemption_mode,
         swap_space_bytes=swap_space_bytes(args),
     )

@@ -40,6 +40,9 @@ class EngineConfig:
     log_startup: bool = True
     # The shared KV store tier (kvstore/): a redis://HOST:PORT[/DB] URL; None = no store.
     kv_store: str | None = None
+    # KV events (engine/kv_events.py): a redis://HOST:PORT[/DB] URL the engine publishes its
+    # prefix cache's changes to (a stream per instance, for routers); None = off.
+    kv_events_url: str | None = None
 
     def __post_init__(self) -> None:
         """Every check raises ``UsageError`` naming the field (these are the user's flags)."""
@@ -66,6 +69,13 @@ class EngineConfig:
             )
         if self.kv_store is not None:
             parse_store_url(self.kv_store)  # one-line UsageError naming kv_store
+        if self.kv_events_url is not None:
+            try:
+                parse_store_url(self.kv_events_url)
+            except UsageError as exc:  # the same URL rule; the message names this flag
+                raise UsageError(
+                    str(exc).replace("--kv-store", "--kv-events"), "kv_events"
+                ) from None
         for name in ("kv_cache_memory_bytes", "max_num_seqs", "max_num_batched_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -181,6 +181,8 @@ class LLMEngine:
         for seq in done.finished:
             owner(seq).finish_sample(seq)
         self.recorder.end_step()
+        if self.parts.kv_events is not None:  # publish this step's prefix-cache changes
+            self.parts.kv_events.after_step()
         outputs, self._stash = list(self._stash.values()), {}
         return outputs + self._registry.report(touched)
 

@@ -4,9 +4,10 @@ the block size used with the reason for every rewrite, and the page-format finge
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pagedkv.engine.config import EngineConfig
+from pagedkv.engine.kv_events import EngineKVEvents, new_instance_id, open_kv_events
 from pagedkv.engine.runner import ModelRunner
 from pagedkv.engine.store_runtime import check_store_policy, store_tiers
 from pagedkv.engine.tier_setup import attach_tiers, host_tier_blocks
@@ -40,6 +41,9 @@ class EngineParts:
     scheduler: Scheduler
     runner: ModelRunner
     startup_report: str
+    # KV events (``--kv-events``; None = off): ``LLMEngine.step`` calls ``after_step``.
+    kv_events: EngineKVEvents | None = None
+    instance_id: str = field(default_factory=new_instance_id)  # fresh per engine
 
 
 def build_parts(
@@ -105,6 +109,11 @@ def build_parts(
     store = store_tiers(config, page_format, model, runner.kv_caches)
     for line in attach_tiers(allocator, runner, num_host_kv_blocks, store):
         report += f"\npagedkv: {line}"
+    instance_id = new_instance_id()
+    # After the tiers: the allocator hands the event log to a host tier too.
+    kv_events, lines = open_kv_events(config, allocator, instance_id)
+    for line in lines:
+        report += f"\npagedkv: {line}"
     # How the projections compute (the quantized kernels chosen at load), when the loader said.
     for line in getattr(model, "weights_report", "").splitlines():
         report += f"\npagedkv: {line}"
@@ -124,6 +133,8 @@ def build_parts(
         scheduler,
         runner,
         report,
+        kv_events,
+        instance_id,
     )
 
 

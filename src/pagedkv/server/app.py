@@ -1,10 +1,11 @@
-"""The FastAPI app: OpenAI routes over one engine loop, plus ``/health`` and ``/metrics``.
+"""The FastAPI app: OpenAI routes over one engine loop, plus ``/health``, ``/metrics`` and
+``/pagedkv/info`` (the replica's self-description for routers, ``engine/kv_events.py``).
 
 ``create_app(engine, config)`` takes ownership of ``engine``: the app's lifespan starts the
 engine loop (the only thread that touches the engine) and stops it at shutdown. The routes
 (``pagedkv.server.routes``) find what they need on ``app.state``: ``engine_loop``, ``metrics``,
 ``config``, ``info`` (the engine's fixed facts), ``rules`` (its thread-safe request check),
-``tokenizer`` and ``started_s``.
+``tokenizer``, ``started_s`` and ``replica_info``.
 """
 
 from __future__ import annotations
@@ -19,11 +20,14 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pagedkv.engine import LLMEngine
+from pagedkv.engine.kv_events import describe_replica
+from pagedkv.engine.kv_transfer import model_identity
 from pagedkv.server import routes
 from pagedkv.server.config import ServerConfig
 from pagedkv.server.engine_loop import ADMIT_AHEAD_SEQS, EngineLoop
 from pagedkv.server.errors import APIError, install_error_handlers
-from pagedkv.server.metrics import ServerMetrics
+from pagedkv.server.kv_event_metrics import KVEventCollector
+from pagedkv.server.metrics import PREFIX, ServerMetrics
 from pagedkv.server.pd_front import PDFront
 
 # Probes answer without the key: a load balancer or Prometheus must not need it.
@@ -85,10 +89,16 @@ def create_app(
     state.flush_store = engine.flush_kv_store if flush_store else None
     if pd is not None:
         state.metrics.registry.register(pd.collector())
+    kv_events = engine.parts.kv_events
+    state.metrics.registry.register(KVEventCollector(PREFIX, kv_events and kv_events.counts))
+    # The weights digest reads ~4K elements per tensor (milliseconds), once, before the loop.
+    identity = model_identity(engine.parts.model)
+    state.replica_info = describe_replica(engine, config.served_model_name, identity)
     install_error_handlers(app)
     app.add_middleware(BearerAuth, api_key=config.api_key)
     app.add_api_route("/health", routes.health, methods=["GET"])
     app.add_api_route("/health", routes.health, methods=["HEAD"], include_in_schema=False)
     app.add_api_route("/metrics", routes.prometheus, methods=["GET"])
+    app.add_api_route("/pagedkv/info", routes.replica_info, methods=["GET"])
     app.include_router(routes.v1)
     return app

@@ -45,6 +45,12 @@ async def prometheus(request: Request) -> Response:
     return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE)
 
 
+async def replica_info(request: Request) -> JSONResponse:
+    """This replica's self-description for routers (``engine/kv_events.describe_replica``;
+    schema in docs/kv_events.md). Behind the API key like the ``/v1`` routes."""
+    return JSONResponse(request.app.state.replica_info)
+
+
 @v1.get("/models")
 async def models(request: Request) -> JSONResponse:
     state = request.app.state
