@@ -143,11 +143,12 @@ class KVEventReader:
             self.last_id = entry
             return
         self.last_id = entry  # before the callback: a failing callback must not loop forever
-        self.num_batches += 1
         try:
             self._on_batch(batch)
         except Exception:  # the router's bug, not the stream's: keep reading
             log.exception("KV event stream %s: on_batch failed on entry %s", self.stream, entry)
+        finally:
+            self.num_batches += 1  # after the callback: a waiter sees its effect
 
     def _failed(self, exc: BaseException) -> None:
         was_connected_or_new = self.connected or self.last_error is None

@@ -1,0 +1,146 @@
+"""KV events of a real engine (tiny model), published to a real redis-server and read back with
+the router's ``KVEventReader``: after every step the replayed set equals what the allocator
+holds; greedy tokens do not change; a Redis outage costs events, never a request, and the
+snapshot after it makes the reader right again."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+
+from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
+from pagedkv.engine.kv_events import held_hashes
+from pagedkv.engine.startup import build_parts
+from pagedkv.kvcache.events import MEDIUM_DEVICE, MEDIUM_HOST, KVEventBatch, replay
+from pagedkv.router.event_reader import KVEventReader
+from tests.kvstore.redis_server import RedisServer
+
+SYSTEM = [(5 * i + 11) % 240 + 10 for i in range(40)]  # a shared prefix of 2.5 blocks of 16
+PROMPTS = [SYSTEM + [(i * 13 + j) % 240 + 10 for j in range(6 + 3 * i)] for i in range(6)]
+PROMPTS += [[(i * 31 + j * 7) % 240 + 10 for j in range(50)] for i in range(3)]  # no sharing
+GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from pagedkv.model import load_model
+    from tests.model.tiny import make_tiny_model
+
+    folder = tmp_path_factory.mktemp("tiny-events")
+    make_tiny_model("llama", folder)
+    return load_model(folder, progress=False)
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    server = RedisServer(tmp_path).start()
+    yield server
+    server.stop()
+
+
+class View:
+    """What a router knows of one replica: the replay of its stream, per medium."""
+
+    def __init__(self) -> None:
+        self.held = {MEDIUM_DEVICE: set(), MEDIUM_HOST: set()}
+
+    def __call__(self, batch: KVEventBatch) -> None:
+        for medium, held in self.held.items():
+            replay(batch.events, held, medium)
+
+
+def _engine(tiny, **overrides) -> LLMEngine:
+    # 24 blocks of 16 tokens: the prompts below evict each other's cached blocks.
+    overrides = {"log_startup": False, "max_model_len": 128, "kv_cache_memory_bytes": 24 * 8192,
+                 "max_num_seqs": 4, **overrides}  # fmt: skip
+    config = EngineConfig(**overrides)
+    return LLMEngine(config, parts=build_parts(config, tiny))
+
+
+def _wait(predicate, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.002)
+
+
+def _assert_synced(engine: LLMEngine, reader: KVEventReader, view: View) -> None:
+    publisher = engine.parts.kv_events.publisher
+    assert publisher.flush(5)
+    _wait(lambda: reader.num_batches >= publisher.counts.batches_published)
+    expected = dict(held_hashes(engine.allocator))
+    assert view.held[MEDIUM_DEVICE] == engine.allocator.prefix_hashes()
+    assert view.held[MEDIUM_HOST] == set(expected.get(MEDIUM_HOST, ()))
+
+
+def _run(engine: LLMEngine, prompts, check=None) -> list[list[int]]:
+    ids = [engine.add_request(p, GREEDY) for p in prompts]
+    done: dict[str, list[int]] = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                assert out.error is None
+                done[out.request_id] = out.outputs[0].token_ids
+        if check is not None:
+            check()
+    return [done[i] for i in ids]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"policy": "vllm"},
+        {"policy": "radix:4"},
+        {"policy": "vllm", "host_kv_memory_bytes": 8 * 8192},
+    ],
+    ids=["paged16", "radix4", "paged16+host"],
+)
+def test_replayed_stream_equals_the_cache_after_every_step(tiny, redis_server, overrides):
+    reference = _run(_engine(tiny, **overrides), PROMPTS)  # events off
+    engine = _engine(tiny, kv_events_url=redis_server.url, **overrides)
+    view = View()
+    reader = KVEventReader.from_info(
+        {"url": redis_server.url, "stream": engine.parts.kv_events.stream}, view, block_ms=20
+    ).start()
+    try:
+        _assert_synced(engine, reader, view)  # the opening AllBlocksCleared
+        tokens = _run(engine, PROMPTS, lambda: _assert_synced(engine, reader, view))
+        assert tokens == reference  # events change nothing the model computes
+        counts = engine.parts.kv_events.counts()
+        assert counts["events_dropped"] == 0 and counts["publish_errors"] == 0
+        assert engine.allocator.prefix_hashes()  # something was cached (and compared)
+        assert reader.num_malformed == 0
+    finally:
+        reader.stop()
+        engine.parts.kv_events.close()
+
+
+def test_redis_outage_costs_events_not_requests(tiny, redis_server, monkeypatch, caplog):
+    from pagedkv.engine import kv_event_publisher
+
+    monkeypatch.setattr(kv_event_publisher, "MAX_RETRY_AFTER_S", 0.2)
+    engine = _engine(tiny, kv_events_url=redis_server.url)
+    view = View()
+    reader = KVEventReader(redis_server.url, engine.parts.kv_events.stream, view, block_ms=20)
+    reader.start()
+    publisher = engine.parts.kv_events.publisher
+    try:
+        _run(engine, PROMPTS[:3])
+        _assert_synced(engine, reader, view)
+        redis_server.stop()
+        with caplog.at_level(logging.WARNING, logger="pagedkv.kv_events"):
+            _run(engine, PROMPTS[3:])  # every request completes while Redis is down
+        assert publisher.counts.events_dropped > 0 and publisher.counts.publish_errors > 0
+        mine = [r for r in caplog.records if r.name == "pagedkv.kv_events"]
+        assert len(mine) == 1 and "failed" in mine[0].getMessage()  # once per outage
+        redis_server.start()  # same port, empty: the old entries are gone
+        _wait(lambda: publisher.snapshot_wanted(), timeout_s=10)
+        _run(engine, PROMPTS[:2])  # the next steps publish the snapshot, then deltas
+        assert publisher.counts.snapshots_published >= 1
+        _wait(lambda: reader.connected)
+        _assert_synced(engine, reader, view)
+    finally:
+        reader.stop()
+        engine.parts.kv_events.close()
