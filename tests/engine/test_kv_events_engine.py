@@ -6,6 +6,8 @@ snapshot after it makes the reader right again."""
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import time
 
 import pytest
@@ -141,6 +143,39 @@ def test_redis_outage_costs_events_not_requests(tiny, redis_server, monkeypatch,
         assert publisher.counts.snapshots_published >= 1
         _wait(lambda: reader.connected)
         _assert_synced(engine, reader, view)
+    finally:
+        reader.stop()
+        engine.parts.kv_events.close()
+
+
+def test_a_hung_redis_never_slows_a_step(tiny, redis_server, monkeypatch):
+    from pagedkv.engine import kv_event_publisher
+
+    monkeypatch.setattr(kv_event_publisher, "MAX_RETRY_AFTER_S", 0.2)
+    engine = _engine(tiny, kv_events_url=redis_server.url)
+    publisher = engine.parts.kv_events.publisher
+    assert publisher.flush(5)
+    os.kill(redis_server.proc.pid, signal.SIGSTOP)  # accepts connections, answers nothing
+    try:
+        for p in PROMPTS:
+            engine.add_request(p, GREEDY)
+        step_s = []
+        while engine.has_unfinished():
+            started = time.perf_counter()
+            engine.step()
+            step_s.append(time.perf_counter() - started)
+        # An XADD waits up to SOCKET_TIMEOUT_S for the hung server; no step waited for one.
+        assert max(step_s) < kv_event_publisher.SOCKET_TIMEOUT_S
+        _wait(lambda: publisher.counts.publish_errors > 0)
+    finally:
+        os.kill(redis_server.proc.pid, signal.SIGCONT)
+    view = View()
+    reader = KVEventReader(redis_server.url, publisher.stream, view, block_ms=20).start()
+    try:
+        _wait(lambda: publisher.snapshot_wanted(), timeout_s=10)
+        _run(engine, PROMPTS[:1])
+        _assert_synced(engine, reader, view)
+        assert publisher.counts.batches_dropped > 0
     finally:
         reader.stop()
         engine.parts.kv_events.close()
