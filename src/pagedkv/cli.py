@@ -30,6 +30,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pagedkv.commands.experiment",
     "pagedkv.commands.profile",
     "pagedkv.commands.serve",
+    "pagedkv.commands.route",
 )
 
 

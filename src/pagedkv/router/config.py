@@ -1,0 +1,82 @@
+"""``RouterConfig``: what ``pagedkv route`` was asked to do, validated once at the edge."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from pagedkv.errors import UsageError
+from pagedkv.routing import ROUTING_POLICIES, build_policy
+
+DEFAULT_PORT = 8080
+DEFAULT_HEALTH_INTERVAL_S = 1.0
+DEFAULT_REQUEST_TIMEOUT_S = 600.0
+DEFAULT_CONNECT_TIMEOUT_S = 5.0
+
+
+def normalize_replica_url(url: str) -> str:
+    """``http(s)://HOST:PORT`` without a trailing ``/`` or ``/v1`` (the router appends the
+    routes); ``UsageError`` for anything else."""
+    text = url.strip().rstrip("/")
+    if text.endswith("/v1"):
+        text = text[: -len("/v1")]
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"--replica {url!r} is not an http(s)://HOST:PORT URL", "replica")
+    if parts.path or parts.query or parts.fragment:
+        raise UsageError(f"--replica {url!r}: give the base URL only (no path)", "replica")
+    return text
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """``replica_urls``: the replicas' base URLs (normalized, distinct). ``kv_events_url``:
+    where the replicas publish KV events as seen from the router (None: each replica's own
+    ``/pagedkv/info`` says). ``model``: the tokenizer's model path (None: the embedded model).
+    ``api_key``: what clients must send, and what the router sends to the replicas.
+    ``wait_s``: how long start-up waits for every replica to answer ``/pagedkv/info``.
+    Invalid values raise ``UsageError`` naming the flag."""
+
+    replica_urls: tuple[str, ...]
+    policy: str = "prefix-aware"
+    kv_events_url: str | None = None
+    model: str | None = None
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    api_key: str | None = None
+    balance_abs: int = 4
+    balance_rel: float = 0.25
+    health_interval_s: float = DEFAULT_HEALTH_INTERVAL_S
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    wait_s: float = 0.0
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if not self.replica_urls:
+            raise UsageError("give at least one --replica URL", "replica")
+        urls = tuple(normalize_replica_url(u) for u in self.replica_urls)
+        dup = next((u for i, u in enumerate(urls) if u in urls[:i]), None)
+        if dup is not None:
+            raise UsageError(f"--replica {dup} is given twice", "replica")
+        object.__setattr__(self, "replica_urls", urls)
+        if self.policy not in ROUTING_POLICIES:
+            raise UsageError(f"unknown --policy {self.policy!r}; choose one of "
+                             f"{', '.join(ROUTING_POLICIES)}", "policy")  # fmt: skip
+        build_policy(self.policy, balance_abs=self.balance_abs, balance_rel=self.balance_rel)
+        if self.kv_events_url is not None and urlsplit(self.kv_events_url).scheme != "redis":
+            raise UsageError(f"--kv-events {self.kv_events_url!r} is not a redis://HOST:PORT URL",
+                             "kv_events")  # fmt: skip
+        if not 0 <= self.port <= 65535:
+            raise UsageError(f"--port must be in 0..65535, got {self.port}", "port")
+        for flag, value in (("--health-interval", self.health_interval_s),
+                            ("--request-timeout", self.request_timeout_s),
+                            ("--connect-timeout", self.connect_timeout_s)):  # fmt: skip
+            if not value > 0:
+                raise UsageError(f"{flag} must be > 0 seconds, got {value}", flag[2:])
+        if not self.wait_s >= 0:
+            raise UsageError(f"--wait must be >= 0 seconds, got {self.wait_s}", "wait")
+
+    def make_policy(self):
+        """A fresh routing policy (``pagedkv.routing``), as configured."""
+        return build_policy(self.policy, balance_abs=self.balance_abs, balance_rel=self.balance_rel)
