@@ -83,3 +83,20 @@ def test_reader_of_a_down_redis_stops_promptly(tmp_path):
     started = time.monotonic()
     reader.stop()
     assert time.monotonic() - started < 1.0
+
+
+def test_start_at_dollar_reads_only_new_entries_and_misses_none(server):
+    client = redis.Redis.from_url(server.url)
+    client.xadd(STREAM, {"batch": _batch(1).to_json()})
+    got: list[KVEventBatch] = []
+    reader = KVEventReader(server.url, STREAM, got.append, start_id="$", block_ms=10).start()
+    try:
+        _wait(lambda: reader.connected)
+        for i in range(2, 6):  # some land between two XREADs
+            client.xadd(STREAM, {"batch": _batch(i).to_json()})
+            time.sleep(0.015)
+        _wait(lambda: len(got) == 4)
+        assert got == [_batch(i) for i in range(2, 6)]
+    finally:
+        reader.stop()
+        client.close()

@@ -105,6 +105,9 @@ class KVEventReader:
         backoff_s = RETRY_AFTER_S
         while not self._stop.is_set():
             try:
+                if self.last_id == "$":  # pin "only new entries" once: "$" again would skip
+                    newest = self._redis.xrevrange(self.stream, count=1)  # entries between reads
+                    self.last_id = _decode(newest[0][0]) if newest else "0-0"
                 reply = self._redis.xread(
                     {self.stream: self.last_id}, count=READ_COUNT, block=self.block_ms
                 )
@@ -124,7 +127,7 @@ class KVEventReader:
                     self._deliver(entry_id, fields)
 
     def _deliver(self, entry_id: bytes | str, fields: dict) -> None:
-        entry = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+        entry = _decode(entry_id)
         try:
             raw = fields.get(BATCH_FIELD, fields.get(BATCH_FIELD.decode()))
             if raw is None:
@@ -162,3 +165,7 @@ class KVEventReader:
                 self.url,
                 self.last_error,
             )
+
+
+def _decode(entry_id: bytes | str) -> str:
+    return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
