@@ -68,3 +68,21 @@ def test_info_names_the_event_stream_and_metrics_count(tiny_loaded, tmp_path):
 def _value(text: str, name: str) -> float:
     line = next(x for x in text.splitlines() if x.startswith(name + " "))
     return float(line.split()[1])
+
+
+def test_kv_events_flag_is_checked_at_the_edge():
+    import argparse
+
+    from pagedkv.commands import serve
+    from pagedkv.commands.engine_flags import engine_config
+    from pagedkv.engine import EngineConfig
+    from pagedkv.errors import UsageError
+
+    parser = argparse.ArgumentParser()
+    serve.register(parser.add_subparsers())
+    args = parser.parse_args(["serve", "--kv-events", "redis://127.0.0.1:6399"])
+    assert engine_config(args).kv_events_url == "redis://127.0.0.1:6399"
+    for bad in ("http://127.0.0.1:6399", "redis://h:notaport", "redis://u:p@h:1"):
+        with pytest.raises(UsageError) as exc:
+            EngineConfig(kv_events_url=bad)
+        assert exc.value.param == "kv_events" and "--kv-events" in str(exc.value)
