@@ -1,8 +1,9 @@
 """`pagedkv serve`: the engine behind an OpenAI-compatible HTTP API.
 
 Routes: GET /v1/models, POST /v1/completions, POST /v1/chat/completions (streaming with
-"stream": true), GET /health, GET /metrics (Prometheus). Listens on 127.0.0.1 unless --host
-says otherwise. With --api-key (or $PAGEDKV_API_KEY) every /v1 route needs
+"stream": true), GET /health, GET /metrics (Prometheus), GET /pagedkv/info (this replica's
+self-description for a router; --kv-events publishes its prefix cache's changes, see
+docs/kv_events.md). Listens on 127.0.0.1 unless --host says otherwise. With --api-key (or $PAGEDKV_API_KEY) every /v1 route needs
 "Authorization: Bearer KEY" (so do /openapi.json and unknown paths; /health and /metrics stay
 open for probes). Without --model the embedded SmolLM2-135M-Instruct is served. The address is
 bound before the model loads, so a port in use is reported at once.
