@@ -39,6 +39,16 @@ def validate(a: argparse.Namespace) -> SimulateConfig:
     policies = tuple(p.strip() for p in a.policy.split(",") if p.strip())
     if not policies:
         raise UsageError("--policy: name at least one policy", "--policy")
+    routers: tuple[str, ...] = ()
+    if a.router is not None:
+        routers = tuple(r.strip() for r in a.router.split(",") if r.strip())
+        if not routers:
+            raise UsageError("--router: name at least one routing policy", "--router")
+    num_replicas = parse_count("--replicas", a.replicas)
+    if num_replicas < 1:
+        raise UsageError(f"--replicas must be >= 1, got {a.replicas!r}", "--replicas")
+    if a.plot and (num_replicas > 1 or routers):
+        raise UsageError("--plot draws one engine's runs: drop it with --replicas/--router")
     return SimulateConfig(
         trace=a.trace,
         synthetic=a.synthetic,
@@ -68,6 +78,10 @@ def validate(a: argparse.Namespace) -> SimulateConfig:
         preemption_mode=a.preemption_mode,
         swap_space_bytes=swap_space_bytes(a),
         host_link=a.host_link,
+        num_replicas=num_replicas,
+        routers=routers,
+        balance_abs=parse_count("--balance-abs", a.balance_abs),
+        balance_rel=parse_number("--balance-rel", a.balance_rel, minimum=0),
     )
 
 
@@ -148,6 +162,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(paged:32, paged-nocache:16, radix:1)",
     )
     pol.add_argument("--block-sizes", metavar="B,B", help="run each paged/radix policy at each")
+    rt = p.add_argument_group("replicas and routing")
+    rt.add_argument(
+        "--replicas", default="1", metavar="N", help="N engines, each with its own scheduler "
+        "and KV pool, behind a router (default 1: one engine, no router)",
+    )  # fmt: skip
+    rt.add_argument(
+        "--router", metavar="POLICY[,POLICY]", help="routing policies, one run each: "
+        "round-robin, least-loaded, prefix-aware (default with --replicas > 1: round-robin; "
+        "with --replicas 1 the cluster table of one replica, the same numbers as one engine)",
+    )  # fmt: skip
+    rt.add_argument(
+        "--balance-abs", default="4", metavar="N",
+        help="prefix-aware: a replica more than N requests above the least loaded is skipped (4)",
+    )  # fmt: skip
+    rt.add_argument(
+        "--balance-rel", default="0.25", metavar="F",
+        help="prefix-aware: ... or more than F x the least loaded's requests (0.25)",
+    )  # fmt: skip
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print one JSON object per run")
     out.add_argument("--plot", metavar="FILE.png", help="KV utilization, running, waste plots")
@@ -161,7 +193,6 @@ def run(a: argparse.Namespace) -> int:
         prepare_plot_path(a.plot)
     from rich.console import Console
     from rich.markup import escape
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from pagedkv.sim.report import plot_runs, print_table
     from pagedkv.sim.scenario import load_scenario
@@ -174,15 +205,9 @@ def run(a: argparse.Namespace) -> int:
     err = Console(stderr=True, soft_wrap=True)
     source, rest = scenario.describe().split(": ", 1)
     err.print(f"[bold]{escape(source)}[/]: {escape(rest)}")
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("t={task.fields[sim_s]:,.0f} s"),
-        console=err,
-        transient=True,
-        disable=not err.is_terminal,
-    ) as progress:
+    if config.is_cluster:
+        return _run_cluster(a, scenario, err)
+    with _progress(err) as progress:
 
         def track(policy, slots, num_requests):  # one bar per run
             task = progress.add_task(
@@ -199,4 +224,44 @@ def run(a: argparse.Namespace) -> int:
     if a.plot:
         plot_runs([r for r, _ in runs], a.plot)
         err.print(f"plot written to {escape(a.plot)}")
+    return 0
+
+
+def _progress(console):  # noqa: ANN001, ANN202 - rich types stay out of the import path
+    """One progress bar per run, on a terminal only."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("t={task.fields[sim_s]:,.0f} s"),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    )
+
+
+def _run_cluster(a: argparse.Namespace, scenario, err) -> int:  # noqa: ANN001
+    """``--replicas``/``--router``: one cluster run per pool, policy and router."""
+    from rich.console import Console
+
+    from pagedkv.sim.report import print_cluster_tables
+
+    n = scenario.config.num_replicas
+    with _progress(err) as progress:
+
+        def track(policy, slots, num_requests, router):  # one bar per cluster run
+            task = progress.add_task(
+                f"{router} x {n} ({policy.name}, {slots:,} slots)", total=num_requests, sim_s=0.0
+            )
+            return lambda done, sim_s: progress.update(task, completed=done, sim_s=sim_s)
+
+        runs = scenario.run_cluster(track)
+    summaries = [s for _, s in runs]
+    if a.json:
+        print(json.dumps(summaries, indent=2, allow_nan=False))
+    else:
+        title = f"pagedkv simulate: {scenario.source}, {n} replicas"
+        print_cluster_tables(summaries, title, Console())
     return 0

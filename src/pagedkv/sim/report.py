@@ -80,6 +80,80 @@ def print_table(summaries: Sequence[dict[str, Any]], title: str, console: Consol
     console.print(comparison_table(summaries, title))
 
 
+_CLUSTER_COLUMNS = (
+    "router", "policy", "replicas", "done", "refused", "prefix hit", "of ceiling", "TTFT p50",
+    "TTFT p99", "out tok/s", "mean run", "imbalance", "preempt", "decisions", "replay",
+)  # fmt: skip
+_REPLICA_COLUMNS = (
+    "replica", "routed", "done", "prefix hit", "TTFT p50", "TTFT p99", "out tok/s", "mean run",
+    "peak run", "preempt",
+)  # fmt: skip
+
+
+def _table(columns: Sequence[str], title: str) -> Table:
+    table = Table(title=title or None, header_style="bold")
+    for i, name in enumerate(columns):
+        table.add_column(name, justify="left" if i == 0 else "right")
+    return table
+
+
+def cluster_table(summaries: Sequence[dict[str, Any]], title: str = "") -> Table:
+    """One row per cluster run (``summarize_cluster`` dicts): totals over every replica.
+    "of ceiling": prefix-hit tokens / the hits of one engine holding every prefix forever;
+    "imbalance": max / mean over replicas of time-mean running sequences."""
+    table = _table(_CLUSTER_COLUMNS, title)
+    for s in summaries:
+        ideal = s["prefix_hit_of_ideal"]
+        imbalance = s["load_imbalance"]
+        table.add_row(
+            s["router"],
+            s["policy"],
+            str(s["num_replicas"]),
+            str(s["num_finished"]),
+            str(s["refused"]),
+            f"{s['prefix_hit_tokens']:,}",
+            "-" if ideal is None else _pct(ideal),
+            _secs(s["ttft_p50_s"]),
+            _secs(s["ttft_p99_s"]),
+            f"{s['throughput_tokens_per_s']:,.0f}",
+            f"{s['mean_running']:.1f}",
+            "-" if imbalance is None else f"{imbalance:.2f}",
+            _preempt(s),
+            " ".join(f"{k} {v}" for k, v in s["routing_decisions"].items()),
+            f"{s['wall_time_s']:.1f} s",
+        )
+    return table
+
+
+def replica_table(summary: dict[str, Any], title: str = "") -> Table:
+    """One row per replica of one cluster run."""
+    table = _table(_REPLICA_COLUMNS, title)
+    for r in summary["replicas"]:
+        table.add_row(
+            r["replica"],
+            str(r["num_requests"]),
+            str(r["num_finished"]),
+            f"{r['prefix_hit_tokens']:,}",
+            _secs(r["ttft_p50_s"]),
+            _secs(r["ttft_p99_s"]),
+            f"{r['throughput_tokens_per_s']:,.0f}",
+            f"{r['mean_running']:.1f}",
+            str(r["peak_running"]),
+            str(r["preemptions"]),
+        )
+    return table
+
+
+def print_cluster_tables(summaries: Sequence[dict[str, Any]], title: str, console: Console) -> None:
+    """The totals table, then one per-replica table per run."""
+    if not console.is_terminal:
+        console = Console(file=console.file, width=220)
+    console.print(cluster_table(summaries, title))
+    for s in summaries:
+        name = f"{s['router']} / {s['policy']} ({s['num_kv_slots']:,} slots): per replica"
+        console.print(replica_table(s, name))
+
+
 def plot_runs(results: Sequence[RunResult], path: str | Path) -> None:
     """KV utilization and running sequences over time per run, and the mean waste split."""
     import matplotlib

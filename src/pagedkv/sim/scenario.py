@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pagedkv.errors import UsageError
 from pagedkv.kvcache.policies import Policy
@@ -42,8 +42,13 @@ from pagedkv.traces import (
     skipped_lines_note,
 )
 
+if TYPE_CHECKING:
+    from pagedkv.sim.cluster import ClusterResult
+
 # (policy, pool slots, number of requests) -> a progress callback for that run, or None
 ProgressFactory = Callable[[Policy, int, int], ProgressFn | None]
+# (policy, pool slots, number of requests, router) -> the same for one cluster run
+ClusterProgressFactory = Callable[[Policy, int, int, str], ProgressFn | None]
 
 
 @contextmanager
@@ -146,6 +151,32 @@ class Scenario:
                     kv_record_bytes=self.model.kv_record_bytes,
                 )
                 runs += comparison.run([policy], track)
+        return runs
+
+    def run_cluster(
+        self, progress: ClusterProgressFactory | None = None
+    ) -> list[tuple[ClusterResult, dict[str, Any]]]:
+        """``config.num_replicas`` engines behind each of ``config.routing_policies``, per
+        pool size and policy, in that order: ``(ClusterResult, summarize_cluster dict)``."""
+        from pagedkv.sim.cluster import Cluster
+        from pagedkv.sim.cluster_summary import cluster_ideal_hits, summarize_cluster
+
+        cfg, n = self.config, len(self.requests)
+        balance = (cfg.balance_abs, cfg.balance_rel)
+        runs: list[tuple[ClusterResult, dict[str, Any]]] = []
+        for slots in self.pools_slots:
+            for policy in self.policies:
+                for router in cfg.routing_policies:
+                    cluster = Cluster(
+                        self.requests, policy, slots, self.scheduler, self.cost_for(policy),
+                        cfg.num_replicas, router, balance_abs=cfg.balance_abs,
+                        balance_rel=cfg.balance_rel, sample_interval_s=cfg.sample_interval_s,
+                        progress=progress(policy, slots, n, router) if progress else None,
+                        link=self.link, kv_record_bytes=self.model.kv_record_bytes,
+                    )  # fmt: skip
+                    result = cluster.run()
+                    ideal = cluster_ideal_hits(self.requests, result)
+                    runs.append((result, summarize_cluster(result, ideal, balance=balance)))
         return runs
 
 

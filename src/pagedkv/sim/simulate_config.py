@@ -45,6 +45,22 @@ class SimulateConfig:
     preemption_mode: str = "recompute"  # or "swap"
     swap_space_bytes: int = 0  # host swap space (swap mode)
     host_link: str | None = None  # None: the GPU's own host link
+    # Replicas behind a router (``sim/cluster.py``): 1 and no routers = one engine, as before.
+    # Routers given with one replica run the cluster path (the same numbers as one engine).
+    num_replicas: int = 1
+    routers: tuple[str, ...] = ()  # routing policies, one run each; () with N > 1: round-robin
+    balance_abs: int = 4  # prefix-aware's balance band (``pagedkv.routing.PrefixAware``)
+    balance_rel: float = 0.25
+
+    @property
+    def is_cluster(self) -> bool:
+        """Whether the run goes through ``Cluster`` (replicas > 1, or a router named)."""
+        return self.num_replicas > 1 or bool(self.routers)
+
+    @property
+    def routing_policies(self) -> tuple[str, ...]:
+        """The routers to run: as given, else round-robin."""
+        return self.routers or ("round-robin",)
 
     def __post_init__(self) -> None:
         if (self.trace is None) == (self.synthetic is None):
@@ -84,3 +100,17 @@ class SimulateConfig:
             raise UsageError("swap_space_bytes must be >= 0", "swap_space_bytes")
         if self.preemption_mode == "swap" and self.swap_space_bytes == 0:
             raise UsageError("--preemption-mode swap needs a --swap-space SIZE > 0")
+        self._check_routing()
+
+    def _check_routing(self) -> None:
+        from pagedkv.routing import build_policy
+
+        n = self.num_replicas
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise UsageError(f"--replicas must be a whole number >= 1, got {n!r}", "replicas")
+        if len(set(self.routers)) != len(self.routers):
+            raise UsageError(f"--router: a policy is named twice in {self.routers}", "router")
+        if not math.isfinite(self.balance_rel):
+            raise UsageError(f"--balance-rel must be a finite number, got {self.balance_rel}")
+        for name in self.routing_policies:  # unknown names and bad bands: UsageError
+            build_policy(name, balance_abs=self.balance_abs, balance_rel=self.balance_rel)

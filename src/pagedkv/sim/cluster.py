@@ -1,0 +1,211 @@
+"""``Cluster``: N simulated engines behind a router: ``pagedkv simulate --replicas N --router``.
+
+Each replica is a ``Replica`` (``sim/replica.py``: its own scheduler, allocator and clock, the
+same step as the one-engine ``Simulation``). The router is the routing package's own code
+(``pagedkv.routing``: ``build_policy`` and a ``PrefixIndex``), fed the way a real router is fed:
+each replica's KV events are drained after each of its steps and applied to the index.
+
+The clock is a discrete-event loop over the replicas' step boundaries and the arrivals, in
+time order (an arrival first on a tie, as one engine admits arrivals at ``now`` before its
+step):
+
+* an arrival is routed at its arrival time. The policy sees each replica's load as running +
+  waiting + routed-but-not-yet-admitted, and the index as of the replica's latest step. A
+  step is computed whole when it starts (its events are applied then), so for an arrival
+  during a step the router already sees that step's outcome: the index and the load can be
+  up to one step early, as a real router fed by events can be a step early or late;
+* the chosen replica takes the request at its next step boundary at or after the arrival (an
+  idle replica at the arrival time itself).
+
+With one replica this is exactly ``Simulation`` (tests check every record). Nothing is random:
+a run is a pure function of its inputs (ties between replicas are broken in turn).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pagedkv.errors import UsageError
+from pagedkv.kvcache.policies import Policy
+from pagedkv.routing import PrefixIndex, ReplicaLoad, build_policy, prompt_block_hashes
+from pagedkv.sched import SchedulerConfig
+from pagedkv.sim.cost_model import CostModel
+from pagedkv.sim.links import Link
+from pagedkv.sim.metrics import RequestRecord
+from pagedkv.sim.replica import ProgressFn, Replica, RunResult
+from pagedkv.traces import TraceRequest, segment_tokens
+
+
+@dataclass
+class ClusterResult:
+    """One cluster run. ``replicas[r].records``: the requests replica ``r`` served (trace
+    order); ``records``: all of them (trace order); ``served_by[i]``: the replica index of
+    request ``i``; ``decisions``: routing reasons (``RouteDecision.reason``) counted;
+    ``running_time``: per replica, the integral of running sequences over simulated time."""
+
+    router: str
+    policy: Policy
+    replicas: list[RunResult]
+    records: list[RequestRecord]
+    served_by: list[int]
+    decisions: dict[str, int]
+    running_time: list[float]
+    duration_s: float
+    wall_time_s: float
+    num_index_events: int
+
+    @property
+    def load_imbalance(self) -> float | None:
+        """Max over replicas of time-mean running / the mean over replicas of it (1.0 = even;
+        None when nothing ran)."""
+        mean = sum(self.running_time) / len(self.running_time)
+        return max(self.running_time) / mean if mean > 0 else None
+
+
+class Cluster:
+    """``Cluster(requests, policy, num_kv_slots, config, cost, num_replicas, router).run()``:
+    ``num_replicas`` engines of ``policy`` with ``num_kv_slots`` each, behind ``router`` (a
+    name of ``pagedkv.routing.ROUTING_POLICIES``). Other arguments as ``Simulation``'s;
+    ``check_invariants`` (tests) also checks after every step that the index holds exactly
+    each replica's ``allocator.prefix_hashes()``."""
+
+    def __init__(
+        self,
+        requests: Sequence[TraceRequest],
+        policy: Policy,
+        num_kv_slots: int,
+        config: SchedulerConfig,
+        cost: CostModel,
+        num_replicas: int,
+        router: str,
+        *,
+        balance_abs: int = 4,
+        balance_rel: float = 0.25,
+        sample_interval_s: float = 1.0,
+        progress: ProgressFn | None = None,
+        check_invariants: bool = False,
+        link: Link | None = None,
+        kv_record_bytes: int = 0,
+        transfers_per_block: int = 1,
+    ) -> None:
+        if isinstance(num_replicas, bool) or not isinstance(num_replicas, int) or num_replicas < 1:
+            raise UsageError(f"replicas must be an integer >= 1, got {num_replicas!r}")
+        self.router = build_policy(router, balance_abs=balance_abs, balance_rel=balance_rel)
+        self.requests = requests
+        self.policy = policy
+        self.records = [RequestRecord(r.arrival_time_s, r.prompt_len_tokens) for r in requests]
+        # The index only matters to a policy that reads it, over caches that exist.
+        self.use_index = self.router.uses_prefix_index and policy.prefix_caching
+        events = self.use_index or check_invariants
+        self.replicas = [
+            Replica(
+                policy,
+                num_kv_slots,
+                config,
+                cost,
+                self.records,
+                sample_interval_s=sample_interval_s,
+                link=link,
+                kv_record_bytes=kv_record_bytes,
+                transfers_per_block=transfers_per_block,
+                events=events,
+            )  # fmt: skip
+            for _ in range(num_replicas)
+        ]
+        self.names = [f"r{r}" for r in range(num_replicas)]
+        self.index = PrefixIndex()
+        self.progress = progress
+        self.check_invariants = check_invariants
+
+    def run(self) -> ClusterResult:
+        """Replay every request once (build a new ``Cluster`` for another run)."""
+        wall_start = time.perf_counter()
+        reqs, reps, names, index = self.requests, self.replicas, self.names, self.index
+        router = self.router
+        block_size = reps[0].allocator.block_size
+        for name, rep in zip(names, reps, strict=True):  # the fresh engines' AllBlocksCleared
+            if rep.events is not None:
+                index.apply(name, rep.events.drain())
+        slot = {name: r for r, name in enumerate(names)}
+        pending: list[list[tuple[int, Sequence[int]]]] = [[] for _ in reps]
+        busy = [False] * len(reps)
+        heap: list[tuple[float, int]] = []  # (next step boundary, replica) of busy replicas
+        served_by = [-1] * len(reqs)
+        decisions: Counter[str] = Counter()
+        num_reqs, next_req, num_done = len(reqs), 0, 0
+        next_progress_s = 0.0
+        while True:
+            top = heap[0][0] if heap else math.inf
+            if next_req < num_reqs and reqs[next_req].arrival_time_s <= top:
+                i, req = next_req, reqs[next_req]
+                next_req += 1
+                tokens = segment_tokens(req.prompt)
+                matched = (
+                    index.match(prompt_block_hashes(tokens, block_size)) if self.use_index else {}
+                )
+                loads = [
+                    ReplicaLoad(
+                        name, rep.scheduler.num_running + rep.scheduler.num_waiting + len(p)
+                    )
+                    for name, rep, p in zip(names, reps, pending, strict=True)
+                ]
+                decision = router.choose(loads, matched)
+                decisions[decision.reason] += 1
+                r = served_by[i] = slot[decision.replica]
+                pending[r].append((i, tokens))
+                if not busy[r]:
+                    busy[r] = True
+                    reps[r].now = max(reps[r].now, req.arrival_time_s)
+                    heapq.heappush(heap, (reps[r].now, r))
+                continue
+            if not heap:
+                break
+            _, r = heapq.heappop(heap)
+            rep = reps[r]
+            for i, tokens in pending[r]:
+                num_done += not rep.admit(i, reqs[i], tokens)
+            pending[r].clear()
+            if rep.scheduler.has_unfinished():
+                num_done += rep.step()
+                if rep.events is not None:
+                    index.apply(names[r], rep.events.drain())
+                if self.check_invariants:
+                    rep.scheduler.check_invariants()
+                    assert index.holds(names[r]) == rep.allocator.prefix_hashes(), names[r]
+            if rep.scheduler.has_unfinished():
+                heapq.heappush(heap, (rep.now, r))
+            else:
+                busy[r] = False
+            if self.progress is not None and rep.now >= next_progress_s:
+                self.progress(num_done, rep.now)
+                next_progress_s = rep.now + 1.0
+        if self.progress is not None:
+            self.progress(num_done, max(rep.now for rep in reps))
+        return self._result(served_by, dict(decisions), time.perf_counter() - wall_start)
+
+    def _result(
+        self, served_by: list[int], decisions: dict[str, int], wall_s: float
+    ) -> ClusterResult:
+        reps, records = self.replicas, self.records
+        start_s = self.requests[0].arrival_time_s if self.requests else 0.0
+        duration = max(rep.now for rep in reps) - start_s
+        mine: list[list[RequestRecord]] = [[] for _ in reps]
+        for rec, r in zip(records, served_by, strict=True):
+            mine[r].append(rec)
+        return ClusterResult(
+            router=self.router.name,
+            policy=self.policy,
+            replicas=[rep.result(m, duration, wall_s) for rep, m in zip(reps, mine, strict=True)],
+            records=records,
+            served_by=served_by,
+            decisions=decisions,
+            running_time=[rep.running_time for rep in reps],
+            duration_s=duration,
+            wall_time_s=wall_s,
+            num_index_events=self.index.num_events,
+        )
