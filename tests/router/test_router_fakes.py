@@ -122,16 +122,21 @@ def test_a_replica_failing_before_answering_is_retried_elsewhere(router, mode):
 def test_no_replica_left_is_a_clear_503(router):
     url, fleet, _ = router
     for r in fleet.replicas:
-        r.mode = "down"
+        r.mode, r.probes_ok = "down", True  # generation fails on each, probes still pass
     resp = _post(url, {"prompt": "x", "max_tokens": 2})
     assert resp.status_code == 503
     err = resp.json()["error"]
     assert err["code"] == "no_replica" and "failed before answering" in err["message"]
     assert all(r.url in err["message"] for r in fleet.replicas)
-    resp = _post(url, {"prompt": "x", "max_tokens": 2})  # all taken out now
+    for r in fleet.replicas:
+        r.probes_ok = False  # down for good: the health loop takes every one out
+    deadline = time.monotonic() + 5
+    while httpx.get(f"{url}/health").status_code != 503:
+        assert time.monotonic() < deadline, "the router still reports a healthy replica"
+        time.sleep(0.05)
+    resp = _post(url, {"prompt": "x", "max_tokens": 2})
     assert resp.status_code == 503 and "no healthy replica" in resp.json()["error"]["message"]
     assert _outcomes(url) == {("none", "unavailable"): 2}
-    assert httpx.get(f"{url}/health").status_code == 503
 
 
 def _stream(url: str) -> list[str]:

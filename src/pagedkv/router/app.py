@@ -47,12 +47,12 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     )
     st.health = HealthMonitor(st.replicas, st.feed, st.metrics, st.client,
                               reference=st.replicas[0].info, interval_s=cfg.health_interval_s,
-                              kv_events_url=cfg.kv_events_url)  # fmt: skip
+                              kv_events_url=cfg.kv_events_url,
+                              read_events=st.chooser.policy.uses_prefix_index)  # fmt: skip
     st.forwarder = Forwarder(st.chooser, st.metrics, st.client, st.health.take_out,
                              api_key=cfg.api_key, request_timeout_s=cfg.request_timeout_s)  # fmt: skip
-    if st.chooser.policy.uses_prefix_index:
-        for r in st.replicas:
-            st.health.follow_events(r)
+    for r in st.replicas:
+        st.health.follow_events(r)
     task = asyncio.create_task(st.health.run())
     try:
         yield

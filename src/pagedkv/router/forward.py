@@ -92,7 +92,8 @@ class Forwarder:
 
     async def open(self, path: str, body: bytes, key: RouteKey) -> Opened:
         tried: set[str] = set()
-        failures: list[str] = []
+        failures: list[str] = []  # "URL (why)" of each replica that failed, in order
+        failed_url: str | None = None
         while True:
             pick = self.chooser.choose(key.block_hashes, tried)
             if pick is None:
@@ -102,8 +103,8 @@ class Forwarder:
                 raise APIError("no healthy replica: every replica is down or refused (see the "
                                "router's /metrics)", 503, code="no_replica")  # fmt: skip
             replica, decision = pick
-            if failures:
-                self.metrics.count_retry(failures[-1].split(" ", 1)[0])
+            if failed_url is not None:
+                self.metrics.count_retry(failed_url)
             self.metrics.count_decision(decision, len(key.block_hashes))
             tried.add(replica.url)
             replica.in_flight += 1
@@ -113,6 +114,7 @@ class Forwarder:
                 replica.in_flight -= 1
                 self.take_out(replica, str(exc))
                 failures.append(f"{replica.url} ({exc})")
+                failed_url = replica.url
             except BaseException:
                 replica.in_flight -= 1
                 raise

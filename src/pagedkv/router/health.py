@@ -54,16 +54,22 @@ class HealthMonitor:
         reference: ReplicaInfo,
         interval_s: float,
         kv_events_url: str | None = None,
+        read_events: bool = True,
     ) -> None:
+        """``read_events``: follow the replicas' KV event streams (the policy reads the
+        index); ``kv_events_url`` overrides the Redis URL the replicas name."""
         self.replicas, self.feed, self.metrics, self.client = replicas, feed, metrics, client
         # Named so in messages: "block_size 32 (http://b) vs 16 (the router's format)".
         self.reference = replace(reference, url="the router's format")
         self.interval_s, self.kv_events_url = interval_s, kv_events_url
+        self.read_events = read_events
         self.timeout_s = max(5.0, 2 * interval_s)
 
     def follow_events(self, replica: ReplicaState) -> object:
         """Start reading ``replica``'s event stream (none: forget it); returns the old reader."""
         events = replica.info.kv_events
+        if not self.read_events:
+            return None
         if events is None:
             log.warning("replica %s publishes no KV events (start it with --kv-events): the "
                         "router cannot see its prefix cache", replica.url)  # fmt: skip
