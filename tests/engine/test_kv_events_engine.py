@@ -54,9 +54,9 @@ class View:
 
 
 def _engine(tiny, **overrides) -> LLMEngine:
-    # 24 blocks of 16 tokens: the prompts below evict each other's cached blocks.
-    overrides = {"log_startup": False, "max_model_len": 128, "kv_cache_memory_bytes": 24 * 8192,
-                 "max_num_seqs": 4, **overrides}  # fmt: skip
+    # 12 blocks of 16 tokens: the prompts below evict each other's cached blocks.
+    overrides = {"log_startup": False, "max_model_len": 128, "kv_cache_memory_bytes": 12 * 8192,
+                 "max_num_seqs": 2, **overrides}  # fmt: skip
     config = EngineConfig(**overrides)
     return LLMEngine(config, parts=build_parts(config, tiny))
 
@@ -95,7 +95,7 @@ def _run(engine: LLMEngine, prompts, check=None) -> list[list[int]]:
     [
         {"policy": "vllm"},
         {"policy": "radix:4"},
-        {"policy": "vllm", "host_kv_memory_bytes": 8 * 8192},
+        {"policy": "vllm", "host_kv_memory_bytes": 4 * 8192},
     ],
     ids=["paged16", "radix4", "paged16+host"],
 )
@@ -113,6 +113,7 @@ def test_replayed_stream_equals_the_cache_after_every_step(tiny, redis_server, o
         counts = engine.parts.kv_events.counts()
         assert counts["events_dropped"] == 0 and counts["publish_errors"] == 0
         assert engine.allocator.prefix_hashes()  # something was cached (and compared)
+        assert engine.parts.kv_events.log.num_removed_blocks > 0  # and evicted
         assert reader.num_malformed == 0
     finally:
         reader.stop()
