@@ -22,6 +22,7 @@ from pagedkv.errors import UsageError
 EXPERIMENTS: dict[str, str] = {
     "block-size": "block_size",
     "preemption": "preemption",
+    "routing": "routing",
 }
 
 
@@ -43,8 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "experiment",
         help="run a paper's sweep through the simulator; write its JSON and figure",
-        description="Run one of the PagedAttention paper's experiments through the simulator "
-        "and write DIR/experiments/NAME.json (every point) and DIR/img/NAME.png. "
+        description="Run one of the PagedAttention paper's experiments (or the routing sweep) "
+        "through the simulator and write DIR/experiments/NAME.json (every point) and DIR/img/NAME.png. "
         "Experiments: " + "; ".join(EXPERIMENTS),
     )
     p.add_argument("name", metavar="NAME", help=f"one of {', '.join(EXPERIMENTS)}")
