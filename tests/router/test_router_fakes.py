@@ -196,3 +196,25 @@ def test_a_replica_back_with_another_block_size_is_kept_out(router):
     while httpx.get(f"{url}/pagedkv/replicas").json()["replicas"][0]["refused"] is not None:
         assert time.monotonic() < deadline
         time.sleep(0.05)
+
+
+@pytest.mark.parametrize("router", ["prefix-aware"], indirect=True)
+def test_a_restarted_replica_loses_its_index_entries_and_is_read_anew(router):
+    url, fleet, app = router
+    rep = fleet.replicas[0]
+    old = next(r for r in FakeReader.READERS if r.stream == f"s-{rep.instance_id}")
+    old.on_batch(KVEventBatch(0.0, (BlockStored((b"h" * 32, b"i" * 32), None, 16),)))
+    assert app.state.feed.num_blocks(rep.url) == 2
+    rep.instance_id = "again"
+    deadline = time.monotonic() + 5
+    while not any(r.stream == "s-again" for r in FakeReader.READERS):
+        assert time.monotonic() < deadline, "the new stream is not read"
+        time.sleep(0.05)
+    assert app.state.feed.num_blocks(rep.url) == 0
+    old.on_batch(KVEventBatch(0.0, (BlockStored((b"j" * 32,), None, 16),)))  # a late batch
+    assert app.state.feed.num_blocks(rep.url) == 0
+    while not old.stopped:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    restarts = _counters(url, "pagedkv_router_replica_restarts_total")
+    assert restarts[f'{{replica="{rep.url}"}}'] == 1

@@ -146,6 +146,12 @@ async def _route(request: Request, kind: type[BaseModel], path: str) -> Response
         outcome = "rejected" if exc.status_code < 500 else "failed"
         metrics.count_request(NO_REPLICA, "unavailable" if exc.code == "no_replica" else outcome)
         raise
+    except asyncio.CancelledError:  # the router is shutting down
+        metrics.count_request(NO_REPLICA, "aborted")
+        raise
+    except Exception:  # a bug: the client gets serve's 500, the request is still counted
+        metrics.count_request(NO_REPLICA, "failed")
+        raise
     replica = opened.replica
     if opened.chunks is None:  # a whole answer (or a replica's error status)
         replica.in_flight -= 1

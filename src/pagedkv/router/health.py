@@ -74,7 +74,13 @@ class HealthMonitor:
             log.warning("replica %s publishes no KV events (start it with --kv-events): the "
                         "router cannot see its prefix cache", replica.url)  # fmt: skip
             return self.feed.forget(replica.url)
-        return self.feed.follow(replica.url, self.kv_events_url or events["url"], events["stream"])
+        url = self.kv_events_url or events["url"]
+        try:
+            return self.feed.follow(replica.url, url, events["stream"])
+        except Exception as exc:  # noqa: BLE001 - e.g. a URL redis-py cannot parse: route on
+            log.error("cannot read replica %s's KV events at %s (%s): the router cannot see "
+                      "its prefix cache", replica.url, url, exc)  # fmt: skip
+            return self.feed.forget(replica.url)
 
     async def run(self) -> None:
         while True:
