@@ -2,10 +2,11 @@
 router's retry, stream-error and 503 logic without engines. A fake replica answers
 ``/pagedkv/info``, ``/health``, ``/metrics`` and both generation routes; ``mode`` makes it
 fail: ``down`` (connection refused), ``reset`` (closes before answering), ``503``, ``cut``
-(a stream breaks after ``CUT_AFTER_EVENTS`` events)."""
+(a stream breaks after ``CUT_AFTER_EVENTS`` events), ``slow`` (a second between events)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -68,6 +69,8 @@ class FakeReplica:
                 if mode == "cut" and i == CUT_AFTER_EVENTS:
                     raise httpx.RemoteProtocolError("peer closed connection", request=request)
                 yield f'data: {{"choices":[{{"text":"t{i}"}}]}}\n\n'.encode()
+                if mode == "slow":
+                    await asyncio.sleep(1.0)
             yield b"data: [DONE]\n\n"
 
         return httpx.Response(200, headers={"content-type": "text/event-stream"},

@@ -218,3 +218,18 @@ def test_a_restarted_replica_loses_its_index_entries_and_is_read_anew(router):
         time.sleep(0.05)
     restarts = _counters(url, "pagedkv_router_replica_restarts_total")
     assert restarts[f'{{replica="{rep.url}"}}'] == 1
+
+
+def test_a_client_leaving_a_stream_is_counted_aborted_and_frees_the_replica(router):
+    url, fleet, app = router
+    for r in fleet.replicas:
+        r.mode = "slow"
+    body = {"prompt": "tell me", "max_tokens": 4, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=20) as resp:
+        first = next(resp.iter_lines())
+        assert first.startswith("data: {")
+    deadline = time.monotonic() + 5
+    while _outcomes(url) != {(resp.headers["x-pagedkv-replica"], "aborted"): 1}:
+        assert time.monotonic() < deadline, _outcomes(url)
+        time.sleep(0.05)
+    assert all(r.in_flight == 0 for r in app.state.replicas)
