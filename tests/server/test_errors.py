@@ -113,7 +113,7 @@ def test_top_k_minus_one_is_off_as_in_vllm(server):
 
 
 def test_oversized_body_is_refused(server):
-    from pagedkv.server.routes import MAX_BODY_BYTES
+    from pagedkv.server.http_edge import MAX_BODY_BYTES
 
     body = b'{"prompt": "' + b"x" * MAX_BODY_BYTES + b'"}'
     r = httpx.post(f"{server}/v1/completions", content=body, timeout=60)

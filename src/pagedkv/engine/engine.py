@@ -12,10 +12,12 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.containment import run_contained
+from pagedkv.engine.kv_events import describe_replica
+from pagedkv.engine.kv_transfer import model_identity
 from pagedkv.engine.outputs import CompletionOutput, RequestOutput
 from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.prompts import Prompt, check_params, pair_prompts, tokenize
@@ -43,25 +45,11 @@ class LLMEngine:
         self.config = config or EngineConfig()
         self.parts = parts or build_parts(self.config)
         p = self.parts
-        self.tokenizer, self.allocator, self.scheduler, self.runner = (
-            p.tokenizer,
-            p.allocator,
-            p.scheduler,
-            p.runner,
-        )
+        self.tokenizer, self.allocator = p.tokenizer, p.allocator
+        self.scheduler, self.runner = p.scheduler, p.runner
         if self.config.log_startup:
             print(p.startup_report, file=sys.stderr)
-        self.info = EngineInfo(
-            policy=p.policy.name,
-            backend=p.resolution.backend,
-            block_size=self.allocator.block_size,
-            num_blocks=self.allocator.num_total_blocks,
-            max_model_len=p.max_model_len,
-            vocab_size=p.model_config.vocab_size,
-            record_bytes=p.layout.record_bytes,
-            kv_cache_bytes=p.runner.kv_cache_bytes,
-            page_format={k: str(v) for k, v in p.page_format.to_dict().items()},
-        )
+        self.info = EngineInfo.from_parts(p)
         self._registry = RequestRegistry()
         # Outputs that generate() / stream() stepped past (other requests', aborts), newest per
         # request: handed to the next step() caller instead of being lost.
@@ -296,3 +284,13 @@ class LLMEngine:
 
     def stats(self) -> EngineStats:
         return self.recorder.summary(self.scheduler)
+
+    def describe(self, served_model_name: str) -> dict:
+        """The replica's self-description for routers (``GET /pagedkv/info``); reads a sample
+        of the weights for their digest (milliseconds): call once. Safe from any thread."""
+        return describe_replica(self, served_model_name, model_identity(self.parts.model))
+
+    def kv_event_counts(self) -> Callable[[], dict[str, int]] | None:
+        """A callable returning the KV event publisher's counters, or None without
+        ``--kv-events``. Safe from any thread."""
+        return self.parts.kv_events and self.parts.kv_events.counts

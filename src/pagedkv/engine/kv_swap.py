@@ -18,7 +18,6 @@ import torch
 
 from pagedkv.model.kv_pool import KVCache, allocate_host_kv_caches
 from pagedkv.sched.batch import ScheduledBatch
-from pagedkv.sched.scheduler import Scheduler
 
 
 class HostSwapPool:
@@ -115,16 +114,3 @@ class HostSwapPool:
         once per step and direction, not once per layer (fresh memory costs page faults)."""
         return torch.empty((num_blocks, *like.shape[1:]), dtype=like.dtype, device=like.device)
 
-
-def swap_counts(scheduler: Scheduler, pool: HostSwapPool | None) -> dict[str, int]:
-    """The swap counters of a snapshot (``EngineSnapshot``'s swap fields, all 0 under
-    recompute): sequences and blocks as the scheduler ordered them, bytes as the pool copied."""
-    return {
-        "num_swap_outs": scheduler.num_swap_outs,
-        "num_swap_ins": scheduler.num_swap_ins,
-        "num_swapped_blocks_out": scheduler.num_swapped_blocks_out,
-        "num_swapped_blocks_in": scheduler.num_swapped_blocks_in,
-        "num_swap_fallbacks": scheduler.num_swap_fallbacks,
-        "swap_out_bytes": pool.bytes_out if pool else 0,
-        "swap_in_bytes": pool.bytes_in if pool else 0,
-    }

@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from pagedkv.engine.kv_swap import HostSwapPool, swap_counts
 from pagedkv.engine.tier_counts import TierCounts, tier_rows
 from pagedkv.kvcache.protocol import KVAllocator
 from pagedkv.kvstore.counters import StoreCounters, store_rows
 from pagedkv.sched.batch import ScheduledBatch
 from pagedkv.sched.scheduler import Scheduler
+
+if TYPE_CHECKING:  # the pool holds torch tensors; this module must not import torch (a router
+    from pagedkv.engine.kv_swap import HostSwapPool  # reads EngineInfo)
+    from pagedkv.engine.startup import EngineParts
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,20 @@ class EngineInfo:
     def labels(self) -> dict[str, str]:
         """The page format plus policy and backend: labels for a metrics info series."""
         return {**self.page_format, "policy": self.policy, "backend": self.backend}
+
+    @classmethod
+    def from_parts(cls, p: EngineParts) -> EngineInfo:
+        return cls(
+            policy=p.policy.name,
+            backend=p.resolution.backend,
+            block_size=p.allocator.block_size,
+            num_blocks=p.allocator.num_total_blocks,
+            max_model_len=p.max_model_len,
+            vocab_size=p.model_config.vocab_size,
+            record_bytes=p.layout.record_bytes,
+            kv_cache_bytes=p.runner.kv_cache_bytes,
+            page_format={k: str(v) for k, v in p.page_format.to_dict().items()},
+        )
 
 
 @dataclass(frozen=True)
@@ -64,7 +82,7 @@ class EngineSnapshot:
     # The store tier's counters (kvstore/counters.py StoreCounters.as_dict: bytes read and
     # written, blocks written and dropped, errors, rejected_<reason>); empty without a store.
     kv_store: tuple[tuple[str, int], ...] = ()
-    # Swap preemption (engine/kv_swap.py swap_counts; all 0 under recompute).
+    # Swap preemption (swap_counts below; all 0 under recompute).
     num_swap_outs: int = 0  # sequences swapped out to the host pool
     num_swap_ins: int = 0  # sequences swapped back in
     num_swapped_blocks_out: int = 0
@@ -220,3 +238,17 @@ class StatsRecorder:
             if self._swap_pool
             else 0,
         )
+
+
+def swap_counts(scheduler: Scheduler, pool: HostSwapPool | None) -> dict[str, int]:
+    """The swap counters of a snapshot (``EngineSnapshot``'s swap fields, all 0 under
+    recompute): sequences and blocks as the scheduler ordered them, bytes as the pool copied."""
+    return {
+        "num_swap_outs": scheduler.num_swap_outs,
+        "num_swap_ins": scheduler.num_swap_ins,
+        "num_swapped_blocks_out": scheduler.num_swapped_blocks_out,
+        "num_swapped_blocks_in": scheduler.num_swapped_blocks_in,
+        "num_swap_fallbacks": scheduler.num_swap_fallbacks,
+        "swap_out_bytes": pool.bytes_out if pool else 0,
+        "swap_in_bytes": pool.bytes_in if pool else 0,
+    }

@@ -10,12 +10,35 @@ Public API the engine uses::
     logits = model.compute_logits(hidden[rows])
 """
 
-from pagedkv.model.attention_metadata import AttentionMetadata
-from pagedkv.model.config import ModelConfig
-from pagedkv.model.kv_pool import KVCache, allocate_kv_caches, copy_blocks
-from pagedkv.model.llama import CausalLM
-from pagedkv.model.loader import load_model
-from pagedkv.model.tokenizer import Tokenizer
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pagedkv.lazy import lazy_attributes
+
+# Names resolved on first use (PEP 562), so that importing one torch-free module of this
+# package (a router reads the request models and error shapes) does not import torch.
+_LAZY = {
+    "AttentionMetadata": "pagedkv.model.attention_metadata",
+    "ModelConfig": "pagedkv.model.config",
+    "KVCache": "pagedkv.model.kv_pool",
+    "allocate_kv_caches": "pagedkv.model.kv_pool",
+    "copy_blocks": "pagedkv.model.kv_pool",
+    "CausalLM": "pagedkv.model.llama",
+    "load_model": "pagedkv.model.loader",
+    "Tokenizer": "pagedkv.model.tokenizer",
+}
+
+if TYPE_CHECKING:
+    from pagedkv.model.attention_metadata import AttentionMetadata
+    from pagedkv.model.config import ModelConfig
+    from pagedkv.model.kv_pool import KVCache, allocate_kv_caches, copy_blocks
+    from pagedkv.model.llama import CausalLM
+    from pagedkv.model.loader import load_model
+    from pagedkv.model.tokenizer import Tokenizer
+
+__getattr__ = lazy_attributes(__name__, _LAZY)
+
 
 __all__ = [
     "AttentionMetadata",

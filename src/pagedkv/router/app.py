@@ -29,10 +29,8 @@ from pagedkv.router.health import HealthMonitor
 from pagedkv.router.metrics import NO_REPLICA, RouterMetrics
 from pagedkv.router.replicas import Chooser, IndexFeed, ReplicaState
 from pagedkv.server import protocol as p
-from pagedkv.server.app import BearerAuth
 from pagedkv.server.errors import APIError, install_error_handlers
-from pagedkv.server.metrics import CONTENT_TYPE
-from pagedkv.server.routes import MAX_BODY_BYTES
+from pagedkv.server.http_edge import CONTENT_TYPE, BearerAuth, read_body
 
 
 @asynccontextmanager
@@ -134,7 +132,7 @@ async def _route(request: Request, kind: type[BaseModel], path: str) -> Response
     metrics: RouterMetrics = st.metrics
     started_s = time.perf_counter()
     try:
-        body = await _read_body(request)
+        body = await read_body(request)
         req = st.edge.parse(body, kind)
         key = await asyncio.to_thread(st.edge.route_key, req)
         metrics.observe_edge(time.perf_counter() - started_s)
@@ -169,17 +167,6 @@ async def _route(request: Request, kind: type[BaseModel], path: str) -> Response
         await opened.response.aclose()
 
     return _RelayResponse(relay.events(), on_close, opened.headers())
-
-
-async def _read_body(request: Request) -> bytes:
-    """The body; one over ``MAX_BODY_BYTES`` is refused (413) while it is still arriving."""
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise APIError(f"the body exceeds {MAX_BODY_BYTES} bytes", 413, code="body_too_large")
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 class _RelayResponse(StreamingResponse):

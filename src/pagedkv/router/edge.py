@@ -22,8 +22,8 @@ from pagedkv.routing import prompt_block_hashes
 from pagedkv.sched.refusal import never_fits
 from pagedkv.server import protocol as p
 from pagedkv.server.errors import APIError, from_validation
+from pagedkv.server.http_edge import MAX_BODY_BYTES
 from pagedkv.server.request_params import engine_inputs
-from pagedkv.server.routes import MAX_BODY_BYTES
 
 # The cap serve applies by default; a replica started with another cap applies its own.
 MAX_SAMPLES_PER_REQUEST = 1024

@@ -11,49 +11,21 @@ engine loop (the only thread that touches the engine) and stops it at shutdown. 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pagedkv.engine import LLMEngine
-from pagedkv.engine.kv_events import describe_replica
-from pagedkv.engine.kv_transfer import model_identity
 from pagedkv.server import routes
 from pagedkv.server.config import ServerConfig
 from pagedkv.server.engine_loop import ADMIT_AHEAD_SEQS, EngineLoop
-from pagedkv.server.errors import APIError, install_error_handlers
+from pagedkv.server.errors import install_error_handlers
+from pagedkv.server.http_edge import BearerAuth
 from pagedkv.server.kv_event_metrics import KVEventCollector
 from pagedkv.server.metrics import PREFIX, ServerMetrics
 from pagedkv.server.pd_front import PDFront
-
-# Probes answer without the key: a load balancer or Prometheus must not need it.
-OPEN_PATHS = frozenset({"/health", "/metrics"})
-
-
-class BearerAuth:
-    """ASGI middleware: with a key, every path but ``OPEN_PATHS`` -- ``/v1`` routes, the
-    OpenAPI schema, unknown paths -- needs ``Authorization: Bearer <key>`` (401 otherwise).
-    The scheme is matched without regard to case (RFC 7235, section 2.1)."""
-
-    def __init__(self, app: ASGIApp, api_key: str | None) -> None:
-        self.app = app
-        self._key = api_key.encode() if api_key else None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self._key and scope["type"] == "http" and scope.get("path") not in OPEN_PATHS:
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            scheme, _, token = given.strip().partition(b" ")
-            ok = scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._key)
-            if not ok:
-                error = APIError("missing or wrong API key (send Authorization: Bearer <key>)",
-                                 401, code="invalid_api_key")  # fmt: skip
-                await error.response()(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
 
 
 @asynccontextmanager
@@ -89,11 +61,8 @@ def create_app(
     state.flush_store = engine.flush_kv_store if flush_store else None
     if pd is not None:
         state.metrics.registry.register(pd.collector())
-    kv_events = engine.parts.kv_events
-    state.metrics.registry.register(KVEventCollector(PREFIX, kv_events and kv_events.counts))
-    # The weights digest reads ~4K elements per tensor (milliseconds), once, before the loop.
-    identity = model_identity(engine.parts.model)
-    state.replica_info = describe_replica(engine, config.served_model_name, identity)
+    state.metrics.registry.register(KVEventCollector(PREFIX, engine.kv_event_counts()))
+    state.replica_info = engine.describe(config.served_model_name)  # once, before the loop
     install_error_handlers(app)
     app.add_middleware(BearerAuth, api_key=config.api_key)
     app.add_api_route("/health", routes.health, methods=["GET"])

@@ -17,7 +17,6 @@ from pagedkv.server.engine_loop import LoopSnapshot
 from pagedkv.server.store_metrics import store_metrics
 from pagedkv.server.tier_metrics import tier_metrics
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PREFIX = "pagedkv"
 
 # Seconds; CPU prefill of a long prompt behind a full batch can take several seconds.

@@ -19,7 +19,7 @@ from starlette.types import Receive, Scope, Send
 
 from pagedkv.server import protocol as p
 from pagedkv.server.errors import APIError, from_validation
-from pagedkv.server.metrics import CONTENT_TYPE
+from pagedkv.server.http_edge import CONTENT_TYPE, read_body
 from pagedkv.server.render import ResponseHeader, StreamRenderer, full_response
 from pagedkv.server.request_params import engine_inputs
 from pagedkv.server.request_run import ClientGone, RequestRun
@@ -27,8 +27,6 @@ from pagedkv.server.request_run import ClientGone, RequestRun
 # Sent instead of a response to a client that already left (nginx's convention).
 CLIENT_CLOSED_REQUEST = 499
 # Far above any prompt that fits a context of 128k tokens as JSON (token ids or text).
-MAX_BODY_BYTES = 8 << 20
-
 v1 = APIRouter(prefix="/v1")
 
 
@@ -172,15 +170,8 @@ class _EventStream(StreamingResponse):
 
 
 async def _parse(request: Request, kind: type[BaseModel]):
-    """The validated request model; a body over ``MAX_BODY_BYTES`` is refused (413) while it
-    is still arriving, before it is held in memory whole."""
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise APIError(f"the body exceeds {MAX_BODY_BYTES} bytes", 413, code="body_too_large")
-        chunks.append(chunk)
-    body = b"".join(chunks)
+    """The validated request model (``read_body`` refuses an oversized body)."""
+    body = await read_body(request)
     try:
         return kind.model_validate_json(body or b"")
     except ValidationError as exc:
