@@ -180,3 +180,33 @@ def test_a_hung_redis_never_slows_a_step(tiny, redis_server, monkeypatch):
     finally:
         reader.stop()
         engine.parts.kv_events.close()
+
+
+def test_an_idle_server_publishes_the_snapshot_it_owes(tiny, redis_server, monkeypatch):
+    """Redis comes back while no request is running: the server's idle loop, not the next
+    request, sends the snapshot that makes a router's view right again."""
+    from pagedkv.engine import kv_event_publisher
+    from pagedkv.server import engine_loop
+
+    monkeypatch.setattr(kv_event_publisher, "MAX_RETRY_AFTER_S", 0.2)
+    monkeypatch.setattr(engine_loop, "IDLE_WAKE_S", 0.05)
+    engine = _engine(tiny, kv_events_url=redis_server.url)
+    publisher = engine.parts.kv_events.publisher
+    _run(engine, PROMPTS[:3])
+    redis_server.stop()
+    _run(engine, PROMPTS[3:5])  # these changes are lost with the outage
+    loop = engine_loop.EngineLoop(engine)
+    loop.start()
+    view = View()
+    reader = None
+    try:
+        redis_server.start()  # empty: a reader can only learn the cache from a snapshot
+        _wait(lambda: publisher.counts.snapshots_published >= 1, timeout_s=15)
+        reader = KVEventReader(redis_server.url, publisher.stream, view, block_ms=20).start()
+        _wait(lambda: view.held[MEDIUM_DEVICE] == engine.allocator.prefix_hashes())
+        assert view.held[MEDIUM_DEVICE]  # the cache holds something, and the reader knows it
+    finally:
+        if reader is not None:
+            reader.stop()
+        loop.stop()
+        engine.parts.kv_events.close()

@@ -169,8 +169,7 @@ class LLMEngine:
         for seq in done.finished:
             owner(seq).finish_sample(seq)
         self.recorder.end_step()
-        if self.parts.kv_events is not None:  # publish this step's prefix-cache changes
-            self.parts.kv_events.after_step()
+        self.publish_kv_events()
         outputs, self._stash = list(self._stash.values()), {}
         return outputs + self._registry.report(touched)
 
@@ -291,6 +290,11 @@ class LLMEngine:
         return describe_replica(self, served_model_name, model_identity(self.parts.model))
 
     def kv_event_counts(self) -> Callable[[], dict[str, int]] | None:
-        """A callable returning the KV event publisher's counters, or None without
-        ``--kv-events``. Safe from any thread."""
+        """The KV event publisher's counters (a callable), or None without ``--kv-events``."""
         return self.parts.kv_events and self.parts.kv_events.counts
+
+    def publish_kv_events(self) -> None:
+        """Publish the prefix cache's changes since the last call (each step calls it; an idle
+        server does too, so a snapshot owed after a Redis outage goes out). Engine thread only."""
+        if self.parts.kv_events is not None:
+            self.parts.kv_events.after_step()

@@ -41,6 +41,9 @@ log = logging.getLogger("pagedkv.server")
 # Sequences kept queued in the engine ahead of its running batch: enough to refill the batch at
 # every step, few enough that a request arriving later is not stuck behind a long queue.
 ADMIT_AHEAD_SEQS = 16
+# An idle loop wakes this often (seconds) to publish KV events it still owes (a snapshot
+# after a Redis outage): cheap, and a router is never more than this behind an idle replica.
+IDLE_WAKE_S = 1.0
 # Steps that raise in a row before the engine is no longer trusted (one is a request's fault).
 MAX_STEP_FAILURES = 3
 
@@ -157,6 +160,8 @@ class EngineLoop:
         """Apply the queued commands, admit fairly, run one step; True once stopped."""
         idle = self.failed is not None or not (self.engine.has_unfinished() or self._queued)
         commands = self._drain(block=idle)
+        if idle and not commands and self.failed is None:
+            self.engine.publish_kv_events()  # a woken idle loop: what a router is still owed
         for k, command in enumerate(commands):
             if command is _STOP:
                 self._shut_down(commands[k + 1 :])
@@ -169,7 +174,13 @@ class EngineLoop:
         return False
 
     def _drain(self, block: bool) -> list[Any]:
-        commands = [self._commands.get()] if block else []
+        """The queued commands; with ``block``, waits for one, at most ``IDLE_WAKE_S``."""
+        commands = []
+        if block:
+            try:
+                commands.append(self._commands.get(timeout=IDLE_WAKE_S))
+            except queue.Empty:
+                return commands
         while True:
             try:
                 commands.append(self._commands.get_nowait())
