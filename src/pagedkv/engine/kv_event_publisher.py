@@ -22,13 +22,11 @@ also asks for one every ``snapshot_every_batches`` batches, so that a stream tri
 
 from __future__ import annotations
 
-import atexit
 import logging
-import threading
 import time
-from collections import deque
 from dataclasses import dataclass
 
+from pagedkv.background import QueueThread
 from pagedkv.kvcache.events import KVEventBatch
 from pagedkv.kvstore.address import StoreAddress
 
@@ -56,7 +54,7 @@ class PublisherCounts:
     snapshots_published: int = 0
 
 
-class KVEventPublisher:
+class KVEventPublisher(QueueThread):
     """One stream, one daemon thread. ``submit`` and ``snapshot_wanted``: the engine thread;
     ``flush`` and ``close``: any thread."""
 
@@ -73,6 +71,7 @@ class KVEventPublisher:
         from redis.backoff import NoBackoff
         from redis.retry import Retry
 
+        super().__init__("pagedkv-kv-events")  # the queue holds (batch, is a snapshot) pairs
         self.address, self.stream, self.maxlen = address, stream, maxlen
         self.counts = PublisherCounts()
         self._errors = (redis.RedisError, OSError)
@@ -87,16 +86,10 @@ class KVEventPublisher:
         self._max_queued = max_queued_batches
         self._snapshot_every = snapshot_every_batches or max(maxlen // 2, 1)
         self._since_snapshot = 0
-        self._queue: deque[tuple[KVEventBatch, bool]] = deque()
-        self._in_flight = 0
-        self._cond = threading.Condition()
         self._lost = False  # batches were dropped: readers are wrong until a snapshot
         self._snapshot_wanted = False
         self._down_since: float | None = None
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name="pagedkv-kv-events", daemon=True)
-        self._thread.start()
-        atexit.register(self.close)  # a process that exits normally sends what it queued
+        self._start()
 
     @property
     def is_down(self) -> bool:
@@ -125,19 +118,7 @@ class KVEventPublisher:
             self._cond.notify()
         return True
 
-    def flush(self, timeout_s: float = 10.0) -> bool:
-        """Wait until every batch submitted so far was sent or dropped; False on timeout."""
-        with self._cond:
-            return self._cond.wait_for(lambda: not self._queue and not self._in_flight, timeout_s)
-
-    def close(self, timeout_s: float = 5.0) -> None:
-        """Send what is queued (up to ``timeout_s``), then stop the thread."""
-        atexit.unregister(self.close)
-        self.flush(timeout_s)
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-        self._thread.join(timeout_s)
+    def _after_close(self) -> None:
         self._redis.close()
 
     # -- the publisher's thread ------------------------------------------------------------

@@ -11,12 +11,10 @@ cannot hold (``max_queued_bytes``) or the store refuses is dropped and counted
 
 from __future__ import annotations
 
-import atexit
 import logging
-import threading
-from collections import deque
 from collections.abc import Callable, Sequence
 
+from pagedkv.background import QueueThread
 from pagedkv.kvstore.client import StoreClient
 
 Encode = Callable[[bytes, memoryview], tuple[bytes, bytes]]  # (hash, body) -> (key, payload)
@@ -26,23 +24,18 @@ log = logging.getLogger("pagedkv.kvstore")
 DEFAULT_MAX_QUEUED_BYTES = 256 << 20
 
 
-class StoreWriter:
+class StoreWriter(QueueThread):
     """One daemon thread per engine; ``submit`` and ``flush`` may be called from any thread."""
 
     def __init__(
         self, client: StoreClient, encode: Encode, max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES
     ) -> None:
+        super().__init__("pagedkv-kv-store")  # the queue holds batches of (hash, body) pairs
         self._client = client
         self._encode = encode
         self._max_queued_bytes = max_queued_bytes
-        self._queue: deque[list[tuple[bytes, memoryview]]] = deque()
         self._queued_bytes = 0
-        self._in_flight = 0  # batches taken off the queue and not yet finished
-        self._cond = threading.Condition()
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name="pagedkv-kv-store", daemon=True)
-        self._thread.start()
-        atexit.register(self.close)  # a process that exits normally sends what it queued
+        self._start()
 
     def submit(self, items: Sequence[tuple[bytes, memoryview]]) -> int:
         """Queue ``(block hash, body)`` pairs (bodies the caller no longer writes); returns how
@@ -67,20 +60,6 @@ class StoreWriter:
         if len(accepted) < len(items):
             counters.add(writes_dropped=len(items) - len(accepted))
         return len(accepted)
-
-    def flush(self, timeout_s: float = 30.0) -> bool:
-        """Wait until every submitted batch was sent (or dropped); False on timeout."""
-        with self._cond:
-            return self._cond.wait_for(lambda: not self._queue and not self._in_flight, timeout_s)
-
-    def close(self, timeout_s: float = 5.0) -> None:
-        """Send what is queued (up to ``timeout_s``), then stop the thread."""
-        atexit.unregister(self.close)
-        self.flush(timeout_s)
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-        self._thread.join(timeout_s)
 
     def _run(self) -> None:
         while True:
