@@ -4,9 +4,6 @@ for a prompt (``routing.prompt_block_hashes``) appear in the replica's stream on
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 
 import httpx
@@ -15,23 +12,9 @@ from pagedkv.kvcache.events import KVEventBatch, replay
 from pagedkv.router.event_reader import KVEventReader
 from pagedkv.routing import prompt_block_hashes
 from tests.kvstore.redis_server import RedisServer, free_port
+from tests.router.procs import Proc
 
-START_TIMEOUT_S = 60.0
 PROMPT = [(7 * i + 3) % 250 + 10 for i in range(60)]  # 3 full blocks of 16 + 12 tokens
-
-
-def _wait_healthy(proc: subprocess.Popen, base: str) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"server exited {proc.returncode}: {proc.stderr.read()}")
-        try:
-            if httpx.get(f"{base}/health", timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError("server did not become healthy")
 
 
 def test_serve_publishes_what_a_router_hashes(tmp_path):
@@ -40,14 +23,13 @@ def test_serve_publishes_what_a_router_hashes(tmp_path):
     make_tiny_model("llama", tmp_path / "model")
     redis = RedisServer(tmp_path).start()
     port = free_port()
-    env = {**os.environ, "PAGEDKV_API_KEY": "", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "pagedkv", "serve", "--model", str(tmp_path / "model"),
-           "--port", str(port), "--kv-cache-memory", "4MiB", "--kv-events", redis.url]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    base = f"http://127.0.0.1:{port}"
+    args = ["serve", "--model", str(tmp_path / "model"), "--port", str(port),
+            "--kv-cache-memory", "4MiB", "--kv-events", redis.url]  # fmt: skip
+    proc = Proc(args, port, tmp_path / "serve.log")
+    base = proc.url
     reader = None
     try:
-        _wait_healthy(proc, base)
+        proc.wait_healthy(60)
         info = httpx.get(f"{base}/pagedkv/info", timeout=5).json()
         assert info["kv_events"]["stream"] == f"pagedkv:kv-events:{info['instance_id']}"
         held: set[bytes] = set()
@@ -71,10 +53,5 @@ def test_serve_publishes_what_a_router_hashes(tmp_path):
     finally:
         if reader is not None:
             reader.stop()
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        proc.stop()
         redis.stop()
