@@ -8,10 +8,14 @@
     runs = Comparison(requests, num_kv_slots, SchedulerConfig(max_model_len=131072), cost).run(
         expand_policies(["reserved", "vllm"]))
 
+N replicas behind a router: ``Cluster`` (``pagedkv simulate --replicas N --router POLICY``).
+
 Pure Python (no torch); deterministic for a given trace, synthetic seed and configuration.
 Traces, synthetic workloads and the prefix rule live in ``pagedkv.traces``.
 """
 
+from pagedkv.sim.cluster import Cluster, ClusterResult
+from pagedkv.sim.cluster_summary import summarize_cluster
 from pagedkv.sim.compare import Comparison, expand_policies
 from pagedkv.sim.cost_model import (
     CostModel,
@@ -29,6 +33,8 @@ from pagedkv.sim.summary import summarize
 
 __all__ = [
     "GPUS",
+    "Cluster",
+    "ClusterResult",
     "Comparison",
     "CostModel",
     "GPUSpec",
@@ -50,4 +56,5 @@ __all__ = [
     "load_scenario",
     "simulate",
     "summarize",
+    "summarize_cluster",
 ]

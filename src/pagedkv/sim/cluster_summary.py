@@ -25,8 +25,8 @@ from typing import Any
 from pagedkv.sim.cluster import ClusterResult
 from pagedkv.sim.metrics import TimeSeries
 from pagedkv.sim.replica import RunResult
-from pagedkv.sim.summary import summarize
-from pagedkv.traces import TraceRequest, ideal_prefix_hit_tokens
+from pagedkv.sim.summary import ideal_hits, summarize
+from pagedkv.traces import TraceRequest
 
 _SHARES = ("kv_utilization_mean", "fragmentation_mean", "reserved_unused_mean", "cached_mean")
 _PER_REPLICA = (
@@ -44,9 +44,7 @@ def cluster_ideal_hits(requests: Sequence[TraceRequest], result: ClusterResult) 
     (None without a prefix cache): the same rule as ``Comparison``'s."""
     if not result.policy.prefix_caching:
         return None
-    block_size = result.replicas[0].block_size
-    kept = [req for req, rec in zip(requests, result.records, strict=True) if not rec.refused]
-    return ideal_prefix_hit_tokens(kept, block_size)
+    return ideal_hits(requests, result.records, result.replicas[0].block_size)
 
 
 def summarize_cluster(

@@ -11,8 +11,8 @@ from pagedkv.sched import SchedulerConfig
 from pagedkv.sim.cost_model import CostModel
 from pagedkv.sim.links import Link
 from pagedkv.sim.simulator import ProgressFn, RunResult, Simulation
-from pagedkv.sim.summary import summarize
-from pagedkv.traces import TraceRequest, ideal_prefix_hit_tokens, reusable_prefix_tokens
+from pagedkv.sim.summary import ideal_hits, summarize
+from pagedkv.traces import TraceRequest, reusable_prefix_tokens
 
 
 def expand_policies(names: Sequence[str], block_sizes: Sequence[int] = ()) -> list[Policy]:
@@ -68,12 +68,6 @@ class Comparison:
             result = sim.run()
             ideal = None
             if policy.prefix_caching:
-                kept = [i for i, r in enumerate(result.records) if not r.refused]
-                if len(kept) == len(result.records):
-                    ideal = ideal_prefix_hit_tokens(self.requests, result.block_size, reusable)
-                else:  # refused requests never entered the cache: recompute without them
-                    ideal = ideal_prefix_hit_tokens(
-                        [self.requests[i] for i in kept], result.block_size
-                    )
+                ideal = ideal_hits(self.requests, result.records, result.block_size, reusable)
             out.append((result, summarize(result, ideal)))
         return out

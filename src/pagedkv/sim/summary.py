@@ -25,10 +25,27 @@ Fields (times in simulated seconds unless the name says otherwise):
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
-from pagedkv.sim.metrics import percentile
+from pagedkv.sim.metrics import RequestRecord, percentile
 from pagedkv.sim.simulator import RunResult
+from pagedkv.traces import TraceRequest, ideal_prefix_hit_tokens
+
+
+def ideal_hits(
+    requests: Sequence[TraceRequest],
+    records: Sequence[RequestRecord],
+    block_size: int,
+    reusable: Sequence[int] | None = None,
+) -> int:
+    """The hit ceiling of one never-evicting engine of ``block_size`` over the requests that
+    were not refused (a refused request never entered a cache). ``reusable``: the trace's
+    ``reusable_prefix_tokens``, reused when nothing was refused."""
+    kept = [req for req, rec in zip(requests, records, strict=True) if not rec.refused]
+    if len(kept) == len(requests):
+        return ideal_prefix_hit_tokens(requests, block_size, reusable)
+    return ideal_prefix_hit_tokens(kept, block_size)
 
 
 def _round(x: float) -> float | None:
