@@ -113,4 +113,3 @@ class HostSwapPool:
         """A gather buffer of ``num_blocks`` blocks shaped like ``like``'s blocks: allocated
         once per step and direction, not once per layer (fresh memory costs page faults)."""
         return torch.empty((num_blocks, *like.shape[1:]), dtype=like.dtype, device=like.device)
-
