@@ -153,15 +153,19 @@ def paged_attention(
     for g in plan.groups:
         s, max_q = g.num_seqs, g.max_q
         if g.causal_whole:
-            # Its K/V are exactly this step's (rounded through the cache dtype as if read).
-            rows = g.token_index
+            # Its K/V are exactly this step's (rounded through the cache dtype as if read). The
+            # whole batch being this one prompt (a lone prefill: TTFT), no rows are selected.
+            rows = None if len(plan.groups) == 1 else g.token_index
             attn = F.scaled_dot_product_attention(
                 _heads_first(q, rows, q.dtype, q.dtype),
                 _heads_first(k, rows, k_cache.dtype, q.dtype),
                 _heads_first(v, rows, v_cache.dtype, q.dtype),
                 is_causal=True, scale=scale, enable_gqa=True,
             )  # fmt: skip
-            out[g.token_index] = attn[0].transpose(0, 1).reshape(max_q, num_heads * head_dim)
+            attn = attn[0].transpose(0, 1).reshape(max_q, num_heads * head_dim)
+            if rows is None:
+                return attn
+            out[rows] = attn
             continue
         gathered = (s, -1, num_kv_heads, head_dim)
         if g.contiguous_from is not None:
@@ -184,7 +188,10 @@ def paged_attention(
 
 
 def _heads_first(
-    x: torch.Tensor, rows: torch.Tensor, via: torch.dtype, dtype: torch.dtype
+    x: torch.Tensor, rows: torch.Tensor | None, via: torch.dtype, dtype: torch.dtype
 ) -> torch.Tensor:
-    """``x[rows]`` ``[T, H, D]`` as ``[1, H, T, D]`` in ``dtype``, rounded through ``via``."""
-    return x.index_select(0, rows).to(via).to(dtype).transpose(0, 1).unsqueeze(0)
+    """``x[rows]`` (all of ``x`` for None) ``[T, H, D]`` as ``[1, H, T, D]`` in ``dtype``,
+    rounded through ``via``."""
+    if rows is not None:
+        x = x.index_select(0, rows)
+    return x.to(via).to(dtype).transpose(0, 1).unsqueeze(0)

@@ -76,11 +76,13 @@ class DecoderLayer(nn.Module):
         plan: AttentionPlan,
     ) -> torch.Tensor:
         num_tokens = hidden.shape[0]
-        q, k, v = self.qkv_proj(self.input_norm(hidden)).split(
-            (self.q_size, self.kv_size, self.kv_size), dim=-1
+        qk, v = self.qkv_proj(self.input_norm(hidden)).split(
+            (self.q_size + self.kv_size, self.kv_size), dim=-1
         )
-        q = apply_rotary(q.view(num_tokens, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rotary(k.view(num_tokens, self.num_kv_heads, self.head_dim), cos, sin)
+        # Q and K heads rotated in one pass (half the elementwise ops of two calls).
+        heads = self.num_heads + self.num_kv_heads
+        qk = apply_rotary(qk.view(num_tokens, heads, self.head_dim), cos, sin)
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         hidden = hidden + self.o_proj(paged_attention(q, k, v, kv_cache, plan, self.scale))
         return hidden + self.mlp(self.post_attention_norm(hidden))
