@@ -30,6 +30,26 @@ def test_replicas_that_differ_are_named_with_the_field():
     assert "model other" in first_difference(_info("http://e", model="other"), a)
 
 
+def test_the_router_tokenizes_as_its_replicas_or_refuses(tmp_path):
+    """The router's tokenizer (read from the GGUF header alone) has the fingerprint the
+    replicas publish (their tokenizer comes with the weights); another model's is refused."""
+    from pagedkv.model import load_model
+    from pagedkv.router.server import check_tokenizer, load_tokenizer
+    from tests.model.tiny import make_tiny_model
+
+    ours = load_tokenizer(None).fingerprint()
+    assert ours == load_model(None, progress=False)[2].fingerprint()
+    make_tiny_model("llama", tmp_path / "tiny")
+    tiny = load_tokenizer(str(tmp_path / "tiny")).fingerprint()
+    assert tiny != ours
+    replica = _info("http://a", tokenizer=ours)
+    check_tokenizer(ours, None, replica)
+    check_tokenizer(tiny, None, _info("http://b", tokenizer=None))  # an older replica: no check
+    with pytest.raises(UsageError, match=rf"tokenizer {tiny} \(--model .*tiny\) vs {ours}"):
+        check_tokenizer(tiny, str(tmp_path / "tiny"), replica)
+    assert "tokenizer" in first_difference(_info("http://c", tokenizer=tiny), replica)
+
+
 def test_a_wrong_info_answer_is_a_value_error():
     with pytest.raises(ValueError, match="http://x/pagedkv/info is not a pagedkv replica"):
         ReplicaInfo.from_json("http://x", {"instance_id": "1"})

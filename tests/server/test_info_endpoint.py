@@ -10,7 +10,7 @@ from tests.kvstore.redis_server import RedisServer
 from tests.server.conftest import MODEL_NAME, running_server
 
 KEYS = {"instance_id", "model", "model_identity", "page_format", "allocator", "block_size",
-        "prefix_caching", "hash_algorithm", "max_model_len", "kv_events"}  # fmt: skip
+        "prefix_caching", "hash_algorithm", "max_model_len", "kv_events", "tokenizer"}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -32,6 +32,7 @@ def test_info_schema(tiny_loaded, policy, allocator, block_size, prefix_caching)
     assert PageFormat.from_dict(info["page_format"]).block_size == block_size
     assert len(info["instance_id"]) == 32 and int(info["instance_id"], 16) >= 0
     assert isinstance(info["model_identity"], str) and len(info["model_identity"]) == 32
+    assert info["tokenizer"] == tiny_loaded[2].fingerprint()
 
 
 def test_info_is_fresh_per_engine_and_needs_the_key(tiny_loaded):
@@ -43,6 +44,7 @@ def test_info_is_fresh_per_engine_and_needs_the_key(tiny_loaded):
         second = httpx.get(f"{url}/pagedkv/info", timeout=10).json()
     assert first["instance_id"] != second["instance_id"]
     assert first["model_identity"] == second["model_identity"]  # the same weights
+    assert first["tokenizer"] == second["tokenizer"]
 
 
 def test_info_names_the_event_stream_and_metrics_count(tiny_loaded, tmp_path):

@@ -134,6 +134,7 @@ def describe_replica(engine, served_model_name: str, model_identity: str | None)
         "instance_id": parts.instance_id,
         "model": served_model_name,
         "model_identity": model_identity,
+        "tokenizer": engine.tokenizer.fingerprint(),
         "page_format": parts.page_format.to_dict(),
         "allocator": parts.policy.allocator,
         "block_size": engine.allocator.block_size,

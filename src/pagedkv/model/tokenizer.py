@@ -7,6 +7,7 @@ Two sources: a GGUF file's vocabulary and merges (rebuilt as a byte-level BPE wi
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -62,6 +63,18 @@ class Tokenizer:
         self._compiled_template: Any = None
         self._special_id_set: frozenset[int] | None = None
         self._plain_backend: HFTokenizer | None = None
+        self._fingerprint: str | None = None
+
+    def fingerprint(self) -> str:
+        """A digest of everything that decides the token ids of a request: the tokenizer's
+        whole definition, the chat template and the special ids. Two processes that must turn
+        one request into the same ids (a router and its replicas) compare it."""
+        if self._fingerprint is None:
+            h = hashlib.blake2b(self.backend.to_str().encode(), digest_size=16)
+            h.update(repr((self.chat_template, self.bos_token_id, self.eos_token_id,
+                           sorted(self.stop_token_ids))).encode())  # fmt: skip
+            self._fingerprint = h.hexdigest()
+        return self._fingerprint
 
     @property
     def vocab_size(self) -> int:

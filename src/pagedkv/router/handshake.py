@@ -22,7 +22,8 @@ from pagedkv.errors import UsageError
 
 INFO_PATH = "/pagedkv/info"
 # Checked in this order, so the message names the most telling difference first.
-COMPARED_FIELDS = ("block_size", "hash_algorithm", "model", "model_identity", "max_model_len")
+COMPARED_FIELDS = ("block_size", "hash_algorithm", "model", "model_identity", "tokenizer",
+                   "max_model_len")  # fmt: skip
 WAIT_POLL_S = 0.5
 
 
@@ -42,6 +43,7 @@ class ReplicaInfo:
     hash_algorithm: str
     max_model_len: int
     kv_events: dict[str, str] | None
+    tokenizer: str | None = None  # ``Tokenizer.fingerprint()`` (None: a replica without one)
 
     @classmethod
     def from_json(cls, url: str, data: Any) -> ReplicaInfo:
@@ -56,7 +58,8 @@ class ReplicaInfo:
                        block_size=int(data["block_size"]),
                        prefix_caching=bool(data["prefix_caching"]),
                        hash_algorithm=str(data["hash_algorithm"]),
-                       max_model_len=int(data["max_model_len"]), kv_events=events)  # fmt: skip
+                       max_model_len=int(data["max_model_len"]), kv_events=events,
+                       tokenizer=data.get("tokenizer"))  # fmt: skip
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"{url}{INFO_PATH} is not a pagedkv replica's info: {exc!r}") from None
 

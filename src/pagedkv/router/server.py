@@ -27,6 +27,18 @@ def load_tokenizer(model: str | None):
         raise UsageError(f"{path}: {exc}", "model") from None
 
 
+def check_tokenizer(fingerprint: str, model: str | None, replica: ReplicaInfo) -> None:
+    """``UsageError`` when the router's tokenizer would give other ids than the replicas'."""
+    if replica.tokenizer is not None and replica.tokenizer != fingerprint:
+        source = model or "the embedded model"
+        raise UsageError(
+            f"tokenizer {fingerprint} (--model {source}) vs {replica.tokenizer} "
+            f"({replica.url}): the router must tokenize as its replicas do; give --model the "
+            "replicas' model",
+            "model",
+        )
+
+
 def describe(infos: list[ReplicaInfo], config: RouterConfig) -> str:
     ref = infos[0]
     events = sum(i.kv_events is not None for i in infos)
@@ -52,6 +64,7 @@ def run_router(config: RouterConfig, embedded_model_name: str) -> None:
                   f"tokenizes with the embedded {embedded_model_name} (give --model PATH when "
                   "they serve another model)", file=sys.stderr)  # fmt: skip
         tokenizer = load_tokenizer(config.model)
+        check_tokenizer(tokenizer.fingerprint(), config.model, infos[0])
     except BaseException:
         sock.close()
         raise
