@@ -12,7 +12,8 @@ passed through); it sends each request to one replica chosen by --policy:
                 least loaded one (default)
 
 At start-up every replica's GET /pagedkv/info must agree on page format, block size, hash,
-model and context; otherwise the router exits (status 2) naming both replicas and the field.
+model, tokenizer and context, and the router's tokenizer (--model) must be theirs; otherwise
+the router exits (status 2) naming both sides and the field.
 A replica that stops answering is taken out and its requests retried on another; a stream that
 already sent tokens ends with an error event. Guide: docs/routing.md.
 
