@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import atexit
 import threading
+from abc import ABC, abstractmethod
 from collections import deque
 from typing import Any
 
 
-class QueueThread:
+class QueueThread(ABC):
     """Subclasses append to ``_queue`` and take from it under ``_cond``, count what they took
     and have not settled yet in ``_in_flight`` (``notify_all`` when settled), implement
-    ``_run`` (return once ``_closed`` and the queue is empty), and call ``_start()`` at the end
-    of their ``__init__``. ``flush`` and ``close`` are safe from any thread."""
+    ``_run`` (return once ``_closed`` and the queue is empty) and ``_after_close``, and call
+    ``_start()`` at the end of their ``__init__``. ``flush`` and ``close`` are safe from any
+    thread."""
 
     def __init__(self, thread_name: str) -> None:
         self._queue: deque[Any] = deque()
@@ -27,9 +29,11 @@ class QueueThread:
         self._thread.start()
         atexit.register(self.close)
 
+    @abstractmethod
     def _run(self) -> None:
-        raise NotImplementedError
+        """The thread's loop: send queued items in order; return once closed and drained."""
 
+    @abstractmethod
     def _after_close(self) -> None:
         """Release what the thread used (a connection); called once it stopped."""
 

@@ -68,21 +68,12 @@ class KVEventPublisher(QueueThread):
         snapshot_every_batches: int | None = None,
     ) -> None:
         import redis  # the engine extra's dependency, imported only when events are on
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
 
         super().__init__("pagedkv-kv-events")  # the queue holds (batch, is a snapshot) pairs
         self.address, self.stream, self.maxlen = address, stream, maxlen
         self.counts = PublisherCounts()
         self._errors = (redis.RedisError, OSError)
-        self._redis = redis.Redis(
-            host=address.host,
-            port=address.port,
-            db=address.db,
-            socket_timeout=SOCKET_TIMEOUT_S,
-            socket_connect_timeout=CONNECT_TIMEOUT_S,
-            retry=Retry(NoBackoff(), 0),  # a failure is a drop now, then our back-off
-        )
+        self._redis = address.connect(SOCKET_TIMEOUT_S, CONNECT_TIMEOUT_S)  # failure = a drop
         self._max_queued = max_queued_batches
         self._snapshot_every = snapshot_every_batches or max(maxlen // 2, 1)
         self._since_snapshot = 0

@@ -165,6 +165,29 @@ class KVEventLog:
         )
         self.num_stored_blocks += len(block_hashes)
 
+    def stored_new(
+        self,
+        block_hashes: Sequence[BlockHash],
+        is_new: Sequence[bool],
+        parent_block_hash: BlockHash | None,
+        block_size: int,
+        lora_id: str | None = None,
+    ) -> None:
+        """Of a chain of blocks (``parent_block_hash`` before the first), report the ones
+        ``is_new`` marks, as runs of consecutive blocks, each with its own parent."""
+        run: list[BlockHash] = []
+        run_parent = prev = parent_block_hash
+        for h, new in zip(block_hashes, is_new, strict=True):
+            if new:
+                if not run:
+                    run_parent = prev
+                run.append(h)
+            elif run:
+                self.stored(run, run_parent, block_size, lora_id)
+                run = []
+            prev = h
+        self.stored(run, run_parent, block_size, lora_id)
+
     def removed(self, block_hash: BlockHash, medium: str | None = None) -> None:
         medium = medium or self.medium
         if medium != self._removed_medium:

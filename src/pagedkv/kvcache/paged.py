@@ -81,25 +81,12 @@ class PagedAllocator(BlockTableAllocator):
         self, block_ids: Sequence[int], hashes: Sequence[BlockHash], parent: BlockHash | None,
         lora_id: str | None,
     ) -> None:  # fmt: skip
-        """``pool.set_hash`` each block, reporting the hashes new to the index as runs of
-        consecutive blocks. ``parent``: the hash before ``hashes[0]`` (None at block 0)."""
-        set_hash, events = self.pool.set_hash, self.events
-        if events is None:
-            for b, h in zip(block_ids, hashes, strict=True):
-                set_hash(b, h)
-            return
-        run: list[BlockHash] = []
-        run_parent = prev = parent
-        for b, h in zip(block_ids, hashes, strict=True):
-            if set_hash(b, h):
-                if not run:
-                    run_parent = prev
-                run.append(h)
-            elif run:
-                events.stored(run, run_parent, self._block_size, lora_id)
-                run = []
-            prev = h
-        events.stored(run, run_parent, self._block_size, lora_id)
+        """``pool.set_hash`` each block; the hashes new to the index go to the event log.
+        ``parent``: the hash before ``hashes[0]`` (None at block 0)."""
+        set_hash = self.pool.set_hash
+        is_new = [set_hash(b, h) for b, h in zip(block_ids, hashes, strict=True)]
+        if self.events is not None:
+            self.events.stored_new(hashes, is_new, parent, self._block_size, lora_id)
 
     @property
     def num_total_blocks(self) -> int:

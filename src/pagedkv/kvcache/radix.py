@@ -15,14 +15,13 @@ tail unreachable).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from pagedkv.kvcache.allocator_base import BlockTableAllocator, SeqBlocks, ceil_div
 from pagedkv.kvcache.block_pool import NULL_BLOCK_ID
 from pagedkv.kvcache.events import KVEventLog
-from pagedkv.kvcache.hashing import BlockHash, HashExtraKeys, hash_blocks, mm_span_bytes, root_hash
+from pagedkv.kvcache.hashing import BlockHash, HashExtraKeys
 from pagedkv.kvcache.protocol import KVCacheStats, SeqLike
-from pagedkv.kvcache.radix_tree import RadixNode, RadixTree
+from pagedkv.kvcache.radix_events import PageHashes
+from pagedkv.kvcache.radix_tree import RadixNode, RadixTree, page_keys
 
 
 class RadixAllocator(BlockTableAllocator):
@@ -43,32 +42,18 @@ class RadixAllocator(BlockTableAllocator):
         self._clock = 0
         self.num_evictable = 0  # tree pages with ref_count 0
         self.num_evictions = 0
-        # KV events (``enable_events``): the tree keys pages by tokens, a router by chained
-        # hashes, so each page in the tree gets the hash a paged allocator would give it.
-        self.events: KVEventLog | None = None
-        self._page_hash: dict[int, BlockHash] = {}
+        self.events: PageHashes | None = None  # KV events (``enable_events``)
 
     def enable_events(self, log: KVEventLog) -> None:
         """Report pages entering and leaving the tree to ``log`` as chained block hashes
         (sha256, one block per page). Call before the first admission."""
         if self.tree.node_of_page:
             raise ValueError("enable KV events before the first admission")
-        self.events = log
+        self.events = PageHashes(log, self._block_size)
         log.cleared()
 
     def prefix_hashes(self) -> set[BlockHash]:
-        return set(self._page_hash.values())
-
-    def _report_stored(self, seq: SeqLike, node: RadixNode, first: int, pages: list[int]) -> None:
-        """Hash ``pages`` (pages ``first ...`` of ``seq``, about to hang under ``node``)."""
-        assert self.events is not None
-        extra = seq.extra_keys
-        parent = self._page_hash[node.pages[-1]] if node.parent is not None else None
-        hashes = hash_blocks(
-            seq.token_ids, self._block_size, parent or root_hash(extra), first, len(pages), extra
-        )
-        self._page_hash.update(zip(pages, hashes, strict=True))
-        self.events.stored(hashes, parent, self._block_size, extra.lora_id)
+        return set(self.events.of_page.values()) if self.events is not None else set()
 
     @property
     def num_total_blocks(self) -> int:
@@ -95,22 +80,8 @@ class RadixAllocator(BlockTableAllocator):
         held = {id(st.tree_node) for st in self._seqs.values()}
         self._roots = {k: r for k, r in self._roots.items() if r.children or id(r) in held}
 
-    def _page_keys(self, tokens: Sequence[int], first: int, stop: int, extra: HashExtraKeys):
-        """Tree keys of pages ``[first, stop)``: the token id itself at page size 1, else the
-        page's tokens as a tuple; a multimodal span overlapping a page joins its key."""
-        ps = self._block_size
-        window = tokens[first * ps : stop * ps]
-        keys: list = list(window) if ps == 1 else list(zip(*[iter(window)] * ps, strict=False))
-        if extra.mm_spans:
-            for j in range(len(keys)):
-                lo = (first + j) * ps
-                mm = mm_span_bytes(extra.mm_spans, lo, lo + ps)
-                if mm:
-                    keys[j] = (keys[j], mm)
-        return keys
-
     def _match(self, seq: SeqLike, max_pages: int) -> list[tuple[RadixNode, int]]:
-        keys = self._page_keys(seq.token_ids, 0, max_pages, seq.extra_keys)
+        keys = page_keys(seq.token_ids, self._block_size, 0, max_pages, seq.extra_keys)
         return self.tree.match(self._root(seq.extra_keys), keys)
 
     def match_prefix(self, seq: SeqLike) -> int:
@@ -126,8 +97,7 @@ class RadixAllocator(BlockTableAllocator):
         if short > 0:
             evicted = self.tree.evict(short)
             if self.events is not None:
-                for p in evicted:
-                    self.events.removed(self._page_hash.pop(p))
+                self.events.removed(evicted)
             self.num_evictable -= len(evicted)
             self.num_evictions += len(evicted)
             self._free_pages.extend(evicted)
@@ -223,7 +193,7 @@ class RadixAllocator(BlockTableAllocator):
         first, num_full = st.tree_depth, st.num_tokens // self._block_size
         if num_full <= first:
             return
-        keys = self._page_keys(seq.token_ids, first, num_full, seq.extra_keys)
+        keys = page_keys(seq.token_ids, self._block_size, first, num_full, seq.extra_keys)
         node = st.tree_node
         assert isinstance(node, RadixNode)
         i, switched = 0, False
@@ -235,8 +205,9 @@ class RadixAllocator(BlockTableAllocator):
                     # A forked sibling still holds these pages under the pages we just swapped
                     # away: they can join the tree only under the sibling's own path.
                     break
-                if self.events is not None:
-                    self._report_stored(seq, node, first + i, pages)
+                if self.events is not None:  # under a tree page, or a root (no pages)
+                    parent_page = node.pages[-1] if node.parent is not None else None
+                    self.events.stored(seq, parent_page, first + i, pages)
                 node = self._add_run(node, keys[i:], pages)
                 i = len(keys)
                 break
@@ -315,7 +286,7 @@ class RadixAllocator(BlockTableAllocator):
             assert (page in free) == (refs[page] == 0 and page not in on_tree), f"page {page}"
         assert self.tree.check(list(self._roots.values())) == self.num_evictable, "evictable"
         if self.events is not None:
-            assert self._page_hash.keys() == on_tree.keys(), "a tree page without a hash"
+            assert self.events.of_page.keys() == on_tree.keys(), "a tree page without a hash"
         for sid, st in self._seqs.items():  # a sequence's tree pages are its tree path
             node, pages = st.tree_node, []
             while isinstance(node, RadixNode) and node.parent is not None:

@@ -17,7 +17,27 @@ import heapq
 from collections.abc import Sequence
 from itertools import count
 
+from pagedkv.kvcache.hashing import HashExtraKeys, mm_span_bytes
+
 PageKey = object
+
+
+def page_keys(
+    tokens: Sequence[int], page_size: int, first: int, stop: int, extra: HashExtraKeys
+) -> list:
+    """Tree keys of pages ``[first, stop)`` of ``tokens``: the token id itself at page size 1,
+    else the page's tokens as a tuple; a multimodal span overlapping a page joins its key."""
+    window = tokens[first * page_size : stop * page_size]
+    keys: list = (
+        list(window) if page_size == 1 else list(zip(*[iter(window)] * page_size, strict=False))
+    )
+    if extra.mm_spans:
+        for j in range(len(keys)):
+            lo = (first + j) * page_size
+            mm = mm_span_bytes(extra.mm_spans, lo, lo + page_size)
+            if mm:
+                keys[j] = (keys[j], mm)
+    return keys
 
 
 class RadixNode:

@@ -22,6 +22,23 @@ class StoreAddress:
     def url(self) -> str:
         return f"redis://{self.host}:{self.port}/{self.db}"
 
+    def connect(self, socket_timeout_s: float, connect_timeout_s: float):
+        """A redis-py client that never retries by itself: a failed call fails now and the
+        caller's own back-off decides when to try again (a step must never stall on Redis).
+        Connects lazily, on the first call."""
+        import redis  # the engine extra's dependency, imported only when a store is used
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        return redis.Redis(
+            host=self.host,
+            port=self.port,
+            db=self.db,
+            socket_timeout=socket_timeout_s,
+            socket_connect_timeout=connect_timeout_s,
+            retry=Retry(NoBackoff(), 0),
+        )
+
 
 def parse_store_url(url: str) -> StoreAddress:
     """``redis://HOST[:PORT][/DB]`` -> ``StoreAddress``; a one-line ``UsageError`` naming the

@@ -42,21 +42,12 @@ class StoreClient:
         socket_timeout_s: float = SOCKET_TIMEOUT_S,
     ) -> None:
         import redis  # the engine extra's dependency, imported only when a store is configured
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
 
         self.address = address
         self.counters = counters
         self._clock = clock
         self._errors = (redis.RedisError, OSError)
-        self._redis = redis.Redis(
-            host=address.host,
-            port=address.port,
-            db=address.db,
-            socket_timeout=socket_timeout_s,
-            socket_connect_timeout=CONNECT_TIMEOUT_S,
-            retry=Retry(NoBackoff(), 0),  # a failure is a miss now, not a stalled step
-        )
+        self._redis = address.connect(socket_timeout_s, CONNECT_TIMEOUT_S)  # failure = a miss
         self._lock = threading.Lock()
         self._down_since: float | None = None
         self._retry_at = 0.0

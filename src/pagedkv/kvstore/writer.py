@@ -61,6 +61,9 @@ class StoreWriter(QueueThread):
             counters.add(writes_dropped=len(items) - len(accepted))
         return len(accepted)
 
+    def _after_close(self) -> None:
+        """Nothing: the client belongs to the store tier, which closes it."""
+
     def _run(self) -> None:
         while True:
             with self._cond:

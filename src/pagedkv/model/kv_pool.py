@@ -23,10 +23,7 @@ def allocate_kv_caches(
     Zeros matter: masked-out slots are still multiplied by a zero weight, and garbage NaNs from
     uninitialised memory would poison real rows. The caller owns the tensors.
     """
-    check_block_size(block_size)
-    if num_blocks < 1:
-        raise ValueError(f"need num_blocks >= 1, got {num_blocks}")
-    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    shape = _pool_shape(num_blocks, block_size, num_kv_heads, head_dim)
     return [
         (
             torch.zeros(shape, dtype=dtype, device=device),
@@ -49,10 +46,7 @@ def allocate_host_kv_caches(
     only read after a copy wrote them (swap space, the host tier): left uninitialised
     (``torch.empty``: the memory is committed page by page as copies touch it); ``pin_memory``
     for faster transfers to and from a GPU. The caller owns the tensors."""
-    check_block_size(block_size)
-    if num_blocks < 1:
-        raise ValueError(f"need num_blocks >= 1, got {num_blocks}")
-    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    shape = _pool_shape(num_blocks, block_size, num_kv_heads, head_dim)
     return [
         (
             torch.empty(shape, dtype=dtype, pin_memory=pin_memory),
@@ -60,6 +54,16 @@ def allocate_host_kv_caches(
         )
         for _ in range(num_layers)
     ]
+
+
+def _pool_shape(
+    num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int
+) -> tuple[int, int, int, int]:
+    """One layer's K (or V) pool shape; ValueError for a bad block size or count."""
+    check_block_size(block_size)
+    if num_blocks < 1:
+        raise ValueError(f"need num_blocks >= 1, got {num_blocks}")
+    return (num_blocks, block_size, num_kv_heads, head_dim)
 
 
 def copy_blocks(kv_caches: list[KVCache], src_dst: torch.Tensor) -> None:
