@@ -1,5 +1,6 @@
-"""The paths of ``paged_attention`` (decode and chunk groups with a mask, consecutive slots read
-as a view, a whole single-sequence prefill by the causal kernel) against a naive reference:
+"""The paths of ``paged_attention`` (decode sequences padded together, gathered by blocks or by
+slots; each prefill on its own, by the causal kernel when its whole context is new or with a
+mask over a cached prefix; consecutive slots read as a view) against a naive reference:
 softmax(q k^T * scale + causal mask) v, written out here with a loop over heads."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import torch
 from pagedkv.model.attention import AttentionPlan, paged_attention
 from pagedkv.model.attention_metadata import AttentionMetadata
 
-HQ, HKV, D, B = 6, 2, 8, 4
+HQ, HKV, D = 6, 2, 8
 
 
 def _naive(q_new, k_all, v_all, ctx, scale):
@@ -28,15 +29,20 @@ def _naive(q_new, k_all, v_all, ctx, scale):
     return out.reshape(n, HQ * D)
 
 
+# B = 4: decode contexts gathered by whole blocks; B = 64: a block far longer than the
+# contexts (like a reserved region), gathered slot by slot.
+@pytest.mark.parametrize("B", [4, 64])
 @pytest.mark.parametrize("consecutive", [True, False])
 @pytest.mark.parametrize(
     "ctx_and_new",
-    [[(9, 9)], [(13, 1)], [(13, 1), (6, 1), (9, 1)], [(10, 10), (7, 1)], [(12, 5)]],
-    ids=["whole-prefill", "decode-1", "decode-3", "prefill+decode", "chunk-on-prefix"],
+    [[(9, 9)], [(13, 1)], [(13, 1), (6, 1), (9, 1)], [(10, 10), (7, 1)], [(12, 5)],
+     [(7, 1), (10, 10), (12, 5), (3, 1), (5, 5), (6, 6)], [(8, 1), (8, 1)]],
+    ids=["whole-prefill", "decode-1", "decode-3", "prefill+decode", "chunk-on-prefix",
+         "mixed-prefills-and-decodes", "decode-equal-contexts"],
 )
-def test_fast_paths_match_the_naive_reference(ctx_and_new, consecutive):
+def test_fast_paths_match_the_naive_reference(ctx_and_new, consecutive, B):
     gen = torch.Generator().manual_seed(len(ctx_and_new))
-    num_blocks = 32
+    num_blocks = 32 if B == 4 else 8
     k_cache = torch.zeros(num_blocks, B, HKV, D)
     v_cache = torch.zeros(num_blocks, B, HKV, D)
     order = (
@@ -70,12 +76,19 @@ def test_fast_paths_match_the_naive_reference(ctx_and_new, consecutive):
         context_lens=torch.tensor([c for c, _ in ctx_and_new], dtype=torch.int32),
         query_start_loc=torch.tensor([0, *torch.tensor([n for _, n in ctx_and_new]).cumsum(0).tolist()], dtype=torch.int32),
     )  # fmt: skip
-    plan = AttentionPlan(meta, B, HQ // HKV)
+    plan = AttentionPlan(meta, B)
     out = paged_attention(
         torch.cat(qs), torch.cat(ks), torch.cat(vs), (k_cache, v_cache), plan, scale
     )
     assert torch.allclose(out.double(), torch.cat(expected), atol=1e-5)
-    if len(ctx_and_new) == 1 and consecutive:
-        assert plan.groups[0].contiguous_from is not None  # the view path really ran
+    # The fast paths really ran: consecutive slots read as a view, a whole prompt by the
+    # causal kernel over its own K/V (nothing gathered).
+    if ctx_and_new in ([(13, 1)], [(12, 5)]) and consecutive:
+        group = plan.decode if plan.decode is not None else plan.prefills[0]
+        assert group.contiguous_from is not None
+    decodes = sum(new == 1 for _, new in ctx_and_new)
+    if decodes > 1:
+        gathered = plan.decode.gather_blocks if B == 4 else plan.decode.gather_slots
+        assert gathered is not None
     if ctx_and_new == [(9, 9)]:
-        assert plan.groups[0].causal_whole
+        assert plan.prefills[0].gather_slots is None

@@ -118,9 +118,9 @@ def _meta(context_lens, starts, tables):
 
 def test_attention_metadata_that_cannot_be_right():
     with pytest.raises(ValueError, match="do not cover"):
-        AttentionPlan(_meta([9], [0, 9], [[0, 1]]), block_size=4, num_queries_per_kv=1)
+        AttentionPlan(_meta([9], [0, 9], [[0, 1]]), block_size=4)
     with pytest.raises(ValueError, match="1 <= new tokens <= context_lens"):
-        AttentionPlan(_meta([2], [0, 3], [[0]]), block_size=4, num_queries_per_kv=1)
+        AttentionPlan(_meta([2], [0, 3], [[0]]), block_size=4)
     with pytest.raises(ValueError, match="block_size must be an integer >= 1"):
         allocate_kv_caches(1, num_blocks=4, block_size=0, num_kv_heads=1, head_dim=2)
 

@@ -1,5 +1,5 @@
-"""Paged attention in plain torch: write new K/V by slot, gather each sequence's context by its
-block table, attend with ``scaled_dot_product_attention`` over a padded, masked batch.
+"""Paged attention in plain torch: write new K/V by slot, read each sequence's context by its
+block table, attend with ``scaled_dot_product_attention``.
 
 KV storage (one pair per layer, allocated by the engine, see ``allocate_kv_caches``)::
 
@@ -9,7 +9,12 @@ KV storage (one pair per layer, allocated by the engine, see ``allocate_kv_cache
 A step's batch is the concatenation of every scheduled sequence's *new* tokens: a prefill chunk
 (possibly on top of a cached prefix) or one decode token. ``AttentionMetadata`` describes it.
 Any ``block_size >= 1`` works, including one block of ``max_model_len`` slots per sequence (the
-reserved, contiguous baseline), because the gather only ever computes slots.
+reserved, contiguous baseline), because the reads only ever compute slots.
+
+Decode sequences (one new token) attend together, their contexts gathered and padded to the
+longest. Each prefill sequence attends on its own: padding twenty prompts to the longest one
+made a 2,048-token mixed step 3-6x slower than the same prompts one by one (the padded
+queries times the padded keys; docs/latency.md).
 """
 
 from __future__ import annotations
@@ -24,52 +29,75 @@ from pagedkv.model.kv_pool import KVCache
 
 
 @dataclass(frozen=True)
-class _PaddedGroup:
-    """Index plan for a group of sequences padded to ``[S, max_q]`` queries × ``[S, max_ctx]`` keys."""
+class _DecodeGroup:
+    """The sequences with one new token, padded to ``[S, max_ctx]`` keys."""
 
-    token_index: torch.Tensor  # int64 [T_g]: rows of the flat batch that belong to the group
-    padded_index: torch.Tensor  # int64 [T_g]: the same rows in the padded [S * max_q] layout
-    gather_slots: torch.Tensor  # int64 [S * max_ctx]: cache slot of every context position
-    mask: torch.Tensor  # bool [S, 1, group * max_q, max_ctx]: True = may attend
+    token_index: torch.Tensor | None  # int64 [S]: their rows in the batch; None: every row
+    # What to gather, one of the two: whole blocks (int64 [S * blocks], the first
+    # ceil(max_ctx / B) of each table: ~2x faster than slot by slot) or, when a block is much
+    # longer than the contexts (a reserved region), slots (int64 [S * max_ctx]).
+    gather_blocks: torch.Tensor | None
+    gather_slots: torch.Tensor | None
+    # float [S, 1, 1, max_ctx], 0 = may attend, -inf = padding; built once per step (a bool
+    # mask is converted by every layer's call). None: every context has the same length.
+    mask: torch.Tensor | None
     num_seqs: int
-    max_q: int
+    max_ctx: int
     # First slot when the group is one sequence whose context sits in consecutive slots (its
-    # blocks are consecutive ids, or it is one reserved region): K/V are then read as a view,
+    # blocks are consecutive ids, or it is one reserved region): K/V are read as a view,
     # without the gather. None otherwise.
-    contiguous_from: int | None = None
-    # One sequence whose whole context is new (a prefill without cached prefix): attend its
-    # own K/V with the causal kernel, no mask and no query padding (~35 % faster at 256).
-    causal_whole: bool = False
+    contiguous_from: int | None
+
+
+@dataclass(frozen=True)
+class _PrefillSeq:
+    """One sequence with several new tokens (rows ``start:stop`` of the batch)."""
+
+    start: int
+    stop: int
+    # Its context's slots, None when the whole context is new (a prompt without cached
+    # prefix): it then attends its own new K/V with the causal kernel, nothing gathered.
+    gather_slots: torch.Tensor | None
+    mask: torch.Tensor | None  # float [1, 1, new, ctx]: bottom-right causal over the context
+    contiguous_from: int | None  # as in ``_DecodeGroup``
 
 
 class AttentionPlan:
-    """Everything the layers need that depends only on the metadata; built once per forward.
+    """Everything the layers need that depends only on the metadata, built once per forward,
+    and the scratch buffers its layers reuse one after another (``scratch``)."""
 
-    Sequences are split into decode (1 new token) and prefill (more) groups so one long prefill
-    chunk does not pad thirty decode queries up to its length.
-    """
-
-    def __init__(self, meta: AttentionMetadata, block_size: int, num_queries_per_kv: int) -> None:
+    def __init__(
+        self, meta: AttentionMetadata, block_size: int, dtype: torch.dtype = torch.float32
+    ) -> None:
+        """``dtype``: the queries' (masks are built in it: attention takes no other)."""
         self.slot_mapping = meta.slot_mapping.to(torch.int64)
         starts = meta.query_start_loc.to(torch.int64)
         q_lens = starts[1:] - starts[:-1]
         ctx_lens = meta.context_lens.to(torch.int64)
         _validate(meta, q_lens, ctx_lens, block_size)
-        self.groups: list[_PaddedGroup] = []
-        for members in (q_lens == 1, q_lens > 1):
-            seq_ids = members.nonzero().flatten()
-            if seq_ids.numel():
-                self.groups.append(
-                    _plan_group(
-                        seq_ids,
-                        starts,
-                        q_lens,
-                        ctx_lens,
-                        meta.block_tables.to(torch.int64),
-                        block_size,
-                        num_queries_per_kv,
-                    )
-                )
+        tables = meta.block_tables.to(torch.int64)
+        decode_ids = (q_lens == 1).nonzero().flatten()
+        self.decode = None
+        if decode_ids.numel():
+            whole = decode_ids.numel() == meta.num_seqs  # then row i is sequence i
+            rows = None if whole else starts[decode_ids]
+            ctx, table = ctx_lens[decode_ids], tables[decode_ids]
+            self.decode = _plan_decode(rows, ctx, table, block_size, dtype)
+        self.prefills = [
+            _plan_prefill(
+                int(starts[i]), int(q_lens[i]), int(ctx_lens[i]), tables[i], block_size, dtype
+            )
+            for i in (q_lens > 1).nonzero().flatten().tolist()
+        ]
+        self._scratch: dict[str, torch.Tensor] = {}
+
+    def scratch(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """An uninitialised buffer kept for this forward: every layer gathers into the same
+        memory (a fresh 40 MB gather per layer cost 4x the copy itself, in page faults)."""
+        buf = self._scratch.get(name)
+        if buf is None or buf.shape != shape or buf.dtype != dtype:
+            buf = self._scratch[name] = torch.empty(shape, dtype=dtype)
+        return buf
 
 
 def _validate(
@@ -88,43 +116,53 @@ def _validate(
         raise ValueError("block_tables do not cover context_lens")
 
 
-def _plan_group(
-    seq_ids: torch.Tensor,
-    starts: torch.Tensor,
-    q_lens: torch.Tensor,
-    ctx_lens: torch.Tensor,
-    block_tables: torch.Tensor,
+def _context_slots(tables: torch.Tensor, num_cols: int, block_size: int) -> torch.Tensor:
+    """Slots of context positions ``0..num_cols-1`` of each row of ``tables`` ``[S, blocks]``."""
+    cols = torch.arange(num_cols)
+    return tables[:, cols // block_size] * block_size + cols % block_size
+
+
+def _consecutive_from(slots: torch.Tensor) -> int | None:
+    return int(slots[0]) if bool((slots.diff() == 1).all()) else None
+
+
+def _plan_decode(
+    rows: torch.Tensor | None,
+    ctx: torch.Tensor,
+    tables: torch.Tensor,
     block_size: int,
-    num_queries_per_kv: int,
-) -> _PaddedGroup:
-    q = q_lens[seq_ids]
-    ctx = ctx_lens[seq_ids]
-    num_seqs, max_q, max_ctx = int(seq_ids.numel()), int(q.max()), int(ctx.max())
-    # Token j of the group belongs to local sequence `owner[j]`, at index `within[j]` of its chunk.
-    device = q.device  # plans live where the metadata lives
-    owner = torch.repeat_interleave(torch.arange(num_seqs, device=device), q)
-    group_starts = torch.cumsum(q, 0) - q
-    within = torch.arange(int(q.sum()), device=device) - group_starts[owner]
-    token_index = starts[seq_ids][owner] + within
-    padded_index = owner * max_q + within
-    cols = torch.arange(max_ctx, device=device)
-    gather_slots = block_tables[seq_ids][:, cols // block_size] * block_size + cols % block_size
-    gather_slots = gather_slots.flatten()
-    # Query i of a sequence sits at position ctx - q + i and sees keys 0..that position. Padded
-    # queries (i >= q) see the whole context plus padding: never all-masked, and discarded.
-    last_visible = (ctx - q)[:, None] + torch.arange(max_q, device=device)[None, :]  # [S, max_q]
-    mask = cols[None, None, :] <= last_visible[:, :, None]  # [S, max_q, max_ctx]
-    # Grouped-query layout: the queries of one KV head's group are stacked along the query axis.
-    mask = mask[:, None].expand(num_seqs, num_queries_per_kv, max_q, max_ctx)
-    mask = mask.reshape(num_seqs, 1, num_queries_per_kv * max_q, max_ctx)
-    contiguous_from = None
-    if num_seqs == 1 and bool((gather_slots.diff() == 1).all()):
-        contiguous_from = int(gather_slots[0])
-    causal_whole = num_seqs == 1 and max_q > 1 and max_q == max_ctx
-    return _PaddedGroup(
-        token_index, padded_index, gather_slots, mask, num_seqs, max_q, contiguous_from,
-        causal_whole,
-    )  # fmt: skip
+    dtype: torch.dtype,
+) -> _DecodeGroup:
+    num_seqs, max_ctx = int(ctx.numel()), int(ctx.max())
+    num_blocks = -(-max_ctx // block_size)
+    gather_blocks = gather_slots = contiguous_from = None
+    if num_seqs == 1:
+        gather_slots = _context_slots(tables, max_ctx, block_size).flatten()
+        contiguous_from = _consecutive_from(gather_slots)
+    if contiguous_from is None and num_blocks * block_size <= 2 * max_ctx:
+        gather_blocks, gather_slots = tables[:, :num_blocks].flatten(), None
+    elif contiguous_from is None:
+        gather_slots = _context_slots(tables, max_ctx, block_size).flatten()
+    mask = None
+    if bool((ctx != max_ctx).any()):
+        padding = torch.arange(max_ctx)[None, :] >= ctx[:, None]
+        mask = torch.zeros(num_seqs, 1, 1, max_ctx, dtype=dtype)
+        mask.masked_fill_(padding[:, None, None], -torch.inf)
+    return _DecodeGroup(
+        rows, gather_blocks, gather_slots, mask, num_seqs, max_ctx, contiguous_from
+    )
+
+
+def _plan_prefill(
+    start: int, new: int, ctx: int, table: torch.Tensor, block_size: int, dtype: torch.dtype
+) -> _PrefillSeq:
+    if new == ctx:
+        return _PrefillSeq(start, start + new, None, None, None)
+    gather_slots = _context_slots(table[None], ctx, block_size).flatten()
+    # New token i sits at position ctx - new + i and sees keys 0..that position.
+    hidden_keys = torch.arange(ctx)[None, :] > (ctx - new + torch.arange(new))[:, None]
+    mask = torch.zeros(1, 1, new, ctx, dtype=dtype).masked_fill_(hidden_keys[None, None], -torch.inf)
+    return _PrefillSeq(start, start + new, gather_slots, mask, _consecutive_from(gather_slots))
 
 
 def paged_attention(
@@ -146,52 +184,75 @@ def paged_attention(
     v_flat = v_cache.view(-1, num_kv_heads, head_dim)
     k_flat.index_copy_(0, plan.slot_mapping, k.to(k_cache.dtype))
     v_flat.index_copy_(0, plan.slot_mapping, v.to(v_cache.dtype))
-
     num_tokens, num_heads, _ = q.shape
-    group = num_heads // num_kv_heads
-    out = q.new_empty(num_tokens, num_heads * head_dim)
-    for g in plan.groups:
-        s, max_q = g.num_seqs, g.max_q
-        if g.causal_whole:
-            # Its K/V are exactly this step's (rounded through the cache dtype as if read). The
-            # whole batch being this one prompt (a lone prefill: TTFT), no rows are selected.
-            rows = None if len(plan.groups) == 1 else g.token_index
-            attn = F.scaled_dot_product_attention(
-                _heads_first(q, rows, q.dtype, q.dtype),
-                _heads_first(k, rows, k_cache.dtype, q.dtype),
-                _heads_first(v, rows, v_cache.dtype, q.dtype),
-                is_causal=True, scale=scale, enable_gqa=True,
-            )  # fmt: skip
-            attn = attn[0].transpose(0, 1).reshape(max_q, num_heads * head_dim)
-            if rows is None:
-                return attn
-            out[rows] = attn
-            continue
-        gathered = (s, -1, num_kv_heads, head_dim)
-        if g.contiguous_from is not None:
-            window = slice(g.contiguous_from, g.contiguous_from + g.gather_slots.numel())
-            keys, values = k_flat[window].view(gathered), v_flat[window].view(gathered)
-        else:  # index_select on flat slots is ~2x faster than advanced indexing on this CPU
-            keys = k_flat.index_select(0, g.gather_slots).view(gathered)
-            values = v_flat.index_select(0, g.gather_slots).view(gathered)
-        keys = keys.to(q.dtype).transpose(1, 2)  # [S, Hkv, ctx, D]
-        values = values.to(q.dtype).transpose(1, 2)
-        q_pad = q.new_zeros(s * max_q, num_heads, head_dim)
-        q_pad[g.padded_index] = q[g.token_index]
-        # [S, max_q, Hkv, group, D] -> [S, Hkv, group * max_q, D]: no K/V repeat for GQA.
-        q_pad = q_pad.view(s, max_q, num_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
-        q_pad = q_pad.reshape(s, num_kv_heads, group * max_q, head_dim)
-        attn = F.scaled_dot_product_attention(q_pad, keys, values, attn_mask=g.mask, scale=scale)
-        attn = attn.view(s, num_kv_heads, group, max_q, head_dim).permute(0, 3, 1, 2, 4)
-        out[g.token_index] = attn.reshape(s * max_q, num_heads * head_dim)[g.padded_index]
+    lone = plan.decode is None and len(plan.prefills) == 1  # the batch is one prefill: TTFT
+    out = None if lone else q.new_empty(num_tokens, num_heads * head_dim)
+    if (g := plan.decode) is not None:
+        keys = _read_decode(k_cache, g, plan, "k")
+        values = _read_decode(v_cache, g, plan, "v")
+        attn = _attend_decode(q, keys.to(q.dtype), values.to(q.dtype), g, scale)
+        if g.token_index is None:  # every row decodes: the result is the output
+            out = attn
+        else:
+            out[g.token_index] = attn
+    for p in plan.prefills:
+        if p.gather_slots is None:
+            # Its K/V are exactly this step's, rounded through the cache dtype as if read.
+            keys = _heads_first(k[p.start : p.stop], k_cache.dtype, q.dtype)
+            values = _heads_first(v[p.start : p.stop], v_cache.dtype, q.dtype)
+        else:
+            keys = _heads_first(_read(k_flat, p.gather_slots, p.contiguous_from), q.dtype, q.dtype)
+            values = _heads_first(_read(v_flat, p.gather_slots, p.contiguous_from), q.dtype, q.dtype)
+        attn = F.scaled_dot_product_attention(
+            _heads_first(q[p.start : p.stop], q.dtype, q.dtype), keys, values,
+            attn_mask=p.mask, is_causal=p.mask is None, scale=scale, enable_gqa=True,
+        )  # fmt: skip
+        attn = attn[0].transpose(0, 1).reshape(p.stop - p.start, num_heads * head_dim)
+        if lone:
+            return attn
+        out[p.start : p.stop] = attn
     return out
 
 
-def _heads_first(
-    x: torch.Tensor, rows: torch.Tensor | None, via: torch.dtype, dtype: torch.dtype
+def _read_decode(
+    cache: torch.Tensor, g: _DecodeGroup, plan: AttentionPlan, name: str
 ) -> torch.Tensor:
-    """``x[rows]`` (all of ``x`` for None) ``[T, H, D]`` as ``[1, H, T, D]`` in ``dtype``,
-    rounded through ``via``."""
-    if rows is not None:
-        x = x.index_select(0, rows)
+    """The decode group's contexts ``[S, max_ctx, Hkv, D]`` from one layer's cache (a view of
+    it or of the plan's scratch buffer: valid until the next layer reads)."""
+    block_size, kv_shape = cache.shape[1], cache.shape[2:]
+    if g.gather_blocks is None:
+        flat = cache.view(-1, *kv_shape)
+        if g.contiguous_from is not None:
+            return flat[g.contiguous_from : g.contiguous_from + g.max_ctx][None]
+        out = plan.scratch(name, (g.gather_slots.numel(), *kv_shape), cache.dtype)
+        return torch.index_select(flat, 0, g.gather_slots, out=out).view(g.num_seqs, -1, *kv_shape)
+    out = plan.scratch(name, (g.gather_blocks.numel(), block_size, *kv_shape), cache.dtype)
+    torch.index_select(cache, 0, g.gather_blocks, out=out)
+    return out.view(g.num_seqs, -1, *kv_shape)[:, : g.max_ctx]
+
+
+def _attend_decode(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, g: _DecodeGroup, scale: float
+) -> torch.Tensor:
+    """``[S, Hq * D]``: each decode sequence's one query over its context (keys and values
+    ``[S, max_ctx, Hkv, D]``, padding masked)."""
+    s, num_kv_heads, head_dim = g.num_seqs, keys.shape[2], keys.shape[3]
+    queries = q if g.token_index is None else q.index_select(0, g.token_index)
+    # Query head h uses KV head h // group: [S, Hq, D] is [S, Hkv, group, D], no K/V repeat.
+    queries = queries.view(s, num_kv_heads, -1, head_dim)
+    attn = F.scaled_dot_product_attention(
+        queries, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=g.mask, scale=scale
+    )
+    return attn.reshape(s, -1)
+
+
+def _read(flat: torch.Tensor, slots: torch.Tensor, contiguous_from: int | None) -> torch.Tensor:
+    """Rows ``slots`` of a flat cache ``[slots, Hkv, D]``: a view when they are consecutive."""
+    if contiguous_from is not None:
+        return flat[contiguous_from : contiguous_from + slots.numel()]
+    return flat.index_select(0, slots)  # ~2x faster than advanced indexing on this CPU
+
+
+def _heads_first(x: torch.Tensor, via: torch.dtype, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` ``[T, H, D]`` as ``[1, H, T, D]`` in ``dtype``, rounded through ``via``."""
     return x.to(via).to(dtype).transpose(0, 1).unsqueeze(0)

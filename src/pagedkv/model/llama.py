@@ -145,7 +145,7 @@ class CausalLM(nn.Module):
                 f"must both be [{num_tokens}] (one per slot_mapping entry)"
             )
         block_size = block_size or kv_caches[0][0].shape[1]
-        plan = AttentionPlan(attn_metadata, block_size, self.config.num_queries_per_kv)
+        plan = AttentionPlan(attn_metadata, block_size, self.dtype)
         cos, sin = self.rotary.cos_sin(positions, self.dtype)
         hidden = self.embed(input_ids)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
