@@ -31,7 +31,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--scope", choices=["layer", "mlp"], default="layer")
+    ap.add_argument("--scope", choices=["layer", "mlp", "halves"], default="layer",
+                    help="what is compiled: each decoder layer, its MLP, or the two halves "
+                         "around attention (attention eager)")  # fmt: skip
     ap.add_argument("--out", default="results/bench_compile.json")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -54,6 +56,9 @@ def main() -> None:
     for layer in compiled_model[1].layers:
         if a.scope == "layer":
             layer.forward = torch.compile(layer.forward, dynamic=True)
+        elif a.scope == "halves":
+            layer.attention_inputs = torch.compile(layer.attention_inputs, dynamic=True)
+            layer.attention_outputs = torch.compile(layer.attention_outputs, dynamic=True)
         else:
             layer.mlp = torch.compile(layer.mlp, dynamic=True)
     compiled = engine(compiled_model)

@@ -182,15 +182,15 @@ def paged_attention(
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     k_flat = k_cache.view(-1, num_kv_heads, head_dim)
     v_flat = v_cache.view(-1, num_kv_heads, head_dim)
-    k_flat.index_copy_(0, plan.slot_mapping, k.to(k_cache.dtype))
-    v_flat.index_copy_(0, plan.slot_mapping, v.to(v_cache.dtype))
+    k_flat.index_copy_(0, plan.slot_mapping, _as(k, k_cache.dtype))
+    v_flat.index_copy_(0, plan.slot_mapping, _as(v, v_cache.dtype))
     num_tokens, num_heads, _ = q.shape
     lone = plan.decode is None and len(plan.prefills) == 1  # the batch is one prefill: TTFT
     out = None if lone else q.new_empty(num_tokens, num_heads * head_dim)
     if (g := plan.decode) is not None:
         keys = _read_decode(k_cache, g, plan, "k")
         values = _read_decode(v_cache, g, plan, "v")
-        attn = _attend_decode(q, keys.to(q.dtype), values.to(q.dtype), g, scale)
+        attn = _attend_decode(q, _as(keys, q.dtype), _as(values, q.dtype), g, scale)
         if g.token_index is None:  # every row decodes: the result is the output
             out = attn
         else:
@@ -255,4 +255,10 @@ def _read(flat: torch.Tensor, slots: torch.Tensor, contiguous_from: int | None) 
 
 def _heads_first(x: torch.Tensor, via: torch.dtype, dtype: torch.dtype) -> torch.Tensor:
     """``x`` ``[T, H, D]`` as ``[1, H, T, D]`` in ``dtype``, rounded through ``via``."""
-    return x.to(via).to(dtype).transpose(0, 1).unsqueeze(0)
+    return _as(_as(x, via), dtype).transpose(0, 1).unsqueeze(0)
+
+
+def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x.to(dtype)`` without the call when it is one already (a decode step makes ~200 of
+    them; each dispatch costs a few microseconds between the matmuls)."""
+    return x if x.dtype == dtype else x.to(dtype)

@@ -140,19 +140,27 @@ class RotaryEmbedding(nn.Module):
     def cos_sin(
         self, positions: torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``cos, sin`` of shape ``[T, 1, head_dim // 2]`` (broadcast over heads), in ``dtype``.
+        """``cos`` and signed ``sin`` of shape ``[T, 1, head_dim]`` (broadcast over heads), in
+        ``dtype``, as ``apply_rotary`` takes them: ``[cos, cos]`` and ``[-sin, sin]``.
 
         Angles are formed in fp32: at position 8k a bf16 angle would be off by whole radians.
         """
         angles = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
-        return angles.cos().to(dtype)[:, None, :], angles.sin().to(dtype)[:, None, :]
+        cos, sin = angles.cos(), angles.sin()
+        return (
+            torch.cat((cos, cos), dim=-1).to(dtype)[:, None, :],
+            torch.cat((-sin, sin), dim=-1).to(dtype)[:, None, :],
+        )
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` ``[T, heads, head_dim]``; pairs are (i, i + head_dim/2). Returns a new tensor."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` ``[T, heads, head_dim]``; pairs are (i, i + head_dim/2). Returns a new tensor.
+
+    ``(x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)`` as ``x * cos + (x2, x1) * (-sin, sin)``:
+    three ops instead of seven (each small op costs ~5 us between the matmuls of a decode
+    step; 30 layers).
+    """
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)
 
 
 class SwiGLU(nn.Module):

@@ -75,6 +75,15 @@ class DecoderLayer(nn.Module):
         kv_cache: KVCache,
         plan: AttentionPlan,
     ) -> torch.Tensor:
+        q, k, v = self.attention_inputs(hidden, cos, sin)
+        return self.attention_outputs(hidden, paged_attention(q, k, v, kv_cache, plan, self.scale))
+
+    # The two halves around attention are pure functions of their tensors (no cache, no plan):
+    # what ``torch.compile`` may take (``EngineConfig.compile``) while attention stays eager.
+    def attention_inputs(
+        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Q ``[T, Hq, D]``, K and V ``[T, Hkv, D]`` of the layer's input, RoPE applied."""
         num_tokens = hidden.shape[0]
         qk, v = self.qkv_proj(self.input_norm(hidden)).split(
             (self.q_size + self.kv_size, self.kv_size), dim=-1
@@ -83,8 +92,11 @@ class DecoderLayer(nn.Module):
         heads = self.num_heads + self.num_kv_heads
         qk = apply_rotary(qk.view(num_tokens, heads, self.head_dim), cos, sin)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        hidden = hidden + self.o_proj(paged_attention(q, k, v, kv_cache, plan, self.scale))
+        return q, k, v.view(num_tokens, self.num_kv_heads, self.head_dim)
+
+    def attention_outputs(self, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """The layer's output from its input and its attention ``[T, Hq * D]``."""
+        hidden = hidden + self.o_proj(attn)
         return hidden + self.mlp(self.post_attention_norm(hidden))
 
 
