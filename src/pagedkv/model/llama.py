@@ -85,9 +85,9 @@ class DecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Q ``[T, Hq, D]``, K and V ``[T, Hkv, D]`` of the layer's input, RoPE applied."""
         num_tokens = hidden.shape[0]
-        qk, v = self.qkv_proj(self.input_norm(hidden)).split(
-            (self.q_size + self.kv_size, self.kv_size), dim=-1
-        )
+        qkv = self.qkv_proj(self.input_norm(hidden))
+        # Slices, not Tensor.split: its Python wrapper costs ~15 us a call at batch 1.
+        qk, v = qkv[:, : self.q_size + self.kv_size], qkv[:, self.q_size + self.kv_size :]
         # Q and K heads rotated in one pass (half the elementwise ops of two calls).
         heads = self.num_heads + self.num_kv_heads
         qk = apply_rotary(qk.view(num_tokens, heads, self.head_dim), cos, sin)
