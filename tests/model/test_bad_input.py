@@ -28,6 +28,22 @@ def test_file_that_is_not_gguf(tmp_path):
         load_model(path, progress=False)
 
 
+def test_gguf_cut_inside_its_vocabulary(tmp_path):
+    """The header's string arrays (the 49k-token vocabulary) are read in one tight loop; a file
+    that ends inside them is refused in one line, by the shape reader and by the loader."""
+    from pagedkv.model.embedded import embedded_model_path
+    from pagedkv.planner.gguf_meta import read_gguf_header
+
+    whole = embedded_model_path().read_bytes()
+    for cut in (200_000, 200_003):  # inside a string; inside a length
+        path = tmp_path / f"cut{cut}.gguf"
+        path.write_bytes(whole[:cut])
+        with pytest.raises(UsageError, match="not a readable GGUF.*truncated GGUF header"):
+            read_gguf_header(path)
+        with pytest.raises(UsageError, match="not a readable GGUF.*truncated GGUF header"):
+            load_model(path, progress=False)
+
+
 def test_folder_without_a_model(tmp_path):
     with pytest.raises(UsageError, match="neither config.json nor exactly one .gguf"):
         load_model(tmp_path, progress=False)
