@@ -2,13 +2,15 @@
 compiled (inductor, ``dynamic=True``), in one process, interleaved.
 
 Two copies of the model are loaded; in the second, every decoder layer's ``forward`` (or only
-its MLP, ``--scope mlp``) is wrapped in ``torch.compile``. The compile time is the first
+its MLP, ``--scope mlp``, or the two halves around attention, ``--scope halves``) is wrapped in
+``torch.compile``. The compile time is the first
 generation's wall time minus an eager one of the same length. Then the two engines alternate
 ``--repeats`` times, each generating ``--tokens`` greedy tokens after a fresh 32-token prompt;
 the table shows medians of milliseconds per output token. Last, both generate greedily from one
 prompt and the script says whether the tokens are the same.
 
-    python benchmarks/bench_compile.py [--threads 2] [--repeats 5] [--tokens 64] [--scope layer]
+    python benchmarks/bench_compile.py [--threads 2] [--repeats 5] [--tokens 64]
+        [--scope layer|mlp|halves]
 """
 
 from __future__ import annotations

@@ -35,10 +35,24 @@ def _naive(q_new, k_all, v_all, ctx, scale):
 @pytest.mark.parametrize("consecutive", [True, False])
 @pytest.mark.parametrize(
     "ctx_and_new",
-    [[(9, 9)], [(13, 1)], [(13, 1), (6, 1), (9, 1)], [(10, 10), (7, 1)], [(12, 5)],
-     [(7, 1), (10, 10), (12, 5), (3, 1), (5, 5), (6, 6)], [(8, 1), (8, 1)]],
-    ids=["whole-prefill", "decode-1", "decode-3", "prefill+decode", "chunk-on-prefix",
-         "mixed-prefills-and-decodes", "decode-equal-contexts"],
+    [
+        [(9, 9)],
+        [(13, 1)],
+        [(13, 1), (6, 1), (9, 1)],
+        [(10, 10), (7, 1)],
+        [(12, 5)],
+        [(7, 1), (10, 10), (12, 5), (3, 1), (5, 5), (6, 6)],
+        [(8, 1), (8, 1)],
+    ],
+    ids=[
+        "whole-prefill",
+        "decode-1",
+        "decode-3",
+        "prefill+decode",
+        "chunk-on-prefix",
+        "mixed-prefills-and-decodes",
+        "decode-equal-contexts",
+    ],
 )
 def test_fast_paths_match_the_naive_reference(ctx_and_new, consecutive, B):
     gen = torch.Generator().manual_seed(len(ctx_and_new))

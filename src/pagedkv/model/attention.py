@@ -148,9 +148,7 @@ def _plan_decode(
         padding = torch.arange(max_ctx)[None, :] >= ctx[:, None]
         mask = torch.zeros(num_seqs, 1, 1, max_ctx, dtype=dtype)
         mask.masked_fill_(padding[:, None, None], -torch.inf)
-    return _DecodeGroup(
-        rows, gather_blocks, gather_slots, mask, num_seqs, max_ctx, contiguous_from
-    )
+    return _DecodeGroup(rows, gather_blocks, gather_slots, mask, num_seqs, max_ctx, contiguous_from)
 
 
 def _plan_prefill(
@@ -161,7 +159,9 @@ def _plan_prefill(
     gather_slots = _context_slots(table[None], ctx, block_size).flatten()
     # New token i sits at position ctx - new + i and sees keys 0..that position.
     hidden_keys = torch.arange(ctx)[None, :] > (ctx - new + torch.arange(new))[:, None]
-    mask = torch.zeros(1, 1, new, ctx, dtype=dtype).masked_fill_(hidden_keys[None, None], -torch.inf)
+    mask = torch.zeros(1, 1, new, ctx, dtype=dtype).masked_fill_(
+        hidden_keys[None, None], -torch.inf
+    )
     return _PrefillSeq(start, start + new, gather_slots, mask, _consecutive_from(gather_slots))
 
 
@@ -202,7 +202,9 @@ def paged_attention(
             values = _heads_first(v[p.start : p.stop], v_cache.dtype, q.dtype)
         else:
             keys = _heads_first(_read(k_flat, p.gather_slots, p.contiguous_from), q.dtype, q.dtype)
-            values = _heads_first(_read(v_flat, p.gather_slots, p.contiguous_from), q.dtype, q.dtype)
+            values = _heads_first(
+                _read(v_flat, p.gather_slots, p.contiguous_from), q.dtype, q.dtype
+            )
         attn = F.scaled_dot_product_attention(
             _heads_first(q[p.start : p.stop], q.dtype, q.dtype), keys, values,
             attn_mask=p.mask, is_causal=p.mask is None, scale=scale, enable_gqa=True,
