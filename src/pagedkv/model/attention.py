@@ -136,13 +136,15 @@ def _plan_decode(
     num_seqs, max_ctx = int(ctx.numel()), int(ctx.max())
     num_blocks = -(-max_ctx // block_size)
     gather_blocks = gather_slots = contiguous_from = None
+    # Slots are needed to find a lone sequence's view, or to gather when blocks would copy
+    # more than twice the context; computed at most once.
+    by_blocks = num_blocks * block_size <= 2 * max_ctx
+    if num_seqs == 1 or not by_blocks:
+        gather_slots = _context_slots(tables, max_ctx, block_size).flatten()
     if num_seqs == 1:
-        gather_slots = _context_slots(tables, max_ctx, block_size).flatten()
         contiguous_from = _consecutive_from(gather_slots)
-    if contiguous_from is None and num_blocks * block_size <= 2 * max_ctx:
+    if contiguous_from is None and by_blocks:
         gather_blocks, gather_slots = tables[:, :num_blocks].flatten(), None
-    elif contiguous_from is None:
-        gather_slots = _context_slots(tables, max_ctx, block_size).flatten()
     mask = None
     if bool((ctx != max_ctx).any()):
         padding = torch.arange(max_ctx)[None, :] >= ctx[:, None]

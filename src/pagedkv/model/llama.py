@@ -79,7 +79,7 @@ class DecoderLayer(nn.Module):
         return self.attention_outputs(hidden, paged_attention(q, k, v, kv_cache, plan, self.scale))
 
     # The two halves around attention are pure functions of their tensors (no cache, no plan):
-    # what ``torch.compile`` may take (``EngineConfig.compile``) while attention stays eager.
+    # ``benchmarks/bench_compile.py --scope halves`` compiles them alone (it did not pay).
     def attention_inputs(
         self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
