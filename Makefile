@@ -66,16 +66,19 @@ $(PEERS_STAMP): Makefile
 	touch $(PEERS_STAMP)
 
 # llama.cpp for benchmarks/bench_engine.py, in the main venv so one process interleaves it with
-# pagedkv and transformers. Built from source (~10 min on 2 cores) with the non-native flags: a
-# native build dies with "illegal instruction" on the machines without AMX.
+# pagedkv and transformers. Built from source (3-10 min on 2 cores) with explicit flags: a native
+# build dies with "illegal instruction" on the machines without AMX, and an AVX-512 build on the
+# AVX2-only ones (machines of this kind differ), so AVX-512 is on only where the CPU has it.
 LLAMACPP_STAMP := $(VENV)/.llamacpp-stamp
+LLAMACPP_AVX512 := $(shell grep -qw avx512f /proc/cpuinfo 2>/dev/null && echo ON || echo OFF)
 LLAMACPP_CMAKE := -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
-	-DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+	-DGGML_AVX512=$(LLAMACPP_AVX512) -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
 
 $(LLAMACPP_STAMP): Makefile | setup
-	CMAKE_ARGS="$(LLAMACPP_CMAKE)" $(PY) -m pip install -q --no-binary llama-cpp-python \
-		llama-cpp-python==0.3.36
-	$(PY) -c "import llama_cpp"
+	CMAKE_ARGS="$(LLAMACPP_CMAKE)" $(PY) -m pip install -q --force-reinstall --no-deps \
+		--no-cache-dir --no-binary llama-cpp-python llama-cpp-python==0.3.36
+	$(PY) -m pip install -q llama-cpp-python==0.3.36
+	$(PY) benchmarks/engine_peers.py --check-llama-cpp
 	touch $(LLAMACPP_STAMP)
 
 bench-peers: $(PEERS_STAMP) $(LLAMACPP_STAMP)

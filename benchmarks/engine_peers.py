@@ -78,13 +78,24 @@ class LlamaCpp:
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_llama_cpp_child, args=(child, str(path), threads))
         self.proc.start()
-        ok, detail = self.conn.recv()
+        ok, detail = self._receive()
         if not ok:
             self.proc.join()
             raise ImportError(detail)
 
     def __call__(self, ids: list[list[int]], new_tokens: list[int]) -> tuple[float, int]:
         self.conn.send((ids, new_tokens))
+        return self._receive()
+
+    def _receive(self):
+        """The child's answer; a child that died (an "illegal instruction" build) is an error,
+        not a wait for ever."""
+        while not self.conn.poll(1.0):
+            if not self.proc.is_alive():
+                raise RuntimeError(
+                    f"the llama.cpp child died (exit code {self.proc.exitcode}; -4 is SIGILL: "
+                    "a build for another CPU, rebuild it with make bench-peers)"
+                )
         return self.conn.recv()
 
     def close(self) -> None:
@@ -128,3 +139,16 @@ def run_llama_cpp(llm, ids: list[list[int]], new_tokens: list[int]):
         elapsed += time.perf_counter() - t0
         useful += got
     return elapsed, useful
+
+
+if __name__ == "__main__":  # ``make bench-peers``: the built llama.cpp runs on this CPU
+    import sys
+
+    from pagedkv.model.embedded import embedded_model_path
+
+    if sys.argv[1:] != ["--check-llama-cpp"]:
+        sys.exit("usage: python benchmarks/engine_peers.py --check-llama-cpp")
+    runner = LlamaCpp(embedded_model_path(), threads=1)
+    seconds, tokens = runner([[1, 2, 3]], [2])
+    runner.close()
+    print(f"llama.cpp runs here: {tokens} tokens in {seconds:.2f} s")

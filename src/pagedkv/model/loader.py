@@ -15,6 +15,7 @@ from pagedkv.errors import UsageError
 from pagedkv.model.config import ARCHITECTURES, ModelConfig
 from pagedkv.model.embedded import embedded_model_path
 from pagedkv.model.gguf import gguf_metadata, iter_gguf_weights, read_gguf
+from pagedkv.model.layers import SHARDED_MAX_ROWS
 from pagedkv.model.llama import CausalLM, build_model
 from pagedkv.model.quant import QuantizingFactory
 from pagedkv.model.safetensors import iter_hf_weights
@@ -142,7 +143,14 @@ def load_model(
             raise UsageError(f"{resolved}: {exc}") from None
         del tensors
     model.eval()
-    model.weights_report = factory.report() if factory else f"weights {dtype}, fp32 matmuls"
+    model.weights_report = (
+        factory.report()
+        if factory
+        else (
+            f"weights {dtype}, {dtype} matmuls; up to {SHARDED_MAX_ROWS} rows as one bmm of a "
+            "column shard per torch thread"
+        )
+    )
     status.finish(
         f"loaded {config.architecture} ({config.num_layers} layers, hidden {config.hidden_size}, "
         f"{dtype}, weights {weights})"

@@ -90,11 +90,22 @@ class QuantizingFactory:
     """A ``ProjectionFactory`` for ``llama.load_weights``: quantizes each projection and picks
     its kernel by a one-row timing per distinct shape (cached). ``report()`` says what won."""
 
-    def __init__(self, kind: str, dtype: torch.dtype, threads: int | None = None) -> None:
-        """``threads``: what the kernels will run with (the loader decodes on one thread)."""
+    def __init__(
+        self,
+        kind: str,
+        dtype: torch.dtype,
+        threads: int | None = None,
+        activations: str | None = None,
+    ) -> None:
+        """``threads``: what the kernels will run with (the loader decodes on one thread).
+        ``activations``: None measures; "float32" or "bfloat16" takes the int kernel with those
+        activations for every shape, however it times (the quality tests: on a CPU where fp32
+        wins every shape, the quantized path would otherwise never run)."""
         if kind not in ("int8", "int4"):
             raise ValueError(f"quantized weights are int8 or int4, not {kind!r}")
-        self.kind, self.dtype = kind, dtype
+        if activations not in (None, "float32", "bfloat16"):
+            raise ValueError(f"activations are float32 or bfloat16, not {activations!r}")
+        self.kind, self.dtype, self.activations = kind, dtype, activations
         self.threads = threads or torch.get_num_threads()
         # (kind, in, out) -> (the winner, microseconds per candidate at one row)
         self.choices: dict[tuple[str, int, int], tuple[str, dict[str, float]]] = {}
@@ -139,6 +150,8 @@ class QuantizingFactory:
                     continue
         finally:
             torch.set_num_threads(before)
+        if self.activations in timings:
+            return self.activations, timings
         return min(timings, key=timings.__getitem__), timings
 
     def report(self) -> str:
