@@ -106,12 +106,21 @@ class CausalLM(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        # None: the embedding rows are read from the (tied, fp32) lm_head's columns.
-        self.embed_tokens: nn.Embedding | None = nn.Embedding(config.vocab_size, config.hidden_size)
+        # None: the embedding rows are read from the (tied, fp32) lm_head's columns. Built
+        # around an empty weight: nn.Embedding's own random init, on the meta device, goes
+        # through torch's reference ops and imports torch._dynamo (1.6 s of a 3.4 s load).
+        self.embed_tokens: nn.Embedding | None = nn.Embedding(
+            config.vocab_size,
+            config.hidden_size,
+            _weight=torch.empty(config.vocab_size, config.hidden_size),
+        )
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head: nn.Module = Projection(config.hidden_size, config.vocab_size)
-        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
+        # Computed, not loaded: on the CPU even inside build_model's meta device (ops on meta
+        # tensors run torch's reference implementations, which import torch._dynamo: ~1 s).
+        with torch.device("cpu"):
+            self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
         self.weights_report = ""  # how the projections compute, set by the loader
         self.requires_grad_(False)
 
@@ -268,6 +277,4 @@ def build_model(config: ModelConfig) -> CausalLM:
     """
     with torch.device("meta"):
         model = MODEL_CLASSES[config.architecture](config)
-    # The rotary frequencies are computed, not loaded: rebuild them on the CPU.
-    model.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
     return model
