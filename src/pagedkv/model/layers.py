@@ -12,9 +12,10 @@ from torch import nn
 
 from pagedkv.planner.shape import Llama3RopeScaling
 
-# Up to this many rows a projection runs as a batch of column shards, one a thread (measured
-# faster at 1-256 rows, equal at 512+ where torch's mm uses every thread itself).
-SHARDED_MAX_ROWS = 256
+# Up to this many rows a projection runs as a batch of column shards, one a thread: faster at
+# 1-64 rows in every run here (1.1-1.6x), 0.96-1.06x at 256, equal from 512 rows, where torch's
+# mm keeps every thread busy itself (benchmarks/bench_projection.py).
+SHARDED_MAX_ROWS = 64
 
 
 class Projection(nn.Module):
@@ -39,7 +40,10 @@ class Projection(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         threads = torch.get_num_threads()
         if threads > 1 and x.shape[0] <= SHARDED_MAX_ROWS and self.out_features % threads == 0:
-            return self._sharded(x, threads)
+            # Under torch.compile (benchmarks/bench_compile.py) the compiler picks its own
+            # matmul; the shard cache would only make it recompile.
+            if not torch.compiler.is_compiling():
+                return self._sharded(x, threads)
         if self.bias is None:
             return x @ self.weight_t
         return torch.addmm(self.bias, x, self.weight_t)

@@ -1,0 +1,95 @@
+"""Does the column-sharded projection pay on this CPU? torch's ``mm`` vs one ``bmm`` over a
+column shard per thread (``layers.Projection``), interleaved, medians.
+
+1. kernels: every projection matrix of the embedded SmolLM2-135M (121 of them, 538 MB) at
+   ``--rows`` rows, both ways, and the rate at which each reads the weights;
+2. engine: decode steps of the real engine at ``--batch-sizes``, with the sharded path on and
+   off (``layers.SHARDED_MAX_ROWS``) in the same process.
+
+Nothing is asserted; docs/latency.md quotes a run.
+
+    python benchmarks/bench_projection.py [--threads 2] [--rows 1,4,16,64,256] [--batch-sizes 1,16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import pagedkv.model.layers as layers
+from pagedkv.model import load_model
+from profile_step import decoding_engine
+
+
+def median_ms(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def bench_kernels(model, rows: int, repeats: int) -> str:
+    projections = [m for m in model.modules() if isinstance(m, layers.Projection)]
+    inputs = {p.in_features: torch.randn(rows, p.in_features) for p in projections}
+    mb = sum(p.weight_t.numel() * p.weight_t.element_size() for p in projections) / 1e6
+
+    def run(sharded: bool):
+        def once():
+            for p in projections:
+                if sharded:
+                    p._sharded(inputs[p.in_features], torch.get_num_threads())
+                else:
+                    inputs[p.in_features] @ p.weight_t
+
+        return once
+
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(repeats):  # alternate, so that a slow moment hits both
+        for sharded in (False, True):
+            times[sharded].append(median_ms(run(sharded), 1))
+    mm, bmm = (statistics.median(times[s]) for s in (False, True))
+    return (f"| {rows} | {mm:.2f} ms ({mb / mm:.1f} GB/s) | {bmm:.2f} ms ({mb / bmm:.1f} GB/s) "
+            f"| {mm / bmm:.2f}x |")  # fmt: skip
+
+
+def bench_engine(loaded, batch_size: int, repeats: int) -> str:
+    engine = decoding_engine(loaded, batch_size, 12 * repeats)
+    saved = layers.SHARDED_MAX_ROWS
+    times: dict[int, list[float]] = {0: [], saved: []}
+    try:
+        for _ in range(repeats):
+            for limit in times:
+                layers.SHARDED_MAX_ROWS = limit
+                times[limit].append(median_ms(engine.step, 5))
+    finally:
+        layers.SHARDED_MAX_ROWS = saved
+    mm, bmm = (statistics.median(times[k]) for k in (0, saved))
+    return f"| {batch_size} | {mm:.1f} ms | {bmm:.1f} ms | {mm / bmm:.2f}x |"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rows", default="1,4,16,64,256")
+    parser.add_argument("--batch-sizes", default="1,16")
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    loaded = load_model(None, progress=False)
+    print(f"{args.threads} threads, cpu {torch.backends.cpu.get_cpu_capability()}\n")
+    print("| rows | mm | bmm, a shard a thread | speed-up |\n|---:|---:|---:|---:|")
+    for rows in map(int, args.rows.split(",")):
+        print(bench_kernels(loaded[1], rows, args.repeats), flush=True)
+    print("\n| decode batch | step, mm | step, sharded | speed-up |\n|---:|---:|---:|---:|")
+    for batch_size in map(int, args.batch_sizes.split(",")):
+        print(bench_engine(loaded, batch_size, args.repeats), flush=True)
+
+
+if __name__ == "__main__":
+    main()
