@@ -39,6 +39,8 @@ def test_output_equals_the_plain_matmul(threads, num_threads, rows, bias):
     x = torch.randn(rows, 48, generator=torch.Generator().manual_seed(1))
     want = x @ module.weight_t + (module.bias if bias else 0)
     got = module(x)
+    sharded = num_threads > 1 and rows <= layers.SHARDED_MAX_ROWS
+    assert (module._shards is not None) == sharded  # which path ran
     assert got.shape == (rows, 96) and got.is_contiguous()
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 

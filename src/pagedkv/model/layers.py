@@ -39,11 +39,15 @@ class Projection(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         threads = torch.get_num_threads()
-        if threads > 1 and x.shape[0] <= SHARDED_MAX_ROWS and self.out_features % threads == 0:
-            # Under torch.compile (benchmarks/bench_compile.py) the compiler picks its own
-            # matmul; the shard cache would only make it recompile.
-            if not torch.compiler.is_compiling():
-                return self._sharded(x, threads)
+        # Under torch.compile (benchmarks/bench_compile.py) the compiler picks its own matmul;
+        # the shard cache would only make it recompile.
+        if (
+            threads > 1
+            and x.shape[0] <= SHARDED_MAX_ROWS
+            and self.out_features % threads == 0
+            and not torch.compiler.is_compiling()
+        ):
+            return self._sharded(x, threads)
         if self.bias is None:
             return x @ self.weight_t
         return torch.addmm(self.bias, x, self.weight_t)

@@ -143,14 +143,13 @@ def load_model(
             raise UsageError(f"{resolved}: {exc}") from None
         del tensors
     model.eval()
-    model.weights_report = (
-        factory.report()
-        if factory
-        else (
-            f"weights {dtype}, {dtype} matmuls; up to {SHARDED_MAX_ROWS} rows as one bmm of a "
-            "column shard per torch thread"
+    if factory is not None:
+        model.weights_report = factory.report()
+    else:
+        model.weights_report = (
+            f"weights {dtype}, {dtype} matmuls; up to {SHARDED_MAX_ROWS} rows as one bmm over "
+            "a column shard per torch thread (when there are several)"
         )
-    )
     status.finish(
         f"loaded {config.architecture} ({config.num_layers} layers, hidden {config.hidden_size}, "
         f"{dtype}, weights {weights})"
