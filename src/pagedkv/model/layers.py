@@ -56,7 +56,7 @@ class Projection(nn.Module):
         """``x @ weight_t`` as one ``bmm`` over ``threads`` column shards of the weight (views,
         no copy). On an AVX2 machine torch's CPU ``mm`` of one row read the weights at the same
         24-26 GB/s at 1 and 2 threads (one thread did the work) while ``bmm`` gives each shard a
-        thread (30-31 GB/s; 1.2-1.6x at 1-64 rows). Every output column is the same dot
+        thread (30-31 GB/s; 1.1-1.6x at 1-64 rows). Every output column is the same dot
         product either way: the results were bit-identical (docs/latency.md)."""
         weight, bias, cached = self.weight_t, self.bias, self._shards
         if (
