@@ -78,7 +78,11 @@ class Projection(nn.Module):
         return out.transpose(0, 1).reshape(x.shape[0], self.out_features)
 
     def describe(self) -> str:
-        return f"{str(self.weight_t.dtype).removeprefix('torch.')} matmul"
+        dtype = str(self.weight_t.dtype).removeprefix("torch.")
+        return (
+            f"{dtype} matmuls; up to {SHARDED_MAX_ROWS} rows as one bmm over a column shard "
+            "per torch thread (when there are several)"
+        )
 
 
 def projection_from_pieces(

@@ -15,7 +15,6 @@ from pagedkv.errors import UsageError
 from pagedkv.model.config import ARCHITECTURES, ModelConfig
 from pagedkv.model.embedded import embedded_model_path
 from pagedkv.model.gguf import gguf_metadata, iter_gguf_weights, read_gguf
-from pagedkv.model.layers import SHARDED_MAX_ROWS
 from pagedkv.model.llama import CausalLM, build_model
 from pagedkv.model.quant import QuantizingFactory
 from pagedkv.model.safetensors import iter_hf_weights
@@ -146,10 +145,7 @@ def load_model(
     if factory is not None:
         model.weights_report = factory.report()
     else:
-        model.weights_report = (
-            f"weights {dtype}, {dtype} matmuls; up to {SHARDED_MAX_ROWS} rows as one bmm over "
-            "a column shard per torch thread (when there are several)"
-        )
+        model.weights_report = f"weights {dtype}, {model.lm_head.describe()}"
     status.finish(
         f"loaded {config.architecture} ({config.num_layers} layers, hidden {config.hidden_size}, "
         f"{dtype}, weights {weights})"
