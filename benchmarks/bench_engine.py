@@ -3,8 +3,10 @@
 Latency (issue 14), every engine on the same token ids, greedy, EOS ignored:
 
 1. batch 1: one prompt, ``--new-tokens`` tokens: pagedkv vs transformers ``generate`` (same
-   fp32 weights) vs llama.cpp (the GGUF's Q4_1 weights; ``make bench-peers`` installs it), and
-   the memory-bound limit: the weight bytes a decode step reads over the measured read bandwidth.
+   fp32 weights) vs llama.cpp (``make bench-peers`` installs it) twice: on the GGUF's Q4_1
+   weights and on an F32 copy of the GGUF (``gguf_f32.py``: the same bytes per step as
+   pagedkv), and the memory-bound limit: the weight bytes a decode step reads over the measured
+   read bandwidth, and each fp32 engine's distance from it.
 2. TTFT: a 256-token prompt, one new token.
 3. trace: the first 64 Azure conversation requests (lengths / 4), all at t = 0: pagedkv's
    continuous batching vs transformers' static batches of 16 and 32.
@@ -34,6 +36,7 @@ import torch
 
 import engine_peers as peers
 import engine_workloads as work
+from gguf_f32 import f32_copy
 from pagedkv.model import load_model
 from pagedkv.model.embedded import EMBEDDED_FILE_NAME, embedded_model_path
 
@@ -113,6 +116,7 @@ def main() -> None:
         path.parent, gguf_file=EMBEDDED_FILE_NAME, dtype=torch.float32
     ).eval()
     llm = peers.load_llama_cpp(path, args.threads)
+    llm_f32 = peers.load_llama_cpp(f32_copy(path), args.threads) if llm is not None else None
     ours: Runner = partial(peers.run_pagedkv, loaded)
     latency_peers: dict[str, Runner] = {
         "pagedkv": ours,
@@ -120,6 +124,7 @@ def main() -> None:
     }
     if llm is not None:
         latency_peers["llama.cpp (Q4_1)"] = llm
+        latency_peers["llama.cpp (F32)"] = llm_f32
     else:
         print("llama-cpp-python is not installed (make bench-peers): llama.cpp rows skipped")
     result: dict = {"meta": {"python": platform.python_version(), "torch": torch.__version__,
@@ -134,14 +139,16 @@ def main() -> None:
         bandwidth = read_bandwidth_gb_s()
         weight_bytes = decode_weight_bytes(loaded[1])
         limit = bandwidth * 1e9 / weight_bytes
+        fp32 = [n for n in ("pagedkv", "llama.cpp (F32)") if n in r["tokens_per_s"]]
+        over = {n: limit / r["tokens_per_s"][n] for n in fp32}
         r["memory_bound"] = {"read_gb_s": bandwidth, "weight_bytes": weight_bytes,
-                             "limit_tokens_per_s": limit,
-                             "pagedkv_over_limit": limit / r["tokens_per_s"]["pagedkv"]}  # fmt: skip
+                             "limit_tokens_per_s": limit, "pagedkv_over_limit": over["pagedkv"],
+                             "over_limit": over}  # fmt: skip
         result["batch1"] = r
         report += [table(f"batch 1, {len(ids[0])}-token prompt, {args.new_tokens} new", r),
                    f"memory-bound limit: {weight_bytes / 1e6:.0f} MB read per token at "
-                   f"{bandwidth:.1f} GB/s = {limit:.1f} tok/s; pagedkv is "
-                   f"{r['memory_bound']['pagedkv_over_limit']:.2f}x from it"]  # fmt: skip
+                   f"{bandwidth:.1f} GB/s = {limit:.1f} tok/s; "
+                   + ", ".join(f"{n} is {x:.2f}x from it" for n, x in over.items())]  # fmt: skip
     if "ttft" in sections:
         ids = [tokenizer.encode("The history of the lighthouse. " * 64)[:256]]
         r = interleaved(latency_peers, ids, [1], args.repeats)
@@ -168,8 +175,9 @@ def main() -> None:
     if "capacity" in sections:
         result["capacity"] = work.bench_capacity(loaded, 24)
         report.append(f"capacity: {json.dumps(result['capacity'])}")
-    if llm is not None:
-        llm.close()
+    for runner in (llm, llm_f32):
+        if runner is not None:
+            runner.close()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print("\n\n".join(report))

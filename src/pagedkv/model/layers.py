@@ -13,9 +13,10 @@ from torch import nn
 from pagedkv.planner.shape import Llama3RopeScaling
 
 # Up to this many rows a projection runs as a batch of column shards, one a thread: faster at
-# 1-64 rows in every run here (1.1-1.6x), 0.96-1.06x at 256, equal from 512 rows, where torch's
-# mm keeps every thread busy itself (benchmarks/bench_projection.py).
-SHARDED_MAX_ROWS = 64
+# 1-64 rows in every run here (1.1-1.6x), 1.09x at 128, 0.96-1.08x at 256 (a 256-token prompt's
+# time to first token: 2.5 % shorter, 10 runs of 12), 0.97x at 512, where torch's mm keeps every
+# thread busy itself (benchmarks/bench_projection.py, docs/latency.md).
+SHARDED_MAX_ROWS = 256
 
 
 class Projection(nn.Module):
