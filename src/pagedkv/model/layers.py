@@ -19,7 +19,22 @@ from pagedkv.planner.shape import Llama3RopeScaling
 SHARDED_MAX_ROWS = 256
 
 
-class Projection(nn.Module):
+class ProjectionBase(nn.Module):
+    """What the layers ask of a projection (``x @ W (+ bias)``, ``[rows, out]``) beyond the
+    call: the product added to a residual, and the two halves of its columns. These defaults
+    compute the whole product first; ``Projection`` avoids the copy its sharded product needs.
+    """
+
+    def added_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``residual + self(x)``, a new tensor."""
+        return residual + self(x)
+
+    def halves(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first and the second half of ``self(x)``'s columns (views or new tensors)."""
+        return _split(self(x))
+
+
+class Projection(ProjectionBase):
     """``x @ weight_t (+ bias)``: a linear layer whose weight is stored transposed, ``[in, out]``.
 
     At one row (batch-1 decode) torch's CPU GEMV streams an ``[in, out]`` matrix faster than
@@ -39,26 +54,52 @@ class Projection(nn.Module):
         self._shards: tuple | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        threads = torch.get_num_threads()
-        # Under torch.compile (benchmarks/bench_compile.py) the compiler picks its own matmul;
-        # the shard cache would only make it recompile.
-        if (
-            threads > 1
-            and x.shape[0] <= SHARDED_MAX_ROWS
-            and self.out_features % threads == 0
-            and not torch.compiler.is_compiling()
-        ):
-            return self._sharded(x, threads)
+        product = self._sharded(x)
+        if product is not None:
+            return _joined(product)
         if self.bias is None:
             return x @ self.weight_t
         return torch.addmm(self.bias, x, self.weight_t)
 
-    def _sharded(self, x: torch.Tensor, threads: int) -> torch.Tensor:
-        """``x @ weight_t`` as one ``bmm`` over ``threads`` column shards of the weight (views,
-        no copy). On an AVX2 machine torch's CPU ``mm`` of one row read the weights at the same
-        24-26 GB/s at 1 and 2 threads (one thread did the work) while ``bmm`` gives each shard a
-        thread (30-31 GB/s; 1.1-1.6x at 1-64 rows). Every output column is the same dot
-        product either way: the results were bit-identical (docs/latency.md)."""
+    def added_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        product = self._sharded(x)
+        if product is None or x.shape[0] == 1 or not residual.is_contiguous():
+            return residual + (self.forward(x) if product is None else _joined(product))
+        # The residual seen as shards: the add reads the product where the bmm wrote it,
+        # instead of a transposed copy first (a 256-row prefill: 60 copies fewer).
+        threads, rows, width = product.shape
+        shards_view = residual.view(rows, threads, width)
+        return torch.add(shards_view, product.transpose(0, 1)).reshape(rows, threads * width)
+
+    def halves(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        product = self._sharded(x)
+        if product is None or product.shape[0] % 2:
+            return _split(self.forward(x) if product is None else _joined(product))
+        # An even number of shards: the first half of them holds the first half of the columns,
+        # as views at 2 threads or at one row (gate and up of a 256-row prefill: no copy).
+        threads, rows, width = product.shape
+        pairs = product.view(2, threads // 2, rows, width).transpose(1, 2)
+        first, second = pairs.reshape(2, rows, threads // 2 * width).unbind()
+        return first, second
+
+    def _sharded(self, x: torch.Tensor) -> torch.Tensor | None:
+        """``x @ weight_t`` as ``[threads, rows, out / threads]``: one ``bmm`` over ``threads``
+        column shards of the weight (views, no copy); None where the plain ``mm`` is the path
+        (one thread, more than ``SHARDED_MAX_ROWS`` rows, columns that do not split evenly, or
+        under torch.compile, whose own matmul choice the shard cache would only recompile).
+
+        On an AVX2 machine torch's CPU ``mm`` of one row read the weights at the same 24-26 GB/s
+        at 1 and 2 threads (one thread did the work) while ``bmm`` gives each shard a thread
+        (30-31 GB/s; 1.1-1.6x at 1-64 rows). Every output column is the same dot product either
+        way: the results were bit-identical (docs/latency.md)."""
+        threads = torch.get_num_threads()
+        if (
+            threads == 1
+            or x.shape[0] > SHARDED_MAX_ROWS
+            or self.out_features % threads
+            or torch.compiler.is_compiling()
+        ):
+            return None
         weight, bias, cached = self.weight_t, self.bias, self._shards
         if (
             cached is None
@@ -72,11 +113,8 @@ class Projection(nn.Module):
             cached = self._shards = (threads, weight, bias, shards, bias_shards)
         rows = x.expand(threads, *x.shape)
         if cached[4] is None:
-            out = torch.bmm(rows, cached[3])
-        else:
-            out = torch.baddbmm(cached[4], rows, cached[3])
-        # [threads, rows, out / threads] -> [rows, out]: a view at one row, a small copy above.
-        return out.transpose(0, 1).reshape(x.shape[0], self.out_features)
+            return torch.bmm(rows, cached[3])
+        return torch.baddbmm(cached[4], rows, cached[3])
 
     def describe(self) -> str:
         dtype = str(self.weight_t.dtype).removeprefix("torch.")
@@ -86,13 +124,24 @@ class Projection(nn.Module):
         )
 
 
+def _joined(product: torch.Tensor) -> torch.Tensor:
+    """``[threads, rows, out / threads]`` -> ``[rows, out]``: a view at one row, a copy above."""
+    threads, rows, width = product.shape
+    return product.transpose(0, 1).reshape(rows, threads * width)
+
+
+def _split(out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    half = out.shape[1] // 2
+    return out[:, :half], out[:, half:]
+
+
 def projection_from_pieces(
     name: str,
     pieces: list[torch.Tensor],
     biases: list[torch.Tensor],
     dtype: torch.dtype,
-    make_projection: Callable[[str, torch.Tensor, torch.Tensor | None], nn.Module] | None,
-) -> nn.Module:
+    make_projection: Callable[[str, torch.Tensor, torch.Tensor | None], ProjectionBase] | None,
+) -> ProjectionBase:
     """One projection from the row pieces of its weight (fused here) and of its bias."""
     bias = torch.cat(biases).to(dtype) if biases else None
     if make_projection is not None:
@@ -223,6 +272,12 @@ class SwiGLU(nn.Module):
         self.down_proj = Projection(intermediate_size, hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)
-        gate, up = gate_up[:, : self.intermediate_size], gate_up[:, self.intermediate_size :]
-        return self.down_proj(F.silu(gate).mul_(up))
+        return self.down_proj(self._gated(x))
+
+    def added_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``residual + self(x)``, a new tensor (the projections' copy-free paths)."""
+        return self.down_proj.added_to(residual, self._gated(x))
+
+    def _gated(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj.halves(x)
+        return F.silu(gate).mul_(up)

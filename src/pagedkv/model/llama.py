@@ -26,6 +26,7 @@ from pagedkv.model.config import ModelConfig
 from pagedkv.model.kv_pool import KVCache
 from pagedkv.model.layers import (
     Projection,
+    ProjectionBase,
     RMSNorm,
     RotaryEmbedding,
     SwiGLU,
@@ -47,8 +48,9 @@ LAYER_PARAMETERS: dict[str, str] = {
     "post_attention_norm.weight": "post_attention_layernorm.weight",
 }
 # Builds the module of one projection from its fused weight ``[out, in]`` and bias (or None);
-# the default is ``Projection`` in the model dtype, ``quant.py`` makes the quantized ones.
-ProjectionFactory = Callable[[str, torch.Tensor, torch.Tensor | None], nn.Module]
+# the default is ``Projection`` in the model dtype, ``quant.py`` makes the quantized ones (all
+# ``ProjectionBase``: the layers also call ``added_to`` and ``halves``).
+ProjectionFactory = Callable[[str, torch.Tensor, torch.Tensor | None], ProjectionBase]
 
 
 class DecoderLayer(nn.Module):
@@ -96,8 +98,8 @@ class DecoderLayer(nn.Module):
 
     def attention_outputs(self, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """The layer's output from its input and its attention ``[T, Hq * D]``."""
-        hidden = hidden + self.o_proj(attn)
-        return hidden + self.mlp(self.post_attention_norm(hidden))
+        hidden = self.o_proj.added_to(hidden, attn)
+        return self.mlp.added_to(hidden, self.post_attention_norm(hidden))
 
 
 class CausalLM(nn.Module):
@@ -131,7 +133,9 @@ class CausalLM(nn.Module):
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.embed_tokens is None:  # tied: column i of lm_head's [hidden, vocab] is row i
-            return self.lm_head.weight_t.index_select(1, input_ids).t()
+            # Contiguous: a transposed [T, H] would pass its layout on to every residual add
+            # (TensorIterator keeps it), and each RMSNorm would copy it back (61 copies a step).
+            return self.lm_head.weight_t.index_select(1, input_ids).t().contiguous()
         return self.embed_tokens(input_ids)
 
     @torch.inference_mode()

@@ -23,12 +23,12 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from pagedkv.model.layers import Projection
+from pagedkv.model.layers import Projection, ProjectionBase
 
 GROUP = 32
 
 
-class QuantProjection(nn.Module):
+class QuantProjection(ProjectionBase):
     """``x @ W.T (+ bias)`` with W held quantized; output in ``x``'s dtype."""
 
     def __init__(self, kind: str, in_features: int, out_features: int, tensors, act, bias):
@@ -111,7 +111,9 @@ class QuantizingFactory:
         self.choices: dict[tuple[str, int, int], tuple[str, dict[str, float]]] = {}
         self.counts: dict[tuple[str, int, int], int] = {}
 
-    def __call__(self, name: str, weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
+    def __call__(
+        self, name: str, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> ProjectionBase:
         n, k = weight.shape
         plain = Projection(k, n, bias=bias is not None)
         plain.weight_t = nn.Parameter(weight.t().to(self.dtype).contiguous(), requires_grad=False)
