@@ -1,6 +1,6 @@
 """``layers.Projection``: the column-sharded path (one shard a thread) computes ``x @ W (+ b)``
 exactly as the plain matmul does, at every row count and thread count, and follows a
-replaced weight."""
+replaced weight; so do its residual add and its halves, which read the shards in place."""
 
 from __future__ import annotations
 

@@ -267,7 +267,6 @@ class SwiGLU(nn.Module):
 
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
-        self.intermediate_size = intermediate_size
         self.gate_up_proj = Projection(hidden_size, 2 * intermediate_size)
         self.down_proj = Projection(intermediate_size, hidden_size)
 
