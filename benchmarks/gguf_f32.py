@@ -34,6 +34,7 @@ def f32_copy(src: Path, dst: Path | None = None) -> Path:
     if dst.is_file() and dst.stat().st_mtime >= src.stat().st_mtime:
         return dst
     dst.parent.mkdir(parents=True, exist_ok=True)
+    print(f"writing an F32 copy of {src.name} to {dst} (once; ~4 bytes a weight)", flush=True)
     reader = gguf.GGUFReader(src)
     arch = reader.fields[gguf.Keys.General.ARCHITECTURE].contents()
     tmp = dst.with_suffix(".tmp")
