@@ -82,18 +82,18 @@ def test_dequantized_weights_equal_transformers(embedded, hf_embedded):
     hf_layers = hf_embedded.model.layers
     q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
     for ours, theirs in zip(model.layers, hf_layers, strict=True):
-        qkv = ours.qkv_proj.weight_t.t()  # stored [in, out]: transposed for the batch-1 GEMV
+        qkv = ours.qkv_proj.dense_weight()  # [out, in], however it is stored
         assert torch.equal(qkv[:q], theirs.self_attn.q_proj.weight)
         assert torch.equal(qkv[q : q + kv], theirs.self_attn.k_proj.weight)
         assert torch.equal(qkv[q + kv :], theirs.self_attn.v_proj.weight)
-        assert torch.equal(ours.o_proj.weight_t.t(), theirs.self_attn.o_proj.weight)
-        gate, up = ours.mlp.gate_up_proj.weight_t.t().split(config.intermediate_size)
+        assert torch.equal(ours.o_proj.dense_weight(), theirs.self_attn.o_proj.weight)
+        gate, up = ours.mlp.gate_up_proj.dense_weight().split(config.intermediate_size)
         assert torch.equal(gate, theirs.mlp.gate_proj.weight)
         assert torch.equal(up, theirs.mlp.up_proj.weight)
-        assert torch.equal(ours.mlp.down_proj.weight_t.t(), theirs.mlp.down_proj.weight)
+        assert torch.equal(ours.mlp.down_proj.dense_weight(), theirs.mlp.down_proj.weight)
     # Tied: one [hidden, vocab] table serves the lm_head and (by columns) the embedding.
     assert model.embed_tokens is None
-    assert torch.equal(model.lm_head.weight_t.t(), hf_embedded.model.embed_tokens.weight)
+    assert torch.equal(model.lm_head.dense_weight(), hf_embedded.model.embed_tokens.weight)
     ids = torch.tensor([0, 17, 49151])
     assert torch.equal(model.embed(ids), hf_embedded.model.embed_tokens(ids))
 

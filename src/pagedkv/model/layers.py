@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pagedkv.model import native
 from pagedkv.planner.shape import Llama3RopeScaling
 
 # Up to this many rows a projection runs as a batch of column shards, one a thread: faster at
@@ -116,6 +117,10 @@ class Projection(ProjectionBase):
             return torch.bmm(rows, cached[3])
         return torch.baddbmm(cached[4], rows, cached[3])
 
+    def dense_weight(self) -> torch.Tensor:
+        """The weight as ``[out, in]`` (a view)."""
+        return self.weight_t.t()
+
     def describe(self) -> str:
         dtype = str(self.weight_t.dtype).removeprefix("torch.")
         return (
@@ -181,9 +186,26 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
         self.eps = eps
+        # The compiled kernels (``native.py``), set by the model's loader in fp32: one call
+        # where torch's composite rms_norm makes ~20 dispatches (61 norms a decode step).
+        self.kernels = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
+        if (
+            self.kernels is not None
+            and dtype == torch.float32
+            and x.dim() == 2
+            and x.is_contiguous()
+            and not torch.compiler.is_compiling()
+        ):
+            y = torch.empty_like(x)
+            rows, hidden = x.shape
+            self.kernels.pk_rms_norm(
+                x.data_ptr(), self.weight.data_ptr(), y.data_ptr(), rows, hidden, self.eps,
+                torch.get_num_threads(),
+            )  # fmt: skip
+            return y
         if dtype == torch.float32:  # one call instead of six (61 norms per step); torch's
             # own entry, not F.rms_norm, whose Python wrapper costs ~10 us a call at batch 1
             return torch.rms_norm(x, self.weight.shape, self.weight, self.eps)

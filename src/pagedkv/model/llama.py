@@ -24,6 +24,7 @@ from pagedkv.model.attention import AttentionPlan, paged_attention
 from pagedkv.model.attention_metadata import AttentionMetadata
 from pagedkv.model.config import ModelConfig
 from pagedkv.model.kv_pool import KVCache
+from pagedkv.model import native
 from pagedkv.model.layers import (
     Projection,
     ProjectionBase,
@@ -33,6 +34,7 @@ from pagedkv.model.layers import (
     apply_rotary,
     projection_from_pieces,
 )
+from pagedkv.model.native_projection import NativeProjection, native_factory
 
 # A layer's projections → the canonical pieces their weight (and bias) concatenate, by rows.
 PROJECTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -132,6 +134,8 @@ class CausalLM(nn.Module):
         return self.norm.weight.dtype
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.embed_tokens is None and isinstance(self.lm_head, NativeProjection):
+            return self.lm_head.tied_rows(input_ids)  # tied: row i of its [vocab, hidden]
         if self.embed_tokens is None:  # tied: column i of lm_head's [hidden, vocab] is row i
             # Contiguous: a transposed [T, H] would pass its layout on to every residual add
             # (TensorIterator keeps it), and each RMSNorm would copy it back (61 copies a step).
@@ -193,9 +197,13 @@ class CausalLM(nn.Module):
         Works on a model built on the ``meta`` device (``build_model``): modules and parameters
         are replaced, not copied into. Raises ``ValueError`` naming missing, unexpected or
         mis-shaped tensors. ``make_projection`` (name, fused weight ``[out, in]``, bias) builds
-        each projection, the lm_head included; None keeps them unquantized in ``dtype``. The
+        each projection, the lm_head included; None keeps them unquantized in ``dtype``: in fp32
+        on pagedkv's compiled kernels where they load (``native.py``), else ``Projection``. The
         caller hands the tensors over (they may be kept or freed).
         """
+        kernels = native.kernels() if dtype == torch.float32 else None
+        if make_projection is None and kernels is not None:
+            make_projection = native_factory()
         expected = _canonical_names(self.config)
         missing = sorted(expected - weights.keys())
         unexpected = sorted(weights.keys() - expected - {"rope_freqs.weight"})
@@ -209,11 +217,12 @@ class CausalLM(nn.Module):
         _check_shape("embed_tokens.weight", embed, (cfg.vocab_size, cfg.hidden_size))
         _check_shape("lm_head.weight", lm_head, (cfg.vocab_size, cfg.hidden_size))
         self.lm_head = projection_from_pieces("lm_head", [lm_head], [], dtype, make_projection)
-        if cfg.tie_word_embeddings and isinstance(self.lm_head, Projection):
+        if cfg.tie_word_embeddings and isinstance(self.lm_head, (Projection, NativeProjection)):
             self.embed_tokens = None
         else:
             self.embed_tokens = nn.Embedding.from_pretrained(embed.to(dtype), freeze=True)
         self.norm.weight = _parameter("norm.weight", weights["norm.weight"], self.norm, dtype)
+        self.norm.kernels = kernels if cfg.hidden_size % 8 == 0 else None
         for i, layer in enumerate(self.layers):
             for ours, (weight_names, bias_names) in PROJECTIONS.items():
                 old = layer.get_submodule(ours)
@@ -236,6 +245,7 @@ class CausalLM(nn.Module):
                 norm.weight = _parameter(
                     f"layers.{i}.{canonical}", weights[f"layers.{i}.{canonical}"], norm, dtype
                 )
+                norm.kernels = kernels if norm.weight.shape[0] % 8 == 0 else None
         if "rope_freqs.weight" in weights:
             self.rotary.scale_frequencies(weights["rope_freqs.weight"])
 

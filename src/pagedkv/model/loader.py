@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from pagedkv.errors import UsageError
+from pagedkv.model import native
 from pagedkv.model.config import ARCHITECTURES, ModelConfig
 from pagedkv.model.embedded import embedded_model_path
 from pagedkv.model.gguf import gguf_metadata, iter_gguf_weights, read_gguf
@@ -146,6 +147,8 @@ def load_model(
         model.weights_report = factory.report()
     else:
         model.weights_report = f"weights {dtype}, {model.lm_head.describe()}"
+        if dtype == "float32" and native.kernels() is None:
+            model.weights_report += f" (native kernels off: {native.unavailable_reason()})"
     status.finish(
         f"loaded {config.architecture} ({config.num_layers} layers, hidden {config.hidden_size}, "
         f"{dtype}, weights {weights})"

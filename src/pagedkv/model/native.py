@@ -1,0 +1,184 @@
+"""pagedkv's compiled fp32 CPU kernels (``native_kernels.c``): built once with the system C
+compiler, cached, loaded with ctypes, called on torch tensors' memory.
+
+``kernels()`` returns the loaded library, or None with ``unavailable_reason()`` saying why
+(not x86-64, no AVX2/FMA, no compiler, a second OpenMP runtime, ``PAGEDKV_NATIVE=0``). Every
+caller keeps a torch path for None. The wrappers check dtypes, shapes and contiguity, since the
+C code trusts them; they allocate their outputs and never mutate their inputs (unless told to
+write into ``out``).
+
+The build: ``cc -O3 -mavx2 -mfma -fopenmp`` into ``$XDG_CACHE_HOME/pagedkv/native/`` under a
+name keyed by the source, the compiler and the flags (about a second, once); written to a
+temporary file and renamed, so concurrent processes never load half a library.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("native_kernels.c")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
+# Up to this many rows the kernels' projections beat torch's (bench_native.py): 1.2-1.6x at
+# 1-24 rows, even at 48-64, behind from ~96, where torch's blocked GEMM reuses each weight.
+MAX_ROWS = 64
+
+_state: dict[str, object] = {}
+_P, _I64, _INT, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+_SIGNATURES = {
+    "pk_linear": [_P, _P, _P, _P, _P, _I64, _I64, _I64, _INT],
+    "pk_rms_norm": [_P, _P, _P, _I64, _I64, _F, _INT],
+}
+
+
+def kernels() -> ctypes.CDLL | None:
+    """The loaded library (built on first use), or None; the answer is kept per process."""
+    if _state.get("off"):
+        return None
+    if "lib" not in _state:
+        try:
+            _state["lib"], _state["reason"] = _load(), ""
+        except _Unavailable as exc:
+            _state["lib"], _state["reason"] = None, str(exc)
+    return _state["lib"]  # type: ignore[return-value]
+
+
+def unavailable_reason() -> str:
+    """Why ``kernels()`` is None ("" when it is not)."""
+    if _state.get("off"):
+        return "switched off (native.set_enabled(False))"
+    kernels()
+    return str(_state["reason"])
+
+
+def set_enabled(enabled: bool) -> None:
+    """Switch the kernels off (or back on) for models loaded from now on, in this process:
+    the torch paths, for A/B benchmarks and tests. Models already loaded keep their choice."""
+    _state["off"] = not enabled
+
+
+class _Unavailable(Exception):
+    pass
+
+
+def _load() -> ctypes.CDLL:
+    if os.environ.get("PAGEDKV_NATIVE", "1") == "0":
+        raise _Unavailable("PAGEDKV_NATIVE=0")
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        raise _Unavailable(f"the kernels are x86-64 AVX2, this is {platform.machine()}")
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability not in ("AVX2", "AVX512"):
+        raise _Unavailable(f"the CPU lacks AVX2/FMA (torch reports {capability})")
+    if "OpenMP" not in torch.__config__.parallel_info().split("parallel backend:")[-1]:
+        raise _Unavailable("torch's parallel backend is not OpenMP")
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise _Unavailable("no C compiler (cc/gcc) on PATH")
+    path = _build(compiler)
+    lib = ctypes.CDLL(str(path))
+    for name, argtypes in _SIGNATURES.items():
+        getattr(lib, name).argtypes = argtypes
+        getattr(lib, name).restype = None
+    runtimes = _openmp_runtimes()
+    if len(runtimes) != 1:  # two thread pools spinning on the same cores: many times slower
+        raise _Unavailable(f"a second OpenMP runtime was loaded: {sorted(runtimes)}")
+    return lib
+
+
+def _build(compiler: str) -> Path:
+    source = SOURCE.read_bytes()
+    version = subprocess.run(
+        [compiler, "--version"], capture_output=True, text=True, check=False
+    ).stdout
+    key = hashlib.sha256(source + version.encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "pagedkv" / "native"
+    path = cache / f"native_kernels-{key}.so"
+    if path.exists():
+        return path
+    cache.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=cache, suffix=".so")
+    os.close(fd)
+    try:
+        done = subprocess.run(
+            [compiler, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True
+        )
+        if done.returncode != 0:
+            raise _Unavailable(f"{compiler} failed: {done.stderr.strip()[:300]}")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def _openmp_runtimes() -> set[str]:
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:  # not Linux: trust the soname rule
+        return {"?"}
+    names = {line.split()[-1] for line in maps.splitlines() if "gomp" in line or "libiomp" in line}
+    return {n for n in names if n.endswith((".so", ".so.1")) or ".so." in n}
+
+
+def _checked(name: str, t: torch.Tensor, shape: tuple[int, ...]) -> int:
+    if t.dtype != torch.float32 or tuple(t.shape) != shape or not t.is_contiguous():
+        raise ValueError(
+            f"{name}: want contiguous float32 {shape}, got {t.dtype} {tuple(t.shape)}"
+            f"{'' if t.is_contiguous() else ' (not contiguous)'}"
+        )
+    return t.data_ptr()
+
+
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``residual + (x @ weight.T + bias)`` as a new ``[rows, out]`` tensor (residual and bias
+    optional). ``weight`` is ``[out, in]`` with ``in % 8 == 0``; everything contiguous fp32."""
+    lib = _library()
+    rows, k = x.shape
+    n = weight.shape[0]
+    if k % 8:
+        raise ValueError(f"linear: in_features {k} is not a multiple of 8")
+    y = torch.empty(rows, n, dtype=torch.float32)
+    lib.pk_linear(
+        _checked("x", x, (rows, k)),
+        _checked("weight", weight, (n, k)),
+        None if bias is None else _checked("bias", bias, (n,)),
+        None if residual is None else _checked("residual", residual, (rows, n)),
+        y.data_ptr(),
+        rows, k, n, torch.get_num_threads(),
+    )  # fmt: skip
+    return y
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x * weight / sqrt(mean(x ** 2) + eps)`` row by row, a new tensor; ``[rows, h]``
+    contiguous fp32 with ``h % 8 == 0``."""
+    lib = _library()
+    rows, h = x.shape
+    if h % 8:
+        raise ValueError(f"rms_norm: hidden size {h} is not a multiple of 8")
+    y = torch.empty(rows, h, dtype=torch.float32)
+    lib.pk_rms_norm(
+        _checked("x", x, (rows, h)), _checked("weight", weight, (h,)), y.data_ptr(),
+        rows, h, eps, torch.get_num_threads(),
+    )  # fmt: skip
+    return y
+
+
+def _library() -> ctypes.CDLL:
+    lib = kernels()
+    if lib is None:
+        raise RuntimeError(f"pagedkv's native kernels are unavailable: {unavailable_reason()}")
+    return lib

@@ -1,0 +1,120 @@
+/* pagedkv's fp32 CPU kernels for small batches (AVX2 + FMA, OpenMP), built by native.py with the
+ * system gcc and called through ctypes on torch tensors' memory.
+ *
+ * Why: at 1-64 rows a decoder step is memory-bound, and torch's matmuls read an [out, in]
+ * weight at ~20 GB/s where a sum reads ~29 GB/s (docs/latency.md, fifth round). Streaming each
+ * weight row once, contiguously, a thread per range of rows, reads at the sum's speed.
+ *
+ * Contract shared by every kernel: every output element is computed by the same sequence of
+ * float operations whatever the number of rows, the row's position in the batch and the number
+ * of threads (8 lane partial sums in k order, then a fixed reduction). So a sequence decoded
+ * alone and in a batch of up to 64 gets bit-identical logits.
+ *
+ * The OpenMP runtime is the one torch already loaded (same soname): the kernels share torch's
+ * thread team instead of fighting it for the cores. native.py checks that before using them.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* The epilogue of one output element: dot (+ bias[n]) (+ residual[r, n]), in that order, as
+ * torch computes residual + (x @ W.T + b). */
+static inline float finish(float dot, const float *bias, const float *res, int64_t at, int64_t n) {
+    if (bias) dot += bias[n];
+    if (res) dot = res[at] + dot;
+    return dot;
+}
+
+/* One output column n for rows [r0, r1): the single-output tail of pk_linear. */
+static void one_column(const float *x, const float *w, const float *bias, const float *res,
+                       float *y, int64_t r0, int64_t r1, int64_t k, int64_t n, int64_t col) {
+    const float *wn = w + col * k;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *xr = x + r * k;
+        __m256 a = _mm256_setzero_ps();
+        for (int64_t i = 0; i < k; i += 8)
+            a = _mm256_fmadd_ps(_mm256_loadu_ps(xr + i), _mm256_loadu_ps(wn + i), a);
+        y[r * n + col] = finish(hsum(a), bias, res, r * n + col, col);
+    }
+}
+
+/* y[r, :] = x[r, :] @ w.T (+ bias) (+ residual[r, :]) for r < rows.
+ * x [rows, k], w [n, k], bias [n] or NULL, residual [rows, n] or NULL, y [rows, n]: contiguous
+ * fp32; k % 8 == 0. y may be residual (each element is read before it is written). */
+void pk_linear(const float *x, const float *w, const float *bias, const float *res, float *y,
+               int64_t rows, int64_t k, int64_t n, int threads) {
+    int64_t groups = n / 4;
+    #pragma omp parallel for schedule(static) num_threads(threads) if(threads > 1)
+    for (int64_t g = 0; g < groups; g++) {
+        int64_t c = g * 4;
+        const float *w0 = w + c * k, *w1 = w0 + k, *w2 = w1 + k, *w3 = w2 + k;
+        int64_t r = 0;
+        for (; r + 2 <= rows; r += 2) {  /* two rows share each weight load */
+            const float *xa = x + r * k, *xb = xa + k;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+            for (int64_t i = 0; i < k; i += 8) {
+                __m256 u0 = _mm256_loadu_ps(w0 + i), u1 = _mm256_loadu_ps(w1 + i);
+                __m256 u2 = _mm256_loadu_ps(w2 + i), u3 = _mm256_loadu_ps(w3 + i);
+                __m256 xv = _mm256_loadu_ps(xa + i), xw = _mm256_loadu_ps(xb + i);
+                a0 = _mm256_fmadd_ps(xv, u0, a0); a1 = _mm256_fmadd_ps(xv, u1, a1);
+                a2 = _mm256_fmadd_ps(xv, u2, a2); a3 = _mm256_fmadd_ps(xv, u3, a3);
+                b0 = _mm256_fmadd_ps(xw, u0, b0); b1 = _mm256_fmadd_ps(xw, u1, b1);
+                b2 = _mm256_fmadd_ps(xw, u2, b2); b3 = _mm256_fmadd_ps(xw, u3, b3);
+            }
+            int64_t at = r * n + c, bt = at + n;
+            y[at] = finish(hsum(a0), bias, res, at, c);
+            y[at + 1] = finish(hsum(a1), bias, res, at + 1, c + 1);
+            y[at + 2] = finish(hsum(a2), bias, res, at + 2, c + 2);
+            y[at + 3] = finish(hsum(a3), bias, res, at + 3, c + 3);
+            y[bt] = finish(hsum(b0), bias, res, bt, c);
+            y[bt + 1] = finish(hsum(b1), bias, res, bt + 1, c + 1);
+            y[bt + 2] = finish(hsum(b2), bias, res, bt + 2, c + 2);
+            y[bt + 3] = finish(hsum(b3), bias, res, bt + 3, c + 3);
+        }
+        for (; r < rows; r++) {  /* the odd row: the same operations, one row */
+            const float *xa = x + r * k;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int64_t i = 0; i < k; i += 8) {
+                __m256 xv = _mm256_loadu_ps(xa + i);
+                a0 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w0 + i), a0);
+                a1 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w1 + i), a1);
+                a2 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w2 + i), a2);
+                a3 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w3 + i), a3);
+            }
+            int64_t at = r * n + c;
+            y[at] = finish(hsum(a0), bias, res, at, c);
+            y[at + 1] = finish(hsum(a1), bias, res, at + 1, c + 1);
+            y[at + 2] = finish(hsum(a2), bias, res, at + 2, c + 2);
+            y[at + 3] = finish(hsum(a3), bias, res, at + 3, c + 3);
+        }
+    }
+    for (int64_t c = groups * 4; c < n; c++) one_column(x, w, bias, res, y, 0, rows, k, n, c);
+}
+
+/* y[r, :] = x[r, :] * weight / sqrt(mean(x[r, :]^2) + eps); h % 8 == 0; y may be x. */
+void pk_rms_norm(const float *x, const float *weight, float *y, int64_t rows, int64_t h,
+                 float eps, int threads) {
+    #pragma omp parallel for schedule(static) num_threads(threads) if(threads > 1 && rows >= 16)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * h;
+        float *yr = y + r * h;
+        __m256 s = _mm256_setzero_ps();
+        for (int64_t i = 0; i < h; i += 8) {
+            __m256 v = _mm256_loadu_ps(xr + i);
+            s = _mm256_fmadd_ps(v, v, s);
+        }
+        __m256 scale = _mm256_set1_ps(1.0f / sqrtf(hsum(s) / (float)h + eps));
+        for (int64_t i = 0; i < h; i += 8) {
+            __m256 v = _mm256_mul_ps(_mm256_loadu_ps(xr + i), scale);
+            _mm256_storeu_ps(yr + i, _mm256_mul_ps(v, _mm256_loadu_ps(weight + i)));
+        }
+    }
+}

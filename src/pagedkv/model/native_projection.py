@@ -1,0 +1,106 @@
+"""``NativeProjection``: an fp32 projection that runs small batches on pagedkv's own kernel.
+
+Up to ``native.MAX_ROWS`` rows (every decode step of up to 64 sequences, short prompts) the
+product is ``native.pk_linear``: each weight row streamed once, contiguously, a thread per
+range of output columns, at the bandwidth of a plain sum (the 121 matrices of the embedded
+model at one row: 18 ms against 22-24 ms for torch's sharded ``bmm``, bench_native.py).
+Every output element is the same float operations whatever the batch: a sequence gets
+bit-identical logits alone and in any batch of up to 64 rows. Above that, torch's ``mm``
+(MKL's blocked GEMM, compute-bound at a 256-token prompt) on the same ``[out, in]`` weight.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from pagedkv.model import native
+from pagedkv.model.layers import ProjectionBase, projection_from_pieces
+
+
+class NativeProjection(ProjectionBase):
+    """``x @ weight.T (+ bias)`` with ``weight`` ``[out, in]`` fp32 (nn.Linear's layout)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        out_features, in_features = weight.shape
+        if weight.dtype != torch.float32 or in_features % 8:
+            raise ValueError(
+                f"NativeProjection needs fp32 [out, in] with in % 8 == 0, got {weight.dtype} "
+                f"{tuple(weight.shape)}"
+            )
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = nn.Parameter(weight.contiguous(), requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(
+            bias.to(torch.float32).contiguous(), requires_grad=False
+        )  # fmt: skip
+        self._lib = native.kernels()
+        if self._lib is None:
+            raise RuntimeError(f"native kernels unavailable: {native.unavailable_reason()}")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._native(x):
+            return self._run(x, None)
+        if self.bias is None:
+            return x @ self.weight.t()
+        return torch.addmm(self.bias, x, self.weight.t())
+
+    def added_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        if (
+            self._native(x)
+            and residual.dtype == torch.float32
+            and residual.is_contiguous()
+            and residual.shape == (x.shape[0], self.out_features)
+        ):
+            return self._run(x, residual)
+        return residual + self.forward(x)
+
+    def dense_weight(self) -> torch.Tensor:
+        """The weight as ``[out, in]`` (itself)."""
+        return self.weight
+
+    def tied_rows(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``input_ids`` of the weight, ``[T, in]``: the embedding of a tied lm_head."""
+        return self.weight.index_select(0, input_ids)
+
+    def _native(self, x: torch.Tensor) -> bool:
+        return (
+            x.dim() == 2
+            and x.shape[0] <= native.MAX_ROWS
+            and x.shape[1] == self.in_features
+            and x.dtype == torch.float32
+            and x.is_contiguous()
+            and not torch.compiler.is_compiling()
+        )
+
+    def _run(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        rows = x.shape[0]
+        y = torch.empty(rows, self.out_features, dtype=torch.float32)
+        self._lib.pk_linear(
+            x.data_ptr(), self.weight.data_ptr(),
+            None if self.bias is None else self.bias.data_ptr(),
+            None if residual is None else residual.data_ptr(),
+            y.data_ptr(), rows, self.in_features, self.out_features, torch.get_num_threads(),
+        )  # fmt: skip
+        return y
+
+    def describe(self) -> str:
+        return (
+            f"float32 matmuls: pagedkv's AVX2 kernel up to {native.MAX_ROWS} rows "
+            "(batch-invariant), torch's mm above"
+        )
+
+
+def native_factory():
+    """A ``load_weights`` projection factory building ``NativeProjection``s, or None where the
+    kernels are unavailable (``native.unavailable_reason()`` says why)."""
+    if native.kernels() is None:
+        return None
+
+    def make(name: str, weight: torch.Tensor, bias: torch.Tensor | None) -> ProjectionBase:
+        if weight.shape[1] % 8:  # the kernel reads 8 floats at a time: torch's path
+            biases = [] if bias is None else [bias]
+            return projection_from_pieces(name, [weight], biases, torch.float32, None)
+        return NativeProjection(weight.to(torch.float32), bias)
+
+    return make
