@@ -62,14 +62,32 @@ class _PrefillSeq:
     contiguous_from: int | None  # as in ``_DecodeGroup``
 
 
+@dataclass(frozen=True)
+class _NativeDecode:
+    """The sequences with one new token, for ``native.pk_decode_attention``: it reads their
+    keys and values through their block tables, nothing gathered or padded."""
+
+    token_index: torch.Tensor | None  # as in ``_DecodeGroup``
+    tables: torch.Tensor  # int64 [S, blocks], contiguous
+    ctx_lens: torch.Tensor  # int64 [S]
+
+
 class AttentionPlan:
     """Everything the layers need that depends only on the metadata, built once per forward,
     and the scratch buffers its layers reuse one after another (``scratch``)."""
 
     def __init__(
-        self, meta: AttentionMetadata, block_size: int, dtype: torch.dtype = torch.float32
+        self,
+        meta: AttentionMetadata,
+        block_size: int,
+        dtype: torch.dtype = torch.float32,
+        kernels=None,
     ) -> None:
-        """``dtype``: the queries' (masks are built in it: attention takes no other)."""
+        """``dtype``: the queries' (masks are built in it: attention takes no other).
+        ``kernels``: ``native.kernels()`` when queries and caches are fp32 and the head size a
+        multiple of 8 (the caller checks): decode attention then runs on the paged kernel."""
+        self.kernels = kernels
+        self.block_size = block_size
         self.slot_mapping = meta.slot_mapping.to(torch.int64)
         starts = meta.query_start_loc.to(torch.int64)
         q_lens = starts[1:] - starts[:-1]
@@ -77,12 +95,15 @@ class AttentionPlan:
         _validate(meta, q_lens, ctx_lens, block_size)
         tables = meta.block_tables.to(torch.int64)
         decode_ids = (q_lens == 1).nonzero().flatten()
-        self.decode = None
+        self.decode: _DecodeGroup | _NativeDecode | None = None
         if decode_ids.numel():
             whole = decode_ids.numel() == meta.num_seqs  # then row i is sequence i
             rows = None if whole else starts[decode_ids]
             ctx, table = ctx_lens[decode_ids], tables[decode_ids]
-            self.decode = _plan_decode(rows, ctx, table, block_size, dtype)
+            if kernels is not None:
+                self.decode = _NativeDecode(rows, table.contiguous(), ctx.contiguous())
+            else:
+                self.decode = _plan_decode(rows, ctx, table, block_size, dtype)
         self.prefills = [
             _plan_prefill(
                 int(starts[i]), int(q_lens[i]), int(ctx_lens[i]), tables[i], block_size, dtype
@@ -189,7 +210,13 @@ def paged_attention(
     num_tokens, num_heads, _ = q.shape
     lone = plan.decode is None and len(plan.prefills) == 1  # the batch is one prefill: TTFT
     out = None if lone else q.new_empty(num_tokens, num_heads * head_dim)
-    if (g := plan.decode) is not None:
+    if isinstance(g := plan.decode, _NativeDecode):
+        attn = _native_decode(q, kv_cache, g, plan, scale)
+        if g.token_index is None:
+            out = attn
+        else:
+            out[g.token_index] = attn
+    elif g is not None:
         keys = _read_decode(k_cache, g, plan, "k")
         values = _read_decode(v_cache, g, plan, "v")
         attn = _attend_decode(q, _as(keys, q.dtype), _as(values, q.dtype), g, scale)
@@ -215,6 +242,25 @@ def paged_attention(
         if lone:
             return attn
         out[p.start : p.stop] = attn
+    return out
+
+
+def _native_decode(
+    q: torch.Tensor, kv_cache: KVCache, g: _NativeDecode, plan: AttentionPlan, scale: float
+) -> torch.Tensor:
+    """``[S, Hq * D]`` from the paged kernel (fp32 queries and caches, checked by the caller)."""
+    k_cache, v_cache = kv_cache
+    queries = q if g.token_index is None else q.index_select(0, g.token_index)
+    if queries.stride(2) != 1 or queries.stride(1) != queries.shape[2]:
+        queries = queries.contiguous()
+    seqs, num_heads, head_dim = queries.shape
+    out = torch.empty(seqs, num_heads * head_dim, dtype=torch.float32)
+    plan.kernels.pk_decode_attention(
+        queries.data_ptr(), queries.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
+        g.tables.data_ptr(), g.tables.stride(0), g.ctx_lens.data_ptr(), out.data_ptr(),
+        seqs, num_heads, k_cache.shape[2], head_dim, plan.block_size, scale,
+        torch.get_num_threads(),
+    )  # fmt: skip
     return out
 
 

@@ -291,6 +291,7 @@ class SwiGLU(nn.Module):
         super().__init__()
         self.gate_up_proj = Projection(hidden_size, 2 * intermediate_size)
         self.down_proj = Projection(intermediate_size, hidden_size)
+        self.kernels = None  # native.kernels(), set by the loader in fp32: silu * up in one call
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self._gated(x))
@@ -300,5 +301,16 @@ class SwiGLU(nn.Module):
         return self.down_proj.added_to(residual, self._gated(x))
 
     def _gated(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernels is not None and not torch.compiler.is_compiling():
+            gate_up = self.gate_up_proj(x)
+            if gate_up.dtype == torch.float32 and gate_up.is_contiguous():
+                rows, width = gate_up.shape
+                out = torch.empty(rows, width // 2, dtype=torch.float32)
+                self.kernels.pk_silu_mul(
+                    gate_up.data_ptr(), out.data_ptr(), rows, width // 2, torch.get_num_threads()
+                )
+                return out
+            gate, up = _split(gate_up)
+            return F.silu(gate).mul_(up)
         gate, up = self.gate_up_proj.halves(x)
         return F.silu(gate).mul_(up)

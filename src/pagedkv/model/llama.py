@@ -126,6 +126,7 @@ class CausalLM(nn.Module):
         with torch.device("cpu"):
             self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
         self.weights_report = ""  # how the projections compute, set by the loader
+        self.kernels = None  # native.kernels() when load_weights found them (fp32 only)
         self.requires_grad_(False)
 
     @property
@@ -174,12 +175,27 @@ class CausalLM(nn.Module):
                 f"must both be [{num_tokens}] (one per slot_mapping entry)"
             )
         block_size = block_size or kv_caches[0][0].shape[1]
-        plan = AttentionPlan(attn_metadata, block_size, self.dtype)
+        kernels = self._attention_kernels(kv_caches)
+        plan = AttentionPlan(attn_metadata, block_size, self.dtype, kernels)
         cos, sin = self.rotary.cos_sin(positions, self.dtype)
         hidden = self.embed(input_ids)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden = layer(hidden, cos, sin, kv_cache, plan)
         return self.norm(hidden)
+
+    def _attention_kernels(self, kv_caches: list[KVCache]):
+        """The native kernels where decode attention may use them: fp32 queries and caches,
+        a head size of a multiple of 8, the model loaded with them."""
+        kernels = self.kernels
+        if (
+            kernels is None
+            or self.dtype != torch.float32
+            or kv_caches[0][0].dtype != torch.float32
+            or self.config.head_dim % 8
+            or torch.compiler.is_compiling()
+        ):
+            return None
+        return kernels
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -201,7 +217,7 @@ class CausalLM(nn.Module):
         on pagedkv's compiled kernels where they load (``native.py``), else ``Projection``. The
         caller hands the tensors over (they may be kept or freed).
         """
-        kernels = native.kernels() if dtype == torch.float32 else None
+        kernels = self.kernels = native.kernels() if dtype == torch.float32 else None
         if make_projection is None and kernels is not None:
             make_projection = native_factory()
         expected = _canonical_names(self.config)
@@ -246,6 +262,7 @@ class CausalLM(nn.Module):
                     f"layers.{i}.{canonical}", weights[f"layers.{i}.{canonical}"], norm, dtype
                 )
                 norm.kernels = kernels if norm.weight.shape[0] % 8 == 0 else None
+            layer.mlp.kernels = kernels
         if "rope_freqs.weight" in weights:
             self.rotary.scale_frequencies(weights["rope_freqs.weight"])
 

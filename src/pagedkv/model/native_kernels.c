@@ -118,3 +118,62 @@ void pk_rms_norm(const float *x, const float *weight, float *y, int64_t rows, in
         }
     }
 }
+
+/* out[r, :] = silu(gate_up[r, :half]) * gate_up[r, half:]; out [rows, half]. */
+void pk_silu_mul(const float *gate_up, float *out, int64_t rows, int64_t half, int threads) {
+    #pragma omp parallel for schedule(static) num_threads(threads) if(threads > 1 && rows >= 16)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *g = gate_up + r * 2 * half, *u = g + half;
+        float *o = out + r * half;
+        for (int64_t i = 0; i < half; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
+}
+
+/* Decode attention straight from the paged cache: one query per sequence, its keys and values
+ * found through its block table (slot = table[t / B] * B + t % B), nothing gathered.
+ * q: row s of the batch at q + s * q_stride, [Hq, D]; caches [num_blocks, B, Hkv, D];
+ * tables [S, table_stride] and ctx_lens [S] int64; out [S, Hq * D]. Query head h reads KV head
+ * h / (Hq / Hkv). Softmax in one pass (running maximum), fp32; D % 8 == 0.
+ * Each (sequence, head) is computed alone, in the same order whatever the batch. */
+void pk_decode_attention(const float *q, int64_t q_stride, const float *k_cache,
+                         const float *v_cache, const int64_t *tables, int64_t table_stride,
+                         const int64_t *ctx_lens, float *out, int64_t seqs, int64_t hq,
+                         int64_t hkv, int64_t d, int64_t block_size, float scale, int threads) {
+    int64_t group = hq / hkv, work = seqs * hq, row = hkv * d;
+    #pragma omp parallel for schedule(static) num_threads(threads) if(threads > 1 && work > 1)
+    for (int64_t item = 0; item < work; item++) {
+        int64_t s = item / hq, h = item % hq, kvh = h / group, ctx = ctx_lens[s];
+        const float *qh = q + s * q_stride + h * d;
+        const int64_t *table = tables + s * table_stride;
+        float *o = out + s * hq * d + h * d;
+        for (int64_t i = 0; i < d; i++) o[i] = 0.0f;
+        float m = -INFINITY, l = 0.0f;
+        for (int64_t t = 0; t < ctx; t++) {
+            int64_t slot = table[t / block_size] * block_size + t % block_size;
+            const float *kt = k_cache + slot * row + kvh * d, *vt = v_cache + slot * row + kvh * d;
+            __m256 a = _mm256_setzero_ps();
+            for (int64_t i = 0; i < d; i += 8)
+                a = _mm256_fmadd_ps(_mm256_loadu_ps(qh + i), _mm256_loadu_ps(kt + i), a);
+            float score = hsum(a) * scale;
+            float p;
+            if (score > m) {  /* a new maximum: what was summed so far shrinks by exp(m - score) */
+                float shrink = expf(m - score);
+                __m256 sv = _mm256_set1_ps(shrink);
+                for (int64_t i = 0; i < d; i += 8)
+                    _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_loadu_ps(o + i), sv));
+                l *= shrink;
+                m = score;
+                p = 1.0f;
+            } else {
+                p = expf(score - m);
+            }
+            l += p;
+            __m256 pv = _mm256_set1_ps(p);
+            for (int64_t i = 0; i < d; i += 8)
+                _mm256_storeu_ps(o + i, _mm256_fmadd_ps(pv, _mm256_loadu_ps(vt + i), _mm256_loadu_ps(o + i)));
+        }
+        __m256 inv = _mm256_set1_ps(1.0f / l);
+        for (int64_t i = 0; i < d; i += 8)
+            _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_loadu_ps(o + i), inv));
+    }
+}
