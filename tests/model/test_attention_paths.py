@@ -10,7 +10,8 @@ import math
 import pytest
 import torch
 
-from pagedkv.model.attention import AttentionPlan, paged_attention
+from pagedkv.model import native
+from pagedkv.model.attention import AttentionPlan, _NativeDecode, paged_attention
 from pagedkv.model.attention_metadata import AttentionMetadata
 
 HQ, HKV, D = 6, 2, 8
@@ -31,6 +32,7 @@ def _naive(q_new, k_all, v_all, ctx, scale):
 
 # B = 4: decode contexts gathered by whole blocks; B = 64: a block far longer than the
 # contexts (like a reserved region), gathered slot by slot.
+@pytest.mark.parametrize("kernels", ["torch", "native"])
 @pytest.mark.parametrize("B", [4, 64])
 @pytest.mark.parametrize("consecutive", [True, False])
 @pytest.mark.parametrize(
@@ -54,7 +56,12 @@ def _naive(q_new, k_all, v_all, ctx, scale):
         "decode-equal-contexts",
     ],
 )
-def test_fast_paths_match_the_naive_reference(ctx_and_new, consecutive, B):
+def test_fast_paths_match_the_naive_reference(ctx_and_new, consecutive, B, kernels):
+    lib = None
+    if kernels == "native":  # decode attention read through the block tables, in C
+        lib = native.kernels()
+        if lib is None:
+            pytest.skip(f"native kernels unavailable: {native.unavailable_reason()}")
     gen = torch.Generator().manual_seed(len(ctx_and_new))
     num_blocks = 32 if B == 4 else 8
     k_cache = torch.zeros(num_blocks, B, HKV, D)
@@ -90,17 +97,20 @@ def test_fast_paths_match_the_naive_reference(ctx_and_new, consecutive, B):
         context_lens=torch.tensor([c for c, _ in ctx_and_new], dtype=torch.int32),
         query_start_loc=torch.tensor([0, *torch.tensor([n for _, n in ctx_and_new]).cumsum(0).tolist()], dtype=torch.int32),
     )  # fmt: skip
-    plan = AttentionPlan(meta, B)
+    plan = AttentionPlan(meta, B, kernels=lib)
     out = paged_attention(
         torch.cat(qs), torch.cat(ks), torch.cat(vs), (k_cache, v_cache), plan, scale
     )
     assert torch.allclose(out.double(), torch.cat(expected), atol=1e-5)
+    decodes = sum(new == 1 for _, new in ctx_and_new)
+    if lib is not None:
+        assert isinstance(plan.decode, _NativeDecode) == (decodes > 0)
+        return
     # The fast paths really ran: consecutive slots read as a view, a whole prompt by the
     # causal kernel over its own K/V (nothing gathered).
     if ctx_and_new in ([(13, 1)], [(12, 5)]) and consecutive:
         group = plan.decode if plan.decode is not None else plan.prefills[0]
         assert group.contiguous_from is not None
-    decodes = sum(new == 1 for _, new in ctx_and_new)
     if decodes > 1:
         gathered = plan.decode.gather_blocks if B == 4 else plan.decode.gather_slots
         assert gathered is not None

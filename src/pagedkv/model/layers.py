@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagedkv.model import native
 from pagedkv.planner.shape import Llama3RopeScaling
 
 # Up to this many rows a projection runs as a batch of column shards, one a thread: faster at

@@ -20,11 +20,11 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import nn
 
+from pagedkv.model import native
 from pagedkv.model.attention import AttentionPlan, paged_attention
 from pagedkv.model.attention_metadata import AttentionMetadata
 from pagedkv.model.config import ModelConfig
 from pagedkv.model.kv_pool import KVCache
-from pagedkv.model import native
 from pagedkv.model.layers import (
     Projection,
     ProjectionBase,

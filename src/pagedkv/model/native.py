@@ -3,9 +3,9 @@ compiler, cached, loaded with ctypes, called on torch tensors' memory.
 
 ``kernels()`` returns the loaded library, or None with ``unavailable_reason()`` saying why
 (not x86-64, no AVX2/FMA, no compiler, a second OpenMP runtime, ``PAGEDKV_NATIVE=0``). Every
-caller keeps a torch path for None. The wrappers check dtypes, shapes and contiguity, since the
-C code trusts them; they allocate their outputs and never mutate their inputs (unless told to
-write into ``out``).
+caller keeps a torch path for None. The C code trusts its arguments: the callers
+(``native_projection``, ``layers.RMSNorm``/``SwiGLU``, ``attention``) pass contiguous fp32
+memory of the shapes the kernel comments state, and check it before each call.
 
 The build: ``cc -O3 -mavx2 -mfma -fopenmp`` into ``$XDG_CACHE_HOME/pagedkv/native/`` under a
 name keyed by the source, the compiler and the flags (about a second, once); written to a
@@ -128,59 +128,3 @@ def _openmp_runtimes() -> set[str]:
         return {"?"}
     names = {line.split()[-1] for line in maps.splitlines() if "gomp" in line or "libiomp" in line}
     return {n for n in names if n.endswith((".so", ".so.1")) or ".so." in n}
-
-
-def _checked(name: str, t: torch.Tensor, shape: tuple[int, ...]) -> int:
-    if t.dtype != torch.float32 or tuple(t.shape) != shape or not t.is_contiguous():
-        raise ValueError(
-            f"{name}: want contiguous float32 {shape}, got {t.dtype} {tuple(t.shape)}"
-            f"{'' if t.is_contiguous() else ' (not contiguous)'}"
-        )
-    return t.data_ptr()
-
-
-def linear(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    residual: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``residual + (x @ weight.T + bias)`` as a new ``[rows, out]`` tensor (residual and bias
-    optional). ``weight`` is ``[out, in]`` with ``in % 8 == 0``; everything contiguous fp32."""
-    lib = _library()
-    rows, k = x.shape
-    n = weight.shape[0]
-    if k % 8:
-        raise ValueError(f"linear: in_features {k} is not a multiple of 8")
-    y = torch.empty(rows, n, dtype=torch.float32)
-    lib.pk_linear(
-        _checked("x", x, (rows, k)),
-        _checked("weight", weight, (n, k)),
-        None if bias is None else _checked("bias", bias, (n,)),
-        None if residual is None else _checked("residual", residual, (rows, n)),
-        y.data_ptr(),
-        rows, k, n, torch.get_num_threads(),
-    )  # fmt: skip
-    return y
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``x * weight / sqrt(mean(x ** 2) + eps)`` row by row, a new tensor; ``[rows, h]``
-    contiguous fp32 with ``h % 8 == 0``."""
-    lib = _library()
-    rows, h = x.shape
-    if h % 8:
-        raise ValueError(f"rms_norm: hidden size {h} is not a multiple of 8")
-    y = torch.empty(rows, h, dtype=torch.float32)
-    lib.pk_rms_norm(
-        _checked("x", x, (rows, h)), _checked("weight", weight, (h,)), y.data_ptr(),
-        rows, h, eps, torch.get_num_threads(),
-    )  # fmt: skip
-    return y
-
-
-def _library() -> ctypes.CDLL:
-    lib = kernels()
-    if lib is None:
-        raise RuntimeError(f"pagedkv's native kernels are unavailable: {unavailable_reason()}")
-    return lib

@@ -1,0 +1,223 @@
+"""pagedkv's compiled kernels (``native.py``, ``native_kernels.c``) as the model calls them:
+``NativeProjection``, ``RMSNorm`` and ``SwiGLU`` with kernels, decode attention from the
+paged cache. Each against a float64 reference, and bit for bit against itself alone, in a
+batch and at 1-3 threads (the batch invariance the kernels promise). Then the build: cached,
+rebuilt for a new source, and a clear reason whenever the torch path is taken instead."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pagedkv.model import native
+from pagedkv.model.attention import AttentionPlan, paged_attention
+from pagedkv.model.attention_metadata import AttentionMetadata
+from pagedkv.model.layers import RMSNorm, SwiGLU
+from pagedkv.model.native_projection import NativeProjection
+
+LIB = native.kernels()
+needs_kernels = pytest.mark.skipif(
+    LIB is None, reason=f"native kernels unavailable: {native.unavailable_reason()}"
+)
+
+
+@pytest.fixture
+def threads():
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _projection(k: int, n: int, bias: bool, seed: int = 0) -> NativeProjection:
+    gen = _gen(seed)
+    weight = torch.randn(n, k, generator=gen)
+    return NativeProjection(weight, torch.randn(n, generator=gen) if bias else None)
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 64, 65, 130])  # 65 and up: torch's mm
+@pytest.mark.parametrize("k, n", [(8, 4), (48, 18), (576, 96)])  # 18: a tail of 2 columns
+@pytest.mark.parametrize("bias", [False, True])
+def test_projection_and_its_residual_add_match_float64(rows, k, n, bias):
+    module = _projection(k, n, bias, seed=rows)
+    x = torch.randn(rows, k, generator=_gen(1))
+    residual = torch.randn(rows, n, generator=_gen(2))
+    want = x.double() @ module.weight.double().t()
+    if bias:
+        want += module.bias.double()
+    tol = 1e-5 * math.sqrt(k)
+    assert torch.allclose(module(x).double(), want, atol=tol)
+    before = residual.clone()
+    assert torch.allclose(module.added_to(residual, x).double(), residual.double() + want, atol=tol)
+    assert torch.equal(residual, before)  # a new tensor; the residual is not touched
+
+
+@needs_kernels
+@pytest.mark.parametrize("num_threads", [1, 2, 3])
+def test_each_row_is_bit_identical_alone_in_any_batch_and_at_any_thread_count(threads, num_threads):
+    module = _projection(48, 22, bias=True)
+    x = torch.randn(native.MAX_ROWS, 48, generator=_gen(3))
+    threads(1)
+    alone = [module(x[i : i + 1]) for i in range(x.shape[0])]
+    threads(num_threads)
+    for rows in (2, 3, 17, native.MAX_ROWS):
+        batch = module(x[:rows])
+        for i in range(rows):
+            assert torch.equal(batch[i], alone[i][0]), (rows, i)
+
+
+@needs_kernels
+def test_non_contiguous_or_other_dtype_inputs_take_torchs_path():
+    module = _projection(16, 8, bias=False)
+    x = torch.randn(16, 4).t()  # [4, 16], not contiguous
+    assert torch.allclose(module(x), x @ module.weight.t(), atol=1e-5)
+    residual = torch.randn(8, 4).t()
+    assert torch.allclose(module.added_to(residual, x), residual + x @ module.weight.t(), atol=1e-5)
+
+
+def test_projection_rejects_what_the_kernel_cannot_read():
+    with pytest.raises(ValueError, match="in % 8"):
+        NativeProjection(torch.randn(4, 12), None)
+    with pytest.raises(ValueError, match="fp32"):
+        NativeProjection(torch.randn(4, 16, dtype=torch.bfloat16), None)
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows", [1, 3, 40])  # 40: the rows split between threads
+def test_rms_norm_matches_float64_and_is_row_invariant(threads, rows):
+    norm = RMSNorm(64, 1e-6)
+    norm.weight = torch.nn.Parameter(torch.randn(64, generator=_gen(4)), requires_grad=False)
+    norm.kernels = LIB
+    x = torch.randn(rows, 64, generator=_gen(5)) * 3
+    xd = x.double()
+    want = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6) * norm.weight.double()
+    threads(2)
+    got = norm(x)
+    assert torch.allclose(got.double(), want, atol=1e-5)
+    threads(1)
+    assert all(torch.equal(got[i], norm(x[i : i + 1])[0]) for i in range(rows))
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows", [1, 20])
+def test_swiglu_with_kernels_matches_torch(rows):
+    mlp = SwiGLU(16, 24)
+    mlp.gate_up_proj = _projection(16, 48, bias=False, seed=6)
+    mlp.down_proj = _projection(24, 16, bias=False, seed=7)
+    x = torch.randn(rows, 16, generator=_gen(8)) * 2
+    gate_up = x @ mlp.gate_up_proj.weight.t()
+    want = (F.silu(gate_up[:, :24]) * gate_up[:, 24:]) @ mlp.down_proj.weight.t()
+    mlp.kernels = LIB
+    assert torch.allclose(mlp(x), want, rtol=1e-5, atol=1e-4)
+
+
+def _paged_decode_batch(ctx_lens, block_size=4, hq=6, hkv=2, d=16, seed=9):
+    """A pool with shuffled blocks and one decode token per sequence of ``ctx_lens``."""
+    gen = _gen(seed)
+    need = sum(-(-c // block_size) for c in ctx_lens)
+    k_cache = torch.randn(need + 3, block_size, hkv, d, generator=gen)
+    v_cache = torch.randn(need + 3, block_size, hkv, d, generator=gen)
+    free = (torch.randperm(need + 2, generator=gen) + 1).tolist()
+    tables = [[free.pop() for _ in range(-(-c // block_size))] for c in ctx_lens]
+    width = max(map(len, tables))
+    slots = [t[(c - 1) // block_size] * block_size + (c - 1) % block_size
+             for t, c in zip(tables, ctx_lens, strict=True)]  # fmt: skip
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots),
+        block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
+        context_lens=torch.tensor(ctx_lens, dtype=torch.int32),
+        query_start_loc=torch.arange(len(ctx_lens) + 1, dtype=torch.int32),
+    )  # fmt: skip
+    n = len(ctx_lens)
+    q, k, v = (torch.randn(n, h, d, generator=gen) for h in (hq, hkv, hkv))
+    return q, k, v, (k_cache, v_cache), meta, block_size
+
+
+@needs_kernels
+@pytest.mark.parametrize("num_threads", [1, 2])
+def test_decode_attention_is_bit_identical_alone_and_in_a_batch(threads, num_threads):
+    ctx_lens = [1, 7, 13, 30, 5]
+    q, k, v, kv, meta, block_size = _paged_decode_batch(ctx_lens)
+    threads(num_threads)
+    scale = 0.25
+    batch = paged_attention(q, k, v, kv, AttentionPlan(meta, block_size, kernels=LIB), scale)
+    reference = paged_attention(q, k, v, kv, AttentionPlan(meta, block_size), scale)
+    assert torch.allclose(batch, reference, atol=1e-5)  # torch's gather + SDPA path
+    threads(1)
+    for i, ctx in enumerate(ctx_lens):
+        one = AttentionMetadata(
+            slot_mapping=meta.slot_mapping[i : i + 1],
+            block_tables=meta.block_tables[i : i + 1],
+            context_lens=torch.tensor([ctx], dtype=torch.int32),
+            query_start_loc=torch.tensor([0, 1], dtype=torch.int32),
+        )
+        alone = paged_attention(
+            q[i : i + 1], k[i : i + 1], v[i : i + 1], kv, AttentionPlan(one, block_size, kernels=LIB), scale
+        )  # fmt: skip
+        assert torch.equal(alone[0], batch[i]), i
+
+
+@pytest.fixture
+def fresh_state(monkeypatch, tmp_path):
+    """A process state with no library loaded yet, building into an empty cache."""
+    monkeypatch.setattr(native, "_state", {})
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    return tmp_path
+
+
+@needs_kernels
+def test_the_build_is_cached_by_source_and_rebuilt_when_it_changes(fresh_state, monkeypatch):
+    assert native.kernels() is not None
+    (built,) = (fresh_state / "pagedkv" / "native").glob("*.so")
+    stamp = built.stat().st_mtime_ns
+    monkeypatch.setattr(native, "_state", {})
+    native.kernels()
+    assert [p.stat().st_mtime_ns for p in built.parent.glob("*.so")] == [stamp]  # reused
+    changed = fresh_state / "native_kernels.c"
+    changed.write_text(native.SOURCE.read_text() + "\n/* changed */\n")
+    monkeypatch.setattr(native, "SOURCE", changed)
+    monkeypatch.setattr(native, "_state", {})
+    assert native.kernels() is not None
+    assert len(list(built.parent.glob("*.so"))) == 2
+
+
+def test_a_failing_compiler_or_the_switch_gives_the_torch_path_and_says_why(
+    fresh_state, monkeypatch
+):
+    monkeypatch.setenv("PAGEDKV_NATIVE", "0")
+    assert native.kernels() is None and native.unavailable_reason() == "PAGEDKV_NATIVE=0"
+    monkeypatch.delenv("PAGEDKV_NATIVE")
+    monkeypatch.setattr(native, "_state", {})
+    monkeypatch.setenv("CC", "false")
+    assert native.kernels() is None
+    reason = native.unavailable_reason()
+    assert reason.startswith(("false failed", "the CPU", "the kernels are", "torch's")), reason
+    assert not list((fresh_state / "pagedkv" / "native").glob("*.so"))  # no half a library
+
+
+def test_set_enabled_false_loads_the_torch_projections(embedded, monkeypatch):
+    from pagedkv.model import load_model
+    from pagedkv.model.layers import Projection
+
+    monkeypatch.setattr(native, "_state", dict(native._state))
+    native.set_enabled(False)
+    _, model, tokenizer = load_model(None, progress=False)
+    assert isinstance(model.lm_head, Projection) and model.kernels is None
+    assert "native kernels off" in model.weights_report
+    if LIB is None:
+        return
+    # Both paths on the same prompt: the same greedy argmax, logits within fp32 rounding.
+    _, ours, _ = embedded
+    assert isinstance(ours.lm_head, NativeProjection)
+    ids = torch.tensor(tokenizer.encode("The capital of France is"))
+    hidden = [m.embed(ids) for m in (ours, model)]
+    assert torch.equal(hidden[0], hidden[1])
+    last = [m.compute_logits(m.norm(h)[-1:]) for m, h in zip((ours, model), hidden, strict=True)]
+    assert torch.allclose(last[0], last[1], atol=1e-4)
