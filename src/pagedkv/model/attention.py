@@ -88,7 +88,7 @@ class AttentionPlan:
         multiple of 8 (the caller checks): decode attention then runs on the paged kernel."""
         self.kernels = kernels
         self.block_size = block_size
-        self.slot_mapping = meta.slot_mapping.to(torch.int64)
+        self.slot_mapping = meta.slot_mapping.to(torch.int64).contiguous()
         starts = meta.query_start_loc.to(torch.int64)
         q_lens = starts[1:] - starts[:-1]
         ctx_lens = meta.context_lens.to(torch.int64)
@@ -195,18 +195,21 @@ def paged_attention(
     kv_cache: KVCache,
     plan: AttentionPlan,
     scale: float,
+    written: bool = False,
 ) -> torch.Tensor:
     """Attention of one layer. ``q`` ``[T, Hq, D]``, ``k``/``v`` ``[T, Hkv, D]`` (RoPE applied).
 
     Mutates ``kv_cache``: the new K/V land in their slots *before* any sequence reads, so a
-    prefill chunk sees itself. Returns ``[T, Hq * D]``, a new tensor.
+    prefill chunk sees itself (``written``: the caller has put them there already). Returns
+    ``[T, Hq * D]``, a new tensor.
     """
     k_cache, v_cache = kv_cache
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     k_flat = k_cache.view(-1, num_kv_heads, head_dim)
     v_flat = v_cache.view(-1, num_kv_heads, head_dim)
-    k_flat.index_copy_(0, plan.slot_mapping, _as(k, k_cache.dtype))
-    v_flat.index_copy_(0, plan.slot_mapping, _as(v, v_cache.dtype))
+    if not written:
+        k_flat.index_copy_(0, plan.slot_mapping, _as(k, k_cache.dtype))
+        v_flat.index_copy_(0, plan.slot_mapping, _as(v, v_cache.dtype))
     num_tokens, num_heads, _ = q.shape
     lone = plan.decode is None and len(plan.prefills) == 1  # the batch is one prefill: TTFT
     out = None if lone else q.new_empty(num_tokens, num_heads * head_dim)

@@ -187,3 +187,33 @@ void pk_decode_attention(const float *q, int64_t q_stride, const float *k_cache,
             _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_loadu_ps(o + i), inv));
     }
 }
+
+/* RoPE and the KV write of one layer, in place, for rows of qkv = [q heads | k heads | v heads]
+ * (row r at qkv + r * row_stride, heads of d floats): every q and k head rotated as
+ * layers.apply_rotary does (pairs i, i + d/2; cos [rows, d] and signed_sin [rows, d] as
+ * RotaryEmbedding.cos_sin gives them), then the rotated k and the v of row r copied to slot
+ * slots[r] of the caches [num_slots, hkv, d]. Rows are independent: any batch, same bits. */
+void pk_rope_store(float *qkv, int64_t row_stride, const float *cos, const float *signed_sin,
+                   const int64_t *slots, float *k_cache, float *v_cache, int64_t rows,
+                   int64_t hq, int64_t hkv, int64_t d, int threads) {
+    int64_t half = d / 2, kv_row = hkv * d;
+    #pragma omp parallel for schedule(static) num_threads(threads) if(threads > 1 && rows >= 16)
+    for (int64_t r = 0; r < rows; r++) {
+        float *row = qkv + r * row_stride;
+        const float *c = cos + r * d, *s = signed_sin + r * d;
+        for (int64_t h = 0; h < hq + hkv; h++) {
+            float *x = row + h * d;
+            for (int64_t i = 0; i < half; i++) {
+                float a = x[i], b = x[i + half];
+                x[i] = a * c[i] + b * s[i];
+                x[i + half] = b * c[i + half] + a * s[i + half];
+            }
+        }
+        float *kd = k_cache + slots[r] * kv_row, *vd = v_cache + slots[r] * kv_row;
+        const float *ks = row + hq * d, *vs = ks + kv_row;
+        for (int64_t i = 0; i < kv_row; i++) {
+            kd[i] = ks[i];
+            vd[i] = vs[i];
+        }
+    }
+}
