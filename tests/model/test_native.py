@@ -223,12 +223,8 @@ def test_set_enabled_false_loads_the_torch_projections(embedded, monkeypatch):
     assert torch.allclose(last[0], last[1], atol=1e-4)
 
 
-@needs_kernels
-def test_a_model_step_with_kernels_matches_the_torch_path_kv_included():
-    """A mixed step (a prompt of 5, two decodes) through a random tiny model, once with the
-    kernels (RoPE + KV write in place, paged decode attention, projections, norms) and once
-    with torch's ops: the same hidden states and the same K/V in every slot."""
-    from pagedkv.model.kv_pool import allocate_kv_caches
+def _tiny_models():
+    """The same random tiny llama twice: loaded with the kernels and without."""
     from pagedkv.model.llama import build_model
 
     from .tiny import tiny_model_config
@@ -253,7 +249,27 @@ def test_a_model_step_with_kernels_matches_the_torch_path_kv_included():
         models.append(model)
     native.set_enabled(True)
     assert models[0].kernels is not None and models[1].kernels is None
-    block_size = 4
+    return config, models
+
+
+def _run_step(model, config, meta, positions, input_ids, block_size=4):
+    """One forward on a fresh pool holding the same random cached contexts."""
+    from pagedkv.model.kv_pool import allocate_kv_caches
+
+    prefix = torch.randn(config.num_layers, 2, 8, block_size, 2, 16, generator=_gen(11))
+    kv = allocate_kv_caches(config.num_layers, 8, block_size, 2, 16)
+    for (k, v), (pk, pv) in zip(kv, prefix, strict=True):
+        k.copy_(pk)
+        v.copy_(pv)
+    return model(input_ids, positions, kv, meta, block_size), kv
+
+
+@needs_kernels
+def test_a_model_step_with_kernels_matches_the_torch_path_kv_included():
+    """A mixed step (a prompt of 5, two decodes) through a random tiny model, once with the
+    kernels (RoPE + KV write in place, paged decode attention, projections, norms) and once
+    with torch's ops: the same hidden states and the same K/V in every slot."""
+    config, models = _tiny_models()
     # Sequence 0: a new prompt of 5 in blocks [3, 1]; 1 and 2 decode at context 7 and 3.
     meta = AttentionMetadata(
         slot_mapping=torch.tensor([12, 13, 14, 15, 4, 22, 10]),
@@ -262,16 +278,31 @@ def test_a_model_step_with_kernels_matches_the_torch_path_kv_included():
         query_start_loc=torch.tensor([0, 5, 6, 7], dtype=torch.int32),
     )
     positions = torch.tensor([0, 1, 2, 3, 4, 6, 2])
-    input_ids = torch.randint(0, config.vocab_size, (7,), generator=gen)
-    prefix = torch.randn(config.num_layers, 2, 8, block_size, 2, 16, generator=gen)
-    outs, pools = [], []
-    for model in models:
-        kv = allocate_kv_caches(config.num_layers, 8, block_size, 2, 16)
-        for (k, v), (pk, pv) in zip(kv, prefix, strict=True):  # the decodes' cached contexts
-            k.copy_(pk)
-            v.copy_(pv)
-        outs.append(model(input_ids, positions, kv, meta, block_size))
-        pools.append(kv)
-    assert torch.allclose(outs[0], outs[1], atol=1e-5)
-    for (k0, v0), (k1, v1) in zip(*pools, strict=True):
+    input_ids = torch.randint(0, config.vocab_size, (7,), generator=_gen(12))
+    (out0, kv0), (out1, kv1) = (_run_step(m, config, meta, positions, input_ids) for m in models)
+    assert torch.allclose(out0, out1, atol=1e-5)
+    for (k0, v0), (k1, v1) in zip(kv0, kv1, strict=True):
         assert torch.allclose(k0, k1, atol=1e-5) and torch.allclose(v0, v1, atol=1e-5)
+
+
+@needs_kernels
+def test_a_decode_only_step_in_one_call_a_layer_is_bit_identical_to_the_separate_kernels():
+    config, (model, torch_model) = _tiny_models()
+    assert all(layer.fused_decode for layer in model.layers)
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor([5, 22, 10]),
+        block_tables=torch.tensor([[3, 1], [6, 5], [2, 0]], dtype=torch.int32),
+        context_lens=torch.tensor([6, 7, 3], dtype=torch.int32),
+        query_start_loc=torch.tensor([0, 1, 2, 3], dtype=torch.int32),
+    )
+    positions, input_ids = torch.tensor([5, 6, 2]), torch.tensor([7, 99, 256])
+    assert AttentionPlan(meta, 4, kernels=LIB).native_decode_only
+    fused, fused_kv = _run_step(model, config, meta, positions, input_ids)
+    for layer in model.layers:
+        layer.fused_decode = False
+    separate, separate_kv = _run_step(model, config, meta, positions, input_ids)
+    assert torch.equal(fused, separate)
+    for (k0, v0), (k1, v1) in zip(fused_kv, separate_kv, strict=True):
+        assert torch.equal(k0, k1) and torch.equal(v0, v1)
+    reference, _ = _run_step(torch_model, config, meta, positions, input_ids)
+    assert torch.allclose(fused, reference, atol=1e-5)

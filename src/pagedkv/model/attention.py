@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from pagedkv.model.attention_metadata import AttentionMetadata
 from pagedkv.model.kv_pool import KVCache
+from pagedkv.model.native import MAX_ROWS as native_max_rows
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,13 @@ class AttentionPlan:
             for i in (q_lens > 1).nonzero().flatten().tolist()
         ]
         self._scratch: dict[str, torch.Tensor] = {}
+        # Every row a decode token read by the paged kernel: a layer may run as one native call.
+        self.native_decode_only = (
+            isinstance(self.decode, _NativeDecode)
+            and self.decode.token_index is None
+            and not self.prefills
+            and meta.num_tokens <= native_max_rows
+        )
 
     def scratch(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """An uninitialised buffer kept for this forward: every layer gathers into the same

@@ -70,6 +70,8 @@ class DecoderLayer(nn.Module):
         self.o_proj = Projection(self.q_size, config.hidden_size)
         self.post_attention_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
+        # Every part native (set by load_weights): a decode-only step runs the layer in one call.
+        self.fused_decode = False
 
     def forward(
         self,
@@ -79,6 +81,8 @@ class DecoderLayer(nn.Module):
         kv_cache: KVCache,
         plan: AttentionPlan,
     ) -> torch.Tensor:
+        if plan.native_decode_only and self.fused_decode and hidden.is_contiguous():
+            return self._decode_in_one_call(hidden, cos, sin, kv_cache, plan)
         if plan.kernels is not None:
             qkv = self.qkv_proj(self.input_norm(hidden))
             if qkv.is_contiguous() and cos.is_contiguous() and sin.is_contiguous():
@@ -87,6 +91,36 @@ class DecoderLayer(nn.Module):
                 return self.attention_outputs(hidden, attn)
         q, k, v = self.attention_inputs(hidden, cos, sin)
         return self.attention_outputs(hidden, paged_attention(q, k, v, kv_cache, plan, self.scale))
+
+    def _decode_in_one_call(
+        self,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: KVCache,
+        plan: AttentionPlan,
+    ) -> torch.Tensor:
+        """The whole layer as ``native.pk_decode_layer`` (a step of decode tokens only, every
+        part of the layer native: ``fused_decode``). Updates ``hidden`` in place (the
+        forward's own residual stream) and returns it."""
+        rows, width = hidden.shape
+        k_cache, v_cache = kv_cache
+        g, mlp, inter = plan.decode, self.mlp, self.mlp.down_proj.in_features
+        size = rows * (width + self.qkv_proj.out_features + self.q_size + 3 * inter)
+        work = plan.scratch("decode_layer", (size,), torch.float32)
+        bias = self.qkv_proj.bias
+        plan.kernels.pk_decode_layer(
+            hidden.data_ptr(), rows, width, self.input_norm.weight.data_ptr(),
+            self.post_attention_norm.weight.data_ptr(), self.input_norm.eps,
+            self.qkv_proj.weight.data_ptr(), None if bias is None else bias.data_ptr(),
+            self.o_proj.weight.data_ptr(), mlp.gate_up_proj.weight.data_ptr(),
+            mlp.down_proj.weight.data_ptr(), inter, self.num_heads, self.num_kv_heads,
+            self.head_dim, cos.data_ptr(), sin.data_ptr(), plan.slot_mapping.data_ptr(),
+            k_cache.data_ptr(), v_cache.data_ptr(), g.tables.data_ptr(), g.tables.stride(0),
+            g.ctx_lens.data_ptr(), plan.block_size, self.scale, work.data_ptr(),
+            torch.get_num_threads(),
+        )  # fmt: skip
+        return hidden
 
     def _rotated_and_stored(
         self,
@@ -295,6 +329,21 @@ class CausalLM(nn.Module):
                 )
                 norm.kernels = kernels if norm.weight.shape[0] % 8 == 0 else None
             layer.mlp.kernels = kernels
+            layer.fused_decode = (
+                kernels is not None
+                and layer.input_norm.kernels is not None
+                and layer.post_attention_norm.kernels is not None
+                and layer.input_norm.eps == layer.post_attention_norm.eps
+                and all(
+                    isinstance(p, NativeProjection)
+                    for p in (
+                        layer.qkv_proj,
+                        layer.o_proj,
+                        layer.mlp.gate_up_proj,
+                        layer.mlp.down_proj,
+                    )
+                )  # fmt: skip
+            )
         if "rope_freqs.weight" in weights:
             self.rotary.scale_frequencies(weights["rope_freqs.weight"])
 

@@ -39,6 +39,28 @@ _SIGNATURES = {
     "pk_silu_mul": [_P, _P, _I64, _I64, _INT],
     "pk_decode_attention": [_P, _I64, _P, _P, _P, _I64, _P, _P, *[_I64] * 5, _F, _INT],
     "pk_rope_store": [_P, _I64, _P, _P, _P, _P, _P, *[_I64] * 4, _INT],
+    "pk_decode_layer": [
+        _P,
+        _I64,
+        _I64,
+        _P,
+        _P,
+        _F,
+        *[_P] * 5,
+        *[_I64] * 4,
+        _P,
+        _P,
+        _P,
+        _P,
+        _P,
+        _P,
+        _I64,
+        _P,
+        _I64,
+        _F,
+        _P,
+        _INT,
+    ],
 }
 
 
