@@ -16,7 +16,7 @@ from pagedkv.model import native
 from pagedkv.model.attention import AttentionPlan, paged_attention
 from pagedkv.model.attention_metadata import AttentionMetadata
 from pagedkv.model.layers import RMSNorm, SwiGLU
-from pagedkv.model.native_projection import NativeProjection
+from pagedkv.model.native_projection import NativeProjection, native_factory
 
 LIB = native.kernels()
 needs_kernels = pytest.mark.skipif(
@@ -107,15 +107,32 @@ def test_rms_norm_matches_float64_and_is_row_invariant(threads, rows):
 
 @needs_kernels
 @pytest.mark.parametrize("rows", [1, 20])
-def test_swiglu_with_kernels_matches_torch(rows):
-    mlp = SwiGLU(16, 24)
-    mlp.gate_up_proj = _projection(16, 48, bias=False, seed=6)
-    mlp.down_proj = _projection(24, 16, bias=False, seed=7)
+@pytest.mark.parametrize("inter", [24, 20])  # 20: a tail of 4 past the 8-wide exp
+def test_swiglu_with_kernels_matches_torch(rows, inter):
+    mlp = SwiGLU(16, inter)
+    mlp.gate_up_proj = _projection(16, 2 * inter, bias=False, seed=6)
+    down = torch.randn(16, inter, generator=_gen(7))
+    mlp.down_proj = native_factory()("down", down, None)  # torch's Projection at in = 20
     x = torch.randn(rows, 16, generator=_gen(8)) * 2
     gate_up = x @ mlp.gate_up_proj.weight.t()
-    want = (F.silu(gate_up[:, :24]) * gate_up[:, 24:]) @ mlp.down_proj.weight.t()
+    want = (F.silu(gate_up[:, :inter]) * gate_up[:, inter:]) @ down.t()
     mlp.kernels = LIB
     assert torch.allclose(mlp(x), want, rtol=1e-5, atol=1e-4)
+
+
+@needs_kernels
+def test_silu_of_the_whole_float_range_is_within_two_ulp():
+    """The vectorised exp: small, large, huge and tiny gates (the clamp at +-88)."""
+    gate = torch.cat([torch.linspace(-120, 120, 4001), torch.randn(4000, generator=_gen(13)) * 5])
+    gate_up = torch.cat([gate, torch.ones_like(gate)])[None].contiguous()
+    out = torch.empty(1, gate.numel())
+    LIB.pk_silu_mul(gate_up.data_ptr(), out.data_ptr(), 1, gate.numel(), 1)
+    want = F.silu(gate.double())
+    normal = want.abs() > 1e-30
+    rel = (out[0].double() - want).abs()[normal] / want.abs()[normal]
+    assert rel.max() < 2.5e-7
+    assert torch.isfinite(out).all()  # no overflow, no NaN
+    assert out[0][~normal].abs().max() < 1e-30  # silu(-120) underflows, as it should
 
 
 def _paged_decode_batch(ctx_lens, block_size=4, hq=6, hkv=2, d=16, seed=9):

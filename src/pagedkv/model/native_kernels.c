@@ -129,13 +129,41 @@ void pk_rms_norm(const float *x, const float *weight, float *y, int64_t rows, in
     }
 }
 
+/* exp(x) for 8 floats: x = n ln2 + r, |r| <= ln2 / 2, a degree-6 polynomial for exp(r)
+ * (Cephes' expf coefficients), times 2^n built in the exponent bits; x clamped to the range
+ * where 2^n is a normal float (exp(-87.3) ~ 1e-38, exp(88.3) ~ 2e38). About 1 ulp; the scalar
+ * expf of libm made silu * up 2.4x slower than torch's at 256 rows. */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);  /* ln2, in two parts */
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
 /* out[r, :] = silu(gate_up[r, :half]) * gate_up[r, half:]; out [rows, half]. */
 void pk_silu_mul(const float *gate_up, float *out, int64_t rows, int64_t half, int threads) {
-    #pragma omp parallel for schedule(static) num_threads(threads) if(threads > 1 && rows >= 16)
+    #pragma omp parallel for schedule(static) num_threads(threads) if(threads > 1 && rows >= 8)
     for (int64_t r = 0; r < rows; r++) {
         const float *g = gate_up + r * 2 * half, *u = g + half;
         float *o = out + r * half;
-        for (int64_t i = 0; i < half; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        int64_t i = 0;
+        for (; i + 8 <= half; i += 8) {
+            __m256 gv = _mm256_loadu_ps(g + i);
+            __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+            __m256 silu = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+            _mm256_storeu_ps(o + i, _mm256_mul_ps(silu, _mm256_loadu_ps(u + i)));
+        }
+        for (; i < half; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
     }
 }
 
