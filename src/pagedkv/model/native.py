@@ -20,6 +20,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -129,6 +130,7 @@ def _build(compiler: str) -> Path:
     if path.exists():
         return path
     cache.mkdir(parents=True, exist_ok=True)
+    print(f"pagedkv: building the native kernels into {path} (once, ~1 s)", file=sys.stderr)
     fd, tmp = tempfile.mkstemp(dir=cache, suffix=".so")
     os.close(fd)
     try:
