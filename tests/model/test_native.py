@@ -42,10 +42,14 @@ def _projection(k: int, n: int, bias: bool, seed: int = 0) -> NativeProjection:
 
 
 @needs_kernels
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 64, 65, 130])  # 65 and up: torch's mm
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 64, 65, 130])  # 65 and up: MKL, sharded
 @pytest.mark.parametrize("k, n", [(8, 4), (48, 18), (576, 96)])  # 18: a tail of 2 columns
 @pytest.mark.parametrize("bias", [False, True])
-def test_projection_and_its_residual_add_match_float64(rows, k, n, bias):
+@pytest.mark.parametrize("num_threads", [1, 2, 3])  # 18 columns: no 3 even shards, one mm
+def test_projection_its_residual_add_and_halves_match_float64(
+    threads, rows, k, n, bias, num_threads
+):
+    threads(num_threads)
     module = _projection(k, n, bias, seed=rows)
     x = torch.randn(rows, k, generator=_gen(1))
     residual = torch.randn(rows, n, generator=_gen(2))
@@ -57,6 +61,8 @@ def test_projection_and_its_residual_add_match_float64(rows, k, n, bias):
     before = residual.clone()
     assert torch.allclose(module.added_to(residual, x).double(), residual.double() + want, atol=tol)
     assert torch.equal(residual, before)  # a new tensor; the residual is not touched
+    first, second = module.halves(x)
+    assert torch.allclose(torch.cat([first, second], 1).double(), want, atol=tol)
 
 
 @needs_kernels
@@ -106,9 +112,11 @@ def test_rms_norm_matches_float64_and_is_row_invariant(threads, rows):
 
 
 @needs_kernels
-@pytest.mark.parametrize("rows", [1, 20])
+@pytest.mark.parametrize("rows", [1, 20, 70])  # 70: gate and up as two shards at 2 threads
 @pytest.mark.parametrize("inter", [24, 20])  # 20: a tail of 4 past the 8-wide exp
-def test_swiglu_with_kernels_matches_torch(rows, inter):
+@pytest.mark.parametrize("num_threads", [1, 2])
+def test_swiglu_with_kernels_matches_torch(threads, rows, inter, num_threads):
+    threads(num_threads)
     mlp = SwiGLU(16, inter)
     mlp.gate_up_proj = _projection(16, 2 * inter, bias=False, seed=6)
     down = torch.randn(16, inter, generator=_gen(7))
@@ -126,7 +134,10 @@ def test_silu_of_the_whole_float_range_is_within_two_ulp():
     gate = torch.cat([torch.linspace(-120, 120, 4001), torch.randn(4000, generator=_gen(13)) * 5])
     gate_up = torch.cat([gate, torch.ones_like(gate)])[None].contiguous()
     out = torch.empty(1, gate.numel())
-    LIB.pk_silu_mul(gate_up.data_ptr(), out.data_ptr(), 1, gate.numel(), 1)
+    n = gate.numel()
+    LIB.pk_silu_mul(
+        gate_up.data_ptr(), 2 * n, gate_up.data_ptr() + 4 * n, 2 * n, out.data_ptr(), 1, n, 1
+    )
     want = F.silu(gate.double())
     normal = want.abs() > 1e-30
     rel = (out[0].double() - want).abs()[normal] / want.abs()[normal]

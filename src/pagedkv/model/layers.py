@@ -56,31 +56,22 @@ class Projection(ProjectionBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         product = self._sharded(x)
         if product is not None:
-            return _joined(product)
+            return joined(product)
         if self.bias is None:
             return x @ self.weight_t
         return torch.addmm(self.bias, x, self.weight_t)
 
     def added_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         product = self._sharded(x)
-        if product is None or x.shape[0] == 1 or not residual.is_contiguous():
-            return residual + (self.forward(x) if product is None else _joined(product))
-        # The residual seen as shards: the add reads the product where the bmm wrote it,
-        # instead of a transposed copy first (a 256-row prefill: 60 copies fewer).
-        threads, rows, width = product.shape
-        shards_view = residual.view(rows, threads, width)
-        return torch.add(shards_view, product.transpose(0, 1)).reshape(rows, threads * width)
+        if product is None:
+            return residual + self.forward(x)
+        return shards_added_to(residual, product)
 
     def halves(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         product = self._sharded(x)
-        if product is None or product.shape[0] % 2:
-            return _split(self.forward(x) if product is None else _joined(product))
-        # An even number of shards: the first half of them holds the first half of the columns,
-        # as views at 2 threads or at one row (gate and up of a 256-row prefill: no copy).
-        threads, rows, width = product.shape
-        pairs = product.view(2, threads // 2, rows, width).transpose(1, 2)
-        first, second = pairs.reshape(2, rows, threads // 2 * width).unbind()
-        return first, second
+        if product is None:
+            return _split(self.forward(x))
+        return shard_halves(product)
 
     def _sharded(self, x: torch.Tensor) -> torch.Tensor | None:
         """``x @ weight_t`` as ``[threads, rows, out / threads]``: one ``bmm`` over ``threads``
@@ -128,7 +119,30 @@ class Projection(ProjectionBase):
         )
 
 
-def _joined(product: torch.Tensor) -> torch.Tensor:
+def shards_added_to(residual: torch.Tensor, product: torch.Tensor) -> torch.Tensor:
+    """``residual + product`` joined, for a product ``[threads, rows, out / threads]`` of
+    column shards: the residual is seen as shards, so that the add reads the product where
+    the bmm wrote it instead of a transposed copy first (a 256-row prefill: 60 copies fewer)."""
+    threads, rows, width = product.shape
+    if rows == 1 or not residual.is_contiguous():
+        return residual + joined(product)
+    shards_view = residual.view(rows, threads, width)
+    return torch.add(shards_view, product.transpose(0, 1)).reshape(rows, threads * width)
+
+
+def shard_halves(product: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first and second half of the columns of a column-shard product. With an even
+    number of shards the first half of them holds the first half of the columns: views at 2
+    threads or at one row (gate and up of a 256-row prefill: no copy)."""
+    threads, rows, width = product.shape
+    if threads % 2:
+        return _split(joined(product))
+    pairs = product.view(2, threads // 2, rows, width).transpose(1, 2)
+    first, second = pairs.reshape(2, rows, threads // 2 * width).unbind()
+    return first, second
+
+
+def joined(product: torch.Tensor) -> torch.Tensor:
     """``[threads, rows, out / threads]`` -> ``[rows, out]``: a view at one row, a copy above."""
     threads, rows, width = product.shape
     return product.transpose(0, 1).reshape(rows, threads * width)
@@ -300,16 +314,19 @@ class SwiGLU(nn.Module):
         return self.down_proj.added_to(residual, self._gated(x))
 
     def _gated(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kernels is not None and not torch.compiler.is_compiling():
-            gate_up = self.gate_up_proj(x)
-            if gate_up.dtype == torch.float32 and gate_up.is_contiguous():
-                rows, width = gate_up.shape
-                out = torch.empty(rows, width // 2, dtype=torch.float32)
-                self.kernels.pk_silu_mul(
-                    gate_up.data_ptr(), out.data_ptr(), rows, width // 2, torch.get_num_threads()
-                )
-                return out
-            gate, up = _split(gate_up)
-            return F.silu(gate).mul_(up)
         gate, up = self.gate_up_proj.halves(x)
+        if (
+            self.kernels is not None
+            and gate.dtype == torch.float32
+            and gate.stride(1) == 1
+            and up.stride(1) == 1
+            and not torch.compiler.is_compiling()
+        ):  # rows of each half evenly strided: halves of one product, or two shards
+            rows, half = gate.shape
+            out = torch.empty(rows, half, dtype=torch.float32)
+            self.kernels.pk_silu_mul(
+                gate.data_ptr(), gate.stride(0), up.data_ptr(), up.stride(0), out.data_ptr(),
+                rows, half, torch.get_num_threads(),
+            )  # fmt: skip
+            return out
         return F.silu(gate).mul_(up)

@@ -37,7 +37,7 @@ _P, _I64, _INT, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_flo
 _SIGNATURES = {
     "pk_linear": [_P, _P, _P, _P, _P, _I64, _I64, _I64, _INT],
     "pk_rms_norm": [_P, _P, _P, _I64, _I64, _F, _INT],
-    "pk_silu_mul": [_P, _P, _I64, _I64, _INT],
+    "pk_silu_mul": [_P, _I64, _P, _I64, _P, _I64, _I64, _INT],
     "pk_decode_attention": [_P, _I64, _P, _P, _P, _I64, _P, _P, *[_I64] * 5, _F, _INT],
     "pk_rope_store": [_P, _I64, _P, _P, _P, _P, _P, *[_I64] * 4, _INT],
     "pk_decode_layer": [

@@ -150,11 +150,14 @@ static inline __m256 exp8(__m256 x) {
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
-/* out[r, :] = silu(gate_up[r, :half]) * gate_up[r, half:]; out [rows, half]. */
-void pk_silu_mul(const float *gate_up, float *out, int64_t rows, int64_t half, int threads) {
+/* out[r, :] = silu(gate[r, :]) * up[r, :] for rows of ``half`` floats; row r of gate at
+ * gate + r * gate_stride (of up likewise); out [rows, half] contiguous. Gate and up are the two
+ * halves of one [rows, 2 * half] product (strides 2 * half) or two shards (strides half). */
+void pk_silu_mul(const float *gate, int64_t gate_stride, const float *up, int64_t up_stride,
+                 float *out, int64_t rows, int64_t half, int threads) {
     #pragma omp parallel for schedule(static) num_threads(threads) if(threads > 1 && rows >= 8)
     for (int64_t r = 0; r < rows; r++) {
-        const float *g = gate_up + r * 2 * half, *u = g + half;
+        const float *g = gate + r * gate_stride, *u = up + r * up_stride;
         float *o = out + r * half;
         int64_t i = 0;
         for (; i + 8 <= half; i += 8) {
@@ -271,6 +274,6 @@ void pk_decode_layer(float *hidden, int64_t rows, int64_t h, const float *norm1,
     pk_linear(attn, w_o, NULL, hidden, hidden, rows, hq * d, h, threads);
     pk_rms_norm(hidden, norm2, normed, rows, h, eps, threads);
     pk_linear(normed, w_gate_up, NULL, NULL, gate_up, rows, h, 2 * inter, threads);
-    pk_silu_mul(gate_up, act, rows, inter, threads);
+    pk_silu_mul(gate_up, 2 * inter, gate_up + inter, 2 * inter, act, rows, inter, threads);
     pk_linear(act, w_down, NULL, hidden, hidden, rows, inter, h, threads);
 }
