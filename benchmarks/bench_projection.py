@@ -1,10 +1,12 @@
 """Does the column-sharded projection pay on this CPU? torch's ``mm`` vs one ``bmm`` over a
-column shard per thread (``layers.Projection``), interleaved, medians.
+column shard per thread (``projection.Projection``, the torch path, taken where pagedkv's own
+kernels do not load: this benchmark switches them off; ``bench_native.py`` compares the two),
+interleaved, medians.
 
 1. kernels: every projection matrix of the embedded SmolLM2-135M (121 of them, 538 MB) at
    ``--rows`` rows, both ways, and the rate at which each reads the weights;
 2. engine: decode steps of the real engine at ``--batch-sizes``, with the sharded path on and
-   off (``layers.SHARDED_MAX_ROWS``) in the same process.
+   off (``projection.SHARDED_MAX_ROWS``) in the same process.
 
 Nothing is asserted; docs/latency.md quotes a run.
 
@@ -19,8 +21,8 @@ import time
 
 import torch
 
-import pagedkv.model.layers as layers
-from pagedkv.model import load_model
+import pagedkv.model.projection as projection
+from pagedkv.model import load_model, native
 from profile_step import decoding_engine
 
 
@@ -35,7 +37,7 @@ def median_ms(fn, repeats: int) -> float:
 
 
 def bench_kernels(model, rows: int, repeats: int) -> str:
-    projections = [m for m in model.modules() if isinstance(m, layers.Projection)]
+    projections = [m for m in model.modules() if isinstance(m, projection.Projection)]
     inputs = {p.in_features: torch.randn(rows, p.in_features) for p in projections}
     mb = sum(p.weight_t.numel() * p.weight_t.element_size() for p in projections) / 1e6
 
@@ -60,15 +62,15 @@ def bench_kernels(model, rows: int, repeats: int) -> str:
 
 def bench_engine(loaded, batch_size: int, repeats: int) -> str:
     engine = decoding_engine(loaded, batch_size, 12 * repeats)
-    saved = layers.SHARDED_MAX_ROWS
+    saved = projection.SHARDED_MAX_ROWS
     times: dict[int, list[float]] = {0: [], saved: []}
     try:
         for _ in range(repeats):
             for limit in times:
-                layers.SHARDED_MAX_ROWS = limit
+                projection.SHARDED_MAX_ROWS = limit
                 times[limit].append(median_ms(engine.step, 5))
     finally:
-        layers.SHARDED_MAX_ROWS = saved
+        projection.SHARDED_MAX_ROWS = saved
     mm, bmm = (statistics.median(times[k]) for k in (0, saved))
     return f"| {batch_size} | {mm:.1f} ms | {bmm:.1f} ms | {mm / bmm:.2f}x |"
 
@@ -81,6 +83,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    native.set_enabled(False)  # the torch Projection, sharded or not
     loaded = load_model(None, progress=False)
     print(f"{args.threads} threads, cpu {torch.backends.cpu.get_cpu_capability()}\n")
     print("| rows | mm | bmm, a shard a thread | speed-up |\n|---:|---:|---:|---:|")

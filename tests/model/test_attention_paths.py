@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from pagedkv.model import native
-from pagedkv.model.attention import AttentionPlan, _NativeDecode, paged_attention
+from pagedkv.model.attention import AttentionPlan, paged_attention
 from pagedkv.model.attention_metadata import AttentionMetadata
+from pagedkv.model.attention_plan import NativeDecode
 
 HQ, HKV, D = 6, 2, 8
 
@@ -104,7 +105,7 @@ def test_fast_paths_match_the_naive_reference(ctx_and_new, consecutive, B, kerne
     assert torch.allclose(out.double(), torch.cat(expected), atol=1e-5)
     decodes = sum(new == 1 for _, new in ctx_and_new)
     if lib is not None:
-        assert isinstance(plan.decode, _NativeDecode) == (decodes > 0)
+        assert isinstance(plan.decode, NativeDecode) == (decodes > 0)
         return
     # The fast paths really ran: consecutive slots read as a view, a whole prompt by the
     # causal kernel over its own K/V (nothing gathered).

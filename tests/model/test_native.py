@@ -232,7 +232,7 @@ def test_a_failing_compiler_or_the_switch_gives_the_torch_path_and_says_why(
 
 def test_set_enabled_false_loads_the_torch_projections(embedded, monkeypatch):
     from pagedkv.model import load_model
-    from pagedkv.model.layers import Projection
+    from pagedkv.model.projection import Projection
 
     monkeypatch.setattr(native, "_state", dict(native._state))
     native.set_enabled(False)

@@ -1,4 +1,4 @@
-"""``layers.Projection``: the column-sharded path (one shard a thread) computes ``x @ W (+ b)``
+"""``projection.Projection``: the column-sharded path (one shard a thread) computes ``x @ W (+ b)``
 exactly as the plain matmul does, at every row count and thread count, and follows a
 replaced weight; so do its residual add and its halves, which read the shards in place."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pagedkv.model import layers
-from pagedkv.model.layers import Projection
+from pagedkv.model import projection
+from pagedkv.model.projection import Projection
 
 
 @pytest.fixture
@@ -31,7 +31,9 @@ def _projection(in_features: int, out_features: int, bias: bool, seed: int) -> P
 
 
 @pytest.mark.parametrize("num_threads", [1, 2, 3, 4])
-@pytest.mark.parametrize("rows", [1, 2, 7, layers.SHARDED_MAX_ROWS, layers.SHARDED_MAX_ROWS + 1])
+@pytest.mark.parametrize(
+    "rows", [1, 2, 7, projection.SHARDED_MAX_ROWS, projection.SHARDED_MAX_ROWS + 1]
+)
 @pytest.mark.parametrize("bias", [False, True])
 def test_output_equals_the_plain_matmul(threads, num_threads, rows, bias):
     threads(num_threads)
@@ -39,7 +41,7 @@ def test_output_equals_the_plain_matmul(threads, num_threads, rows, bias):
     x = torch.randn(rows, 48, generator=torch.Generator().manual_seed(1))
     want = x @ module.weight_t + (module.bias if bias else 0)
     got = module(x)
-    sharded = num_threads > 1 and rows <= layers.SHARDED_MAX_ROWS
+    sharded = num_threads > 1 and rows <= projection.SHARDED_MAX_ROWS
     assert (module._shards is not None) == sharded  # which path ran
     assert got.shape == (rows, 96) and got.is_contiguous()
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
@@ -68,7 +70,7 @@ def test_a_replaced_weight_or_thread_count_is_followed(threads):
 
 
 @pytest.mark.parametrize("num_threads", [1, 2, 3, 4])
-@pytest.mark.parametrize("rows", [1, 5, layers.SHARDED_MAX_ROWS + 1])
+@pytest.mark.parametrize("rows", [1, 5, projection.SHARDED_MAX_ROWS + 1])
 @pytest.mark.parametrize("bias", [False, True])
 def test_added_to_a_residual_and_halves_equal_the_plain_matmul(threads, num_threads, rows, bias):
     threads(num_threads)
@@ -85,7 +87,7 @@ def test_added_to_a_residual_and_halves_equal_the_plain_matmul(threads, num_thre
     assert first.shape == second.shape == (rows, 48)
     torch.testing.assert_close(first, want[:, :48], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(second, want[:, 48:], rtol=1e-5, atol=1e-5)
-    assert (module._shards is not None) == (num_threads > 1 and rows <= layers.SHARDED_MAX_ROWS)
+    assert (module._shards is not None) == (num_threads > 1 and rows <= projection.SHARDED_MAX_ROWS)
 
 
 def test_a_residual_that_is_not_contiguous_is_added_all_the_same(threads):

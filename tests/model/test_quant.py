@@ -13,7 +13,7 @@ import torch
 from pagedkv.engine import EngineConfig
 from pagedkv.errors import UsageError
 from pagedkv.model.gguf_quants import dequantize_q4_1, dequantize_q8_0
-from pagedkv.model.layers import Projection
+from pagedkv.model.projection import Projection
 from pagedkv.model.quant import QuantizingFactory, QuantProjection, quantize_int4, quantize_int8
 
 

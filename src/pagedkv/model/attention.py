@@ -19,181 +19,13 @@ queries times the padded keys; docs/latency.md).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
-from pagedkv.model.attention_metadata import AttentionMetadata
+from pagedkv.model.attention_plan import AttentionPlan, DecodeGroup, NativeDecode
 from pagedkv.model.kv_pool import KVCache
-from pagedkv.model.native import MAX_ROWS as native_max_rows
 
-
-@dataclass(frozen=True)
-class _DecodeGroup:
-    """The sequences with one new token, padded to ``[S, max_ctx]`` keys."""
-
-    token_index: torch.Tensor | None  # int64 [S]: their rows in the batch; None: every row
-    # What to gather, one of the two: whole blocks (int64 [S * blocks], the first
-    # ceil(max_ctx / B) of each table: ~2x faster than slot by slot) or, when a block is much
-    # longer than the contexts (a reserved region), slots (int64 [S * max_ctx]).
-    gather_blocks: torch.Tensor | None
-    gather_slots: torch.Tensor | None
-    # float [S, 1, 1, max_ctx], 0 = may attend, -inf = padding; built once per step (a bool
-    # mask is converted by every layer's call). None: every context has the same length.
-    mask: torch.Tensor | None
-    num_seqs: int
-    max_ctx: int
-    # First slot when the group is one sequence whose context sits in consecutive slots (its
-    # blocks are consecutive ids, or it is one reserved region): K/V are read as a view,
-    # without the gather. None otherwise.
-    contiguous_from: int | None
-
-
-@dataclass(frozen=True)
-class _PrefillSeq:
-    """One sequence with several new tokens (rows ``start:stop`` of the batch)."""
-
-    start: int
-    stop: int
-    # Its context's slots, None when the whole context is new (a prompt without cached
-    # prefix): it then attends its own new K/V with the causal kernel, nothing gathered.
-    gather_slots: torch.Tensor | None
-    mask: torch.Tensor | None  # float [1, 1, new, ctx]: bottom-right causal over the context
-    contiguous_from: int | None  # as in ``_DecodeGroup``
-
-
-@dataclass(frozen=True)
-class _NativeDecode:
-    """The sequences with one new token, for ``native.pk_decode_attention``: it reads their
-    keys and values through their block tables, nothing gathered or padded."""
-
-    token_index: torch.Tensor | None  # as in ``_DecodeGroup``
-    tables: torch.Tensor  # int64 [S, blocks], contiguous
-    ctx_lens: torch.Tensor  # int64 [S]
-
-
-class AttentionPlan:
-    """Everything the layers need that depends only on the metadata, built once per forward,
-    and the scratch buffers its layers reuse one after another (``scratch``)."""
-
-    def __init__(
-        self,
-        meta: AttentionMetadata,
-        block_size: int,
-        dtype: torch.dtype = torch.float32,
-        kernels=None,
-    ) -> None:
-        """``dtype``: the queries' (masks are built in it: attention takes no other).
-        ``kernels``: ``native.kernels()`` when queries and caches are fp32 and the head size a
-        multiple of 8 (the caller checks): decode attention then runs on the paged kernel."""
-        self.kernels = kernels
-        self.block_size = block_size
-        self.slot_mapping = meta.slot_mapping.to(torch.int64).contiguous()
-        starts = meta.query_start_loc.to(torch.int64)
-        q_lens = starts[1:] - starts[:-1]
-        ctx_lens = meta.context_lens.to(torch.int64)
-        _validate(meta, q_lens, ctx_lens, block_size)
-        tables = meta.block_tables.to(torch.int64)
-        decode_ids = (q_lens == 1).nonzero().flatten()
-        self.decode: _DecodeGroup | _NativeDecode | None = None
-        if decode_ids.numel():
-            whole = decode_ids.numel() == meta.num_seqs  # then row i is sequence i
-            rows = None if whole else starts[decode_ids]
-            ctx, table = ctx_lens[decode_ids], tables[decode_ids]
-            if kernels is not None:
-                self.decode = _NativeDecode(rows, table.contiguous(), ctx.contiguous())
-            else:
-                self.decode = _plan_decode(rows, ctx, table, block_size, dtype)
-        self.prefills = [
-            _plan_prefill(
-                int(starts[i]), int(q_lens[i]), int(ctx_lens[i]), tables[i], block_size, dtype
-            )
-            for i in (q_lens > 1).nonzero().flatten().tolist()
-        ]
-        self._scratch: dict[str, torch.Tensor] = {}
-        # Every row a decode token read by the paged kernel: a layer may run as one native call.
-        self.native_decode_only = (
-            isinstance(self.decode, _NativeDecode)
-            and self.decode.token_index is None
-            and not self.prefills
-            and meta.num_tokens <= native_max_rows
-        )
-
-    def scratch(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        """An uninitialised buffer kept for this forward: every layer gathers into the same
-        memory (a fresh 40 MB gather per layer cost 4x the copy itself, in page faults)."""
-        buf = self._scratch.get(name)
-        if buf is None or buf.shape != shape or buf.dtype != dtype:
-            buf = self._scratch[name] = torch.empty(shape, dtype=dtype)
-        return buf
-
-
-def _validate(
-    meta: AttentionMetadata, q_lens: torch.Tensor, ctx_lens: torch.Tensor, block_size: int
-) -> None:
-    num_seqs = meta.num_seqs
-    if num_seqs < 1:
-        raise ValueError("a step needs at least one sequence")
-    if meta.query_start_loc.shape != (num_seqs + 1,) or meta.block_tables.shape[0] != num_seqs:
-        raise ValueError("query_start_loc must be [num_seqs + 1] and block_tables [num_seqs, *]")
-    if int(meta.query_start_loc[0]) != 0 or int(meta.query_start_loc[-1]) != meta.num_tokens:
-        raise ValueError("query_start_loc must run from 0 to num_tokens")
-    if bool((q_lens < 1).any()) or bool((ctx_lens < q_lens).any()):
-        raise ValueError("every sequence needs 1 <= new tokens <= context_lens")
-    if int(ctx_lens.max()) > meta.block_tables.shape[1] * block_size:
-        raise ValueError("block_tables do not cover context_lens")
-
-
-def _context_slots(tables: torch.Tensor, num_cols: int, block_size: int) -> torch.Tensor:
-    """Slots of context positions ``0..num_cols-1`` of each row of ``tables`` ``[S, blocks]``."""
-    cols = torch.arange(num_cols)
-    return tables[:, cols // block_size] * block_size + cols % block_size
-
-
-def _consecutive_from(slots: torch.Tensor) -> int | None:
-    return int(slots[0]) if bool((slots.diff() == 1).all()) else None
-
-
-def _plan_decode(
-    rows: torch.Tensor | None,
-    ctx: torch.Tensor,
-    tables: torch.Tensor,
-    block_size: int,
-    dtype: torch.dtype,
-) -> _DecodeGroup:
-    num_seqs, max_ctx = int(ctx.numel()), int(ctx.max())
-    num_blocks = -(-max_ctx // block_size)
-    gather_blocks = gather_slots = contiguous_from = None
-    # Slots are needed to find a lone sequence's view, or to gather when blocks would copy
-    # more than twice the context; computed at most once.
-    by_blocks = num_blocks * block_size <= 2 * max_ctx
-    if num_seqs == 1 or not by_blocks:
-        gather_slots = _context_slots(tables, max_ctx, block_size).flatten()
-    if num_seqs == 1:
-        contiguous_from = _consecutive_from(gather_slots)
-    if contiguous_from is None and by_blocks:
-        gather_blocks, gather_slots = tables[:, :num_blocks].flatten(), None
-    mask = None
-    if bool((ctx != max_ctx).any()):
-        padding = torch.arange(max_ctx)[None, :] >= ctx[:, None]
-        mask = torch.zeros(num_seqs, 1, 1, max_ctx, dtype=dtype)
-        mask.masked_fill_(padding[:, None, None], -torch.inf)
-    return _DecodeGroup(rows, gather_blocks, gather_slots, mask, num_seqs, max_ctx, contiguous_from)
-
-
-def _plan_prefill(
-    start: int, new: int, ctx: int, table: torch.Tensor, block_size: int, dtype: torch.dtype
-) -> _PrefillSeq:
-    if new == ctx:
-        return _PrefillSeq(start, start + new, None, None, None)
-    gather_slots = _context_slots(table[None], ctx, block_size).flatten()
-    # New token i sits at position ctx - new + i and sees keys 0..that position.
-    hidden_keys = torch.arange(ctx)[None, :] > (ctx - new + torch.arange(new))[:, None]
-    mask = torch.zeros(1, 1, new, ctx, dtype=dtype).masked_fill_(
-        hidden_keys[None, None], -torch.inf
-    )
-    return _PrefillSeq(start, start + new, gather_slots, mask, _consecutive_from(gather_slots))
+__all__ = ["AttentionPlan", "paged_attention"]
 
 
 def paged_attention(
@@ -221,7 +53,7 @@ def paged_attention(
     num_tokens, num_heads, _ = q.shape
     lone = plan.decode is None and len(plan.prefills) == 1  # the batch is one prefill: TTFT
     out = None if lone else q.new_empty(num_tokens, num_heads * head_dim)
-    if isinstance(g := plan.decode, _NativeDecode):
+    if isinstance(g := plan.decode, NativeDecode):
         attn = _native_decode(q, kv_cache, g, plan, scale)
         if g.token_index is None:
             out = attn
@@ -257,7 +89,7 @@ def paged_attention(
 
 
 def _native_decode(
-    q: torch.Tensor, kv_cache: KVCache, g: _NativeDecode, plan: AttentionPlan, scale: float
+    q: torch.Tensor, kv_cache: KVCache, g: NativeDecode, plan: AttentionPlan, scale: float
 ) -> torch.Tensor:
     """``[S, Hq * D]`` from the paged kernel (fp32 queries and caches, checked by the caller)."""
     k_cache, v_cache = kv_cache
@@ -276,7 +108,7 @@ def _native_decode(
 
 
 def _read_decode(
-    cache: torch.Tensor, g: _DecodeGroup, plan: AttentionPlan, name: str
+    cache: torch.Tensor, g: DecodeGroup, plan: AttentionPlan, name: str
 ) -> torch.Tensor:
     """The decode group's contexts ``[S, max_ctx, Hkv, D]`` from one layer's cache (a view of
     it or of the plan's scratch buffer: valid until the next layer reads)."""
@@ -293,7 +125,7 @@ def _read_decode(
 
 
 def _attend_decode(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, g: _DecodeGroup, scale: float
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, g: DecodeGroup, scale: float
 ) -> torch.Tensor:
     """``[S, Hq * D]``: each decode sequence's one query over its context (keys and values
     ``[S, max_ctx, Hkv, D]``, padding masked)."""

@@ -10,7 +10,8 @@ Usage by the engine (one call per step)::
 
 Weights arrive under *canonical* names (``layers.{i}.q_proj.weight`` ...); loaders translate
 file names into them, ``load_weights`` fuses Q/K/V and gate/up into single matmuls and stores
-every projection transposed (``layers.Projection``) or quantized (``quant.py``).
+every projection on pagedkv's kernels (``native_projection.py``), in torch
+(``projection.Projection``) or quantized (``quant.py``). The layer itself: ``decoder_layer.py``.
 """
 
 from __future__ import annotations
@@ -21,20 +22,14 @@ import torch
 from torch import nn
 
 from pagedkv.model import native
-from pagedkv.model.attention import AttentionPlan, paged_attention
+from pagedkv.model.attention import AttentionPlan
 from pagedkv.model.attention_metadata import AttentionMetadata
 from pagedkv.model.config import ModelConfig
+from pagedkv.model.decoder_layer import DecoderLayer
 from pagedkv.model.kv_pool import KVCache
-from pagedkv.model.layers import (
-    Projection,
-    ProjectionBase,
-    RMSNorm,
-    RotaryEmbedding,
-    SwiGLU,
-    apply_rotary,
-    projection_from_pieces,
-)
+from pagedkv.model.layers import RMSNorm, RotaryEmbedding
 from pagedkv.model.native_projection import NativeProjection, native_factory
+from pagedkv.model.projection import Projection, ProjectionBase, projection_from_pieces
 
 # A layer's projections → the canonical pieces their weight (and bias) concatenate, by rows.
 PROJECTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -53,120 +48,6 @@ LAYER_PARAMETERS: dict[str, str] = {
 # the default is ``Projection`` in the model dtype, ``quant.py`` makes the quantized ones (all
 # ``ProjectionBase``: the layers also call ``added_to`` and ``halves``).
 ProjectionFactory = Callable[[str, torch.Tensor, torch.Tensor | None], ProjectionBase]
-
-
-class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
-        self.head_dim = config.head_dim
-        self.q_size = config.num_heads * config.head_dim
-        self.kv_size = config.num_kv_heads * config.head_dim
-        self.scale = config.head_dim**-0.5
-        self.input_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.qkv_proj = Projection(
-            config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias
-        )
-        self.o_proj = Projection(self.q_size, config.hidden_size)
-        self.post_attention_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
-        # Every part native (set by load_weights): a decode-only step runs the layer in one call.
-        self.fused_decode = False
-
-    def forward(
-        self,
-        hidden: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        kv_cache: KVCache,
-        plan: AttentionPlan,
-    ) -> torch.Tensor:
-        if plan.native_decode_only and self.fused_decode and hidden.is_contiguous():
-            return self._decode_in_one_call(hidden, cos, sin, kv_cache, plan)
-        if plan.kernels is not None:
-            qkv = self.qkv_proj(self.input_norm(hidden))
-            if qkv.is_contiguous() and cos.is_contiguous() and sin.is_contiguous():
-                q, k, v = self._rotated_and_stored(qkv, cos, sin, kv_cache, plan)
-                attn = paged_attention(q, k, v, kv_cache, plan, self.scale, written=True)
-                return self.attention_outputs(hidden, attn)
-        q, k, v = self.attention_inputs(hidden, cos, sin)
-        return self.attention_outputs(hidden, paged_attention(q, k, v, kv_cache, plan, self.scale))
-
-    def _decode_in_one_call(
-        self,
-        hidden: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        kv_cache: KVCache,
-        plan: AttentionPlan,
-    ) -> torch.Tensor:
-        """The whole layer as ``native.pk_decode_layer`` (a step of decode tokens only, every
-        part of the layer native: ``fused_decode``). Updates ``hidden`` in place (the
-        forward's own residual stream) and returns it."""
-        rows, width = hidden.shape
-        k_cache, v_cache = kv_cache
-        g, mlp, inter = plan.decode, self.mlp, self.mlp.down_proj.in_features
-        size = rows * (width + self.qkv_proj.out_features + self.q_size + 3 * inter)
-        work = plan.scratch("decode_layer", (size,), torch.float32)
-        bias = self.qkv_proj.bias
-        plan.kernels.pk_decode_layer(
-            hidden.data_ptr(), rows, width, self.input_norm.weight.data_ptr(),
-            self.post_attention_norm.weight.data_ptr(), self.input_norm.eps,
-            self.qkv_proj.weight.data_ptr(), None if bias is None else bias.data_ptr(),
-            self.o_proj.weight.data_ptr(), mlp.gate_up_proj.weight.data_ptr(),
-            mlp.down_proj.weight.data_ptr(), inter, self.num_heads, self.num_kv_heads,
-            self.head_dim, cos.data_ptr(), sin.data_ptr(), plan.slot_mapping.data_ptr(),
-            k_cache.data_ptr(), v_cache.data_ptr(), g.tables.data_ptr(), g.tables.stride(0),
-            g.ctx_lens.data_ptr(), plan.block_size, self.scale, work.data_ptr(),
-            torch.get_num_threads(),
-        )  # fmt: skip
-        return hidden
-
-    def _rotated_and_stored(
-        self,
-        qkv: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        kv_cache: KVCache,
-        plan: AttentionPlan,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``attention_inputs`` for the native kernels (fp32 everything, the caller checks):
-        RoPE applied to ``qkv`` in place and K/V written to their slots in one call (six ops
-        and two index copies fewer a layer). Returns views of ``qkv``."""
-        num_tokens = qkv.shape[0]
-        k_cache, v_cache = kv_cache
-        plan.kernels.pk_rope_store(
-            qkv.data_ptr(), qkv.stride(0), cos.data_ptr(), sin.data_ptr(),
-            plan.slot_mapping.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-            num_tokens, self.num_heads, self.num_kv_heads, self.head_dim,
-            torch.get_num_threads(),
-        )  # fmt: skip
-        q = qkv[:, : self.q_size].view(num_tokens, self.num_heads, self.head_dim)
-        k = qkv[:, self.q_size : self.q_size + self.kv_size]
-        v = qkv[:, self.q_size + self.kv_size :]
-        shape = (num_tokens, self.num_kv_heads, self.head_dim)
-        return q, k.view(shape), v.view(shape)
-
-    # The two halves around attention are pure functions of their tensors (no cache, no plan):
-    # ``benchmarks/bench_compile.py --scope halves`` compiles them alone (it did not pay).
-    def attention_inputs(
-        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Q ``[T, Hq, D]``, K and V ``[T, Hkv, D]`` of the layer's input, RoPE applied."""
-        num_tokens = hidden.shape[0]
-        qkv = self.qkv_proj(self.input_norm(hidden))
-        # Slices, not Tensor.split: its Python wrapper costs ~15 us a call at batch 1.
-        qk, v = qkv[:, : self.q_size + self.kv_size], qkv[:, self.q_size + self.kv_size :]
-        # Q and K heads rotated in one pass (half the elementwise ops of two calls).
-        heads = self.num_heads + self.num_kv_heads
-        qk = apply_rotary(qk.view(num_tokens, heads, self.head_dim), cos, sin)
-        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
-        return q, k, v.view(num_tokens, self.num_kv_heads, self.head_dim)
-
-    def attention_outputs(self, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        """The layer's output from its input and its attention ``[T, Hq * D]``."""
-        hidden = self.o_proj.added_to(hidden, attn)
-        return self.mlp.added_to(hidden, self.post_attention_norm(hidden))
 
 
 class CausalLM(nn.Module):
@@ -329,21 +210,7 @@ class CausalLM(nn.Module):
                 )
                 norm.kernels = kernels if norm.weight.shape[0] % 8 == 0 else None
             layer.mlp.kernels = kernels
-            layer.fused_decode = (
-                kernels is not None
-                and layer.input_norm.kernels is not None
-                and layer.post_attention_norm.kernels is not None
-                and layer.input_norm.eps == layer.post_attention_norm.eps
-                and all(
-                    isinstance(p, NativeProjection)
-                    for p in (
-                        layer.qkv_proj,
-                        layer.o_proj,
-                        layer.mlp.gate_up_proj,
-                        layer.mlp.down_proj,
-                    )
-                )  # fmt: skip
-            )
+            layer.fused_decode = layer.all_native()
         if "rope_freqs.weight" in weights:
             self.rotary.scale_frequencies(weights["rope_freqs.weight"])
 

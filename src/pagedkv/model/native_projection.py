@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from pagedkv.model import native
-from pagedkv.model.layers import (
+from pagedkv.model.projection import (
     ProjectionBase,
     joined,
     projection_from_pieces,

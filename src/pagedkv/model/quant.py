@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from pagedkv.model.layers import Projection, ProjectionBase
+from pagedkv.model.projection import Projection, ProjectionBase
 
 GROUP = 32
 
