@@ -44,14 +44,19 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         if plan.native_decode_only and self.fused_decode and hidden.is_contiguous():
             return self._decode_in_one_call(hidden, cos, sin, kv_cache, plan)
-        if plan.kernels is not None:
-            qkv = self.qkv_proj(self.input_norm(hidden))
-            if qkv.is_contiguous() and cos.is_contiguous() and sin.is_contiguous():
-                q, k, v = self._rotated_and_stored(qkv, cos, sin, kv_cache, plan)
-                attn = paged_attention(q, k, v, kv_cache, plan, self.scale, written=True)
-                return self.attention_outputs(hidden, attn)
-        q, k, v = self.attention_inputs(hidden, cos, sin)
-        return self.attention_outputs(hidden, paged_attention(q, k, v, kv_cache, plan, self.scale))
+        qkv = self.qkv_proj(self.input_norm(hidden))
+        written = (
+            plan.kernels is not None
+            and qkv.is_contiguous()
+            and cos.is_contiguous()
+            and sin.is_contiguous()
+        )
+        if written:
+            q, k, v = self._rotated_and_stored(qkv, cos, sin, kv_cache, plan)
+        else:
+            q, k, v = self._rotated(qkv, cos, sin)
+        attn = paged_attention(q, k, v, kv_cache, plan, self.scale, written=written)
+        return self.attention_outputs(hidden, attn)
 
     def _decode_in_one_call(
         self,
@@ -114,8 +119,13 @@ class DecoderLayer(nn.Module):
         self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Q ``[T, Hq, D]``, K and V ``[T, Hkv, D]`` of the layer's input, RoPE applied."""
-        num_tokens = hidden.shape[0]
-        qkv = self.qkv_proj(self.input_norm(hidden))
+        return self._rotated(self.qkv_proj(self.input_norm(hidden)), cos, sin)
+
+    def _rotated(
+        self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Q, K and V of a QKV product, RoPE applied by torch ops (K, Q new tensors)."""
+        num_tokens = qkv.shape[0]
         # Slices, not Tensor.split: its Python wrapper costs ~15 us a call at batch 1.
         qk, v = qkv[:, : self.q_size + self.kv_size], qkv[:, self.q_size + self.kv_size :]
         # Q and K heads rotated in one pass (half the elementwise ops of two calls).
