@@ -334,3 +334,21 @@ def test_a_decode_only_step_in_one_call_a_layer_is_bit_identical_to_the_separate
         assert torch.equal(k0, k1) and torch.equal(v0, v1)
     reference, _ = _run_step(torch_model, config, meta, positions, input_ids)
     assert torch.allclose(fused, reference, atol=1e-5)
+
+
+@needs_kernels
+@pytest.mark.parametrize(
+    "slots, tables, match",
+    [([32], [[3, 1]], "slot_mapping"), ([-1], [[3, 1]], "slot_mapping"),
+     ([5], [[8, 1]], "block_tables")],
+)  # fmt: skip
+def test_slots_or_blocks_outside_the_pool_are_refused_before_any_kernel_runs(slots, tables, match):
+    config, (model, _) = _tiny_models()
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots),
+        block_tables=torch.tensor(tables, dtype=torch.int32),
+        context_lens=torch.tensor([6], dtype=torch.int32),
+        query_start_loc=torch.tensor([0, 1], dtype=torch.int32),
+    )
+    with pytest.raises(ValueError, match=match):
+        _run_step(model, config, meta, torch.tensor([5]), torch.tensor([7]))

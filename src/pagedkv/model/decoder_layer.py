@@ -47,6 +47,7 @@ class DecoderLayer(nn.Module):
         qkv = self.qkv_proj(self.input_norm(hidden))
         written = (
             plan.kernels is not None
+            and qkv.dtype == torch.float32
             and qkv.is_contiguous()
             and cos.is_contiguous()
             and sin.is_contiguous()

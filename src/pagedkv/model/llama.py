@@ -122,6 +122,8 @@ class CausalLM(nn.Module):
             )
         block_size = block_size or kv_caches[0][0].shape[1]
         kernels = self._attention_kernels(kv_caches)
+        if kernels is not None:  # C writes and reads where the slots say: check them first
+            _check_slots(attn_metadata, kv_caches[0][0].shape[0], block_size)
         plan = AttentionPlan(attn_metadata, block_size, self.dtype, kernels)
         cos, sin = self.rotary.cos_sin(positions, self.dtype)
         hidden = self.embed(input_ids)
@@ -213,6 +215,16 @@ class CausalLM(nn.Module):
             layer.fused_decode = layer.all_native()
         if "rope_freqs.weight" in weights:
             self.rotary.scale_frequencies(weights["rope_freqs.weight"])
+
+
+def _check_slots(meta: AttentionMetadata, num_blocks: int, block_size: int) -> None:
+    """ValueError unless every slot written and every block read lies in the pool (the torch
+    path's index ops raise by themselves; the native kernels would touch other memory)."""
+    slots, tables = meta.slot_mapping, meta.block_tables
+    if slots.numel() and (int(slots.min()) < 0 or int(slots.max()) >= num_blocks * block_size):
+        raise ValueError(f"slot_mapping outside the pool of {num_blocks * block_size} slots")
+    if tables.numel() and (int(tables.min()) < 0 or int(tables.max()) >= num_blocks):
+        raise ValueError(f"block_tables name blocks outside the pool of {num_blocks}")
 
 
 def _check_shape(name: str, tensor: torch.Tensor, want: tuple[int, ...]) -> None:
