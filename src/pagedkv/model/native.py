@@ -40,7 +40,6 @@ _SIGNATURES = {
     "pk_silu_mul": [_P, _I64, _P, _I64, _P, _I64, _I64, _INT],
     "pk_decode_attention": [_P, _I64, _P, _P, _P, _I64, _P, _P, *[_I64] * 5, _F, _INT],
     "pk_rope_store": [_P, _I64, _P, _P, _P, _P, _P, *[_I64] * 4, _INT],
-    # fmt: off
     "pk_decode_layer": [
         _P,
         _I64,
@@ -58,7 +57,6 @@ _SIGNATURES = {
         _P,
         _INT,
     ],
-    # fmt: on
 }
 
 
