@@ -146,12 +146,14 @@ def test_redis_outage_costs_events_not_requests(tiny, redis_server, monkeypatch,
         redis_server.stop()
         with caplog.at_level(logging.WARNING, logger="pagedkv.kv_events"):
             _run(engine, PROMPTS[3:])  # every request completes while Redis is down
+            assert publisher.flush(5)  # the failing XADDs run off-thread
         assert publisher.counts.events_dropped > 0 and publisher.counts.publish_errors > 0
         mine = [r for r in caplog.records if r.name == "pagedkv.kv_events"]
         assert len(mine) == 1 and "failed" in mine[0].getMessage()  # once per outage
         redis_server.start()  # same port, empty: the old entries are gone
         _wait(lambda: publisher.snapshot_wanted(), timeout_s=10)
-        _run(engine, PROMPTS[:2])  # the next steps publish the snapshot, then deltas
+        _run(engine, PROMPTS[:2])  # the next steps submit the snapshot, then deltas
+        assert publisher.flush(5)  # sent off-thread: a fast run can end before the XADD
         assert publisher.counts.snapshots_published >= 1
         _wait(lambda: reader.connected)
         _assert_synced(engine, reader, view)
