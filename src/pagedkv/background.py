@@ -37,6 +37,18 @@ class QueueThread(ABC):
     def _after_close(self) -> None:
         """Release what the thread used (a connection); called once it stopped."""
 
+    @property
+    def num_queued(self) -> int:
+        """Items queued and not yet taken by the thread (a snapshot: it may change at once)."""
+        with self._cond:
+            return len(self._queue)
+
+    @property
+    def num_in_flight(self) -> int:
+        """Items the thread took and has not settled yet (a snapshot, like ``num_queued``)."""
+        with self._cond:
+            return self._in_flight
+
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Wait until everything queued so far was sent or dropped; False on timeout."""
         with self._cond:

@@ -51,7 +51,8 @@ def test_full_queue_drops_until_a_snapshot(server):
         os.kill(server.proc.pid, signal.SIGSTOP)
         try:
             assert pub.submit(_batch(1))
-            time.sleep(0.1)  # the thread took it and waits on the hung server
+            _wait(lambda: pub.num_queued == 0 and pub.num_in_flight == 1)  # taken: it waits on
+            # the hung server, so the queue has room for exactly max_queued_batches again
             assert pub.submit(_batch(2)) and pub.submit(_batch(3))
             assert not pub.submit(_batch(4))  # the queue is full: dropped, now lost
             assert pub.snapshot_wanted()
