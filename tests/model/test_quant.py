@@ -13,7 +13,7 @@ import torch
 from pagedkv.engine import EngineConfig
 from pagedkv.errors import UsageError
 from pagedkv.model.gguf_quants import dequantize_q4_1, dequantize_q8_0
-from pagedkv.model.projection import Projection
+from pagedkv.model.projection import ProjectionBase
 from pagedkv.model.quant import QuantizingFactory, QuantProjection, quantize_int4, quantize_int8
 
 
@@ -78,7 +78,7 @@ def test_factory_builds_projections_that_compute_the_weights_and_reports_each_sh
     x = torch.randn(3, 64, generator=torch.Generator().manual_seed(3))
     want = x @ weight.t() + bias
     for module in modules:
-        assert isinstance(module, QuantProjection | Projection)
+        assert isinstance(module, ProjectionBase)
         # bf16 activations (when chosen) round x to 8 bits of mantissa: a loose bound.
         assert (module(x) - want).abs().max() < 0.05 * want.abs().max()
     report = factory.report()
@@ -90,3 +90,39 @@ def test_weights_option_is_checked_at_the_edge():
     with pytest.raises(UsageError) as err:
         EngineConfig(weights="int3")
     assert err.value.param == "weights" and "int3" in str(err.value)
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_where_no_int_kernel_wins_the_float_path_is_kept_exactly(kind, tmp_path, monkeypatch):
+    """The "plain" candidate is what ``weights="float"`` builds (pagedkv's native kernel where
+    it loads), so a load whose int kernels all lose computes bit for bit what the float load
+    computes, on the same projection classes (and keeps the one-call decode layer)."""
+    import time
+
+    from pagedkv.model import load_model
+    from tests.model.helpers import Chunk, run_steps
+    from tests.model.tiny import make_tiny_model
+
+    make_tiny_model("llama", tmp_path)
+    _, reference, _ = load_model(tmp_path, progress=False)
+    slow_forward = QuantProjection.forward
+
+    def slower(self, x):  # every int kernel loses its timing, whatever this CPU
+        time.sleep(0.002)
+        return slow_forward(self, x)
+
+    monkeypatch.setattr(QuantProjection, "forward", slower)
+    _, model, _ = load_model(tmp_path, progress=False, weights=kind)
+    kinds = [type(m) for m in model.modules() if isinstance(m, ProjectionBase)]
+    assert kinds == [type(m) for m in reference.modules() if isinstance(m, ProjectionBase)]
+    assert QuantProjection not in kinds and len(kinds) > 1
+    assert [layer.all_native() for layer in model.layers] == [
+        layer.all_native() for layer in reference.layers
+    ]
+    assert all(line.endswith(")") and ": fp32 (" in line for line in
+               model.weights_report.splitlines()[1:])  # fmt: skip
+    ids = [[(7 * i + 3) % 250 + 5 for i in range(20)], [(11 * i + 1) % 250 + 5 for i in range(9)]]
+    steps = [[Chunk(0, 0, 16), Chunk(1, 0, 8)], [Chunk(0, 16, 17), Chunk(1, 8, 9)]]  # a decode
+    got = run_steps(model, ids, steps, block_size=16, max_len=32)
+    want = run_steps(reference, ids, steps, block_size=16, max_len=32)
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))

@@ -9,21 +9,26 @@ model loses nothing more than the file already lost. Kernel: ``_weight_int4pack_
 
 Which kernel serves each projection shape is measured at load, at one row (batch-1 decode,
 what the option is for): the int kernel with fp32 activations, with bf16 activations, or the
-plain fp32 matmul when neither beats it. On an AVX-512 machine the bf16-activation kernels win
-by 2-5x at one row; with fp32 activations they were 3-6x *slower* than fp32; on other CPUs
-the order differs, hence the measurement. The choices are printed at start-up. fp32 stays the
+plain projection when neither beats it. "Plain" is what ``weights="float"`` builds for that
+tensor (pagedkv's native kernel where it loads, ``native_projection.py``, else torch's
+matmul): an int kernel is taken only where it beats the path users would otherwise run. On an
+AVX-512 machine the bf16-activation kernels beat torch's fp32 matmul by 2-5x at one row; with
+fp32 activations they were 3-6x *slower*; on other CPUs the order differs, hence the
+measurement. The choices are printed at start-up. fp32 stays the
 reference: the greedy-equality tests never run a quantized path.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
-from torch import nn
 
-from pagedkv.model.projection import Projection, ProjectionBase
+from pagedkv.model.native_projection import native_factory
+from pagedkv.model.projection import ProjectionBase, projection_from_pieces
 
 GROUP = 32
 
@@ -76,10 +81,26 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.contiguous(), scale
 
 
-def _time_us(fn: Callable[[], object], reps: int = 5) -> float:
+def largest_cache_bytes() -> int:
+    """The CPU's largest cache (Linux sysfs ``cpu0/cache/index*/size``), 32 MiB if unreadable."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    sizes = []
+    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        with contextlib.suppress(OSError, ValueError):
+            text = path.read_text().strip()
+            sizes.append(int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text))
+    return max(sizes, default=32 << 20)
+
+
+def _time_us(fn: Callable[[], object], evict: Callable[[], object], reps: int = 5) -> float:
+    """Best of ``reps`` calls of ``fn``, each after ``evict()`` pushed its weights out of the
+    cache: a decode step streams every weight from memory (538 MB for the embedded model), and
+    one matrix timed hot (a few MB, in L3) hides exactly the bytes that int4 saves. Timed hot,
+    fp32 won every shape here; cold, int4 did, and a whole decode step agreed (bench_weights)."""
     fn()
     best = float("inf")
     for _ in range(reps):
+        evict()
         t0 = time.perf_counter()
         fn()
         best = min(best, time.perf_counter() - t0)
@@ -106,6 +127,7 @@ class QuantizingFactory:
         if activations not in (None, "float32", "bfloat16"):
             raise ValueError(f"activations are float32 or bfloat16, not {activations!r}")
         self.kind, self.dtype, self.activations = kind, dtype, activations
+        self._make_native = native_factory() if dtype == torch.float32 else None
         self.threads = threads or torch.get_num_threads()
         # (kind, in, out) -> (the winner, microseconds per candidate at one row)
         self.choices: dict[tuple[str, int, int], tuple[str, dict[str, float]]] = {}
@@ -115,11 +137,7 @@ class QuantizingFactory:
         self, name: str, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> ProjectionBase:
         n, k = weight.shape
-        plain = Projection(k, n, bias=bias is not None)
-        plain.weight_t = nn.Parameter(weight.t().to(self.dtype).contiguous(), requires_grad=False)
-        plain.bias = (
-            None if bias is None else nn.Parameter(bias.to(self.dtype), requires_grad=False)
-        )
+        plain = self._plain(name, weight, bias)
         # The output projection stays 8-bit, as GGUF files keep it (the embedded model's
         # token_embd is Q8_0): int4 there cost 15 % perplexity, int8 nothing measurable.
         kind = "int8" if name == "lm_head" else self.kind
@@ -137,17 +155,26 @@ class QuantizingFactory:
         scales = tensors[1].to(act)
         return QuantProjection(kind, k, n, (tensors[0], scales), act, plain.bias)
 
-    def _choose(self, kind: str, k: int, n: int, tensors, plain: Projection):
+    def _plain(self, name: str, weight: torch.Tensor, bias: torch.Tensor | None) -> ProjectionBase:
+        """The unquantized projection ``weights="float"`` would build for this tensor."""
+        biases = [] if bias is None else [bias]
+        return projection_from_pieces(name, [weight], biases, self.dtype, self._make_native)
+
+    def _choose(self, kind: str, k: int, n: int, tensors, plain: ProjectionBase):
         x = torch.randn(1, k, dtype=self.dtype)
+        flood = torch.ones(2 * largest_cache_bytes() // 4)  # read through: evicts the weights
         before = torch.get_num_threads()
         torch.set_num_threads(self.threads)
         try:
-            timings = {"plain": _time_us(lambda: plain(x))}
+            evict = flood.sum
+            timings = {"plain": _time_us(lambda: plain(x), evict)}
             for act in (torch.float32, torch.bfloat16):
                 scales = tensors[1].to(act)
                 module = QuantProjection(kind, k, n, (tensors[0], scales), act, None)
                 try:
-                    timings[str(act).removeprefix("torch.")] = _time_us(lambda m=module: m(x))
+                    timings[str(act).removeprefix("torch.")] = _time_us(
+                        lambda m=module: m(x), evict
+                    )
                 except RuntimeError:  # a kernel this CPU build lacks
                     continue
         finally:
