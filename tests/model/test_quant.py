@@ -14,7 +14,13 @@ from pagedkv.engine import EngineConfig
 from pagedkv.errors import UsageError
 from pagedkv.model.gguf_quants import dequantize_q4_1, dequantize_q8_0
 from pagedkv.model.projection import ProjectionBase
-from pagedkv.model.quant import QuantizingFactory, QuantProjection, quantize_int4, quantize_int8
+from pagedkv.model.quant import (
+    QuantizingFactory,
+    QuantProjection,
+    pick_kernel,
+    quantize_int4,
+    quantize_int8,
+)
 
 
 def _q4_1_bytes(rows: int, cols: int, seed: int = 0) -> tuple[np.ndarray, torch.Tensor]:
@@ -84,6 +90,14 @@ def test_factory_builds_projections_that_compute_the_weights_and_reports_each_sh
     report = factory.report()
     assert f"weights {kind}" in report and "[64 x 96] x2:" in report
     assert len(factory.choices) == 1  # one timing per distinct shape
+
+
+def test_a_near_tie_keeps_the_quantized_weights_the_user_asked_for():
+    # Microseconds at one row; the float path must win by more than 10 % to be kept.
+    assert pick_kernel({"plain": 100.0, "float32": 300.0, "bfloat16": 109.0}) == "bfloat16"
+    assert pick_kernel({"plain": 100.0, "float32": 300.0, "bfloat16": 111.0}) == "plain"
+    assert pick_kernel({"plain": 100.0, "float32": 90.0, "bfloat16": 95.0}) == "float32"
+    assert pick_kernel({"plain": 100.0}) == "plain"  # no int kernel on this CPU build
 
 
 def test_weights_option_is_checked_at_the_edge():
