@@ -106,19 +106,29 @@ def largest_cache_bytes() -> int:
     return max(sizes, default=32 << 20)
 
 
-def _time_us(fn: Callable[[], object], evict: Callable[[], object], reps: int = 5) -> float:
-    """Best of ``reps`` calls of ``fn``, each after ``evict()`` pushed its weights out of the
-    cache: a decode step streams every weight from memory (538 MB for the embedded model), and
-    one matrix timed hot (a few MB, in L3) hides exactly the bytes that int4 saves. Timed hot,
-    fp32 won every shape here; cold, int4 did, and a whole decode step agreed (bench_weights)."""
-    fn()
-    best = float("inf")
+def _time_us(
+    candidates: dict[str, Callable[[], object]], evict: Callable[[], object], reps: int = 7
+) -> dict[str, float]:
+    """Best microseconds of each candidate over ``reps`` rounds, the candidates taking turns
+    (so that a stall of this shared machine hits them alike), each call after ``evict()``
+    pushed its weights out of the cache: a decode step streams every weight from memory (538
+    MB for the embedded model), and one matrix timed hot (a few MB, in L3) hides exactly the
+    bytes that int4 saves. Timed hot, fp32 won every shape here; cold, int4 did, and a whole
+    decode step agreed (bench_weights.py). A candidate whose warm-up call raises
+    ``RuntimeError`` (a kernel this CPU build lacks) is left out."""
+    runnable = {}
+    for name, fn in candidates.items():
+        with contextlib.suppress(RuntimeError):
+            fn()
+            runnable[name] = fn
+    best = dict.fromkeys(runnable, float("inf"))
     for _ in range(reps):
-        evict()
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best * 1e6
+        for name, fn in runnable.items():
+            evict()
+            t0 = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - t0)
+    return {name: seconds * 1e6 for name, seconds in best.items()}
 
 
 class QuantizingFactory:
@@ -179,18 +189,13 @@ class QuantizingFactory:
         flood = torch.ones(2 * largest_cache_bytes() // 4)  # read through: evicts the weights
         before = torch.get_num_threads()
         torch.set_num_threads(self.threads)
+        candidates: dict[str, Callable[[], object]] = {"plain": lambda: plain(x)}
+        for act in (torch.float32, torch.bfloat16):
+            scales = tensors[1].to(act)
+            module = QuantProjection(kind, k, n, (tensors[0], scales), act, None)
+            candidates[str(act).removeprefix("torch.")] = lambda m=module: m(x)
         try:
-            evict = flood.sum
-            timings = {"plain": _time_us(lambda: plain(x), evict)}
-            for act in (torch.float32, torch.bfloat16):
-                scales = tensors[1].to(act)
-                module = QuantProjection(kind, k, n, (tensors[0], scales), act, None)
-                try:
-                    timings[str(act).removeprefix("torch.")] = _time_us(
-                        lambda m=module: m(x), evict
-                    )
-                except RuntimeError:  # a kernel this CPU build lacks
-                    continue
+            timings = _time_us(candidates, flood.sum)
         finally:
             torch.set_num_threads(before)
         if self.activations in timings:
