@@ -1,10 +1,10 @@
 """The weight options (``--weights float|int8|int4``) against each other, in one process: the
 embedded SmolLM2-135M loaded once per option, decode steps and TTFT alternating, medians.
 
-"chosen" is what a user gets: each projection shape served by whichever of the int kernel
-(fp32 or bf16 activations) and the float path won a one-row timing at load (``quant.py``).
-"forced" takes the int kernel with bf16 activations for every shape, whatever it timed: what
-the quantized path costs or saves on its own. Also printed: the load's per-shape table, and
+"chosen" is what a user gets: each projection shape served by whichever of pagedkv's native
+block kernel, torch's int kernel (fp32 or bf16 activations) and the float path won a one-row
+timing at load (``quant.py``). "torch" takes torch's int kernel with bf16 activations for
+every shape, whatever it timed (the path before the native block kernels). Also printed: the load's per-shape table, and
 how many layers kept the one-call native decode layer (it needs every projection native).
 
 Nothing is asserted; docs/latency.md quotes a run.
@@ -29,14 +29,14 @@ from profile_step import decoding_engine
 
 
 def load_options(kinds: list[str]) -> dict[str, tuple]:
-    """``{"float": loaded, "int4 chosen": loaded, "int4 forced": loaded, ...}``."""
+    """``{"float": loaded, "int4 chosen": loaded, "int4 torch": loaded, ...}``."""
     loaded = {"float": load_model(None, progress=False)}
     chosen = loader.QuantizingFactory
     for kind in kinds:
         loaded[f"{kind} chosen"] = load_model(None, progress=False, weights=kind)
-        loader.QuantizingFactory = functools.partial(QuantizingFactory, activations="bfloat16")
+        loader.QuantizingFactory = functools.partial(QuantizingFactory, force="bfloat16")
         try:
-            loaded[f"{kind} forced"] = load_model(None, progress=False, weights=kind)
+            loaded[f"{kind} torch"] = load_model(None, progress=False, weights=kind)
         finally:
             loader.QuantizingFactory = chosen
     return loaded

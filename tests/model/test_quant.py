@@ -6,6 +6,8 @@ the ``gguf`` package's own numpy dequantizer, never by the code under test.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -13,6 +15,7 @@ import torch
 from pagedkv.engine import EngineConfig
 from pagedkv.errors import UsageError
 from pagedkv.model.gguf_quants import dequantize_q4_1, dequantize_q8_0
+from pagedkv.model.native_quant import NativeQuantProjection
 from pagedkv.model.projection import ProjectionBase
 from pagedkv.model.quant import (
     QuantizingFactory,
@@ -106,30 +109,31 @@ def test_weights_option_is_checked_at_the_edge():
     assert err.value.param == "weights" and "int3" in str(err.value)
 
 
+def _slowed(forward):
+    def slower(self, x):
+        time.sleep(0.002)
+        return forward(self, x)
+
+    return slower
+
+
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 def test_where_no_int_kernel_wins_the_float_path_is_kept_exactly(kind, tmp_path, monkeypatch):
     """The "plain" candidate is what ``weights="float"`` builds (pagedkv's native kernel where
     it loads), so a load whose int kernels all lose computes bit for bit what the float load
     computes, on the same projection classes (and keeps the one-call decode layer)."""
-    import time
-
     from pagedkv.model import load_model
     from tests.model.helpers import Chunk, run_steps
     from tests.model.tiny import make_tiny_model
 
     make_tiny_model("llama", tmp_path)
     _, reference, _ = load_model(tmp_path, progress=False)
-    slow_forward = QuantProjection.forward
-
-    def slower(self, x):  # every int kernel loses its timing, whatever this CPU
-        time.sleep(0.002)
-        return slow_forward(self, x)
-
-    monkeypatch.setattr(QuantProjection, "forward", slower)
+    for cls in (QuantProjection, NativeQuantProjection):  # every quantized candidate loses
+        monkeypatch.setattr(cls, "forward", _slowed(cls.forward))
     _, model, _ = load_model(tmp_path, progress=False, weights=kind)
     kinds = [type(m) for m in model.modules() if isinstance(m, ProjectionBase)]
     assert kinds == [type(m) for m in reference.modules() if isinstance(m, ProjectionBase)]
-    assert QuantProjection not in kinds and len(kinds) > 1
+    assert not {QuantProjection, NativeQuantProjection} & set(kinds) and len(kinds) > 1
     assert [layer.all_native() for layer in model.layers] == [
         layer.all_native() for layer in reference.layers
     ]

@@ -47,7 +47,7 @@ def test_quantized_weights_stay_close_to_fp32(embedded, kind, monkeypatch):
     ref = _teacher_forced(reference, ids)
     # The int kernels with bf16 activations, whatever the timing: on a CPU where fp32 is
     # fastest at every shape (AVX2 machines) the load would otherwise quantize nothing.
-    forced = functools.partial(QuantizingFactory, activations="bfloat16")
+    forced = functools.partial(QuantizingFactory, force="bfloat16")
     monkeypatch.setattr(loader, "QuantizingFactory", forced)
     _, model, _ = load_model(None, progress=False, weights=kind)
     got = _teacher_forced(model, ids)

@@ -5,6 +5,8 @@ only, the whole layer as one native call (``native.pk_decode_layer``)."""
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 from torch import nn
 
@@ -13,6 +15,7 @@ from pagedkv.model.config import ModelConfig
 from pagedkv.model.kv_pool import KVCache
 from pagedkv.model.layers import RMSNorm, SwiGLU, apply_rotary
 from pagedkv.model.native_projection import NativeProjection
+from pagedkv.model.native_quant import NativeQuantProjection
 from pagedkv.model.projection import Projection
 
 
@@ -76,17 +79,23 @@ class DecoderLayer(nn.Module):
         size = rows * (width + self.qkv_proj.out_features + self.q_size + 3 * inter)
         work = plan.scratch("decode_layer", (size,), torch.float32)
         bias = self.qkv_proj.bias
-        plan.kernels.pk_decode_layer(
+        projections = (self.qkv_proj, self.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        (f_qkv, w_qkv), (f_o, w_o), (f_gu, w_gu), (f_down, w_down) = (
+            p.kernel_operand() for p in projections
+        )
+        formats = (ctypes.c_int * 4)(f_qkv, f_o, f_gu, f_down)
+        status = plan.kernels.pk_decode_layer(
             hidden.data_ptr(), rows, width, self.input_norm.weight.data_ptr(),
-            self.post_attention_norm.weight.data_ptr(), self.input_norm.eps,
-            self.qkv_proj.weight.data_ptr(), None if bias is None else bias.data_ptr(),
-            self.o_proj.weight.data_ptr(), mlp.gate_up_proj.weight.data_ptr(),
-            mlp.down_proj.weight.data_ptr(), inter, self.num_heads, self.num_kv_heads,
+            self.post_attention_norm.weight.data_ptr(), self.input_norm.eps, formats,
+            w_qkv, None if bias is None else bias.data_ptr(), w_o, w_gu, w_down,
+            inter, self.num_heads, self.num_kv_heads,
             self.head_dim, cos.data_ptr(), sin.data_ptr(), plan.slot_mapping.data_ptr(),
             k_cache.data_ptr(), v_cache.data_ptr(), g.tables.data_ptr(), g.tables.stride(0),
             g.ctx_lens.data_ptr(), plan.block_size, self.scale, work.data_ptr(),
             torch.get_num_threads(),
         )  # fmt: skip
+        if status != 0:
+            raise MemoryError("decode layer: no memory for a quantized projection's scratch")
         return hidden
 
     def _rotated_and_stored(
@@ -149,7 +158,7 @@ class DecoderLayer(nn.Module):
             and self.input_norm.eps == self.post_attention_norm.eps
             and self.mlp.kernels is not None
             and all(
-                isinstance(p, NativeProjection)
+                isinstance(p, NativeProjection | NativeQuantProjection)
                 for p in (self.qkv_proj, self.o_proj, self.mlp.gate_up_proj, self.mlp.down_proj)
             )
         )

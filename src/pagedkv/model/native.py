@@ -1,5 +1,6 @@
-"""pagedkv's compiled fp32 CPU kernels (``native_kernels.c``): built once with the system C
-compiler, cached, loaded with ctypes, called on torch tensors' memory.
+"""pagedkv's compiled CPU kernels (``native_kernels.c``, fp32; ``native_quant_kernels.c``,
+weights in GGUF's Q4_1/Q8_0 blocks): built once with the system C compiler into one library,
+cached, loaded with ctypes, called on torch tensors' memory.
 
 ``kernels()`` returns the loaded library, or None with ``unavailable_reason()`` saying why
 (not x86-64, no AVX2/FMA, no compiler, a second OpenMP runtime, ``PAGEDKV_NATIVE=0``). Every
@@ -7,7 +8,7 @@ caller keeps a torch path for None. The C code trusts its arguments: the callers
 (``native_projection``, ``layers.RMSNorm``/``SwiGLU``, ``decoder_layer``, ``attention``) pass contiguous fp32
 memory of the shapes the kernel comments state, and check it before each call.
 
-The build: ``cc -O3 -mavx2 -mfma -fopenmp`` into ``$XDG_CACHE_HOME/pagedkv/native/`` under a
+The build: ``cc -O3 -mavx2 -mfma -mf16c -fopenmp`` into ``$XDG_CACHE_HOME/pagedkv/native/`` under a
 name keyed by the source, the compiler and the flags (~0.7 s, once); written to a
 temporary file and renamed, so concurrent processes never load half a library.
 """
@@ -27,7 +28,10 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("native_kernels.c")
-FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
+# Built into the same library: the quantized projections, and the header both include.
+QUANT_SOURCE = Path(__file__).with_name("native_quant_kernels.c")
+HEADER = Path(__file__).with_name("native_linear.h")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
 # Up to this many rows the kernels' projections beat torch's (bench_native.py): 1.2-1.6x at
 # 1-24 rows, even at 48-64, behind from ~96, where torch's blocked GEMM reuses each weight.
 MAX_ROWS = 64
@@ -36,6 +40,9 @@ _state: dict[str, object] = {}
 _P, _I64, _INT, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 _SIGNATURES = {
     "pk_linear": [_P, _P, _P, _P, _P, _I64, _I64, _I64, _INT],
+    "pk_linear_q4_1": [_P, _P, _P, _P, _P, _I64, _I64, _I64, _INT],  # returns 0, -1: no memory
+    "pk_linear_q8_0": [_P, _P, _P, _P, _P, _I64, _I64, _I64, _INT],
+    "pk_dequantize": [_INT, _P, _P, _I64, _I64, _INT],
     "pk_rms_norm": [_P, _P, _P, _I64, _I64, _F, _INT],
     "pk_silu_mul": [_P, _I64, _P, _I64, _P, _I64, _I64, _INT],
     "pk_decode_attention": [_P, _I64, _P, _P, _P, _I64, _P, _P, *[_I64] * 5, _F, _INT],
@@ -47,6 +54,7 @@ _SIGNATURES = {
         _P,
         _P,
         _F,
+        _P,  # the four projections' formats (int32 [4])
         *[_P] * 5,
         *[_I64] * 4,
         *[_P] * 6,
@@ -58,6 +66,9 @@ _SIGNATURES = {
         _INT,
     ],
 }
+
+
+_RETURN_STATUS = {"pk_linear_q4_1", "pk_linear_q8_0", "pk_decode_layer"}
 
 
 def kernels() -> ctypes.CDLL | None:
@@ -107,7 +118,7 @@ def _load() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     for name, argtypes in _SIGNATURES.items():
         getattr(lib, name).argtypes = argtypes
-        getattr(lib, name).restype = None
+        getattr(lib, name).restype = _INT if name in _RETURN_STATUS else None
     runtimes = _openmp_runtimes()
     if len(runtimes) != 1:  # two thread pools spinning on the same cores: many times slower
         raise _Unavailable(f"a second OpenMP runtime was loaded: {sorted(runtimes)}")
@@ -115,7 +126,7 @@ def _load() -> ctypes.CDLL:
 
 
 def _build(compiler: str) -> Path:
-    source = SOURCE.read_bytes()
+    source = b"".join(p.read_bytes() for p in (SOURCE, QUANT_SOURCE, HEADER))
     version = subprocess.run(
         [compiler, "--version"], capture_output=True, text=True, check=False
     ).stdout
@@ -130,7 +141,18 @@ def _build(compiler: str) -> Path:
     os.close(fd)
     try:
         done = subprocess.run(
-            [compiler, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True
+            [
+                compiler,
+                *FLAGS,
+                f"-I{HEADER.parent}",
+                str(SOURCE),
+                str(QUANT_SOURCE),
+                "-o",
+                tmp,
+                "-lm",
+            ],
+            capture_output=True,
+            text=True,
         )
         if done.returncode != 0:
             raise _Unavailable(f"{compiler} failed: {done.stderr.strip()[:300]}")

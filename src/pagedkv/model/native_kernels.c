@@ -17,96 +17,18 @@
 #include <math.h>
 #include <stdint.h>
 
-static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-/* The epilogue of one output element: dot (+ bias[n]) (+ residual[r, n]), in that order, as
- * torch computes residual + (x @ W.T + b). */
-static inline float finish(float dot, const float *bias, const float *res, int64_t at, int64_t n) {
-    if (bias) dot += bias[n];
-    if (res) dot = res[at] + dot;
-    return dot;
-}
-
-/* The next group's first and third weight rows, into L1 ahead of use: 7-10 % faster than
- * the hardware prefetcher alone at one row (4 streams a thread). A prefetch never faults, so
- * the last group may ask past the end of the matrix. */
-#define PREFETCH_NEXT_GROUP(w0, k, i) do { \
-        _mm_prefetch((const char *)((w0) + 4 * (k) + (i)), _MM_HINT_T0); \
-        _mm_prefetch((const char *)((w0) + 6 * (k) + (i)), _MM_HINT_T0); \
-    } while (0)
-
-/* One output column n for rows [r0, r1): the single-output tail of pk_linear. */
-static void one_column(const float *x, const float *w, const float *bias, const float *res,
-                       float *y, int64_t r0, int64_t r1, int64_t k, int64_t n, int64_t col) {
-    const float *wn = w + col * k;
-    for (int64_t r = r0; r < r1; r++) {
-        const float *xr = x + r * k;
-        __m256 a = _mm256_setzero_ps();
-        for (int64_t i = 0; i < k; i += 8)
-            a = _mm256_fmadd_ps(_mm256_loadu_ps(xr + i), _mm256_loadu_ps(wn + i), a);
-        y[r * n + col] = finish(hsum(a), bias, res, r * n + col, col);
-    }
-}
+#include "native_linear.h"
 
 /* y[r, :] = x[r, :] @ w.T (+ bias) (+ residual[r, :]) for r < rows.
  * x [rows, k], w [n, k], bias [n] or NULL, residual [rows, n] or NULL, y [rows, n]: contiguous
  * fp32; k % 8 == 0. y may be residual (each element is read before it is written). */
 void pk_linear(const float *x, const float *w, const float *bias, const float *res, float *y,
                int64_t rows, int64_t k, int64_t n, int threads) {
-    int64_t groups = n / 4;
+    int64_t blocks = n / 4;
     #pragma omp parallel for schedule(static) num_threads(threads) if(threads > 1)
-    for (int64_t g = 0; g < groups; g++) {
-        int64_t c = g * 4;
-        const float *w0 = w + c * k, *w1 = w0 + k, *w2 = w1 + k, *w3 = w2 + k;
-        int64_t r = 0;
-        for (; r + 2 <= rows; r += 2) {  /* two rows share each weight load */
-            const float *xa = x + r * k, *xb = xa + k;
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-            for (int64_t i = 0; i < k; i += 8) {
-                PREFETCH_NEXT_GROUP(w0, k, i);
-                __m256 u0 = _mm256_loadu_ps(w0 + i), u1 = _mm256_loadu_ps(w1 + i);
-                __m256 u2 = _mm256_loadu_ps(w2 + i), u3 = _mm256_loadu_ps(w3 + i);
-                __m256 xv = _mm256_loadu_ps(xa + i), xw = _mm256_loadu_ps(xb + i);
-                a0 = _mm256_fmadd_ps(xv, u0, a0); a1 = _mm256_fmadd_ps(xv, u1, a1);
-                a2 = _mm256_fmadd_ps(xv, u2, a2); a3 = _mm256_fmadd_ps(xv, u3, a3);
-                b0 = _mm256_fmadd_ps(xw, u0, b0); b1 = _mm256_fmadd_ps(xw, u1, b1);
-                b2 = _mm256_fmadd_ps(xw, u2, b2); b3 = _mm256_fmadd_ps(xw, u3, b3);
-            }
-            int64_t at = r * n + c, bt = at + n;
-            y[at] = finish(hsum(a0), bias, res, at, c);
-            y[at + 1] = finish(hsum(a1), bias, res, at + 1, c + 1);
-            y[at + 2] = finish(hsum(a2), bias, res, at + 2, c + 2);
-            y[at + 3] = finish(hsum(a3), bias, res, at + 3, c + 3);
-            y[bt] = finish(hsum(b0), bias, res, bt, c);
-            y[bt + 1] = finish(hsum(b1), bias, res, bt + 1, c + 1);
-            y[bt + 2] = finish(hsum(b2), bias, res, bt + 2, c + 2);
-            y[bt + 3] = finish(hsum(b3), bias, res, bt + 3, c + 3);
-        }
-        for (; r < rows; r++) {  /* the odd row: the same operations, one row */
-            const float *xa = x + r * k;
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (int64_t i = 0; i < k; i += 8) {
-                PREFETCH_NEXT_GROUP(w0, k, i);
-                __m256 xv = _mm256_loadu_ps(xa + i);
-                a0 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w0 + i), a0);
-                a1 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w1 + i), a1);
-                a2 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w2 + i), a2);
-                a3 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w3 + i), a3);
-            }
-            int64_t at = r * n + c;
-            y[at] = finish(hsum(a0), bias, res, at, c);
-            y[at + 1] = finish(hsum(a1), bias, res, at + 1, c + 1);
-            y[at + 2] = finish(hsum(a2), bias, res, at + 2, c + 2);
-            y[at + 3] = finish(hsum(a3), bias, res, at + 3, c + 3);
-        }
-    }
-    for (int64_t c = groups * 4; c < n; c++) one_column(x, w, bias, res, y, 0, rows, k, n, c);
+    for (int64_t g = 0; g < blocks; g++)
+        linear_block4(x, w + g * 4 * k, bias, res, y, rows, k, n, g * 4, 1);
+    for (int64_t c = blocks * 4; c < n; c++) linear_column(x, w + c * k, bias, res, y, rows, k, n, c);
 }
 
 /* y[r, :] = x[r, :] * weight / sqrt(mean(x[r, :]^2) + eps); h % 8 == 0; y may be x. */
@@ -253,27 +175,33 @@ void pk_rope_store(float *qkv, int64_t row_stride, const float *cos, const float
  * above in sequence: one call where the Python layer made nine, the glue between them (~4 ms
  * of a 25 ms step at batch 1) reduced to a function call. ``hidden`` [rows, h] is the residual
  * stream, updated in place; ``work`` holds rows * (h + qkv + hq*d + 3*inter) floats. The
- * arithmetic is exactly that of the separate calls (same kernels, same order). */
-void pk_decode_layer(float *hidden, int64_t rows, int64_t h, const float *norm1,
-                     const float *norm2, float eps, const float *w_qkv, const float *b_qkv,
-                     const float *w_o, const float *w_gate_up, const float *w_down,
-                     int64_t inter, int64_t hq, int64_t hkv, int64_t d, const float *cos,
-                     const float *signed_sin, const int64_t *slots, float *k_cache,
-                     float *v_cache, const int64_t *tables, int64_t table_stride,
-                     const int64_t *ctx_lens, int64_t block_size, float scale, float *work,
-                     int threads) {
+ * arithmetic is exactly that of the separate calls (same kernels, same order). formats:
+ * PK_FP32, PK_Q4_1 or PK_Q8_0 for w_qkv, w_o, w_gate_up, w_down. Returns 0, or -1 when a
+ * quantized projection had no scratch memory (the layer is then incomplete). */
+int pk_decode_layer(float *hidden, int64_t rows, int64_t h, const float *norm1,
+                    const float *norm2, float eps, const int *formats, const void *w_qkv,
+                    const float *b_qkv, const void *w_o, const void *w_gate_up,
+                    const void *w_down, int64_t inter, int64_t hq, int64_t hkv, int64_t d,
+                    const float *cos, const float *signed_sin, const int64_t *slots,
+                    float *k_cache, float *v_cache, const int64_t *tables,
+                    int64_t table_stride, const int64_t *ctx_lens, int64_t block_size,
+                    float scale, float *work, int threads) {
     int64_t qkv_n = (hq + 2 * hkv) * d;
     float *normed = work, *qkv = normed + rows * h, *attn = qkv + rows * qkv_n;
     float *gate_up = attn + rows * hq * d, *act = gate_up + rows * 2 * inter;
     pk_rms_norm(hidden, norm1, normed, rows, h, eps, threads);
-    pk_linear(normed, w_qkv, b_qkv, NULL, qkv, rows, h, qkv_n, threads);
+    if (pk_project(formats[0], normed, w_qkv, b_qkv, NULL, qkv, rows, h, qkv_n, threads))
+        return -1;
     pk_rope_store(qkv, qkv_n, cos, signed_sin, slots, k_cache, v_cache, rows, hq, hkv, d,
                   threads);
     pk_decode_attention(qkv, qkv_n, k_cache, v_cache, tables, table_stride, ctx_lens, attn,
                         rows, hq, hkv, d, block_size, scale, threads);
-    pk_linear(attn, w_o, NULL, hidden, hidden, rows, hq * d, h, threads);
+    if (pk_project(formats[1], attn, w_o, NULL, hidden, hidden, rows, hq * d, h, threads))
+        return -1;
     pk_rms_norm(hidden, norm2, normed, rows, h, eps, threads);
-    pk_linear(normed, w_gate_up, NULL, NULL, gate_up, rows, h, 2 * inter, threads);
+    if (pk_project(formats[2], normed, w_gate_up, NULL, NULL, gate_up, rows, h, 2 * inter,
+                   threads))
+        return -1;
     pk_silu_mul(gate_up, 2 * inter, gate_up + inter, 2 * inter, act, rows, inter, threads);
-    pk_linear(act, w_down, NULL, hidden, hidden, rows, inter, h, threads);
+    return pk_project(formats[3], act, w_down, NULL, hidden, hidden, rows, inter, h, threads);
 }

@@ -47,29 +47,18 @@ class NativeProjection(ProjectionBase):
             raise RuntimeError(f"native kernels unavailable: {native.unavailable_reason()}")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._native(x):
+        if fits_kernel(x, self.in_features):
             return self._run(x, None)
-        if (product := self._sharded(x)) is not None:
-            return joined(product)
-        if self.bias is None:
-            return x @ self.weight.t()
-        return torch.addmm(self.bias, x, self.weight.t())
+        return dense_product(x, self.weight, self.bias)
 
     def added_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        if (
-            self._native(x)
-            and residual.dtype == torch.float32
-            and residual.is_contiguous()
-            and residual.shape == (x.shape[0], self.out_features)
-        ):
+        if fits_kernel(x, self.in_features) and takes_residual(residual, x, self.out_features):
             return self._run(x, residual)
-        if (product := self._sharded(x)) is not None:
-            return shards_added_to(residual, product)
-        return residual + self.forward(x)
+        return dense_added_to(residual, x, self.weight, self.bias)
 
     def halves(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self._native(x) and (product := self._sharded(x)) is not None:
-            return shard_halves(product)
+        if not fits_kernel(x, self.in_features):
+            return dense_halves(x, self.weight, self.bias)
         return super().halves(x)
 
     def dense_weight(self) -> torch.Tensor:
@@ -80,29 +69,9 @@ class NativeProjection(ProjectionBase):
         """Rows ``input_ids`` of the weight, ``[T, in]``: the embedding of a tied lm_head."""
         return self.weight.index_select(0, input_ids)
 
-    def _native(self, x: torch.Tensor) -> bool:
-        return (
-            x.dim() == 2
-            and x.shape[0] <= native.MAX_ROWS
-            and x.shape[1] == self.in_features
-            and x.dtype == torch.float32
-            and x.is_contiguous()
-            and not torch.compiler.is_compiling()
-        )
-
-    def _sharded(self, x: torch.Tensor) -> torch.Tensor | None:
-        """``x @ weight.T (+ bias)`` as ``[threads, rows, out / threads]`` (one ``bmm`` over
-        views of the weight's row shards), or None where one ``mm`` is the path: one thread,
-        rows that do not split evenly, torch.compile. Not bit-identical to ``mm``."""
-        threads = torch.get_num_threads()
-        if threads == 1 or self.out_features % threads or torch.compiler.is_compiling():
-            return None
-        rows, width = x.shape[0], self.out_features // threads
-        shards = self.weight.view(threads, width, self.in_features).transpose(1, 2)
-        inputs = x.expand(threads, rows, self.in_features)
-        if self.bias is None:
-            return torch.bmm(inputs, shards)
-        return torch.baddbmm(self.bias.view(threads, 1, width), inputs, shards)
+    def kernel_operand(self) -> tuple[int, int]:
+        """``(format, address)`` of the weight for ``pk_decode_layer`` (0: fp32 rows)."""
+        return 0, self.weight.data_ptr()
 
     def _run(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
         rows = x.shape[0]
@@ -120,6 +89,72 @@ class NativeProjection(ProjectionBase):
             f"float32 matmuls: pagedkv's AVX2 kernel up to {native.MAX_ROWS} rows "
             "(batch-invariant), above as one bmm over a row shard of the weight per torch thread"
         )
+
+
+def fits_kernel(x: torch.Tensor, in_features: int) -> bool:
+    """Whether ``x`` goes to a native projection kernel: 2-D contiguous fp32, at most
+    ``native.MAX_ROWS`` rows (above, MKL's blocked GEMM is faster), outside torch.compile."""
+    return (
+        x.dim() == 2
+        and x.shape[0] <= native.MAX_ROWS
+        and x.shape[1] == in_features
+        and x.dtype == torch.float32
+        and x.is_contiguous()
+        and not torch.compiler.is_compiling()
+    )
+
+
+def takes_residual(residual: torch.Tensor, x: torch.Tensor, out_features: int) -> bool:
+    """Whether a kernel can add ``residual`` in its epilogue (contiguous fp32 ``[rows, out]``)."""
+    return (
+        residual.dtype == torch.float32
+        and residual.is_contiguous()
+        and residual.shape == (x.shape[0], out_features)
+    )
+
+
+def sharded_product(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor | None:
+    """``x @ weight.T (+ bias)`` as ``[threads, rows, out / threads]`` (one ``bmm`` over views
+    of the weight's row shards), or None where one ``mm`` is the path: one thread, rows that do
+    not split evenly, torch.compile. Not bit-identical to ``mm``."""
+    threads = torch.get_num_threads()
+    out_features, in_features = weight.shape
+    if threads == 1 or out_features % threads or torch.compiler.is_compiling():
+        return None
+    rows, width = x.shape[0], out_features // threads
+    shards = weight.view(threads, width, in_features).transpose(1, 2)
+    inputs = x.expand(threads, rows, in_features)
+    if bias is None:
+        return torch.bmm(inputs, shards)
+    return torch.baddbmm(bias.view(threads, 1, width), inputs, shards)
+
+
+def dense_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+    """``x @ weight.T (+ bias)`` on MKL, ``weight`` fp32 ``[out, in]``: the path above the
+    kernels' rows."""
+    if (product := sharded_product(x, weight, bias)) is not None:
+        return joined(product)
+    if bias is None:
+        return x @ weight.t()
+    return torch.addmm(bias, x, weight.t())
+
+
+def dense_added_to(residual, x, weight, bias) -> torch.Tensor:
+    """``residual + dense_product(x, ...)``, reading a sharded product in place."""
+    if (product := sharded_product(x, weight, bias)) is not None:
+        return shards_added_to(residual, product)
+    return residual + dense_product(x, weight, bias)
+
+
+def dense_halves(x, weight, bias) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two column halves of ``dense_product(x, ...)`` (views of a sharded product)."""
+    if (product := sharded_product(x, weight, bias)) is not None:
+        return shard_halves(product)
+    out = dense_product(x, weight, bias)
+    half = out.shape[1] // 2
+    return out[:, :half], out[:, half:]
 
 
 def native_factory():

@@ -26,11 +26,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from pagedkv.model.native_projection import native_factory
+from pagedkv.model.native_quant import NativeQuantProjection
 from pagedkv.model.projection import ProjectionBase, projection_from_pieces
 
 GROUP = 32
+NATIVE_FORMATS = {"int4": "q4_1", "int8": "q8_0"}  # --weights -> the GGUF blocks kept natively
 # The float path is kept for a shape only where it beats the int kernel by more than this:
 # the user asked for quantized weights, and a near tie at one row (timings move 10-20 % run to
 # run here) must not flip what a load keeps, nor its memory.
@@ -86,8 +89,8 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def pick_kernel(timings_us: dict[str, float]) -> str:
-    """The fastest int kernel's activations ("float32"/"bfloat16"), or "plain" where the float
-    path beats it by more than ``PLAIN_MARGIN`` (or no int kernel ran)."""
+    """The fastest quantized candidate ("native", "float32", "bfloat16"), or "plain" where the
+    float path beats it by more than ``PLAIN_MARGIN`` (or no quantized candidate ran)."""
     ints = [c for c in timings_us if c != "plain"]
     if not ints:
         return "plain"
@@ -133,24 +136,28 @@ def _time_us(
 
 class QuantizingFactory:
     """A ``ProjectionFactory`` for ``llama.load_weights``: quantizes each projection and picks
-    its kernel by a one-row timing per distinct shape (cached). ``report()`` says what won."""
+    its kernel by a one-row timing per distinct shape (cached). ``report()`` says what won.
+
+    Candidates: "native" (GGUF blocks on pagedkv's kernels, ``native_quant.py``: Q4_1 for
+    int4, Q8_0 for int8; fp32 models where the kernels load), torch's int kernel with
+    "float32" or "bfloat16" activations, and "plain" (what ``weights="float"`` builds)."""
 
     def __init__(
         self,
         kind: str,
         dtype: torch.dtype,
         threads: int | None = None,
-        activations: str | None = None,
+        force: str | None = None,
     ) -> None:
         """``threads``: what the kernels will run with (the loader decodes on one thread).
-        ``activations``: None measures; "float32" or "bfloat16" takes the int kernel with those
-        activations for every shape, however it times (the quality tests: on a CPU where fp32
-        wins every shape, the quantized path would otherwise never run)."""
+        ``force``: None measures; "native", "float32" or "bfloat16" takes that int kernel for
+        every shape where it runs, however it times (the quality tests: on a CPU where another
+        candidate wins, the one under test would otherwise never run)."""
         if kind not in ("int8", "int4"):
             raise ValueError(f"quantized weights are int8 or int4, not {kind!r}")
-        if activations not in (None, "float32", "bfloat16"):
-            raise ValueError(f"activations are float32 or bfloat16, not {activations!r}")
-        self.kind, self.dtype, self.activations = kind, dtype, activations
+        if force not in (None, "native", "float32", "bfloat16"):
+            raise ValueError(f"force is native, float32 or bfloat16, not {force!r}")
+        self.kind, self.dtype, self.force = kind, dtype, force
         self._make_native = native_factory() if dtype == torch.float32 else None
         self.threads = threads or torch.get_num_threads()
         # (kind, in, out) -> (the winner, microseconds per candidate at one row)
@@ -161,53 +168,55 @@ class QuantizingFactory:
         self, name: str, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> ProjectionBase:
         n, k = weight.shape
-        plain = self._plain(name, weight, bias)
         # The output projection stays 8-bit, as GGUF files keep it (the embedded model's
         # token_embd is Q8_0): int4 there cost 15 % perplexity, int8 nothing measurable.
         kind = "int8" if name == "lm_head" else self.kind
         if kind == "int4" and k % GROUP:
-            return plain
-        tensors = quantize_int4(weight) if kind == "int4" else quantize_int8(weight)
+            return self._build("plain", kind, name, weight, bias)
         key = (kind, k, n)
         self.counts[key] = self.counts.get(key, 0) + 1
-        if key not in self.choices:
-            self.choices[key] = self._choose(kind, k, n, tensors, plain)
-        choice = self.choices[key][0]
-        if choice == "plain":
-            return plain
+        if key in self.choices:
+            return self._build(self.choices[key][0], kind, name, weight, bias)
+        names = ["plain", "float32", "bfloat16"]
+        if self._make_native is not None and k % GROUP == 0:
+            names.insert(1, "native")
+        built = {c: self._build(c, kind, name, weight, bias) for c in names}
+        timings = self._time(built, k)
+        choice = self.force if self.force in timings else pick_kernel(timings)
+        self.choices[key] = (choice, timings)
+        return built[choice]
+
+    def _build(self, choice: str, kind: str, name: str, weight, bias) -> ProjectionBase:
+        if choice == "plain":  # what weights="float" builds for this tensor
+            biases = [] if bias is None else [bias]
+            return projection_from_pieces(name, [weight], biases, self.dtype, self._make_native)
+        if choice == "native":
+            return NativeQuantProjection(NATIVE_FORMATS[kind], weight, bias)
+        n, k = weight.shape
         act = getattr(torch, choice)
-        scales = tensors[1].to(act)
-        return QuantProjection(kind, k, n, (tensors[0], scales), act, plain.bias)
+        tensors = quantize_int4(weight) if kind == "int4" else quantize_int8(weight)
+        b = None if bias is None else nn.Parameter(bias.to(self.dtype), requires_grad=False)
+        return QuantProjection(kind, k, n, (tensors[0], tensors[1].to(act)), act, b)
 
-    def _plain(self, name: str, weight: torch.Tensor, bias: torch.Tensor | None) -> ProjectionBase:
-        """The unquantized projection ``weights="float"`` would build for this tensor."""
-        biases = [] if bias is None else [bias]
-        return projection_from_pieces(name, [weight], biases, self.dtype, self._make_native)
-
-    def _choose(self, kind: str, k: int, n: int, tensors, plain: ProjectionBase):
+    def _time(self, built: dict[str, ProjectionBase], k: int) -> dict[str, float]:
         x = torch.randn(1, k, dtype=self.dtype)
         flood = torch.ones(2 * largest_cache_bytes() // 4)  # read through: evicts the weights
         before = torch.get_num_threads()
         torch.set_num_threads(self.threads)
-        candidates: dict[str, Callable[[], object]] = {"plain": lambda: plain(x)}
-        for act in (torch.float32, torch.bfloat16):
-            scales = tensors[1].to(act)
-            module = QuantProjection(kind, k, n, (tensors[0], scales), act, None)
-            candidates[str(act).removeprefix("torch.")] = lambda m=module: m(x)
         try:
-            timings = _time_us(candidates, flood.sum)
+            return _time_us({c: lambda m=m: m(x) for c, m in built.items()}, flood.sum)
         finally:
             torch.set_num_threads(before)
-        if self.activations in timings:
-            return self.activations, timings
-        return pick_kernel(timings), timings
 
     def report(self) -> str:
         """One line per shape: ``[in x out] xN: <kernel> (us at 1 row per candidate)``."""
         cpu = torch.backends.cpu.get_cpu_capability()
         lines = [f"weights {self.kind}, kernel per shape timed at 1 row, cache cold (cpu {cpu}):"]
         for (kind, k, n), (choice, timings) in self.choices.items():
-            what = f"{kind} kernel, {choice} activations" if choice != "plain" else "fp32"
+            what = {
+                "plain": "fp32",
+                "native": f"{NATIVE_FORMATS[kind]} blocks, pagedkv's kernel",
+            }.get(choice, f"{kind} kernel, {choice} activations")
             times = ", ".join(f"{c} {us:.0f} us" for c, us in timings.items())
             lines.append(f"  [{k} x {n}] x{self.counts[(kind, k, n)]}: {what} ({times})")
         return "\n".join(lines)
