@@ -3,8 +3,10 @@ held text (teacher-forced): mean |logit error|, perplexity, top-1 agreement. Run
 see the numbers (docs/latency.md quotes them).
 
 The embedded file is Q4_1 already, so int4 re-packs the same integers (lossless, see
-test_quant.py): what remains is the bf16 activations the kernels run with on this CPU. int8
-re-quantizes the Q4_1 values per output channel.
+test_quant.py). On torch's int kernels what remains is the bf16 activations they run with; on
+pagedkv's block kernels (``native``) nothing remains: the logits are fp32's, bit for bit. int8
+re-quantizes the Q4_1 values, per output channel on torch's kernel, as Q8_0 blocks on
+pagedkv's.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import pytest
 import torch
 
 import pagedkv.model.loader as loader
-from pagedkv.model import load_model
+from pagedkv.model import load_model, native
 from pagedkv.model.quant import QuantizingFactory
 from tests.model.helpers import Chunk, run_steps
 
@@ -40,24 +42,34 @@ def _perplexity(logits: torch.Tensor, ids: list[int]) -> float:
     return float(nll.exp())
 
 
-@pytest.mark.parametrize("kind", ["int4", "int8"])
-def test_quantized_weights_stay_close_to_fp32(embedded, kind, monkeypatch):
+@pytest.mark.parametrize(
+    ("kind", "force"),
+    [("int4", "bfloat16"), ("int8", "bfloat16"), ("int4", "native"), ("int8", "native")],
+)
+def test_quantized_weights_stay_close_to_fp32(embedded, kind, force, monkeypatch):
+    if force == "native" and native.kernels() is None:
+        pytest.skip(f"native kernels unavailable: {native.unavailable_reason()}")
     _, reference, tokenizer = embedded
     ids = tokenizer.encode(HELD_TEXT)
     ref = _teacher_forced(reference, ids)
-    # The int kernels with bf16 activations, whatever the timing: on a CPU where fp32 is
-    # fastest at every shape (AVX2 machines) the load would otherwise quantize nothing.
-    forced = functools.partial(QuantizingFactory, force="bfloat16")
+    # The kernel under test, whatever the timing: on a CPU where another candidate is faster
+    # the load would otherwise never run it.
+    forced = functools.partial(QuantizingFactory, force=force)
     monkeypatch.setattr(loader, "QuantizingFactory", forced)
     _, model, _ = load_model(None, progress=False, weights=kind)
     got = _teacher_forced(model, ids)
     mean_err = float((got - ref).abs().mean())
     agree = float((got.argmax(-1) == ref.argmax(-1)).float().mean())
     ppl_ref, ppl = _perplexity(ref, ids), _perplexity(got, ids)
-    print(f"\n{kind}: {len(ids)} tokens, mean |logit error| {mean_err:.4f} "
+    print(f"\n{kind} ({force}): {len(ids)} tokens, mean |logit error| {mean_err:.4f} "
           f"(logit std {float(ref.std()):.2f}), top-1 agreement {agree:.3f}, "
           f"perplexity {ppl:.3f} vs fp32 {ppl_ref:.3f}\n{model.weights_report}")  # fmt: skip
+    if (kind, force) == ("int4", "native"):
+        # The file is Q4_1 (token_embd Q8_0): the blocks hold exactly the fp32 weights, and
+        # the kernel multiplies them with the fp32 kernel's own operations.
+        assert torch.equal(got, ref)
+        return
     assert mean_err > 0  # the quantized path really ran
     assert mean_err < 0.1 * float(ref.std())
-    assert agree > 0.9  # near-ties may flip under bf16 activations
+    assert agree > 0.9  # near-ties may flip under bf16 activations or Q8_0 re-rounding
     assert abs(ppl / ppl_ref - 1) < 0.05
