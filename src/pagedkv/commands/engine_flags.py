@@ -21,8 +21,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--weights",
         default="float",
-        help="float (in --dtype, the reference; default), int8 or int4: weight-only quantized, "
-        "kernel per shape measured at load and printed",
+        help="float (in --dtype, the reference; default), int8 or int4: weight-only quantized "
+        "(GGUF Q8_0 / Q4_1 blocks on pagedkv's kernels, or torch's int kernels), the kernel per "
+        "shape timed at load and printed; int4 of a Q4_1 GGUF on pagedkv's kernels computes the fp32 "
+        "model exactly",
     )
     g.add_argument(
         "--policy",
