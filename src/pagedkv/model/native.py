@@ -5,11 +5,12 @@ cached, loaded with ctypes, called on torch tensors' memory.
 ``kernels()`` returns the loaded library, or None with ``unavailable_reason()`` saying why
 (not x86-64, no AVX2/FMA, no compiler, a second OpenMP runtime, ``PAGEDKV_NATIVE=0``). Every
 caller keeps a torch path for None. The C code trusts its arguments: the callers
-(``native_projection``, ``layers.RMSNorm``/``SwiGLU``, ``decoder_layer``, ``attention``) pass contiguous fp32
-memory of the shapes the kernel comments state, and check it before each call.
+(``native_projection``, ``native_quant``, ``layers.RMSNorm``/``SwiGLU``, ``decoder_layer``,
+``attention``) pass contiguous memory (fp32, or uint8 blocks) of the shapes the kernel comments
+state, and check it before each call. F16C (the blocks' fp16 scales) comes with every AVX2 CPU.
 
-The build: ``cc -O3 -mavx2 -mfma -mf16c -fopenmp`` into ``$XDG_CACHE_HOME/pagedkv/native/`` under a
-name keyed by the source, the compiler and the flags (~0.7 s, once); written to a
+The build: ``cc -O3 -mavx2 -mfma -mf16c -fopenmp`` into ``$XDG_CACHE_HOME/pagedkv/native/``
+under a name keyed by the sources, the compiler and the flags (~0.7 s, once); written to a
 temporary file and renamed, so concurrent processes never load half a library.
 """
 

@@ -1,21 +1,24 @@
-"""Weight-only quantized projections on torch's CPU kernels, chosen per shape at load.
+"""Weight-only quantized projections (``weights="int4"|"int8"``), the kernel chosen per shape
+at load among pagedkv's block kernels and torch's int kernels.
 
-``weights="int4"``: group-wise asymmetric int4, 32 weights per group with a scale and a minimum,
-which is exactly GGUF's Q4_1: re-quantizing a Q4_1 tensor's dequantized values by each group's
-min and max gives back its integers, scale and minimum (up to fp32 rounding), so the embedded
-model loses nothing more than the file already lost. Kernel: ``_weight_int4pack_mm_for_cpu``
-(it computes ``(q - 8) * scale + zero``, so zero = minimum + 8 * scale).
-``weights="int8"``: per-output-channel symmetric int8, ``_weight_int8pack_mm``.
+Candidates for each projection:
+- "native" (``native_quant.py``): GGUF's Q4_1 blocks for int4 (Q8_0 for int8 and for int4's
+  lm_head) on pagedkv's kernels, fp32 activations. On weights decoded from such blocks (a
+  Q4_1 GGUF) the products are the fp32 kernel's, bit for bit.
+- "float32" / "bfloat16": torch's ``_weight_int4pack_mm_for_cpu`` (group-wise asymmetric int4,
+  32 weights with a scale and a minimum, Q4_1's numbers; it computes ``(q - 8) * scale +
+  zero``, so zero = minimum + 8 * scale) or ``_weight_int8pack_mm`` (int8 per output
+  channel), with activations in that dtype.
+- "plain": what ``weights="float"`` builds (pagedkv's fp32 kernel where it loads, else torch's
+  matmul), kept only where it is clearly faster (``PLAIN_MARGIN``).
 
-Which kernel serves each projection shape is measured at load, at one row (batch-1 decode,
-what the option is for), with the weights evicted from the cache as a decode step streams
-them: the int kernel with fp32 activations, with bf16 activations, or the "plain" projection
-that ``weights="float"`` builds (pagedkv's native kernel where it loads, else torch's matmul),
-which is kept only where it is clearly faster (``PLAIN_MARGIN``). On an AVX-512 machine the
-bf16-activation kernels beat torch's fp32 matmul by 2-5x at one row; with fp32 activations
-they were 3-6x *slower*; on other CPUs the order differs, hence the measurement. The choices
-are printed at start-up. fp32 stays the reference: the greedy-equality tests never run a
-quantized path.
+Each distinct shape is timed at one row (batch-1 decode, what the option is for), the
+candidates taking turns, each call with its weights evicted from the cache as a decode step
+streams them. On this AVX2 CPU the native blocks win every shape; on an AVX-512 machine
+torch's bf16-activation kernels beat torch's fp32 matmul by 2-5x at one row, and with fp32
+activations were 3-6x *slower*: the order differs by CPU, hence the measurement. The choices
+are printed at start-up. fp32 stays the default and the reference of the greedy-equality
+tests.
 """
 
 from __future__ import annotations
