@@ -183,13 +183,18 @@ class QuantizingFactory:
         names = ["plain", "float32", "bfloat16"]
         if self._make_native is not None and k % GROUP == 0:
             names.insert(1, "native")
-        built = {c: self._build(c, kind, name, weight, bias) for c in names}
+        torch_tensors = quantize_int4(weight) if kind == "int4" else quantize_int8(weight)
+        built = {c: self._build(c, kind, name, weight, bias, torch_tensors) for c in names}
         timings = self._time(built, k)
         choice = self.force if self.force in timings else pick_kernel(timings)
         self.choices[key] = (choice, timings)
         return built[choice]
 
-    def _build(self, choice: str, kind: str, name: str, weight, bias) -> ProjectionBase:
+    def _build(
+        self, choice: str, kind: str, name: str, weight, bias, torch_tensors=None
+    ) -> ProjectionBase:
+        """The projection of ``choice`` for ``weight``; ``torch_tensors``: its torch int
+        quantization when already made (shared by the two activation dtypes)."""
         if choice == "plain":  # what weights="float" builds for this tensor
             biases = [] if bias is None else [bias]
             return projection_from_pieces(name, [weight], biases, self.dtype, self._make_native)
@@ -197,7 +202,9 @@ class QuantizingFactory:
             return NativeQuantProjection(NATIVE_FORMATS[kind], weight, bias)
         n, k = weight.shape
         act = getattr(torch, choice)
-        tensors = quantize_int4(weight) if kind == "int4" else quantize_int8(weight)
+        tensors = torch_tensors
+        if tensors is None:
+            tensors = quantize_int4(weight) if kind == "int4" else quantize_int8(weight)
         b = None if bias is None else nn.Parameter(bias.to(self.dtype), requires_grad=False)
         return QuantProjection(kind, k, n, (tensors[0], tensors[1].to(act)), act, b)
 
