@@ -34,8 +34,10 @@ class DecoderLayer(nn.Module):
         self.o_proj = Projection(self.q_size, config.hidden_size)
         self.post_attention_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
-        # Every part native (set by load_weights): a decode-only step runs the layer in one call.
+        # Every part native (prepare_fused_decode, from load_weights): a decode-only step runs
+        # the layer in one call, on the projections' kernel operands taken once there.
         self.fused_decode = False
+        self._operands: tuple | None = None
 
     def forward(
         self,
@@ -75,15 +77,11 @@ class DecoderLayer(nn.Module):
         forward's own residual stream) and returns it."""
         rows, width = hidden.shape
         k_cache, v_cache = kv_cache
-        g, mlp, inter = plan.decode, self.mlp, self.mlp.down_proj.in_features
+        g, inter = plan.decode, self.mlp.down_proj.in_features
         size = rows * (width + self.qkv_proj.out_features + self.q_size + 3 * inter)
         work = plan.scratch("decode_layer", (size,), torch.float32)
         bias = self.qkv_proj.bias
-        projections = (self.qkv_proj, self.o_proj, mlp.gate_up_proj, mlp.down_proj)
-        (f_qkv, w_qkv), (f_o, w_o), (f_gu, w_gu), (f_down, w_down) = (
-            p.kernel_operand() for p in projections
-        )
-        formats = (ctypes.c_int * 4)(f_qkv, f_o, f_gu, f_down)
+        formats, w_qkv, w_o, w_gu, w_down = self._operands
         status = plan.kernels.pk_decode_layer(
             hidden.data_ptr(), rows, width, self.input_norm.weight.data_ptr(),
             self.post_attention_norm.weight.data_ptr(), self.input_norm.eps, formats,
@@ -148,6 +146,18 @@ class DecoderLayer(nn.Module):
         """The layer's output from its input and its attention ``[T, Hq * D]``."""
         hidden = self.o_proj.added_to(hidden, attn)
         return self.mlp.added_to(hidden, self.post_attention_norm(hidden))
+
+    def prepare_fused_decode(self) -> None:
+        """Turn the one-call decode path on where ``all_native()`` (after ``load_weights``,
+        which calls this), taking the projections' formats and weight addresses once: the
+        modules and their storage stay as loaded from then on."""
+        self.fused_decode = self.all_native()
+        self._operands = None
+        if self.fused_decode:
+            projections = (self.qkv_proj, self.o_proj, self.mlp.gate_up_proj, self.mlp.down_proj)
+            operands = [p.kernel_operand() for p in projections]
+            formats = (ctypes.c_int * 4)(*(fmt for fmt, _ in operands))
+            self._operands = (formats, *(address for _, address in operands))
 
     def all_native(self) -> bool:
         """Every part on the native kernels (after ``load_weights``): a decode-only step may

@@ -212,7 +212,7 @@ class CausalLM(nn.Module):
                 )
                 norm.kernels = kernels if norm.weight.shape[0] % 8 == 0 else None
             layer.mlp.kernels = kernels
-            layer.fused_decode = layer.all_native()
+            layer.prepare_fused_decode()
         if "rope_freqs.weight" in weights:
             self.rotary.scale_frequencies(weights["rope_freqs.weight"])
 

@@ -19,6 +19,7 @@ from torch import nn
 from pagedkv.model import native
 from pagedkv.model.projection import (
     ProjectionBase,
+    column_halves,
     joined,
     projection_from_pieces,
     shard_halves,
@@ -152,9 +153,7 @@ def dense_halves(x, weight, bias) -> tuple[torch.Tensor, torch.Tensor]:
     """The two column halves of ``dense_product(x, ...)`` (views of a sharded product)."""
     if (product := sharded_product(x, weight, bias)) is not None:
         return shard_halves(product)
-    out = dense_product(x, weight, bias)
-    half = out.shape[1] // 2
-    return out[:, :half], out[:, half:]
+    return column_halves(dense_product(x, weight, bias))
 
 
 def native_factory():

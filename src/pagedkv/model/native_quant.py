@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from pagedkv.model import native
+from pagedkv.model.gguf_quants import BLOCK_WEIGHTS
 from pagedkv.model.native_projection import (
     dense_added_to,
     dense_halves,
@@ -28,8 +29,8 @@ from pagedkv.model.native_projection import (
 )
 from pagedkv.model.projection import ProjectionBase
 
-GROUP = 32
-FORMATS = {"q4_1": (20, 4), "q8_0": (34, 8)}  # bytes per block of 32, pk_dequantize's kind
+GROUP = BLOCK_WEIGHTS
+FORMATS = {"q4_1": 4, "q8_0": 8}  # the kernels' format codes (PK_Q4_1, PK_Q8_0 in C)
 
 
 def encode_q4_1(weight: torch.Tensor) -> torch.Tensor:
@@ -105,14 +106,14 @@ class NativeQuantProjection(ProjectionBase):
         """The weight dequantized, fp32 ``[out, in]`` (a new tensor the caller may keep)."""
         weight = torch.empty(self.out_features, self.in_features, dtype=torch.float32)
         self._lib.pk_dequantize(
-            FORMATS[self.fmt][1], self.blocks.data_ptr(), weight.data_ptr(), self.out_features,
+            FORMATS[self.fmt], self.blocks.data_ptr(), weight.data_ptr(), self.out_features,
             self.in_features, torch.get_num_threads(),
         )  # fmt: skip
         return weight
 
     def kernel_operand(self) -> tuple[int, int]:
         """``(format, address)`` of the blocks for ``pk_decode_layer`` (4: Q4_1, 8: Q8_0)."""
-        return FORMATS[self.fmt][1], self.blocks.data_ptr()
+        return FORMATS[self.fmt], self.blocks.data_ptr()
 
     def _run(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
         rows = x.shape[0]

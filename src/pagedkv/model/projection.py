@@ -29,7 +29,7 @@ class ProjectionBase(nn.Module):
 
     def halves(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The first and the second half of ``self(x)``'s columns (views or new tensors)."""
-        return _split(self(x))
+        return column_halves(self(x))
 
 
 class Projection(ProjectionBase):
@@ -68,7 +68,7 @@ class Projection(ProjectionBase):
     def halves(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         product = self._sharded(x)
         if product is None:
-            return _split(self.forward(x))
+            return column_halves(self.forward(x))
         return shard_halves(product)
 
     def _sharded(self, x: torch.Tensor) -> torch.Tensor | None:
@@ -134,7 +134,7 @@ def shard_halves(product: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     threads or at one row (gate and up of a 256-row prefill: no copy)."""
     threads, rows, width = product.shape
     if threads % 2:
-        return _split(joined(product))
+        return column_halves(joined(product))
     pairs = product.view(2, threads // 2, rows, width).transpose(1, 2)
     first, second = pairs.reshape(2, rows, threads // 2 * width).unbind()
     return first, second
@@ -146,7 +146,8 @@ def joined(product: torch.Tensor) -> torch.Tensor:
     return product.transpose(0, 1).reshape(rows, threads * width)
 
 
-def _split(out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def column_halves(out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first and second half of ``out``'s columns (views)."""
     half = out.shape[1] // 2
     return out[:, :half], out[:, half:]
 
