@@ -29,6 +29,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pagedkv.commands.simulate",
     "pagedkv.commands.experiment",
     "pagedkv.commands.profile",
+    "pagedkv.commands.calibrate",
     "pagedkv.commands.serve",
     "pagedkv.commands.route",
 )

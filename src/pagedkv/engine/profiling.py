@@ -42,15 +42,9 @@ CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time
 
 def step_shape(batch: ScheduledBatch, block_size: int) -> StepShape:
     """What ``batch`` computes, counted as ``sim/simulator.py`` counts it for its cost model."""
-    tokens = kv_read = pairs = decode = blocks = 0
-    for item in batch.seqs:
-        start, n = item.num_computed_tokens, item.num_new_tokens
-        tokens += n
-        kv_read += start + n
-        pairs += n * start + n * (n + 1) // 2
-        blocks += -(-(start + n) // block_size)
-        decode += n == 1 and start > 0
-    return StepShape(tokens, kv_read, pairs, len(batch.seqs), decode, blocks, block_size)
+    return StepShape.of(
+        ((item.num_computed_tokens, item.num_new_tokens) for item in batch.seqs), block_size
+    )
 
 
 class StepRecorder:

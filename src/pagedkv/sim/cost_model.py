@@ -9,10 +9,12 @@ multiply-add). The step takes the longer of bytes / bandwidth and FLOPs / peak c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from typing import Protocol
 
-from pagedkv.planner.layout import KVLayout
+from pagedkv.planner.layout import KVLayout, layout_from_shape
+from pagedkv.planner.shape import ModelShape
 from pagedkv.sim.gpus import GPUSpec
 
 
@@ -25,8 +27,9 @@ class StepShape:
     The block-aware fields (zero where a caller does not know them): ``num_seqs`` in the batch,
     ``num_decode_seqs`` of them computing exactly one token after a computed context,
     ``kv_blocks_read`` = sum over the sequences of ceil(context / block_size), the blocks an
-    attention kernel walks (a partly used tail block counts whole), and ``block_size`` in
-    tokens."""
+    attention kernel walks (a partly used tail block counts whole), ``block_size`` in
+    tokens, and ``decode_kv_tokens``: the context tokens the decode sequences attend to (their
+    part of ``kv_read_tokens``)."""
 
     num_batched_tokens: int
     kv_read_tokens: int
@@ -35,6 +38,24 @@ class StepShape:
     num_decode_seqs: int = 0
     kv_blocks_read: int = 0
     block_size: int = 1
+    decode_kv_tokens: int = 0
+
+    @classmethod
+    def of(cls, items: Iterable[tuple[int, int]], block_size: int) -> StepShape:
+        """The shape of a step whose sequences compute ``n`` new tokens after ``start``
+        computed ones, for each ``(start, n)`` of ``items``: the one count the simulator and
+        the engine's profiler share."""
+        tokens = kv_read = pairs = seqs = decode = blocks = decode_kv = 0
+        for start, n in items:
+            seqs += 1
+            tokens += n
+            kv_read += start + n
+            pairs += n * start + n * (n + 1) // 2
+            blocks += -(-(start + n) // block_size)
+            if n == 1 and start > 0:
+                decode += 1
+                decode_kv += start + 1
+        return cls(tokens, kv_read, pairs, seqs, decode, blocks, block_size, decode_kv)
 
 
 class CostModel(Protocol):
@@ -67,6 +88,29 @@ class ModelCost:
     num_layers: int = 0
     num_query_heads: int = 0
     num_kv_heads: int = 0  # MLA: 1 (one latent per layer)
+    # The layer's matrices, for the fitted clock (0 = unknown: priced from num_params)
+    head_dim: int = 0
+    hidden_size: int = 0
+    intermediate_size: int = 0
+    vocab_size: int = 0
+    gated_mlp: bool = True
+
+    @classmethod
+    def from_shape(cls, shape: ModelShape, kv_dtype: str | None = None) -> ModelCost:
+        """``from_layout`` of the shape's layout, plus its matrices' widths. An OPT-style
+        model (no gate) has an up and a down matrix; Llama-style ones gate + up and down."""
+        base = cls.from_layout(layout_from_shape(shape, kv_dtype))
+        if shape.attention != "mha":
+            return base
+        gated = not (shape.architecture or "").upper().startswith("OPT")
+        return replace(
+            base,
+            head_dim=shape.head_dim,
+            hidden_size=shape.hidden_size or 0,
+            intermediate_size=shape.intermediate_size or 0,
+            vocab_size=shape.vocab_size or 0,
+            gated_mlp=gated,
+        )
 
     @classmethod
     def from_layout(cls, layout: KVLayout, query_dim: int | None = None) -> ModelCost:

@@ -213,9 +213,12 @@ def _token_offsets(record: Any) -> dict[int, float]:
 
 def _sample(record: Any, index: int) -> TimedStep:
     where = f"samples[{index}]"
-    if not isinstance(record, dict) or set(record) != {*_SHAPE_FIELDS, "seconds"}:
+    # decode_kv_tokens came later: a profile written before it still reads (as 0)
+    required = {*_SHAPE_FIELDS, "seconds"} - {"decode_kv_tokens"}
+    if not isinstance(record, dict) or not required <= set(record) <= {*required, *_SHAPE_FIELDS}:
         raise UsageError(f"{where} must hold exactly {[*_SHAPE_FIELDS, 'seconds']}")
-    shape = StepShape(**{k: int(_number(record[k], f"{where}.{k}")) for k in _SHAPE_FIELDS})
+    present = [k for k in _SHAPE_FIELDS if k in record]
+    shape = StepShape(**{k: int(_number(record[k], f"{where}.{k}")) for k in present})
     return TimedStep(shape, _number(record["seconds"], f"{where}.seconds"))
 
 

@@ -161,16 +161,9 @@ class Replica:
                 num_moved, self.block_bytes, self.transfers_per_block
             )
             self.swap_time += transfer_s
-        num_tokens = kv_read = pairs = num_decode = blocks_read = 0
-        block_size = self.allocator.block_size
         sampled: list[list[int]] = []
         first_tokens: list[RequestRecord] = []
         for seq, start, n, num_samples, hit in batch.seqs:
-            num_tokens += n
-            kv_read += start + n
-            pairs += n * start + n * (n + 1) // 2
-            blocks_read += -(-(start + n) // block_size)
-            num_decode += n == 1 and start > 0
             if start == hit:  # an admission (decode steps always have start > hit == 0)
                 rec = records[index_of[seq.seq_id]]
                 if rec.admitted_s is None:
@@ -189,9 +182,7 @@ class Replica:
             if k == 0:
                 first_tokens.append(records[index_of[seq.seq_id]])
 
-        shape = StepShape(
-            num_tokens, kv_read, pairs, len(batch.seqs), num_decode, blocks_read, block_size
-        )
+        shape = StepShape.of(((start, n) for _, start, n, _, _ in batch.seqs), self.allocator.block_size)
         # A step that only swapped its last sequence out costs its transfers alone.
         dt = transfer_s + (self.cost.step_time_s(shape) if batch.seqs else 0.0)
         now += dt

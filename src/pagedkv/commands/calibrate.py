@@ -1,0 +1,99 @@
+"""`pagedkv calibrate`: fit a GPU's step clock to measured op times and write it as JSON.
+
+    pagedkv calibrate --data ../shared/data/gpu_profiles --data data/gpu_profiles \\
+        --gpu a100 -o a100-clock.json
+
+reads every profile file under each --data folder laid out as Vidur's published profiles
+(compute/<gpu>/<org>/<model>/mlp.csv, <gpu>/mlp*.csv, <gpu>/attention*.csv,
+<gpu>/cpu_overheads.csv; times in ms), keeps the rows of GPU folder --gpu, and fits the clock's
+physical parameters (sim/gpu_clock.py: achieved bandwidth and compute of the GEMMs and their
+knee, each elementwise kernel's bandwidth and launch cost, the attention kernel's tile walk,
+split and launch costs, a step's CPU overhead) family by family. A family without rows keeps
+the --base clock's numbers (default: the clock pagedkv ships for that GPU's architecture) and
+the file says so. `pagedkv simulate --clock FILE` prices steps with the result; the shipped
+presets (src/pagedkv/presets/clocks/) are this command's output on the data named in them.
+Needs numpy and scipy (pip install 'pagedkv[calibrate]').
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "calibrate",
+        help="fit a GPU step clock to measured op times (Vidur-format CSVs); write JSON",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    add = p.add_argument
+    add("--data", action="append", required=True, metavar="DIR", help="a profile folder (repeat)")
+    add("--gpu", required=True, help="the GPU folder to fit, e.g. a100 or h100")
+    add("--spec", help="the GPU preset its rates come from (default: the folder's alias)")
+    add("--base", metavar="FILE", help="clock JSON whose numbers unfitted families keep")
+    add("-o", "--output", required=True, help="clock JSON to write")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from pagedkv.errors import UsageError
+    from pagedkv.sim.clock_data import FAMILIES, read_rows
+    from pagedkv.sim.clock_fit import errors, fit_clock, read_clock, summarize_errors, write_clock
+    from pagedkv.sim.clock_presets import clock_for
+    from pagedkv.sim.gpus import get_gpu
+
+    output = Path(args.output)
+    if output.is_dir() or not output.parent.is_dir():
+        raise UsageError(f"--output {str(output)!r}: not a file in an existing folder")
+    gpu = get_gpu(args.spec or args.gpu)
+    rows = [r for d in args.data for r in read_rows(d) if r.gpu == args.gpu]
+    if not rows:
+        raise UsageError(f"--gpu {args.gpu!r}: no rows of that GPU folder under {args.data}")
+    if args.base:
+        base, base_meta = read_clock(args.base)
+        base_source = f"{args.base} ({base_meta.get('gpu', '?')})"
+    else:
+        try:
+            base, base_source = clock_for(gpu)
+        except UsageError:
+            from pagedkv.sim.gpu_clock import GPUClock
+
+            base, base_source = GPUClock(), "pagedkv's starting values (not fitted)"
+    try:
+        clock, sigmas = fit_clock(rows, gpu, base)
+    except ImportError as exc:
+        raise UsageError(f"calibrate needs numpy and scipy ({exc}): pip install scipy") from None
+    families = {}
+    for family in FAMILIES:
+        mine = [r for r in rows if r.family == family]
+        if mine:
+            families[family] = {
+                **summarize_errors(errors(mine, clock, gpu)),
+                "files": sorted({r.file for r in mine}),
+            }
+    borrowed = {f: base_source for f in FAMILIES if f not in families}
+    meta = {
+        "fitted_on": sorted({r.file for r in rows}),
+        "gpu_folder": args.gpu,
+        "families": families,
+        "borrowed": borrowed,
+        "rel_sigma": sigmas,
+    }
+    write_clock(output, clock, gpu, meta)
+    table = Table(title=f"clock of {gpu.name} fitted on {len(rows):,} rows ({args.gpu})")
+    for col in ("family", "rows", "median |err|", "p95", "max"):
+        table.add_column(col, justify="left" if col == "family" else "right")
+    for family, s in families.items():
+        table.add_row(family, f"{s['rows']:,}", f"{s['median_rel_err']:.1%}",
+                      f"{s['p95_rel_err']:.1%}", f"{s['max_rel_err']:.1%}")  # fmt: skip
+    for family, source in borrowed.items():
+        table.add_row(family, "0", f"kept from {source}", "", "")
+    Console().print(table)
+    print(f"wrote {output}")
+    return 0

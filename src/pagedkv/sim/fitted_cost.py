@@ -1,0 +1,119 @@
+"""A step's time from a fitted GPU clock: the ops of every layer, priced one by one.
+
+One engine step of ``StepShape`` runs, per layer and on each of ``tp`` GPUs: the QKV, output,
+up (gate + up when gated) and down GEMMs over all ``num_batched_tokens`` rows, two RMSNorms,
+RoPE, the MLP activation and the residual add, decode attention over the decode sequences'
+contexts, prefill attention over the prompt chunks, and (``tp > 1``) two all-reduces of the
+hidden states; once a step: the embedding gather, the LM head over the sampled rows and the CPU
+overhead. ``sim/gpu_clock.py`` prices each op.
+
+**Block size.** The measured attention rows all ran with 16-token blocks. For another B this
+model assumes the paged kernel's cost beyond a contiguous kernel is a per-block walk: at B = 16
+it is ``PAGED_OVERHEAD_AT_16`` of the kernel time (the PagedAttention paper's Fig. 18a: its
+paged kernel ran 20-26 % slower than FasterTransformer's contiguous one), and it grows as
+``16 / B`` (one table lookup and one dependent load per block). So decode attention at B is
+the fitted time x ``(1 + f * 16 / B) / (1 + f)``; a contiguous kernel (``reserved``,
+``llamacpp``) is ``1 / (1 + f)`` of it. Whole blocks are read (the tail's empty slots too).
+
+A model whose shape lacks the hidden or MLP width (or has MLA) is priced as one GEMM per layer
+holding ``num_params / num_layers`` weights.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from pagedkv.errors import UsageError
+from pagedkv.sim import gpu_clock as gc
+from pagedkv.sim.cost_model import ModelCost, StepShape
+from pagedkv.sim.gpus import GPUSpec
+
+PAGED_OVERHEAD_AT_16 = 0.23  # the paper's 20-26 %, its middle
+
+
+def block_walk_factor(block_size: int, paged: bool = True) -> float:
+    """Decode attention at ``block_size`` relative to the measured kernel at B = 16."""
+    f = PAGED_OVERHEAD_AT_16
+    if not paged:
+        return 1.0 / (1.0 + f)
+    return (1.0 + f * 16.0 / max(1, block_size)) / (1.0 + f)
+
+
+@dataclass(frozen=True)
+class FittedCostModel:
+    """``CostModel`` over ``clock`` (fitted on ``gpu``'s kind). ``paged=False`` prices a
+    contiguous attention kernel; ``tp`` GPUs split every layer's matrices and heads."""
+
+    model: ModelCost
+    gpu: GPUSpec
+    clock: gc.GPUClock
+    paged: bool = True
+    tp: int = 1
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.tp, bool) or not isinstance(self.tp, int) or self.tp < 1:
+            raise UsageError(f"tensor parallelism must be a whole number >= 1, got {self.tp!r}")
+
+    def _gemms(self, m: int) -> float:
+        md, c, g, tp = self.model, self.clock, self.gpu, self.tp
+        h = md.hidden_size
+        if not (h and md.intermediate_size and md.head_dim and md.num_query_heads):
+            params = md.num_params / max(1, md.num_layers) / tp
+            k = h or int(math.sqrt(params))
+            return gc.gemm_s(c, g, m, k, max(1, int(params / k)))
+        q, kv, hd, inter = md.num_query_heads, md.num_kv_heads, md.head_dim, md.intermediate_size
+        return (
+            gc.gemm_s(c, g, m, h, (q + 2 * kv) * hd // tp)
+            + gc.gemm_s(c, g, m, q * hd // tp, h)
+            + gc.gemm_s(c, g, m, h, (2 if md.gated_mlp else 1) * inter // tp)
+            + gc.gemm_s(c, g, m, inter // tp, h)
+        )
+
+    def _elementwise(self, m: int) -> float:
+        md, c, g, tp, b = self.model, self.clock, self.gpu, self.tp, gc.ACT_BYTES
+        h = md.hidden_size or 0
+        heads = (md.num_query_heads + md.num_kv_heads) * md.head_dim // tp
+        act = (3 if md.gated_mlp else 2) * b * m * (md.intermediate_size or 0) // tp
+        return (
+            gc.elementwise_s(c, g, "input_layernorm", 2 * b * m * h)
+            + gc.elementwise_s(c, g, "post_attention_layernorm", 2 * b * m * h)
+            + gc.elementwise_s(c, g, "attn_rope", 2 * b * m * heads)
+            + gc.elementwise_s(c, g, "mlp_act", act)
+            + gc.elementwise_s(c, g, "add", 3 * b * m * h)
+        )
+
+    def attention_s(self, shape: StepShape) -> float:
+        """One layer's attention of the step (decode and prefill parts)."""
+        md, c, g, tp = self.model, self.clock, self.gpu, self.tp
+        kv_heads = max(1, md.num_kv_heads // tp)
+        q_heads = max(1, md.num_query_heads // tp)
+        hd = md.head_dim or 128
+        b = max(1, shape.block_size)
+        t = 0.0
+        d = shape.num_decode_seqs
+        if d:
+            ctx = shape.decode_kv_tokens / d if shape.decode_kv_tokens else 1.0
+            read = d * math.ceil(ctx / b) * b if self.paged else d * ctx
+            t += gc.decode_attention_s(c, g, d, ctx, kv_heads, hd, read)
+            t *= block_walk_factor(b, self.paged)
+        p = shape.num_seqs - d
+        if p > 0:
+            chunk = (shape.num_batched_tokens - d) / p
+            cached = max(0.0, (shape.kv_read_tokens - shape.decode_kv_tokens) / p - chunk)
+            t += gc.prefill_attention_s(c, g, p, chunk, cached, q_heads, hd)
+        return t
+
+    def step_time_s(self, shape: StepShape) -> float:
+        md, c, g, tp = self.model, self.clock, self.gpu, self.tp
+        m = shape.num_batched_tokens
+        if m <= 0:
+            return gc.step_overhead_s(c, shape.num_seqs, tp)
+        h = md.hidden_size or 0
+        layer = self._gemms(m) + self._elementwise(m) + self.attention_s(shape)
+        layer += 2 * gc.all_reduce_s(g, gc.ACT_BYTES * m * h, tp)
+        sampled = max(1, shape.num_seqs)
+        head = gc.gemm_s(c, g, sampled, h, md.vocab_size // tp) if h and md.vocab_size else 0.0
+        emb = gc.elementwise_s(c, g, "emb", 2 * gc.ACT_BYTES * m * h)
+        return md.num_layers * layer + head + emb + gc.step_overhead_s(c, shape.num_seqs, tp)
