@@ -78,10 +78,10 @@ PAPER = dict(
 
 def test_each_policy_gets_its_frameworks_kernel_unless_one_is_named() -> None:
     policies = ("vllm", "sglang", "trtllm", "reserved", "paged:8")
-    scenario = load_scenario(SimulateConfig(**PAPER, policies=policies))
+    scenario = load_scenario(SimulateConfig(**PAPER, policies=policies, cost="kernel"))
     kernels = [scenario.cost_for(p).backend for p in scenario.policies]
     assert kernels == ["flash-attn", "flashinfer", "trtllm-mha", "contiguous", "flash-attn"]
-    named = load_scenario(SimulateConfig(**PAPER, policies=policies, kernel="fa4"))
+    named = load_scenario(SimulateConfig(**PAPER, policies=policies, kernel="fa4", cost="kernel"))
     # a named kernel prices every paged policy; the reserved baseline stays contiguous
     assert [named.cost_for(p).backend for p in named.policies] == ["fa4"] * 3 + [
         "contiguous",
@@ -147,9 +147,9 @@ def test_a_cost_profile_replaces_the_gpu_clock(tmp_path) -> None:
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"cost": "magic"}, "cost must be one of kernel, roofline"),
+        ({"cost": "magic"}, "cost must be one of fitted, kernel, roofline"),
         ({"kernel": "cuda9"}, "unknown attention kernel 'cuda9'"),
-        ({"kernel": "vllm", "cost": "roofline"}, "--kernel prices the kernel cost model"),
+        ({"kernel": "vllm", "cost": "roofline"}, "--kernel prices an attention kernel: drop --cost roofline"),
         ({"preemption_mode": "swap"}, "needs a --swap-space SIZE > 0"),
         ({"preemption_mode": "teleport"}, "unknown preemption_mode 'teleport'"),
         ({"preemption_mode": "swap", "swap_space_bytes": 2**30, "host_link": "usb2"},
@@ -173,7 +173,7 @@ def test_paper_workload_in_a_synthetic_spec_and_its_clashes() -> None:
     ("flags", "words"),
     [
         (["--kernel", "cuda9"], "unknown attention kernel 'cuda9'"),
-        (["--cost", "roofline", "--kernel", "vllm"], "--kernel prices the kernel cost model"),
+        (["--cost", "roofline", "--kernel", "vllm"], "--kernel prices an attention kernel: drop --cost roofline"),
         (["--preemption-mode", "swap", "--swap-space", "banana"], "--swap-space"),
         (["--preemption-mode", "swap", "--host-link", "usb2"], "unknown link 'usb2'"),
         (["--cost-profile", "/nonexistent/p.json"], "cannot read cost profile '/nonexistent/p.json'"),

@@ -46,6 +46,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--block-sizes", default="1,8,16,32,64,128", help="candidates (tokens)")
     p.add_argument("--backend", default="torch-sdpa", help="attention backend (hard limits)")
     p.add_argument("--alignment-bytes", default="128", help="block base alignment reported")
+    p.add_argument(
+        "--gpu", metavar="NAME", help="price the time ledger too: one decode step of K sequences "
+        "at the mean length per B, on the simulator's fitted clock of this GPU (needs --model); "
+        "the recommendation then drops B whose step is > 5%% slower than the fastest",
+    )  # fmt: skip
     p.add_argument("--swap-bytes", default="1GiB", help="KV volume priced in block transfers")
     mem = p.add_argument_group("memory budget (optional): --memory, or --gpu-memory minus the rest")
     mem.add_argument("--memory", metavar="SIZE", help="KV pool size, e.g. 58GiB")
@@ -193,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
         pool_bytes=_pool_bytes(args, layout),
         swap_bytes=parse_bytes("--swap-bytes", args.swap_bytes),
         alignment_bytes=max(1, parse_bytes("--alignment-bytes", args.alignment_bytes)),
+        decode_step_s=_decode_clock(args, layout, workload),
     )
     log_line = None
     if plan.recommended_block_size is not None:
@@ -216,6 +222,21 @@ def run(args: argparse.Namespace) -> int:
         if args.plot:
             print(f"plot written to {args.plot}")
     return 0
+
+
+def _decode_clock(args: argparse.Namespace, layout, workload):
+    """B -> seconds of one decode step of the workload on --gpu (None without --gpu)."""
+    if args.gpu is None:
+        return None
+    if args.model is None:
+        raise UsageError("--gpu prices the model's layers: give --model, not --record-bytes")
+    from pagedkv.sim.cost_model import StepShape
+    from pagedkv.sim.fitted_cost import fitted_cost_model
+
+    cost = fitted_cost_model(args.model, args.gpu, kv_dtype=layout.kv_dtype)
+    context = max(1, round(workload.mean_len_tokens))
+    batch = [(context, 1)] * workload.num_seqs
+    return lambda b: cost.step_time_s(StepShape.of(batch, b))
 
 
 def _save_plot(plan, path: str) -> None:

@@ -73,6 +73,8 @@ def validate(a: argparse.Namespace) -> SimulateConfig:
         step_overhead_s=parse_number("--step-overhead-ms", a.step_overhead_ms, minimum=0) / 1000,
         sample_interval_s=parse_number("--sample-interval", a.sample_interval, minimum=1e-6),
         cost=a.cost,
+        clock=a.clock,
+        tensor_parallel=parse_count("--tp", a.tp),
         kernel=a.kernel,
         cost_profile=a.cost_profile,
         preemption_mode=a.preemption_mode,
@@ -91,8 +93,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="replay a trace through the real scheduler and allocators under each policy",
         description=(
             "Replay a request trace (or a synthetic workload) through pagedkv's own scheduler "
-            "and KV allocators, with the model replaced by a cost model (by default the "
-            "roofline plus each framework's attention-kernel block walk), once per "
+            "and KV allocators, with the model replaced by a cost model (by default a GPU clock fitted to "
+            "measured kernel times), once per "
             "policy; compare concurrency, KV waste, prefix hits, preemptions and latency. "
             "Sizes: GB = 10^9 bytes, GiB = 2^30; token counts accept 32k = 32768."
         ),
@@ -115,8 +117,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     hw.add_argument("--model", default="llama-3-8b", help="preset name or config.json")
     hw.add_argument("--kv-dtype", help="KV cache dtype (default: the model's)")
     hw.add_argument(
-        "--gpu", default="A100-80GB", help="A100-40GB, A100-80GB, H100-80GB, H200-141GB, L4"
-    )
+        "--gpu", default="A100-80GB", help="A10, A40, L4, L40S, A100-40GB, A100-80GB, "
+        "H100-80GB (SXM), H100-PCIe, H200-141GB, B200 (datasheets: sim/gpus.py)",
+    )  # fmt: skip
+    hw.add_argument("--tp", default="1", metavar="N", help="GPUs per replica, tensor parallel "
+                    "(fitted clock; all-reduce over the GPU's link) (1)")  # fmt: skip
     hw.add_argument(
         "--kv-memory", metavar="SIZE[,SIZE]", help="KV pool size(s), e.g. 58GiB; else derived"
     )
@@ -126,12 +131,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     hw.add_argument(
         "--activation-memory", default="4GiB", metavar="SIZE", help="reserved for activations"
     )
-    hw.add_argument("--step-overhead-ms", default="2", metavar="MS", help="fixed cost per step (2)")
+    hw.add_argument("--step-overhead-ms", default="2", metavar="MS",
+                    help="fixed cost per step of the kernel and roofline clocks (2)")  # fmt: skip
     hw.add_argument(
-        "--cost", choices=("kernel", "roofline"), default="kernel",
-        help="step clock: kernel = roofline + each policy's attention block walk (default), "
-        "roofline = bytes and FLOPs only (blind to the block size)",
+        "--cost", choices=("fitted", "kernel", "roofline"), default="fitted",
+        help="step clock: fitted = every op priced by the GPU's clock fitted to measured kernel "
+        "times (default; docs/gpu_clock.md), kernel = roofline + an assumed attention block "
+        "walk per framework, roofline = bytes and FLOPs only (blind to the block size)",
     )  # fmt: skip
+    hw.add_argument("--clock", metavar="FILE", help="a `pagedkv calibrate` JSON for --cost "
+                    "fitted (default: the clock shipped for the GPU)")  # fmt: skip
     hw.add_argument(
         "--kernel", metavar="BACKEND", help="price every paged policy with this attention "
         "kernel (vllm, trtllm-mha, flashinfer, fa4, flashmla, torch-sdpa); default: each "

@@ -3,12 +3,18 @@
 ``build_plan`` is the planner's story: for each B it prices the four ledgers for the workload,
 checks the backend's hard constraints, and recommends the allowed B with the least W(B),
 stating the time ledger (kernel loop iterations) beside it, since W(B) counts bytes only.
+Given a clock (``decode_step_s``: B -> seconds of one decode step of the workload's K
+sequences at their mean length, which ``pagedkv plan --gpu`` takes from the simulator's fitted
+GPU clock; the planner itself knows no GPU), each row carries that time too, and the
+recommendation is the least W(B) among the allowed B whose decode step is within
+``TIME_TOLERANCE`` of the fastest allowed one: memory and time from one model.
 """
 
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from pagedkv.errors import UsageError
 from pagedkv.planner import ledgers
@@ -19,6 +25,7 @@ from pagedkv.planner.workload import Workload
 DEFAULT_BLOCK_SIZES: tuple[int, ...] = (1, 8, 16, 32, 64, 128)
 DEFAULT_SWAP_BYTES = 2**30  # the article's example: evicting 1 GiB of KV
 DEFAULT_ALIGNMENT_BYTES = 128  # reported per row; a hard constraint only where a backend says
+TIME_TOLERANCE = 0.05  # a decode step this much slower than the fastest allowed B is a cost
 
 
 @dataclass(frozen=True)
@@ -46,6 +53,7 @@ class PlanRow:
     prefix_shorter_than_block: bool
     allowed: bool
     violations: tuple[str, ...] = ()
+    decode_step_s: float | None = None  # one decode step of K sequences at the mean length
 
 
 @dataclass(frozen=True)
@@ -141,8 +149,10 @@ def build_plan(
     pool_bytes: int | None = None,
     swap_bytes: int = DEFAULT_SWAP_BYTES,
     alignment_bytes: int = DEFAULT_ALIGNMENT_BYTES,
+    decode_step_s: Callable[[int], float] | None = None,
 ) -> Plan:
-    """Price every candidate block size and recommend one (ValueError on bad candidates)."""
+    """Price every candidate block size and recommend one (ValueError on bad candidates);
+    ``decode_step_s`` prices the time ledger (module docstring)."""
     if not block_sizes:
         raise UsageError("give at least one candidate block size")
     if any(b < 1 for b in block_sizes):
@@ -154,6 +164,8 @@ def build_plan(
         _price_row(b, layout, workload, pool_bytes, swap_bytes, alignment_bytes, backend)
         for b in sorted(set(block_sizes))
     )
+    if decode_step_s is not None:
+        rows = tuple(replace(r, decode_step_s=decode_step_s(r.block_size)) for r in rows)
     chosen, reasons, warnings = _recommend(rows, workload, backend)
     return Plan(
         layout, workload, backend, rows, pool_bytes, swap_bytes, alignment_bytes,
@@ -173,6 +185,12 @@ def _recommend(
     excluded = [f"B={r.block_size} ({'; '.join(r.violations)})" for r in rows if not r.allowed]
     if not allowed:
         return None, [f"no candidate is allowed by backend {backend}: " + ", ".join(excluded)], []
+    timed = [r.decode_step_s for r in allowed if r.decode_step_s is not None]
+    slow: list[PlanRow] = []
+    if len(timed) == len(allowed):  # weigh time: drop the B whose decode step costs more
+        limit = min(timed) * (1 + TIME_TOLERANCE)
+        slow = [r for r in allowed if r.decode_step_s is not None and r.decode_step_s > limit]
+        allowed = [r for r in allowed if r not in slow]
     best = min(allowed, key=lambda r: (r.total_bytes, -r.block_size))
     reasons = [
         f"B={best.block_size} has the least memory waste W(B) = {_mb(best.total_bytes)} "
@@ -188,6 +206,13 @@ def _recommend(
         )
     if excluded:
         reasons.append("excluded by hard constraints: " + ", ".join(excluded))
+    if slow:
+        fastest = min(r.decode_step_s or 0.0 for r in allowed)
+        reasons.append(
+            f"left out for time (decode step > {1 + TIME_TOLERANCE:.2f}x the fastest, "
+            f"{fastest * 1e3:.2f} ms): "
+            + ", ".join(f"B={r.block_size} ({(r.decode_step_s or 0) * 1e3:.2f} ms)" for r in slow)
+        )
     larger = [r for r in allowed if r.block_size > best.block_size]
     time_note = (
         f"time ledger (not in W): a decode step loops over ceil(L/B) = "
@@ -195,6 +220,8 @@ def _recommend(
     )
     if larger:
         time_note += f", {larger[0].kernel_block_iterations} at B={larger[0].block_size}"
+    if best.decode_step_s is not None:
+        time_note += f"; one decode step of all K: {best.decode_step_s * 1e3:.2f} ms"
     reasons.append(time_note)
     warnings = []
     median_prefix = _median_prefix(workload)

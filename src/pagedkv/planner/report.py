@@ -61,6 +61,7 @@ def row_to_json(row: PlanRow, num_seqs: int) -> dict[str, Any]:
         "prefix_shorter_than_block": row.prefix_shorter_than_block,
         "allowed": row.allowed,
         "violations": list(row.violations),
+        "decode_step_ms": None if row.decode_step_s is None else row.decode_step_s * 1e3,
     }
 
 
@@ -141,6 +142,8 @@ def render_plan(plan: Plan, console: Console, resolution_log: str | None = None)
     headers = ["B", "block\nKiB", "table\nentries", "table\nKiB", "frag\nslots/seq"]
     headers += ["frag\nMB", "prefix\nreuse", "prefix\nMB", "W(B)\nMB", "kernel\niters"]
     headers += ["swap\nxfers"] + (["paged\nseqs"] if has_capacity else [])
+    has_time = any(r.decode_step_s is not None for r in plan.rows)
+    headers += ["decode\nstep ms"] if has_time else []
     for header in [*headers, "allowed"]:
         table.add_column(header, justify="right")
     for row in plan.rows:
@@ -158,6 +161,8 @@ def render_plan(plan: Plan, console: Console, resolution_log: str | None = None)
             str(row.swap_transfers),
         ]
         cells += [str(row.paged_capacity_seqs)] if has_capacity else []
+        if has_time:
+            cells.append("" if row.decode_step_s is None else f"{row.decode_step_s * 1e3:.2f}")
         cells.append("yes" if row.allowed else "[red]no[/]")
         style = "bold green" if row.block_size == plan.recommended_block_size else None
         table.add_row(*cells, style=style)

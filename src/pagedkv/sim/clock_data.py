@@ -114,7 +114,11 @@ def _attention_rows(path: Path, gpu: str, name: str) -> Iterator[OpRow]:
     for i, rec in enumerate(csv.DictReader(path.open(newline="")), start=2):
         where = f"{path}:{i}"
         tp = _int(rec, "num_tensor_parallel_workers", where)
-        q, kv, h = _int(rec, "n_q_head", where), _int(rec, "n_kv_head", where), _int(rec, "n_embd", where)
+        q, kv, h = (
+            _int(rec, "n_q_head", where),
+            _int(rec, "n_kv_head", where),
+            _int(rec, "n_embd", where),
+        )
         hd, label = h // q, f"q{q}-kv{kv}-d{h // q}"
         q, kv = q // tp, max(1, kv // tp)
         context = _int(rec, "kv_cache_size", where)

@@ -31,8 +31,13 @@ CLOCK_VERSION = 1
 # family -> the GPUClock fields it fits ("elementwise:<op>:<field>" for the per-op prices)
 PARAMS: dict[str, tuple[str, ...]] = {
     "gemm": ("gemm_launch_s", "gemm_bw_eff", "gemm_flops_eff", "gemm_knee"),
-    "decode_attention": ("decode_launch_s", "decode_split_s", "decode_bw_eff",
-                         "decode_tile_eff", "decode_per_seq_s"),  # fmt: skip
+    "decode_attention": (
+        "decode_launch_s",
+        "decode_split_s",
+        "decode_bw_eff",
+        "decode_tile_eff",
+        "decode_per_seq_s",
+    ),  # fmt: skip
     "prefill_attention": ("prefill_launch_s", "prefill_split_s", "prefill_tile_eff"),
     "step_overhead": ("step_base_s", "step_per_seq_s", "step_per_worker_s"),
 }
@@ -85,7 +90,7 @@ def fit_clock(
         measured = np.array([r.measured_s for r in group])
         start = np.log([max(get_param(clock, n), 1e-9) for n in names])
 
-        def residuals(x, names=names, group=group, measured=measured):
+        def residuals(x, names=names, group=group, measured=measured, clock=clock):
             trial = with_params(clock, dict(zip(names, np.exp(x), strict=True)))
             return np.array([price(r, trial, gpu) for r in group]) / measured - 1.0
 
@@ -132,7 +137,7 @@ def write_clock(path: str | Path, clock: GPUClock, gpu: GPUSpec, meta: dict[str,
 def parse_clock(data: Any, source: str) -> tuple[GPUClock, dict[str, Any]]:
     """The clock and the rest of the record; UsageError naming ``source`` otherwise."""
     if not isinstance(data, dict) or data.get("format") != CLOCK_FORMAT:
-        raise UsageError(f"{source}: not a pagedkv GPU clock (no \"format\": \"{CLOCK_FORMAT}\")")
+        raise UsageError(f'{source}: not a pagedkv GPU clock (no "format": "{CLOCK_FORMAT}")')
     if data.get("version") != CLOCK_VERSION:
         raise UsageError(f"{source}: clock version {data.get('version')!r} is not supported")
     params = data.get("params")

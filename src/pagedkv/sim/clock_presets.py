@@ -20,7 +20,12 @@ from pagedkv.sim.gpus import GPUSpec
 
 # architecture -> the preset GPU whose fitted clock it borrows (Ada and Ampere share the SM
 # design generation most closely; Blackwell inherits Hopper's until one is measured)
-BORROW = {"ampere": "A100-80GB", "ada": "A100-80GB", "hopper": "H100-80GB", "blackwell": "H100-80GB"}
+BORROW = {
+    "ampere": "A100-80GB",
+    "ada": "A100-80GB",
+    "hopper": "H100-80GB",
+    "blackwell": "H100-80GB",
+}
 
 
 def _dir() -> Path:
@@ -36,7 +41,8 @@ def shipped() -> list[str]:
 def _load(name: str) -> tuple[GPUClock, str]:
     path = _dir() / f"{name}.json"
     clock, meta = read_clock(path)
-    return clock, f"clock fitted on {', '.join(meta.get('fitted_on', [])) or '?'} ({path.name})"
+    files = meta.get("fitted_on", [])
+    return clock, f"{path.name}, fitted on {len(files)} measured profile file(s)"
 
 
 def clock_for(gpu: GPUSpec, clock_file: str | None = None) -> tuple[GPUClock, str]:

@@ -28,6 +28,7 @@ from pagedkv.errors import UsageError
 from pagedkv.sim import gpu_clock as gc
 from pagedkv.sim.cost_model import ModelCost, StepShape
 from pagedkv.sim.gpus import GPUSpec
+from pagedkv.sim.kernel_cost import get_kernel
 
 PAGED_OVERHEAD_AT_16 = 0.23  # the paper's 20-26 %, its middle
 
@@ -42,17 +43,23 @@ def block_walk_factor(block_size: int, paged: bool = True) -> float:
 
 @dataclass(frozen=True)
 class FittedCostModel:
-    """``CostModel`` over ``clock`` (fitted on ``gpu``'s kind). ``paged=False`` prices a
-    contiguous attention kernel; ``tp`` GPUs split every layer's matrices and heads."""
+    """``CostModel`` over ``clock`` (fitted on ``gpu``'s kind). ``backend`` names the attention
+    kernel (``sim/kernel_cost.KERNELS``): a paged one pays the block walk, ``contiguous`` does
+    not; ``tp`` GPUs split every layer's matrices and heads."""
 
     model: ModelCost
     gpu: GPUSpec
     clock: gc.GPUClock
-    paged: bool = True
+    backend: str = "flash-attn"
     tp: int = 1
     source: str = ""
 
+    @property
+    def paged(self) -> bool:
+        return get_kernel(self.backend).paged
+
     def __post_init__(self) -> None:
+        get_kernel(self.backend)  # UsageError for an unknown one
         if isinstance(self.tp, bool) or not isinstance(self.tp, int) or self.tp < 1:
             raise UsageError(f"tensor parallelism must be a whole number >= 1, got {self.tp!r}")
 
@@ -117,3 +124,17 @@ class FittedCostModel:
         head = gc.gemm_s(c, g, sampled, h, md.vocab_size // tp) if h and md.vocab_size else 0.0
         emb = gc.elementwise_s(c, g, "emb", 2 * gc.ACT_BYTES * m * h)
         return md.num_layers * layer + head + emb + gc.step_overhead_s(c, shape.num_seqs, tp)
+
+
+def fitted_cost_model(
+    model: str, gpu: str, backend: str = "flash-attn", tp: int = 1, kv_dtype: str | None = None
+) -> FittedCostModel:
+    """The fitted clock of preset (or config) ``model`` on preset ``gpu``, shipped clock."""
+    from pagedkv.planner.sources import load_shape
+    from pagedkv.sim.clock_presets import clock_for
+    from pagedkv.sim.gpus import get_gpu
+
+    spec = get_gpu(gpu)
+    clock, source = clock_for(spec)
+    cost = ModelCost.from_shape(load_shape(model), kv_dtype)
+    return FittedCostModel(cost, spec, clock, backend, tp, source)

@@ -40,7 +40,14 @@ ATTN_TILE_N = 128  # KV tokens per tile a CTA loads at once
 FA_MAX_SPLITS = 128
 ALL_REDUCE_LATENCY_S = 10e-6  # assumed: one NCCL ring all-reduce call's fixed cost
 ALL_REDUCE_EFFICIENCY = 0.7  # assumed: achieved / peak link bandwidth for a ring all-reduce
-ELEMENTWISE_OPS = ("emb", "input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act", "add")
+ELEMENTWISE_OPS = (
+    "emb",
+    "input_layernorm",
+    "attn_rope",
+    "post_attention_layernorm",
+    "mlp_act",
+    "add",
+)
 
 
 @dataclass(frozen=True)
@@ -144,7 +151,9 @@ def decode_attention_s(
     tile_s = ATTN_TILE_N * head_token_bytes / (sm_bandwidth * clock.decode_tile_eff)
     walk = waves * math.ceil(tiles / splits) * tile_s
     total = num_seqs * context_tokens if read_tokens is None else read_tokens
-    floor = total * kv_heads * head_token_bytes / (gpu.mem_bandwidth_bytes_per_s * clock.decode_bw_eff)
+    floor = (
+        total * kv_heads * head_token_bytes / (gpu.mem_bandwidth_bytes_per_s * clock.decode_bw_eff)
+    )
     split = clock.decode_split_s if splits > 1 else 0.0
     return clock.decode_launch_s + split + clock.decode_per_seq_s * num_seqs + max(walk, floor)
 
@@ -173,9 +182,7 @@ def prefill_attention_s(
 
 
 def step_overhead_s(clock: GPUClock, num_seqs: int, tp: int = 1) -> float:
-    return (
-        clock.step_base_s + clock.step_per_seq_s * num_seqs + clock.step_per_worker_s * (tp - 1)
-    )
+    return clock.step_base_s + clock.step_per_seq_s * num_seqs + clock.step_per_worker_s * (tp - 1)
 
 
 def all_reduce_s(gpu: GPUSpec, num_bytes: float, tp: int) -> float:

@@ -49,24 +49,76 @@ GPUS: dict[str, GPUSpec] = {
     g.name: g
     for g in (
         GPUSpec("A10", 24 * GB, 600 * GB, 125e12, "NVIDIA A10 datasheet (PCIe)", 72),
-        GPUSpec("A40", 48 * GB, 696 * GB, 149.7e12,
-                "NVIDIA A40 datasheet (PCIe; NVLink bridge 112.5 GB/s for a pair)", 84,
-                56.25 * GB),  # fmt: skip
+        GPUSpec(
+            "A40",
+            48 * GB,
+            696 * GB,
+            149.7e12,
+            "NVIDIA A40 datasheet (PCIe; NVLink bridge 112.5 GB/s for a pair)",
+            84,
+            56.25 * GB,
+        ),  # fmt: skip
         GPUSpec("L4", 24 * GB, 300 * GB, 121e12, "NVIDIA L4 datasheet", 58, arch="ada"),
         GPUSpec("L40S", 48 * GB, 864 * GB, 362e12, "NVIDIA L40S datasheet", 142, arch="ada"),
         # The PagedAttention paper's GPU (OPT-13B on one A100 with 40 GB)
-        GPUSpec("A100-40GB", 40 * GB, 1.555 * TB, 312e12, "NVIDIA A100 datasheet, SXM 40GB",
-                108, _NVLINK3),  # fmt: skip
-        GPUSpec("A100-80GB", 80 * GB, 2.039 * TB, 312e12, "NVIDIA A100 datasheet, SXM 80GB",
-                108, _NVLINK3),  # fmt: skip
-        GPUSpec("H100-80GB", 80 * GB, 3.35 * TB, 989e12, "NVIDIA H100 datasheet, SXM", 132,
-                _NVLINK4, "hopper"),  # fmt: skip
-        GPUSpec("H100-PCIe", 80 * GB, 2.0 * TB, 756e12, "NVIDIA H100 datasheet, PCIe", 114,
-                PCIE5_X16, "hopper"),  # fmt: skip
-        GPUSpec("H200-141GB", 141 * GB, 4.8 * TB, 989e12, "NVIDIA H200 datasheet, SXM", 132,
-                _NVLINK4, "hopper"),  # fmt: skip
-        GPUSpec("B200", 180 * GB, 8.0 * TB, 2.25e15, "NVIDIA HGX B200 datasheet (per GPU)",
-                148, _NVLINK5, "blackwell"),  # fmt: skip
+        GPUSpec(
+            "A100-40GB",
+            40 * GB,
+            1.555 * TB,
+            312e12,
+            "NVIDIA A100 datasheet, SXM 40GB",
+            108,
+            _NVLINK3,
+        ),  # fmt: skip
+        GPUSpec(
+            "A100-80GB",
+            80 * GB,
+            2.039 * TB,
+            312e12,
+            "NVIDIA A100 datasheet, SXM 80GB",
+            108,
+            _NVLINK3,
+        ),  # fmt: skip
+        GPUSpec(
+            "H100-80GB",
+            80 * GB,
+            3.35 * TB,
+            989e12,
+            "NVIDIA H100 datasheet, SXM",
+            132,
+            _NVLINK4,
+            "hopper",
+        ),  # fmt: skip
+        GPUSpec(
+            "H100-PCIe",
+            80 * GB,
+            2.0 * TB,
+            756e12,
+            "NVIDIA H100 datasheet, PCIe",
+            114,
+            PCIE5_X16,
+            "hopper",
+        ),  # fmt: skip
+        GPUSpec(
+            "H200-141GB",
+            141 * GB,
+            4.8 * TB,
+            989e12,
+            "NVIDIA H200 datasheet, SXM",
+            132,
+            _NVLINK4,
+            "hopper",
+        ),  # fmt: skip
+        GPUSpec(
+            "B200",
+            180 * GB,
+            8.0 * TB,
+            2.25e15,
+            "NVIDIA HGX B200 datasheet (per GPU)",
+            148,
+            _NVLINK5,
+            "blackwell",
+        ),  # fmt: skip
     )
 }
 

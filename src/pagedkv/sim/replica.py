@@ -163,7 +163,7 @@ class Replica:
             self.swap_time += transfer_s
         sampled: list[list[int]] = []
         first_tokens: list[RequestRecord] = []
-        for seq, start, n, num_samples, hit in batch.seqs:
+        for seq, start, _, num_samples, hit in batch.seqs:
             if start == hit:  # an admission (decode steps always have start > hit == 0)
                 rec = records[index_of[seq.seq_id]]
                 if rec.admitted_s is None:
@@ -182,7 +182,9 @@ class Replica:
             if k == 0:
                 first_tokens.append(records[index_of[seq.seq_id]])
 
-        shape = StepShape.of(((start, n) for _, start, n, _, _ in batch.seqs), self.allocator.block_size)
+        shape = StepShape.of(
+            ((start, n) for _, start, n, _, _ in batch.seqs), self.allocator.block_size
+        )
         # A step that only swapped its last sequence out costs its transfers alone.
         dt = transfer_s + (self.cost.step_time_s(shape) if batch.seqs else 0.0)
         now += dt

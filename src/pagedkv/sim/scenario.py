@@ -8,11 +8,12 @@
 ``SimulateConfig`` is validated on construction (frozen; every bad value is a ``UsageError``
 naming the field), so ``pagedkv simulate`` only parses flags into it and renders the results.
 
-The clock: ``cost="kernel"`` (default) prices each policy's steps with the attention kernel its
-framework runs (``sim/kernel_cost.py``: vLLM's block walk for ``vllm`` and ``paged:B``,
-FlashInfer for ``sglang``, a contiguous read for ``reserved``), or ``kernel`` names one for
-every paged policy; ``cost="roofline"`` is the block-size-blind roofline; ``cost_profile``
-(a ``pagedkv profile`` file) replaces both with a fitted model of a real engine.
+The clock: ``cost="fitted"`` (default) prices every op of a step with the GPU's clock fitted to
+measured kernel times (``sim/fitted_cost.py``; paged policies pay the block walk, ``reserved``
+reads contiguously); ``cost="kernel"`` is the roofline plus each framework's assumed block walk
+(``sim/kernel_cost.py``), or ``kernel`` names one backend for every paged policy;
+``cost="roofline"`` is the block-size-blind roofline; ``cost_profile`` (a ``pagedkv profile``
+file) replaces them all with a fitted model of a real engine.
 """
 
 from __future__ import annotations
@@ -24,10 +25,13 @@ from typing import TYPE_CHECKING, Any
 
 from pagedkv.errors import UsageError
 from pagedkv.kvcache.policies import Policy
-from pagedkv.planner.layout import KVLayout, load_layout
+from pagedkv.planner.layout import KVLayout, layout_from_shape
+from pagedkv.planner.sources import load_shape
 from pagedkv.sched import SchedulerConfig
 from pagedkv.sim.compare import Comparison, expand_policies
 from pagedkv.sim.cost_model import CostModel, ModelCost, RooflineCostModel, kv_pool_bytes
+from pagedkv.sim.fitted_cost import FittedCostModel
+from pagedkv.sim.gpu_clock import GPUClock
 from pagedkv.sim.gpus import GPUSpec, get_gpu
 from pagedkv.sim.kernel_cost import KernelCostModel, kernel_for_policy
 from pagedkv.sim.links import Link, get_link, host_link_for_gpu
@@ -80,13 +84,14 @@ class Scenario:
     cost: CostModel  # the roofline or a profile; ``cost_for`` gives each policy's clock
     skipped: list[UsageError] = field(default_factory=list)  # bad trace records skipped
     link: Link | None = None  # prices swap transfers
+    gpu_clock: tuple[GPUClock, str] | None = None  # the fitted clock and where it came from
 
     def kernel_for(self, policy: Policy) -> str | None:
         """The attention kernel priced for ``policy`` under ``cost="kernel"``: its framework's
         (``kernel`` overrides it for paged policies; reserved always reads contiguously);
         None when the roofline or a profile is the clock."""
         cfg = self.config
-        if cfg.cost_profile is not None or cfg.cost != "kernel":
+        if cfg.cost_profile is not None or cfg.cost == "roofline":
             return None
         if cfg.kernel is not None and policy.allocator != "reserved":
             return cfg.kernel
@@ -97,6 +102,10 @@ class Scenario:
         kernel = self.kernel_for(policy)
         if kernel is None:
             return self.cost
+        if self.gpu_clock is not None:
+            clock, source = self.gpu_clock
+            tp = self.config.tensor_parallel
+            return FittedCostModel(self.model, self.gpu, clock, kernel, tp, source)
         return KernelCostModel(self.model, self.gpu, kernel, self.config.step_overhead_s)
 
     def clock(self) -> str:
@@ -106,6 +115,9 @@ class Scenario:
             text = f"cost profile {cfg.cost_profile}"
         elif cfg.cost == "roofline":
             text = "roofline cost model"
+        elif self.gpu_clock is not None:
+            tp = f", TP {cfg.tensor_parallel}" if cfg.tensor_parallel > 1 else ""
+            text = f"fitted GPU clock{tp}: {self.gpu_clock[1]}"
         else:
             kernels = dict.fromkeys(str(self.kernel_for(p)) for p in self.policies)
             text = f"kernel cost model ({', '.join(kernels)})"
@@ -194,8 +206,9 @@ def load_scenario(config: SimulateConfig) -> Scenario:
     """Read or generate the requests, load the model's layout, size the pools: everything a
     run needs, checked (UsageError) before any replay starts."""
     with _as_usage_error():
-        layout = load_layout(config.model, kv_dtype=config.kv_dtype)
-        model = ModelCost.from_layout(layout)
+        shape = load_shape(config.model)
+        layout = layout_from_shape(shape, kv_dtype=config.kv_dtype)
+        model = ModelCost.from_shape(shape, kv_dtype=config.kv_dtype)
         scheduler = SchedulerConfig(
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
@@ -206,16 +219,23 @@ def load_scenario(config: SimulateConfig) -> Scenario:
         )
         policies = expand_policies(config.policies, config.block_sizes)
         gpu = get_gpu(config.gpu)
+        tp = config.tensor_parallel  # each GPU holds 1/tp of the weights and of every token's KV
         pools_bytes = config.kv_memory_bytes or (
-            kv_pool_bytes(
-                gpu, model.weight_bytes, config.gpu_memory_utilization, config.activation_bytes
+            tp * kv_pool_bytes(
+                gpu, model.weight_bytes // tp, config.gpu_memory_utilization,
+                config.activation_bytes,
             ),
-        )
+        )  # fmt: skip
         cost: CostModel = RooflineCostModel(model, gpu, config.step_overhead_s)
         if config.cost_profile is not None:
             from pagedkv.sim.profiled_cost import load_cost_profile
 
             cost = load_cost_profile(config.cost_profile)
+        gpu_clock = None
+        if config.cost == "fitted" and config.cost_profile is None:
+            from pagedkv.sim.clock_presets import clock_for
+
+            gpu_clock = clock_for(gpu, config.clock)
         link = None
         if config.preemption_mode == "swap":
             link = get_link(config.host_link) if config.host_link else host_link_for_gpu(gpu.name)
@@ -238,7 +258,7 @@ def load_scenario(config: SimulateConfig) -> Scenario:
         raise UsageError(f"the workload has no requests{why}")
     return Scenario(
         config, source, requests, layout, model, gpu, tuple(pools_bytes), pools_slots,
-        policies, scheduler, cost, skipped, link,
+        policies, scheduler, cost, skipped, link, gpu_clock,
     )  # fmt: skip
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pagedkv.errors import UsageError
 from pagedkv.sim.kernel_cost import get_kernel
 
-COST_MODELS = ("kernel", "roofline")
+COST_MODELS = ("fitted", "kernel", "roofline")
 
 
 @dataclass(frozen=True)
@@ -37,9 +37,13 @@ class SimulateConfig:
     strict: bool = False
     rate_scale: float = 1.0
     seed: int = 0
-    step_overhead_s: float = 0.002
+    step_overhead_s: float = 0.002  # the kernel and roofline clocks' (fitted: its own)
     sample_interval_s: float = 1.0
-    cost: str = "kernel"  # "kernel" (block-size aware) or "roofline"
+    # "fitted" (the GPU's clock fitted to measured op times), "kernel" (roofline + an assumed
+    # block walk) or "roofline"
+    cost: str = "fitted"
+    clock: str | None = None  # a `pagedkv calibrate` JSON (fitted); None: the shipped one
+    tensor_parallel: int = 1  # GPUs per replica (fitted clock only)
     kernel: str | None = None  # one attention kernel for every paged policy; None: per policy
     cost_profile: str | None = None  # a `pagedkv profile` JSON: replaces the GPU cost model
     preemption_mode: str = "recompute"  # or "swap"
@@ -91,9 +95,16 @@ class SimulateConfig:
         if self.cost not in COST_MODELS:
             raise UsageError(f"cost must be one of {', '.join(COST_MODELS)}, got {self.cost!r}")
         if self.kernel is not None:
-            if self.cost != "kernel":
-                raise UsageError("--kernel prices the kernel cost model: drop --cost roofline")
+            if self.cost == "roofline":
+                raise UsageError("--kernel prices an attention kernel: drop --cost roofline")
             get_kernel(self.kernel)
+        if self.clock is not None and self.cost != "fitted":
+            raise UsageError("--clock is the fitted clock's file: drop --cost " + self.cost)
+        tp = self.tensor_parallel
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+            raise UsageError(f"--tp must be a whole number >= 1, got {tp!r}", "tp")
+        if tp > 1 and (self.cost != "fitted" or self.cost_profile is not None):
+            raise UsageError("--tp > 1 is priced by the fitted clock only (--cost fitted)", "tp")
         if self.cost_profile is not None and self.kernel is not None:
             raise UsageError("give --cost-profile or --kernel, not both")
         if self.swap_space_bytes < 0:

@@ -1,7 +1,9 @@
 """The PagedAttention paper's block-size ablation (vLLM, SOSP 2023, §7.2, Fig. 18b).
 
 OPT-13B on one A100-40GB with the paper's 12 GiB KV cache (its Table 1: 15.7K token slots),
-the vLLM kernel model (``KernelCostModel(backend="vllm")``), paged allocation without a prefix
+the fitted GPU clock with the paper's paged kernel (``FittedCostModel(backend="vllm")``: every
+op priced from measured A100 kernel times, the block walk's dependence on B from the paper's
+Fig. 18a; ``sim/fitted_cost.py``), paged allocation without a prefix
 cache (the paper's "basic sampling" shares nothing), block sizes 1..256, the ShareGPT-like and
 Alpaca-like workloads at a few Poisson request rates each. The metric is the paper's
 normalized latency: the mean over requests of end-to-end latency / output tokens (s/token).
@@ -9,8 +11,7 @@ normalized latency: the mean over requests of end-to-end latency / output tokens
 The scheduler is shaped like the paper's vLLM v0: no chunked prefill (a prompt step holds whole
 prompts), at most 256 running sequences and 2,560 batched tokens, a 2,048-token context.
 The rates are **chosen here** (the paper does not state its ablation's rates): light, medium
-and heavy load for this model's capacity, which is above the real A100's because a roofline
-reaches peak bandwidth. ``run`` spreads the points over the cores (``runner.run_points``).
+and heavy load for this model's capacity on the fitted clock. ``run`` spreads the points over the cores (``runner.run_points``).
 """
 
 from __future__ import annotations
@@ -21,12 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from pagedkv.kvcache.policies import get_policy
-from pagedkv.planner.layout import load_layout
 from pagedkv.sched import SchedulerConfig
-from pagedkv.sim.cost_model import ModelCost
 from pagedkv.sim.experiments.runner import run_points
-from pagedkv.sim.gpus import get_gpu
-from pagedkv.sim.kernel_cost import KernelCostModel, get_kernel
+from pagedkv.sim.fitted_cost import FittedCostModel, block_walk_factor, fitted_cost_model
 from pagedkv.sim.simulator import Simulation
 from pagedkv.traces.paper_workloads import WORKLOADS, paper_workload
 
@@ -36,7 +34,6 @@ DESCRIPTION = (
 )
 MODEL, GPU, BACKEND = "opt-13b", "A100-40GB", "vllm"
 KV_POOL_BYTES = 12 * 2**30  # the paper's Table 1: 12 GB of KV for OPT-13B (15.7K slots)
-STEP_OVERHEAD_S = 0.002
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 RATES_PER_S = {"sharegpt": (1.5, 2.0, 2.5, 3.0), "alpaca": (30.0, 50.0, 60.0, 70.0)}
 # Requests per point: enough for a steady state at the highest rate (> 5x the running
@@ -57,9 +54,8 @@ class Point:
     seed: int = 0
 
 
-def _cost() -> KernelCostModel:
-    model = ModelCost.from_layout(load_layout(MODEL))
-    return KernelCostModel(model, get_gpu(GPU), BACKEND, STEP_OVERHEAD_S)
+def _cost() -> FittedCostModel:
+    return fitted_cost_model(MODEL, GPU, BACKEND)
 
 
 def run_point(point: Point) -> dict[str, Any]:
@@ -114,7 +110,6 @@ def run(*, quick: bool, workers: int | None, progress=None) -> dict[str, Any]:
     """Every point of the sweep (JSON-ready), the setup and the best block sizes."""
     rows = run_points(run_point, points(quick), workers, progress)
     cost = _cost()
-    kernel = get_kernel(BACKEND)
     return {
         "experiment": "block-size",
         "description": DESCRIPTION,
@@ -124,10 +119,9 @@ def run(*, quick: bool, workers: int | None, progress=None) -> dict[str, Any]:
             "gpu": GPU,
             "kv_pool_bytes": KV_POOL_BYTES,
             "kv_pool_slots": KV_POOL_BYTES // cost.model.kv_record_bytes,
-            "kernel": asdict(kernel),
-            "per_block_s": cost.per_block_s,
-            "saturating_block_size": cost.saturating_block_size,
-            "step_overhead_s": STEP_OVERHEAD_S,
+            "kernel": BACKEND,
+            "clock": cost.source,
+            "decode_attention_vs_b16": {b: block_walk_factor(b) for b in BLOCK_SIZES},
             "scheduler": asdict(SCHEDULER),
             "policy": "paged-nocache:B",
             "workloads": {w: WORKLOADS[w].source for w in RATES_PER_S},

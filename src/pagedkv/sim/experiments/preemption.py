@@ -15,8 +15,8 @@ Three parts, all in one JSON (``run``) and one figure (``plot``):
 
 Assumptions (stated in docs/swap.md as well): the KV pool is the paper's ~30 % of the A100's
 40 GB (12 GB, Figure 1); the swap space is vLLM's default 4 GiB; vLLM v0's scheduler limits
-(2,048 batched tokens, no chunked prefill, no prefix cache); the cost model is the block-aware
-``KernelCostModel`` of the vLLM backend.
+(2,048 batched tokens, no chunked prefill, no prefix cache); the clock is the fitted GPU clock with the
+paper's paged kernel (``FittedCostModel(backend="vllm")``, ``sim/fitted_cost.py``).
 """
 
 from __future__ import annotations
@@ -27,12 +27,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from pagedkv.kvcache.policies import get_policy
-from pagedkv.planner.layout import load_layout
 from pagedkv.sched import SchedulerConfig
 from pagedkv.sim.cost_model import CostModel, ModelCost, StepShape
 from pagedkv.sim.experiments.runner import run_points
-from pagedkv.sim.gpus import get_gpu
-from pagedkv.sim.kernel_cost import KernelCostModel
+from pagedkv.sim.fitted_cost import FittedCostModel, fitted_cost_model
 from pagedkv.sim.links import host_link_for_gpu
 from pagedkv.sim.simulator import Simulation
 
@@ -55,14 +53,9 @@ NUM_REQUESTS, QUICK_NUM_REQUESTS = 400, 120
 SEED = 0
 
 
-def _opt13b() -> ModelCost:
-    """OPT-13B's numbers, from the planner's ``opt-13b`` preset (its config.json shapes)."""
-    return ModelCost.from_layout(load_layout("opt-13b"))
-
-
-def _cost_model(model: ModelCost) -> CostModel:
-    """The block-aware kernel cost of the vLLM backend (``sim/kernel_cost.py``)."""
-    return KernelCostModel(model, get_gpu(GPU), backend="vllm")
+def _cost() -> FittedCostModel:
+    """The fitted clock of OPT-13B (the planner's ``opt-13b`` preset) on the paper's GPU."""
+    return fitted_cost_model("opt-13b", GPU, backend="vllm")
 
 
 class Point(NamedTuple):
@@ -76,8 +69,8 @@ def _e2e_point(point: Point) -> dict[str, Any]:
     """One end-to-end run (module level: ``run_points`` pickles it)."""
     from pagedkv.traces.paper_workloads import paper_workload
 
-    model = _opt13b()
-    cost = _cost_model(model)
+    cost = _cost()
+    model = cost.model
     swap = point.mode == "swap"
     config = SchedulerConfig(
         max_model_len=MAX_MODEL_LEN,
@@ -174,8 +167,8 @@ def run(
 ) -> dict[str, Any]:
     """Every point of parts (a), (b) and (c), JSON-ready. ``quick``: fewer block sizes and
     requests (a smoke test, not the figure)."""
-    model = _opt13b()
-    cost = _cost_model(model)
+    cost = _cost()
+    model = cost.model
     num_layers = model.num_layers
     link = host_link_for_gpu(GPU)
     block_sizes = QUICK_BLOCK_SIZES if quick else BLOCK_SIZES
@@ -192,7 +185,7 @@ def run(
         "description": DESCRIPTION,
         "model": model.name,
         "gpu": GPU,
-        "cost_model": "kernel (vllm backend)",
+        "cost_model": f"fitted GPU clock, vllm kernel ({cost.source})",
         "link": {
             "name": link.name,
             "bandwidth_bytes_per_s": link.bandwidth_bytes_per_s,
