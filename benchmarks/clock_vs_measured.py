@@ -19,7 +19,10 @@ non-monotonicity (kernel heuristics switching tiles, 1 us timer steps, caches) r
 model's. --baseline adds the errors of the datasheet roofline the simulator used before
 (``max(bytes / peak BW, FLOPs / peak)`` per op, the old flash-attn block walk, elementwise ops
 unpriced, 2 ms a step). --sensitivity prints how a Llama-3-8B step's time moves when each
-fitted parameter moves by one sigma of its fit.
+fitted parameter moves by one sigma of its fit. --cross-validate fits again without part of
+the rows and prices that part (needs scipy): each model left out in turn (GEMMs, elementwise),
+and the longer half of the attention rows (contexts, chunks > 1,024 tokens) predicted from the
+shorter half: the clock on work it was not fitted to.
 """
 
 from __future__ import annotations
@@ -175,6 +178,46 @@ def sensitivity(clock_file: str | None) -> list[dict]:
     return out
 
 
+def _held_out(rows: list[OpRow], test, gpu_name: str, label: str) -> dict:
+    from pagedkv.sim.clock_fit import fit_clock
+
+    gpu = get_gpu(gpu_name)
+    base, _ = clock_for(gpu)
+    train = [r for r in rows if not test(r)]
+    held = [r for r in rows if test(r)]
+    clock, _ = fit_clock(train, gpu, base)
+    out = summarize_errors([price(r, clock, gpu) / r.measured_s - 1 for r in held])
+    return {"gpu": gpu_name, "held_out": label, "trained_rows": len(train), **out}
+
+
+def cross_validate(rows: list[OpRow]) -> list[dict]:
+    """Leave-one-model-out (GEMMs and elementwise ops) and short-to-long (attention)."""
+    out = []
+    for gpu_name in sorted({r.gpu for r in rows}):
+        mine = [r for r in rows if r.gpu == gpu_name]
+        for family in ("gemm", "elementwise"):
+            fam = [r for r in mine if r.family == family]
+            models = sorted({r.model for r in fam if "/" in r.model})
+            for model in models:
+                others = [r for r in fam if r.model != model and "/" in r.model]
+                if others:
+                    subset = [r for r in fam if "/" in r.model]
+                    rec = _held_out(subset, lambda r, m=model: r.model == m, gpu_name, model)
+                    out.append({"family": family, **rec})
+        for family, dim in (("decode_attention", 1), ("prefill_attention", 0)):
+            fam = [r for r in mine if r.family == family]
+            if fam:
+                rec = _held_out(fam, lambda r, d=dim: r.dims[d] > 1024, gpu_name, "> 1,024 tokens")
+                out.append({"family": family, **rec})
+    print("\n| family | GPU | held out | fitted on | rows | median | p95 | max |")
+    print("|---|---|---|---:|---:|---:|---:|---:|")
+    for r in out:
+        print(f"| {r['family']} | {r['gpu']} | {r['held_out']} | {r['trained_rows']:,} | "
+              f"{r['rows']:,} | {r['median_rel_err']:.1%} | {r['p95_rel_err']:.1%} | "
+              f"{r['max_rel_err']:.1%} |")  # fmt: skip
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -184,6 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--clock", metavar="FILE", help="price every GPU folder with this clock")
     ap.add_argument("--baseline", action="store_true", help="also the pre-fit roofline's errors")
     ap.add_argument("--sensitivity", action="store_true", help="step time vs each parameter")
+    ap.add_argument("--cross-validate", action="store_true", help="fit without a part, price it")
     args = ap.parse_args(argv)
     rows = [r for d in args.data for r in read_rows(d)]
     records = report(rows, args.clock, args.baseline)
@@ -191,6 +235,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     result: dict = {"records": records, "data": args.data}
     if args.sensitivity:
         result["sensitivity"] = sensitivity(args.clock)
+    if args.cross_validate:
+        result["cross_validation"] = cross_validate(rows)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     summary = [r for r in records if r["model"] == "all"]

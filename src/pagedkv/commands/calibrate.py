@@ -18,6 +18,7 @@ Needs numpy and scipy (pip install 'pagedkv[calibrate]').
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 
@@ -66,7 +67,9 @@ def run(args: argparse.Namespace) -> int:
 
             base, base_source = GPUClock(), "pagedkv's starting values (not fitted)"
     try:
-        clock, sigmas = fit_clock(rows, gpu, base)
+        clock, sigmas = fit_clock(
+            rows, gpu, base, progress=lambda line: print(line, file=sys.stderr, flush=True)
+        )
     except ImportError as exc:
         raise UsageError(f"calibrate needs numpy and scipy ({exc}): pip install scipy") from None
     families = {}

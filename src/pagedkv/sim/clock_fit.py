@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,19 @@ PARAMS: dict[str, tuple[str, ...]] = {
     "prefill_attention": ("prefill_launch_s", "prefill_split_s", "prefill_tile_eff"),
     "step_overhead": ("step_base_s", "step_per_seq_s", "step_per_worker_s"),
 }
+
+
+NUM_EXTRA_STARTS = 6
+# log-space offsets of the starts (the first is the base itself); cycled over the parameters
+_START_SHIFTS = (
+    (0.0,),
+    (1.5, -1.5),
+    (-1.5, 1.5),
+    (1.5, 1.5, -1.5),
+    (-1.5, -1.5, 1.5),
+    (2.5, 0.0),
+    (0.0, 2.5),
+)
 
 
 def get_param(clock: GPUClock, name: str) -> float:
@@ -77,16 +90,22 @@ def _groups(rows: Sequence[OpRow]) -> list[tuple[str, tuple[str, ...], list[OpRo
 
 
 def fit_clock(
-    rows: Sequence[OpRow], gpu: GPUSpec, base: GPUClock | None = None
+    rows: Sequence[OpRow],
+    gpu: GPUSpec,
+    base: GPUClock | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> tuple[GPUClock, dict[str, float]]:
     """The clock that fits ``rows`` (all measured on ``gpu``), starting from ``base`` (whose
-    numbers families without rows keep), and each fitted parameter's relative sigma."""
+    numbers families without rows keep), and each fitted parameter's relative sigma.
+    ``progress`` hears one line per fit as it starts."""
     import numpy as np
     from scipy.optimize import least_squares
 
     clock = base or GPUClock()
     sigmas: dict[str, float] = {}
-    for _, names, group in _groups(rows):
+    for label, names, group in _groups(rows):
+        if progress is not None:
+            progress(f"fitting {label} ({len(group):,} rows, {len(names)} parameters)")
         measured = np.array([r.measured_s for r in group])
         start = np.log([max(get_param(clock, n), 1e-9) for n in names])
 
@@ -94,7 +113,16 @@ def fit_clock(
             trial = with_params(clock, dict(zip(names, np.exp(x), strict=True)))
             return np.array([price(r, trial, gpu) for r in group]) / measured - 1.0
 
-        sol = least_squares(residuals, start, loss="soft_l1", f_scale=0.05, diff_step=1e-3)
+        # The prices have kinks (a max, whole waves, a split or none), so a start can slide
+        # into a corner where one term never binds: start from the base and from a fixed set
+        # of spread-out points, keep the best optimum.
+        sol = None
+        for shift in _START_SHIFTS[: 1 + NUM_EXTRA_STARTS]:
+            x0 = start + np.resize(np.array(shift), len(names))
+            with np.errstate(over="ignore"):  # a far start overflows a square: a worse trial
+                trial = least_squares(residuals, x0, loss="soft_l1", f_scale=0.05, diff_step=1e-3)
+            if sol is None or trial.cost < sol.cost:
+                sol = trial
         clock = with_params(clock, dict(zip(names, map(float, np.exp(sol.x)), strict=True)))
         dof = max(1, len(group) - len(names))
         s2 = float(np.sum(sol.fun**2)) / dof

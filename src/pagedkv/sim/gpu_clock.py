@@ -155,7 +155,13 @@ def decode_attention_s(
         total * kv_heads * head_token_bytes / (gpu.mem_bandwidth_bytes_per_s * clock.decode_bw_eff)
     )
     split = clock.decode_split_s if splits > 1 else 0.0
-    return clock.decode_launch_s + split + clock.decode_per_seq_s * num_seqs + max(walk, floor)
+    # both limits bind near the crossover (soft, so a fit sees both terms everywhere)
+    return (
+        clock.decode_launch_s
+        + split
+        + clock.decode_per_seq_s * num_seqs
+        + soft_max(walk, floor, 4.0)
+    )
 
 
 def prefill_attention_s(
