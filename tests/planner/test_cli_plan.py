@@ -60,6 +60,11 @@ BASE = ("--record-bytes", "4096", "--num-seqs", "128", "--max-len", "8192")
             ("--model", "llama-3-8b", "--num-seqs", "1", "--max-len", "8", "--gpu-memory", "10GB"),
             "no memory left",
         ),
+        ((*BASE, "--gpu", "H100-80GB"), "--gpu prices the model's layers: give --model"),
+        (
+            ("--model", "llama-3-8b", "--num-seqs", "1", "--max-len", "8", "--gpu", "V100"),
+            "unknown GPU 'V100'",
+        ),
     ],
 )
 def test_invalid_input_is_one_error_line_and_exit_2(args, message):
@@ -200,3 +205,25 @@ def test_a_negative_azure_context_is_skipped_not_priced(tmp_path):
     assert code == 0 and f"{path}:3: " in err and "ContextTokens must be in [1, " in err
     workload = json.loads(out)["workload"]
     assert (workload["mean_len_tokens"], workload["max_len_tokens"]) == (110, 110)
+
+
+def test_gpu_prices_a_decode_step_per_block_size_and_weighs_it():
+    args = ("--model", "llama-3-8b", "--num-seqs", "64", "--mean-len", "1024", "--max-len",
+            "4096", "--prefix-len", "600", "--block-sizes", "1,2,4,16,64", "--gpu", "H100-80GB")  # fmt: skip
+    report = plan_json(*args)
+    rows = rows_by_block_size(report)
+    times = [rows[b]["decode_step_ms"] for b in (1, 2, 4, 16)]
+    assert times == sorted(times, reverse=True)  # small blocks walk more: slower steps
+    # 64 sequences x 1,024 tokens x 128 KiB of KV, plus 16 GB of weights: at least their bytes
+    # over the H100's peak 3.35 TB/s
+    floor_ms = (64 * 1024 * 131072 + 16.06e9) / 3.35e12 * 1e3
+    assert all(t > floor_ms for t in times)
+    # B = 1 has the least W(B) here (no fragmentation) but a slower step: it is left out
+    assert rows[1]["total_bytes"] < rows[16]["total_bytes"]
+    assert report["recommendation"]["block_size"] == 16
+    assert any(
+        "left out for time" in r and "B=1 " in r for r in report["recommendation"]["reasons"]
+    )
+    without = plan_json(*args[:-2])
+    assert without["recommendation"]["block_size"] == 1
+    assert all(r["decode_step_ms"] is None for r in without["rows"])
