@@ -157,23 +157,24 @@ def sensitivity(clock_file: str | None) -> list[dict]:
     }
     base = {k: FittedCostModel(model, gpu, clock).step_time_s(s) for k, s in shapes.items()}
     out = []
-    for name, sigma in sorted(sigmas.items()):
-        from pagedkv.sim.clock_fit import get_param
+    from pagedkv.sim.clock_fit import get_param
 
-        moved = with_params(clock, {name: get_param(clock, name) * math.exp(sigma)})
-        cost = FittedCostModel(model, gpu, moved)
-        out.append({"param": name, "rel_sigma": sigma,
-                    **{k: cost.step_time_s(s) / base[k] - 1 for k, s in shapes.items()}})  # fmt: skip
-    print(f"\n| parameter | sigma | {' | '.join(shapes)} |")
-    print("|---|---:|" + "---:|" * len(shapes))
+    for name, sigma in sorted(sigmas.items()):
+        rec: dict = {"param": name, "rel_sigma": sigma}
+        for tag, factor in (("sigma", math.exp(sigma)), ("10%", 1.1)):
+            cost = FittedCostModel(
+                model, gpu, with_params(clock, {name: get_param(clock, name) * factor})
+            )
+            rec[tag] = {k: cost.step_time_s(s) / base[k] - 1 for k, s in shapes.items()}
+        out.append(rec)
+    cols = [(tag, k) for tag in ("sigma", "10%") for k in shapes]
+    print(f"\n| parameter | sigma | {' | '.join(f'{k} (+{tag})' for tag, k in cols)} |")
+    print("|---|---:|" + "---:|" * len(cols))
     for r in out:
-        print(
-            f"| {r['param']} | {r['rel_sigma']:.1%} | "
-            + " | ".join(f"{r[k]:+.2%}" for k in shapes)
-            + " |"
-        )
-    total = {k: math.sqrt(sum(r[k] ** 2 for r in out)) for k in shapes}
-    print("| all (root sum of squares) | | " + " | ".join(f"{total[k]:.2%}" for k in shapes) + " |")
+        cells = " | ".join(f"{r[tag][k]:+.2%}" for tag, k in cols)
+        print(f"| {r['param']} | {r['rel_sigma']:.1%} | {cells} |")
+    total = " | ".join(f"{math.sqrt(sum(r[t][k] ** 2 for r in out)):.2%}" for t, k in cols)
+    print(f"| all (root sum of squares) | | {total} |")
     print("base step times: " + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in base.items()))
     return out
 

@@ -33,8 +33,9 @@ def test_step_shape_counts_a_mixed_batch_by_hand():
     # A 5-token prompt from scratch and one decode after 10 cached tokens, blocks of 4.
     batch = ScheduledBatch(0, (ScheduledSeq(None, 0, 5, 1, 0), ScheduledSeq(None, 10, 1, 1, 0)))
     shape = step_shape(batch, 4)
-    # tokens 5+1; context 5 + 11; pairs 5*6/2 + (10 + 1); blocks ceil(5/4) + ceil(11/4)
-    assert shape == StepShape(6, 16, 26, 2, 1, 2 + 3, 4)
+    # tokens 5+1; context 5 + 11; pairs 5*6/2 + (10 + 1); blocks ceil(5/4) + ceil(11/4);
+    # the decode attends to 11 tokens
+    assert shape == StepShape(6, 16, 26, 2, 1, 2 + 3, 4, 11)
 
 
 def test_the_recorder_notes_each_step_the_engine_ran(tiny_folder):
@@ -54,8 +55,8 @@ def test_the_recorder_notes_each_step_the_engine_ran(tiny_folder):
     # The 10-token prompt (3 blocks of 4), then two decodes at contexts 11 and 12.
     assert shapes == [
         StepShape(10, 10, 55, 1, 0, 3, 4),
-        StepShape(1, 11, 11, 1, 1, 3, 4),
-        StepShape(1, 12, 12, 1, 1, 3, 4),
+        StepShape(1, 11, 11, 1, 1, 3, 4, 11),
+        StepShape(1, 12, 12, 1, 1, 3, 4, 12),
     ]
 
 

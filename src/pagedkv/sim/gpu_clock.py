@@ -121,11 +121,15 @@ def fa_num_splits(num_ctas: int, num_kv_tiles: int, num_slots: int) -> int:
     """How many parts a FlashAttention-2 launch splits each CTA's KV range into: none when the
     CTAs fill 80 % of ``num_slots`` (2 per SM); else the fewest splits whose wave efficiency
     (CTAs in use / slots over whole waves) is within 85 % of the best, at most one per KV
-    tile. (The rule of flash-attn's ``num_splits_heuristic``, restated.)"""
+    tile, skipping a count whose parts are no shorter than with one split fewer. (The rule of
+    flash-attn's ``num_splits_heuristic``, restated.)"""
     if num_ctas >= 0.8 * num_slots or num_kv_tiles <= 1:
         return 1
     best = {}
-    for s in range(1, min(num_kv_tiles, FA_MAX_SPLITS) + 1):
+    for s in range(1, min(num_kv_tiles, FA_MAX_SPLITS, num_slots) + 1):
+        # a split that leaves every part as long as one split fewer does is not considered
+        if s > 1 and math.ceil(num_kv_tiles / s) == math.ceil(num_kv_tiles / (s - 1)):
+            continue
         units = num_ctas * s
         best[s] = units / (math.ceil(units / num_slots) * num_slots)
     top = max(best.values())
