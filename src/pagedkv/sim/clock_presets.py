@@ -42,7 +42,7 @@ def _load(name: str) -> tuple[GPUClock, str]:
     path = _dir() / f"{name}.json"
     clock, meta = read_clock(path)
     files = meta.get("fitted_on", [])
-    return clock, f"{path.name}, fitted on {len(files)} measured profile file(s)"
+    return clock, f"{path.name} (fitted on {len(files)} measured profile files)"
 
 
 def clock_for(gpu: GPUSpec, clock_file: str | None = None) -> tuple[GPUClock, str]:
@@ -57,7 +57,7 @@ def clock_for(gpu: GPUSpec, clock_file: str | None = None) -> tuple[GPUClock, st
     if donor is None or donor not in shipped():
         raise UsageError(f"no fitted clock for {gpu.name} ({gpu.arch}); give --clock FILE")
     clock, source = _load(donor)
-    return clock, f"{donor}'s {source}, borrowed for {gpu.name} ({gpu.arch}; assumed)"
+    return clock, f"{source}, borrowed for {gpu.name} ({gpu.arch}; assumed)"
 
 
 __all__ = ["BORROW", "clock_for", "parse_clock", "shipped"]

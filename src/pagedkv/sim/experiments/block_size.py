@@ -35,7 +35,7 @@ DESCRIPTION = (
 MODEL, GPU, BACKEND = "opt-13b", "A100-40GB", "vllm"
 KV_POOL_BYTES = 12 * 2**30  # the paper's Table 1: 12 GB of KV for OPT-13B (15.7K slots)
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-RATES_PER_S = {"sharegpt": (1.5, 2.0, 2.5, 3.0), "alpaca": (30.0, 50.0, 60.0, 70.0)}
+RATES_PER_S = {"sharegpt": (1.0, 1.5, 1.75, 2.0), "alpaca": (20.0, 30.0, 40.0, 45.0)}
 # Requests per point: enough for a steady state at the highest rate (> 5x the running
 # sequences), few enough that the 72 points take < 2 min on 2 cores (measured: docs).
 NUM_REQUESTS = {"sharegpt": 1000, "alpaca": 1500}

@@ -185,7 +185,8 @@ def run(
         "description": DESCRIPTION,
         "model": model.name,
         "gpu": GPU,
-        "cost_model": f"fitted GPU clock, vllm kernel ({cost.source})",
+        "cost_model": "fitted GPU clock, vllm kernel",
+        "clock": cost.source,
         "link": {
             "name": link.name,
             "bandwidth_bytes_per_s": link.bandwidth_bytes_per_s,
