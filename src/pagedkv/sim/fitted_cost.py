@@ -7,13 +7,16 @@ contexts, prefill attention over the prompt chunks, and (``tp > 1``) two all-red
 hidden states; once a step: the embedding gather, the LM head over the sampled rows and the CPU
 overhead. ``sim/gpu_clock.py`` prices each op.
 
-**Block size.** The measured attention rows all ran with 16-token blocks. For another B this
-model assumes the paged kernel's cost beyond a contiguous kernel is a per-block walk: at B = 16
-it is ``PAGED_OVERHEAD_AT_16`` of the kernel time (the PagedAttention paper's Fig. 18a: its
-paged kernel ran 20-26 % slower than FasterTransformer's contiguous one), and it grows as
-``16 / B`` (one table lookup and one dependent load per block). So decode attention at B is
-the fitted time x ``(1 + f * 16 / B) / (1 + f)``; a contiguous kernel (``reserved``,
-``llamacpp``) is ``1 / (1 + f)`` of it. Whole blocks are read (the tail's empty slots too).
+**Block size and backend.** The measured attention rows all ran FlashAttention with 16-token
+blocks. Beyond a contiguous kernel, a paged one pays a walk per block (a table lookup and a
+dependent load), so it costs ``C * (1 + f * 16 / B)`` where ``C`` is the contiguous kernel's
+time and ``f`` the backend's overhead at B = 16. The PagedAttention paper's Fig. 18a measured
+its (v0) paged kernel 20-26 % slower than FasterTransformer's contiguous one at B = 16:
+``f = PAGED_OVERHEAD_AT_16`` for ``vllm``. Other backends' ``f`` scale with their assumed
+per-block iteration latency (``sim/kernel_cost.KERNELS``: flash-attn 1/6 of v0's, FlashInfer
+1/15, ...), ``contiguous`` has none. Decode attention at B on ``backend`` is therefore the
+fitted time x ``(1 + f_backend * 16 / B) / (1 + f_flash-attn)``
+(``block_walk_factor``). Whole blocks are read (the tail's empty slots too).
 
 A model whose shape lacks the hidden or MLP width (or has MLA) is priced as one GEMM per layer
 holding ``num_params / num_layers`` weights.
@@ -30,15 +33,23 @@ from pagedkv.sim.cost_model import ModelCost, StepShape
 from pagedkv.sim.gpus import GPUSpec
 from pagedkv.sim.kernel_cost import get_kernel
 
-PAGED_OVERHEAD_AT_16 = 0.23  # the paper's 20-26 %, its middle
+PAGED_OVERHEAD_AT_16 = 0.23  # the paper's 20-26 %, its middle: the v0 kernel's
+MEASURED_BACKEND = "flash-attn"  # the kernel the attention rows timed
 
 
-def block_walk_factor(block_size: int, paged: bool = True) -> float:
-    """Decode attention at ``block_size`` relative to the measured kernel at B = 16."""
-    f = PAGED_OVERHEAD_AT_16
-    if not paged:
-        return 1.0 / (1.0 + f)
-    return (1.0 + f * 16.0 / max(1, block_size)) / (1.0 + f)
+def paged_overhead_at_16(backend: str) -> float:
+    """``f`` of ``backend`` (module docstring): the v0 kernel's 0.23 scaled by the backend's
+    per-block iteration latency; 0 for a contiguous kernel."""
+    kernel, v0 = get_kernel(backend), get_kernel("vllm")
+    if not kernel.paged:
+        return 0.0
+    return PAGED_OVERHEAD_AT_16 * kernel.iteration_latency_s / v0.iteration_latency_s
+
+
+def block_walk_factor(block_size: int, backend: str = MEASURED_BACKEND) -> float:
+    """Decode attention at ``block_size`` on ``backend`` relative to the measured kernel."""
+    f = paged_overhead_at_16(backend)
+    return (1.0 + f * 16.0 / max(1, block_size)) / (1.0 + paged_overhead_at_16(MEASURED_BACKEND))
 
 
 @dataclass(frozen=True)
@@ -50,7 +61,7 @@ class FittedCostModel:
     model: ModelCost
     gpu: GPUSpec
     clock: gc.GPUClock
-    backend: str = "flash-attn"
+    backend: str = MEASURED_BACKEND
     tp: int = 1
     source: str = ""
 
@@ -104,7 +115,7 @@ class FittedCostModel:
             ctx = shape.decode_kv_tokens / d if shape.decode_kv_tokens else 1.0
             read = d * math.ceil(ctx / b) * b if self.paged else d * ctx
             t += gc.decode_attention_s(c, g, d, ctx, kv_heads, hd, read)
-            t *= block_walk_factor(b, self.paged)
+            t *= block_walk_factor(b, self.backend)
         p = shape.num_seqs - d
         if p > 0:
             chunk = (shape.num_batched_tokens - d) / p

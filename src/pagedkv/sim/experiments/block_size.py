@@ -121,7 +121,9 @@ def run(*, quick: bool, workers: int | None, progress=None) -> dict[str, Any]:
             "kv_pool_slots": KV_POOL_BYTES // cost.model.kv_record_bytes,
             "kernel": BACKEND,
             "clock": cost.source,
-            "decode_attention_vs_b16": {b: block_walk_factor(b) for b in BLOCK_SIZES},
+            "decode_attention_vs_measured_b16": {
+                b: block_walk_factor(b, BACKEND) for b in BLOCK_SIZES
+            },
             "scheduler": asdict(SCHEDULER),
             "policy": "paged-nocache:B",
             "workloads": {w: WORKLOADS[w].source for w in RATES_PER_S},
