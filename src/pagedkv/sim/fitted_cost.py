@@ -19,7 +19,8 @@ fitted time x ``(1 + f_backend * 16 / B) / (1 + f_flash-attn)``
 (``block_walk_factor``). Whole blocks are read (the tail's empty slots too).
 
 A model whose shape lacks the hidden or MLP width (or has MLA) is priced as one GEMM per layer
-holding ``num_params / num_layers`` weights.
+holding ``num_params / num_layers`` weights (a mixture of experts: every expert read, as the
+roofline does). Decode attention reads the KV record's bytes (a quantized KV dtype reads fewer).
 """
 
 from __future__ import annotations
@@ -107,14 +108,18 @@ class FittedCostModel:
         md, c, g, tp = self.model, self.clock, self.gpu, self.tp
         kv_heads = max(1, md.num_kv_heads // tp)
         q_heads = max(1, md.num_query_heads // tp)
-        hd = md.head_dim or 128
+        # decode reads bytes: the head width that gives one token's record at 16-bit K and V
+        # (a quantized KV reads fewer; an MLA latent is one "head" of its own width)
+        per_head = md.kv_record_bytes / (max(1, md.num_layers) * max(1, md.num_kv_heads))
+        kv_hd = per_head / (2 * gc.ACT_BYTES)
+        hd = md.head_dim or round(kv_hd) or 128
         b = max(1, shape.block_size)
         t = 0.0
         d = shape.num_decode_seqs
         if d:
             ctx = shape.decode_kv_tokens / d if shape.decode_kv_tokens else 1.0
             read = d * math.ceil(ctx / b) * b if self.paged else d * ctx
-            t += gc.decode_attention_s(c, g, d, ctx, kv_heads, hd, read)
+            t += gc.decode_attention_s(c, g, d, ctx, kv_heads, kv_hd, read)
             t *= block_walk_factor(b, self.backend)
         p = shape.num_seqs - d
         if p > 0:

@@ -138,7 +138,7 @@ def fa_num_splits(num_ctas: int, num_kv_tiles: int, num_slots: int) -> int:
 
 def decode_attention_s(
     clock: GPUClock, gpu: GPUSpec, num_seqs: int, context_tokens: float, kv_heads: int,
-    head_dim: int, read_tokens: float | None = None,
+    head_dim: float, read_tokens: float | None = None,
 ) -> float:  # fmt: skip
     """One layer's decode attention: ``num_seqs`` sequences of ``context_tokens`` each (mean),
     ``kv_heads`` KV heads of ``head_dim`` (all query heads of a group share one CTA).
