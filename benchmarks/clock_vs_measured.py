@@ -31,6 +31,7 @@ import argparse
 import json
 import math
 import statistics
+import sys
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -247,4 +248,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from pagedkv.errors import UsageError
+
+    try:
+        raise SystemExit(main())
+    except UsageError as exc:  # a folder that is not a profile, a GPU without a preset
+        print(f"clock_vs_measured: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -76,9 +76,23 @@ def test_abort_frees_blocks_and_nothing_follows(loop):
 
 def test_stop_fails_requests_in_flight_and_later_submits(loop):
     inbox, late = Inbox(), Inbox()
-    loop.submit("long", [1, 2, 3], LONG, None, inbox)
-    wait_for(lambda: inbox.items, 10, "the first output")
-    loop.stop()
+    first, release = threading.Event(), threading.Event()
+
+    def deliver(item) -> None:
+        # Outputs arrive on the engine thread: holding the first one holds the engine, so the
+        # request is still in flight when the stop is queued, however busy the machine is.
+        inbox(item)
+        if not first.is_set():
+            first.set()
+            release.wait(10)
+
+    loop.submit("long", [1, 2, 3], LONG, None, deliver)
+    assert first.wait(10), "no first output"
+    stopper = threading.Thread(target=loop.stop)
+    stopper.start()
+    wait_for(lambda: loop._commands.qsize() > 0, 10, "the stop command to be queued")
+    release.set()
+    stopper.join(15)
     assert not loop.alive
     assert isinstance(inbox.final, Failure) and inbox.final.status_code == 503
     loop.submit("late", [1], LONG, None, late)

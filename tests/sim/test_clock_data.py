@@ -64,6 +64,7 @@ def _dataset(root: Path) -> Path:
     _write(root / "a100/attention.csv", [_attention(True, 4, 100, 0.02),
                                          _attention(False, 64, 32, 0.03)])  # fmt: skip
     _write(root / "a100/cpu_overheads.csv", [_overhead(8, 0.25), _overhead(16, 0.3)])
+    _write(root / "compute/a100/org/m/attention.csv", [_attention(True, 2, 50, 0.01)])
     (root / "a100/notes.txt").write_text("ignored")
     return root
 
@@ -84,8 +85,9 @@ def test_rows_carry_the_per_gpu_shapes_and_seconds(tmp_path) -> None:
     assert adds == [3 * 2 * 1 * 512, 3 * 2 * 2 * 512]
     acts = sorted(r.dims[0] for r in rows if r.op == "mlp_act")
     assert acts == [3 * 2 * 1 * 512, 3 * 2 * 2 * 512]
-    decode = next(r for r in rows if r.family == "decode_attention")
-    assert decode.dims == (4, 101, 2, 64) and decode.measured_s == pytest.approx(2e-5)
+    decodes = sorted((r.dims, r.measured_s) for r in rows if r.family == "decode_attention")
+    assert decodes[0][0] == (2, 51, 2, 64)  # compute/<gpu>/<org>/<model>/attention.csv
+    assert decodes[1][0] == (4, 101, 2, 64) and decodes[1][1] == pytest.approx(2e-5)
     prefill = next(r for r in rows if r.family == "prefill_attention")
     assert prefill.dims == (64, 32, 8, 64)
     cpu = sorted((r.dims, r.measured_s) for r in rows if r.family == "step_overhead")

@@ -3,6 +3,7 @@
 A data folder holds any of (``<gpu>`` is a folder name such as ``a100``, ``h100``)::
 
     compute/<gpu>/<org>/<model>/mlp.csv   one layer's non-attention ops per token count and TP
+    compute/<gpu>/<org>/<model>/attention.csv   that model's attention kernel
     <gpu>/mlp*.csv                        the same columns
     <gpu>/attention*.csv                  the attention kernel: decode and prefill rows
     <gpu>/cpu_overheads.csv               a step's CPU work per batch size
@@ -159,8 +160,10 @@ def read_rows(data_dir: str | Path) -> list[OpRow]:
     for path in sorted(root.rglob("*.csv")):
         parts = path.relative_to(root).parts
         name = "/".join((root.resolve().name, *parts))  # for reports: no machine's path
-        if parts[0] == "compute" and len(parts) == 5 and path.name == "mlp.csv":
+        if parts[0] == "compute" and len(parts) == 5 and path.name.startswith("mlp"):
             rows += _mlp_rows(path, parts[1], f"{parts[2]}/{parts[3]}", name)
+        elif parts[0] == "compute" and len(parts) == 5 and path.name.startswith("attention"):
+            rows += _attention_rows(path, parts[1], name)
         elif len(parts) == 2 and path.name.startswith("mlp"):
             rows += _mlp_rows(path, parts[0], "", name)
         elif len(parts) == 2 and path.name.startswith("attention"):

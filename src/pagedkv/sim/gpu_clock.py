@@ -119,7 +119,8 @@ def elementwise_s(clock: GPUClock, gpu: GPUSpec, op: str, num_bytes: float) -> f
 
 def fa_num_splits(num_ctas: int, num_kv_tiles: int, num_slots: int) -> int:
     """How many parts a FlashAttention-2 launch splits each CTA's KV range into: none when the
-    CTAs fill 80 % of ``num_slots`` (2 per SM); else the fewest splits whose wave efficiency
+    CTAs fill 80 % of ``num_slots`` (the SM count, in the flash-attn build that was measured:
+    its decode rows stop splitting at 22 sequences x 4 KV heads = 88 CTAs >= 0.8 x 108); else the fewest splits whose wave efficiency
     (CTAs in use / slots over whole waves) is within 85 % of the best, at most one per KV
     tile, skipping a count whose parts are no shorter than with one split fewer. (The rule of
     flash-attn's ``num_splits_heuristic``, restated.)"""
@@ -145,7 +146,7 @@ def decode_attention_s(
     ``read_tokens``: KV tokens read in all (whole blocks), default ``num_seqs * context``."""
     if num_seqs <= 0:
         return 0.0
-    slots = 2 * gpu.num_sms
+    slots = gpu.num_sms  # what the measured flash-attn build hands its split rule
     ctas = num_seqs * kv_heads
     tiles = max(1, math.ceil(context_tokens / ATTN_TILE_N))
     splits = fa_num_splits(ctas, tiles, slots)
@@ -177,7 +178,7 @@ def prefill_attention_s(
     heads of ``head_dim``. The longest CTA walks the cached tiles and the chunk's own."""
     if num_seqs <= 0 or chunk_tokens <= 0:
         return 0.0
-    slots = 2 * gpu.num_sms
+    slots = gpu.num_sms
     m_tiles = math.ceil(chunk_tokens / ATTN_TILE_M)
     ctas = num_seqs * m_tiles * query_heads
     kv_tiles = max(1, math.ceil((cached_tokens + chunk_tokens) / ATTN_TILE_N))
@@ -186,7 +187,7 @@ def prefill_attention_s(
     tile_flops = 4.0 * ATTN_TILE_M * ATTN_TILE_M * head_dim  # QK^T and PV of one tile pair
     sm_flops = gpu.peak_flops_per_s / gpu.num_sms
     tile_s = tile_flops / (sm_flops * clock.prefill_tile_eff)
-    waves = math.ceil(ctas * splits / gpu.num_sms)
+    waves = math.ceil(ctas * splits / slots)
     split = clock.prefill_split_s if splits > 1 else 0.0
     return clock.prefill_launch_s + split + waves * chain * tile_s
 
