@@ -63,11 +63,32 @@ def test_engine_refusal_is_a_400_failure(loop):
     assert failure.status_code == 400 and "exceeds the context" in failure.message
 
 
+class HeldInbox(Inbox):
+    """An ``Inbox`` that holds the engine thread on the first output until ``release``: the
+    request is then still in flight when the test's next command is queued, however busy the
+    machine is (outputs are delivered on the engine thread)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.released = threading.Event(), threading.Event()
+
+    def __call__(self, item) -> None:
+        super().__call__(item)
+        if not self.first.is_set():
+            self.first.set()
+            self.released.wait(10)
+
+    def release_after_queued(self, loop) -> None:
+        wait_for(lambda: loop._commands.qsize() > 0, 10, "the command to be queued")
+        self.released.set()
+
+
 def test_abort_frees_blocks_and_nothing_follows(loop):
-    inbox = Inbox()
+    inbox = HeldInbox()
     loop.submit("long", [1, 2, 3], LONG, None, inbox)
-    wait_for(lambda: inbox.items, 10, "the first output")
+    assert inbox.first.wait(10), "no first output"
     loop.abort("long")
+    inbox.release_after_queued(loop)
     wait_for(lambda: loop.snapshot.num_requests_in_flight == 0, 10, "the abort")
     seen = len(inbox.items)
     wait_for(lambda: loop.snapshot.engine.num_used_blocks == 0, 5, "the blocks to be freed")
@@ -75,23 +96,12 @@ def test_abort_frees_blocks_and_nothing_follows(loop):
 
 
 def test_stop_fails_requests_in_flight_and_later_submits(loop):
-    inbox, late = Inbox(), Inbox()
-    first, release = threading.Event(), threading.Event()
-
-    def deliver(item) -> None:
-        # Outputs arrive on the engine thread: holding the first one holds the engine, so the
-        # request is still in flight when the stop is queued, however busy the machine is.
-        inbox(item)
-        if not first.is_set():
-            first.set()
-            release.wait(10)
-
-    loop.submit("long", [1, 2, 3], LONG, None, deliver)
-    assert first.wait(10), "no first output"
-    stopper = threading.Thread(target=loop.stop)
+    inbox, late = HeldInbox(), Inbox()
+    loop.submit("long", [1, 2, 3], LONG, None, inbox)
+    assert inbox.first.wait(10), "no first output"
+    stopper = threading.Thread(target=loop.stop)  # stop() queues its command, then joins
     stopper.start()
-    wait_for(lambda: loop._commands.qsize() > 0, 10, "the stop command to be queued")
-    release.set()
+    inbox.release_after_queued(loop)
     stopper.join(15)
     assert not loop.alive
     assert isinstance(inbox.final, Failure) and inbox.final.status_code == 503
