@@ -9,6 +9,7 @@ passes every validation and still fails inside a step, as a sampler bug or a NaN
 from __future__ import annotations
 
 import json
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -27,12 +28,14 @@ GOOD = {"prompt": [1, 2, 3], "max_tokens": 8, "ignore_eos": True, "temperature":
 def poisoned_sampler(monkeypatch):
     """The sampler raises for the poisoned request's rows from its ``fail_at``-th draw on."""
     real_sample = sampler_module.sample
-    draws = {"poisoned": 0, "fail_at": 1}
+    draws = {"poisoned": 0, "fail_at": 1, "gate": None}
 
     def sample(logits, params, gens):
         if any(p.seed == POISON_SEED for p in params):
             draws["poisoned"] += 1
             if draws["poisoned"] >= draws["fail_at"]:
+                if draws["gate"] is not None:  # fail only once the test says so
+                    draws["gate"].wait(10)
                 raise RuntimeError("injected sampler failure")
         return real_sample(logits, params, gens)
 
@@ -68,7 +71,10 @@ def test_a_request_failing_in_the_sampler_fails_alone(tiny_loaded, poisoned_samp
 
 
 def test_a_stream_failing_midway_gets_an_error_event(tiny_loaded, poisoned_sampler):
-    poisoned_sampler["fail_at"] = 3  # two tokens stream out, the third draw fails
+    poisoned_sampler["fail_at"] = 3  # two tokens stream out, the third draw fails...
+    # ...once a chunk has reached the client: on a busy machine the server could otherwise see
+    # the failure before it has sent anything, and answer a plain 500 (right, but not midway)
+    gate = poisoned_sampler["gate"] = threading.Event()
     with running_server(tiny_loaded, **POOL) as (url, _):
         body = {**GOOD, "max_tokens": 20, "temperature": 1.0, "seed": POISON_SEED,
                 "stream": True}  # fmt: skip
@@ -76,7 +82,11 @@ def test_a_stream_failing_midway_gets_an_error_event(tiny_loaded, poisoned_sampl
             other = pool.submit(_post, url, {**GOOD, "max_tokens": 20})
             with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as r:
                 assert r.status_code == 200
-                events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+                events = []
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        events.append(line[6:])
+                        gate.set()
             assert other.result().status_code == 200
         assert events[-1] == "[DONE]"
         last = json.loads(events[-2])

@@ -80,6 +80,12 @@ def test_a_bad_clock_parameter_is_refused(bad) -> None:
         gc.GPUClock(**bad)
 
 
+@pytest.mark.parametrize("bad", [(-1e-6, 0.5), (1e-6, 0.0), (1e-6, math.inf)])
+def test_a_bad_elementwise_price_is_refused(bad) -> None:
+    with pytest.raises(ValueError, match="clock parameter"):
+        gc.KernelPrice(*bad)
+
+
 def test_presets_cover_the_gpus_users_have_and_aliases_resolve() -> None:
     for name in ("A10", "A40", "L4", "L40S", "A100-40GB", "A100-80GB", "H100-80GB",
                  "H100-PCIe", "H200-141GB", "B200"):  # fmt: skip

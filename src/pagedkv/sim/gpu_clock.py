@@ -57,6 +57,14 @@ class KernelPrice:
     launch_s: float
     bw_eff: float
 
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.launch_s) and self.launch_s >= 0):
+            raise ValueError(
+                f"clock parameter launch_s must be finite and >= 0, got {self.launch_s!r}"
+            )
+        if not (math.isfinite(self.bw_eff) and self.bw_eff > 0):
+            raise ValueError(f"clock parameter bw_eff must be finite and > 0, got {self.bw_eff!r}")
+
 
 @dataclass(frozen=True)
 class GPUClock:
