@@ -4,7 +4,7 @@
                                    gpu="H200-141GB", policies=("reserved", "vllm")))
     # [(RunResult, summary dict), ...]; or step by step:
     requests = load_trace("mooncake_conversation.jsonl", max_requests=2000)   # pagedkv.traces
-    cost = KernelCostModel(ModelCost.from_layout(load_layout("llama-3-8b")), get_gpu("H200-141GB"))
+    cost = fitted_cost_model("llama-3-8b", "H200-141GB")   # every op priced by the fitted clock
     runs = Comparison(requests, num_kv_slots, SchedulerConfig(max_model_len=131072), cost).run(
         expand_policies(["reserved", "vllm"]))
 
@@ -25,6 +25,8 @@ from pagedkv.sim.cost_model import (
     StepShape,
     kv_pool_bytes,
 )
+from pagedkv.sim.fitted_cost import FittedCostModel, fitted_cost_model
+from pagedkv.sim.gpu_clock import GPUClock
 from pagedkv.sim.gpus import GPUS, GPUSpec, get_gpu
 from pagedkv.sim.kernel_cost import KERNELS, KernelCostModel, KernelSpec, kernel_for_policy
 from pagedkv.sim.scenario import Scenario, SimulateConfig, load_scenario, simulate
@@ -37,6 +39,8 @@ __all__ = [
     "ClusterResult",
     "Comparison",
     "CostModel",
+    "FittedCostModel",
+    "GPUClock",
     "GPUSpec",
     "KERNELS",
     "KernelCostModel",
@@ -50,6 +54,7 @@ __all__ = [
     "Simulation",
     "StepShape",
     "expand_policies",
+    "fitted_cost_model",
     "get_gpu",
     "kernel_for_policy",
     "kv_pool_bytes",
