@@ -101,6 +101,50 @@ def test_stream_adds_up_to_the_whole_text(client, chat):
     assert len({c.id for c in chunks}) == 1
 
 
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk(client, chat):
+    """vLLM's ``stream_options.continuous_usage_stats`` (what guidellm sends): each chunk's
+    usage counts the tokens generated up to it; the final usage chunk stays."""
+    args = dict(model=MODEL_NAME, max_tokens=8, temperature=0, extra_body=NO_EOS, stream=True,
+                stream_options={"include_usage": True, "continuous_usage_stats": True})  # fmt: skip
+    if chat:
+        chunks = list(client.chat.completions.create(
+            **args, messages=[{"role": "user", "content": PROMPT}]))  # fmt: skip
+    else:
+        chunks = list(client.completions.create(**args, prompt=PROMPT))
+    *deltas, last = chunks
+    assert last.choices == [] and last.usage.completion_tokens == 8
+    counts = [c.usage.completion_tokens for c in deltas]
+    assert counts == sorted(counts) and counts[-1] == 8 and counts[0] >= 1
+    prompt_tokens = {c.usage.prompt_tokens for c in chunks}
+    assert len(prompt_tokens) == 1 and all(
+        c.usage.total_tokens == c.usage.prompt_tokens + c.usage.completion_tokens for c in chunks
+    )
+    # without include_usage it changes nothing (vLLM's rule): no usage anywhere
+    plain = list(client.completions.create(
+        **{**args, "stream_options": {"continuous_usage_stats": True}}, prompt=PROMPT))  # fmt: skip
+    assert all(c.usage is None for c in plain)
+
+
+def test_penalties_and_logit_bias_reach_the_sampler(client):
+    args = dict(model=MODEL_NAME, prompt=PROMPT, max_tokens=4, temperature=0, logprobs=0,
+                extra_body=NO_EOS)  # fmt: skip
+    tokens = {}
+    for t in (17, 18):
+        out = client.completions.create(**args, logit_bias={str(t): 100})
+        tokens[t] = out.choices[0].logprobs.tokens
+    assert len(set(tokens[17])) == 1 and len(set(tokens[18])) == 1 and tokens[17] != tokens[18]
+    # biased towards 17, then penalised once it is generated: the repetition penalty divides
+    # its ~100 logit by 100 and the presence penalty takes 2 more, leaving about -1, below
+    # the best of the other (random) logits: 17 first, never again
+    out = client.completions.create(
+        **{**args, "extra_body": {**NO_EOS, "repetition_penalty": 100.0}},
+        logit_bias={"17": 100}, presence_penalty=2.0,
+    )  # fmt: skip
+    generated = out.choices[0].logprobs.tokens
+    assert generated[0] == tokens[17][0] and tokens[17][0] not in generated[1:]
+
+
 def test_stop_string_cuts_the_text_streamed_or_not(client):
     """(The case where the stream must hold text back is in test_embedded: the random model's
     bytes rarely form whole characters, so its detokenizer holds them back anyway.)"""

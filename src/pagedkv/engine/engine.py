@@ -75,13 +75,14 @@ class LLMEngine:
 
     def check_request(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
         """Raise ``UsageError`` (``param`` names the field) for a request that can never run:
-        an empty prompt, ids outside the vocabulary, a prompt + ``max_tokens`` beyond the
-        context, or samples that the whole KV pool can never hold at once (the scheduler's
-        refusal rule). Reads fixed facts only: safe from any thread."""
+        an empty prompt, prompt, stop or biased ids outside the vocabulary, a prompt +
+        ``max_tokens`` beyond the context, or samples that the whole KV pool can never hold at
+        once (the scheduler's refusal rule). Reads fixed facts only: safe from any thread."""
         if not prompt_token_ids:
             raise UsageError("the prompt is empty", param="prompt")
-        vocab = self.info.vocab_size
-        for name, ids in (("prompt", prompt_token_ids), ("stop_token_ids", params.stop_token_ids)):
+        vocab, biased = self.info.vocab_size, [t for t, _ in params.logit_bias]
+        for name, ids in (("prompt", prompt_token_ids), ("stop_token_ids", params.stop_token_ids),
+                          ("logit_bias", biased)):  # fmt: skip
             bad = next((t for t in ids if not 0 <= t < vocab), None)
             if bad is not None:
                 raise UsageError(f"token id {bad} is outside the vocabulary [0, {vocab})", name)

@@ -23,6 +23,10 @@ MAX_TEMPERATURE = 100.0
 MAX_TOP_K = 2**31 - 1
 # Below this, dividing fp32 logits by the temperature overflows; such requests are greedy.
 MIN_SAMPLING_TEMPERATURE = 1e-5
+MAX_PENALTY = 2.0  # presence / frequency: OpenAI's range is [-2, 2]
+MAX_REPETITION_PENALTY = 100.0
+MAX_LOGIT_BIAS_ENTRIES = 300  # OpenAI's limit
+MAX_LOGIT_BIAS = 100.0
 
 
 def _is_int(value: Any) -> bool:
@@ -44,7 +48,15 @@ class SamplingParams:
     sampling reproducible per request; sample ``i`` of ``n`` draws from ``seed + i``, so ``n``
     samples equal ``n`` separate requests seeded ``seed, seed + 1, ...``. ``top_k`` 0 or -1 is
     off (-1 is vLLM's spelling). ``logprobs`` asks for the chosen token's log-probability plus
-    that many top alternatives (0 = chosen only). Invalid values raise ``UsageError``."""
+    that many top alternatives (0 = chosen only). Invalid values raise ``UsageError``.
+
+    Logit processing (``engine/logits_processing.py``), applied before greedy or random choice:
+    ``logit_bias`` ``((token_id, bias), ...)`` is added to those logits; ``repetition_penalty``
+    (vLLM's) divides the positive and multiplies the negative logits of every token already in
+    the prompt or output; ``frequency_penalty`` and ``presence_penalty`` (OpenAI's) subtract
+    ``count x frequency + presence`` for each token already generated; ``min_p`` drops tokens
+    below ``min_p`` x the most likely one's probability; ``min_tokens`` keeps EOS and
+    ``stop_token_ids`` out of the first that many output tokens."""
 
     max_tokens: int = 64
     temperature: float = 0.0
@@ -56,6 +68,12 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # 1 = off
+    min_p: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
@@ -66,6 +84,11 @@ class SamplingParams:
             raise UsageError("stop and stop_token_ids must be lists", param="stop") from None
         if self.top_k == -1:
             object.__setattr__(self, "top_k", 0)
+        bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
+        try:
+            object.__setattr__(self, "logit_bias", tuple((t, b) for t, b in bias))
+        except (TypeError, ValueError):
+            raise UsageError("logit_bias must map token ids to numbers", "logit_bias") from None
         for param, ok, rule in self._rules():
             if not ok:
                 value = getattr(self, param)
@@ -106,7 +129,48 @@ class SamplingParams:
                 or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS),
                 f"an integer in [0, {MAX_LOGPROBS}]",
             ),
+            *(
+                (
+                    name,
+                    _is_number(v) and -MAX_PENALTY <= v <= MAX_PENALTY,
+                    f"a number in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}]",
+                )
+                for name, v in (
+                    ("presence_penalty", self.presence_penalty),
+                    ("frequency_penalty", self.frequency_penalty),
+                )
+            ),  # fmt: skip
+            (
+                "repetition_penalty",
+                _is_number(self.repetition_penalty)
+                and 0 < self.repetition_penalty <= MAX_REPETITION_PENALTY,
+                f"a number in (0, {MAX_REPETITION_PENALTY:g}] (1 = off)",
+            ),
+            ("min_p", _is_number(self.min_p) and 0.0 <= self.min_p <= 1.0, "a number in [0, 1]"),
+            (
+                "logit_bias",
+                len(self.logit_bias) <= MAX_LOGIT_BIAS_ENTRIES
+                and all(
+                    _is_int(t) and t >= 0 and _is_number(b) and abs(b) <= MAX_LOGIT_BIAS
+                    for t, b in self.logit_bias
+                ),
+                f"at most {MAX_LOGIT_BIAS_ENTRIES} token ids (integers >= 0) with biases in "
+                f"[-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]",
+            ),  # fmt: skip
+            (
+                "min_tokens",
+                _is_int(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens,
+                "an integer in [0, max_tokens]",
+            ),
         ]
+
+    @property
+    def processes_logits(self) -> bool:
+        """Whether any logit processing applies (the sampler skips the rest)."""
+        return bool(
+            self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+            or self.logit_bias or self.min_tokens
+        )  # fmt: skip
 
     @property
     def greedy(self) -> bool:

@@ -1,8 +1,11 @@
 """The sampler: logits of the sequences that need a token -> next token ids (+ logprobs).
 
-Temperature, top-k and top-p are applied to the whole batch at once; only the random draw is
-per row, because each seeded request owns a ``torch.Generator`` (so its tokens do not depend on
-which other requests share the batch). Greedy rows take the argmax and draw nothing.
+Each row's biases and penalties are applied first (``engine/logits_processing.py``, from its
+sequence's own tokens); then temperature, top-k, top-p and min-p are applied to the whole batch
+at once; only the random draw is per row, because each seeded request owns a
+``torch.Generator`` (so its tokens do not depend on which other requests share the batch).
+Greedy rows take the argmax of the processed logits and draw nothing. Reported logprobs are the
+model's own (before processing, temperature and truncation).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pagedkv.engine.logits_processing import RowTokens, process_logits
 from pagedkv.engine.params import SamplingParams
 from pagedkv.sched.batch import ScheduledBatch
 from pagedkv.sched.sequence import Seq
@@ -27,8 +31,11 @@ class SampleResult:
     top_logprobs: list[list[tuple[int, float]] | None]
 
 
-def _truncate(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Mask (to -inf) everything outside each row's top-k and nucleus top-p."""
+def _truncate(
+    logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
+) -> torch.Tensor:
+    """Mask (to -inf) everything outside each row's top-k, nucleus top-p and min-p (tokens
+    less likely than ``min_p`` x the most likely one, after top-k)."""
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     vocab = logits.shape[-1]
     ranks = torch.arange(vocab, device=logits.device).expand_as(sorted_logits)
@@ -39,6 +46,7 @@ def _truncate(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) ->
     # whatever rounding does to top_p, so a row can never be left with nothing to draw.
     mass_before = probs.cumsum(dim=-1) - probs
     drop |= mass_before >= top_p.unsqueeze(-1)
+    drop |= probs < min_p.unsqueeze(-1) * probs[:, :1]
     drop[:, 0] = False
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
@@ -48,18 +56,23 @@ def sample(
     logits: torch.Tensor,
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
+    tokens: list[RowTokens | None] | None = None,
 ) -> SampleResult:
     """Pick one token per row of ``logits`` ``[rows, vocab]`` (fp32). ``generators[i]`` is the
-    row's seeded generator or None (global RNG). Mutates the generators' states only."""
+    row's seeded generator or None (global RNG); ``tokens[i]`` what its logit processing reads
+    (None: no processing). Mutates the generators' states only."""
     rows, vocab = logits.shape
     logits = logits.float()
+    processed = process_logits(logits, params, tokens or [None] * rows)
     greedy = [p.greedy for p in params]
-    chosen = logits.argmax(dim=-1)
+    chosen = processed.argmax(dim=-1)
     if not all(greedy):
         temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params])
         top_k = torch.tensor([min(p.top_k, vocab) for p in params])
         top_p = torch.tensor([p.top_p for p in params], dtype=logits.dtype)
-        probs = _truncate(logits / temps.unsqueeze(-1), top_k, top_p).softmax(dim=-1)
+        min_p = torch.tensor([p.min_p for p in params], dtype=logits.dtype)
+        scaled = processed / temps.unsqueeze(-1)
+        probs = _truncate(scaled, top_k, top_p, min_p).softmax(dim=-1)
         for i in range(rows):
             if not greedy[i]:
                 chosen[i] = torch.multinomial(probs[i], 1, generator=generators[i])[0]
@@ -93,21 +106,27 @@ def sample_batch(
     has n samples, each from its own seed. ``sampling_of(seq)`` is (its params, its sample
     index)."""
     rows, params, gens, owners = [], [], [], []
+    tokens: list[RowTokens | None] = []
     r = 0
     for i, item in enumerate(batch.seqs):
         if not item.needs_logits:
             continue
         p, first = sampling_of(item.seq)
-        position = item.seq.num_output_tokens
+        seq = item.seq
+        position = seq.num_output_tokens
+        row_tokens = None
+        if p.processes_logits:
+            row_tokens = RowTokens(seq.prompt_token_ids, seq.output_token_ids, seq.stop_token_ids)
         for j in range(item.num_samples):
             rows.append(r)
             params.append(p)
             gens.append(seeded_generator(p.sample_seed(first + j), position))
             owners.append(i)
+            tokens.append(row_tokens)
         r += 1
     out: list[Draws] = [([], []) for _ in batch.seqs]
     if rows:
-        result = sample(logits[torch.tensor(rows)], params, gens)
+        result = sample(logits[torch.tensor(rows)], params, gens, tokens)
         for k, i in enumerate(owners):
             out[i][0].append(result.token_ids[k])
             out[i][1].append((result.logprobs[k], result.top_logprobs[k]))

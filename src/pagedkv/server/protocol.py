@@ -2,8 +2,8 @@
 
 Requests are validated strictly (JSON types as sent: ``"5"`` is not an integer) and unknown keys
 are errors, as everywhere in pagedkv's configuration. OpenAI fields we do not implement
-(penalties, ``logit_bias``, ``echo``, ``suffix``, ``best_of``) are declared so that clients
-sending their neutral defaults keep working; any other value is refused in ``request_params.py``.
+(``echo``, ``suffix``, ``best_of``) are declared so that clients sending their neutral defaults
+keep working; any other value is refused in ``request_params.py``.
 Responses are plain models dumped to JSON; their shapes follow OpenAI's so that the official
 client parses them unchanged.
 """
@@ -23,6 +23,7 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: usage on every chunk (with include_usage)
 
 
 class _SamplingFields(_Strict):
@@ -45,6 +46,10 @@ class _SamplingFields(_Strict):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
+    # vLLM's sampling extensions
+    repetition_penalty: float | None = None
+    min_p: float | None = None
+    min_tokens: int | None = None
 
 
 PromptInput = str | list[str] | list[int] | list[list[int]]

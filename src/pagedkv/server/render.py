@@ -120,13 +120,26 @@ class _Sent:
 
 @dataclass
 class StreamRenderer:
-    """Turns successive snapshots of a run into chunk bodies; one renderer per response."""
+    """Turns successive snapshots of a run into chunk bodies; one renderer per response.
+    ``continuous_usage``: every chunk carries the usage so far (vLLM's
+    ``stream_options.continuous_usage_stats``)."""
 
     head: ResponseHeader
     tokenizer: Tokenizer
+    continuous_usage: bool = False
     _sent: dict[int, _Sent] = field(default_factory=dict)
+    _latest: dict[int, RequestOutput] = field(default_factory=dict)
 
     def chunks(self, prompt_index: int, out: RequestOutput) -> list[dict]:
+        self._latest[prompt_index] = out
+        bodies = self._choice_chunks(prompt_index, out)
+        if self.continuous_usage:
+            so_far = p.dump(usage(list(self._latest.values())))
+            for body in bodies:
+                body["usage"] = so_far
+        return bodies
+
+    def _choice_chunks(self, prompt_index: int, out: RequestOutput) -> list[dict]:
         bodies = []
         for c in out.outputs:
             k = prompt_index * self.head.n + c.index

@@ -41,11 +41,6 @@ class EngineInputs:
 
 def check_unsupported(req: CompletionRequest | ChatCompletionRequest) -> None:
     """OpenAI fields we accept only at their neutral value."""
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(req, name) not in (None, 0.0):
-            raise APIError(f"{name} is not supported (only 0)", param=name, code="unsupported")
-    if req.logit_bias:
-        raise APIError("logit_bias is not supported", param="logit_bias", code="unsupported")
     if isinstance(req, CompletionRequest):
         if req.echo:
             raise APIError("echo is not supported", param="echo", code="unsupported")
@@ -143,6 +138,12 @@ def sampling_params(
             stop_token_ids=tuple(req.stop_token_ids or ()),
             ignore_eos=req.ignore_eos,
             logprobs=_logprobs(req),
+            presence_penalty=req.presence_penalty or 0.0,
+            frequency_penalty=req.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+            min_p=req.min_p or 0.0,
+            logit_bias=_logit_bias(req.logit_bias),
+            min_tokens=req.min_tokens or 0,
         )
     except UsageError as exc:
         raise from_usage(exc, renames) from None
@@ -162,6 +163,18 @@ def _max_tokens(
             return max(max_model_len - prompt_tokens, 1)
         return req.max_tokens
     return COMPLETIONS_DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens
+
+
+def _logit_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``{"token id": bias}`` as ``((id, bias), ...)``; ``SamplingParams`` and the
+    engine judge the ids and values."""
+    out = []
+    for key, value in (bias or {}).items():
+        if not (key.isascii() and key.isdigit()):
+            raise APIError(f"logit_bias: {key!r} is not a token id", param="logit_bias",
+                           code="invalid_value")  # fmt: skip
+        out.append((int(key), value))
+    return tuple(out)
 
 
 def _logprobs(req: CompletionRequest | ChatCompletionRequest) -> int | None:

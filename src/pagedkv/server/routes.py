@@ -121,13 +121,18 @@ async def _respond(request: Request, req, head: ResponseHeader, run: RequestRun)
         run.abort()
         raise
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    # vLLM's rule: usage on every chunk only together with the final usage chunk
+    continuous = include_usage and bool(
+        req.stream_options and req.stream_options.continuous_usage_stats
+    )
     outcome = ["aborted"]  # what the stream reached; counted once it is closed
 
     def on_close() -> None:
         run.abort()  # a no-op unless the client left or the stream never started
         metrics.count_request(outcome[0])
 
-    events = _events(run, StreamRenderer(head, tokenizer), first, include_usage, outcome)
+    renderer = StreamRenderer(head, tokenizer, continuous_usage=continuous)
+    events = _events(run, renderer, first, include_usage, outcome)
     return _EventStream(events, on_close)
 
 
