@@ -38,22 +38,25 @@ def process_logits(
     if not todo:
         return logits
     out = logits.clone()
-    vocab = out.shape[-1]
+    vocab, dev = out.shape[-1], out.device  # index tensors live where the logits do
     for i in todo:
         p, tokens, row = params[i], rows[i], out[i]
         assert tokens is not None
         if p.min_tokens and len(tokens.output_ids) < p.min_tokens and tokens.stop_ids:
-            row[torch.tensor(sorted(tokens.stop_ids))] = float("-inf")
+            row[torch.tensor(sorted(tokens.stop_ids), device=dev)] = float("-inf")
         if p.logit_bias:
-            ids = torch.tensor([t for t, _ in p.logit_bias])
-            row.index_add_(0, ids, torch.tensor([b for _, b in p.logit_bias], dtype=row.dtype))
+            ids = torch.tensor([t for t, _ in p.logit_bias], device=dev)
+            biases = torch.tensor([b for _, b in p.logit_bias], dtype=row.dtype, device=dev)
+            row.index_add_(0, ids, biases)
         if p.repetition_penalty != 1.0:
-            seen = torch.tensor([*tokens.prompt_ids, *tokens.output_ids]).unique()
+            seen = torch.tensor([*tokens.prompt_ids, *tokens.output_ids], device=dev).unique()
             values = row[seen]
             r = p.repetition_penalty
             row[seen] = torch.where(values > 0, values / r, values * r)
         if (p.frequency_penalty or p.presence_penalty) and tokens.output_ids:
-            counts = torch.bincount(torch.tensor(list(tokens.output_ids)), minlength=vocab)
+            counts = torch.bincount(
+                torch.tensor(list(tokens.output_ids), device=dev), minlength=vocab
+            )
             counts = counts[:vocab].to(row.dtype)
             row -= counts * p.frequency_penalty + (counts > 0).to(row.dtype) * p.presence_penalty
     return out
