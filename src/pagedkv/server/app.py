@@ -18,7 +18,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from pagedkv.engine import LLMEngine
-from pagedkv.server import routes
+from pagedkv.server import routes, tokenize_routes
 from pagedkv.server.config import ServerConfig
 from pagedkv.server.engine_loop import ADMIT_AHEAD_SEQS, EngineLoop
 from pagedkv.server.errors import install_error_handlers
@@ -69,5 +69,7 @@ def create_app(
     app.add_api_route("/health", routes.health, methods=["HEAD"], include_in_schema=False)
     app.add_api_route("/metrics", routes.prometheus, methods=["GET"])
     app.add_api_route("/pagedkv/info", routes.replica_info, methods=["GET"])
+    app.add_api_route("/tokenize", tokenize_routes.tokenize, methods=["POST"])
+    app.add_api_route("/detokenize", tokenize_routes.detokenize, methods=["POST"])
     app.include_router(routes.v1)
     return app

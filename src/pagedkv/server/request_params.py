@@ -9,6 +9,7 @@ template, and the cap on prompts x ``n`` of one request.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -17,7 +18,7 @@ from pagedkv.engine.stats import EngineInfo
 from pagedkv.errors import UsageError
 from pagedkv.model.tokenizer import Tokenizer
 from pagedkv.server.errors import APIError, from_usage
-from pagedkv.server.protocol import ChatCompletionRequest, CompletionRequest
+from pagedkv.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions route
 
@@ -65,10 +66,12 @@ def completion_prompts(req: CompletionRequest, tokenizer: Tokenizer) -> list[lis
     return [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in batch]
 
 
-def chat_prompt(req: ChatCompletionRequest, tokenizer: Tokenizer) -> list[int]:
+def chat_prompt(
+    messages_in: Sequence[ChatMessage], tokenizer: Tokenizer, add_generation_prompt: bool = True
+) -> list[int]:
     """The token ids of the messages rendered by the model's own chat template."""
     messages = []
-    for m in req.messages:
+    for m in messages_in:
         content = m.content
         if isinstance(content, list):
             content = "".join(part.text for part in content)
@@ -76,7 +79,7 @@ def chat_prompt(req: ChatCompletionRequest, tokenizer: Tokenizer) -> list[int]:
         role = "system" if m.role == "developer" else m.role
         messages.append({"role": role, "content": content or ""})
     try:
-        return tokenizer.encode_chat(messages)
+        return tokenizer.encode_chat(messages, add_generation_prompt)
     except Exception as exc:  # the template's own raise_exception, or no template at all
         raise APIError(f"cannot apply the chat template: {exc}", param="messages",
                        code="invalid_value") from None  # fmt: skip
@@ -92,7 +95,7 @@ def engine_inputs(
     prompts (tokenizing, scanning ids): call it off the event loop."""
     check_unsupported(req)
     if isinstance(req, ChatCompletionRequest):
-        prompts = [chat_prompt(req, tokenizer)]
+        prompts = [chat_prompt(req.messages, tokenizer)]
     else:
         prompts = completion_prompts(req, tokenizer)
     params, renames = sampling_params(req, max(len(p) for p in prompts), engine.info)
