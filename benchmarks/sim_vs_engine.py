@@ -47,7 +47,8 @@ from pagedkv.sim.profiled_cost import ProfiledCostModel, read_cost_profile
 from pagedkv.sim.simulator import Simulation
 from pagedkv.traces import FreshSegments, TraceRequest, load_trace
 
-TRACE = "/work/shared/traces/azure_llm_2023_conv.csv"
+# the project's shared/ folder sits beside the checkout
+TRACE = str(Path(__file__).resolve().parents[2] / "shared/traces/azure_llm_2023_conv.csv")
 METRICS = ("total_s", "ttft_p50_s", "ttft_p90_s", "mean_e2e_s", "preemptions", "peak_running")
 
 

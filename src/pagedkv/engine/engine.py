@@ -74,10 +74,9 @@ class LLMEngine:
     # -- requests --------------------------------------------------------------------------
 
     def check_request(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
-        """Raise ``UsageError`` (``param`` names the field) for a request that can never run:
-        an empty prompt, prompt, stop or biased ids outside the vocabulary, a prompt +
-        ``max_tokens`` beyond the context, or samples that the whole KV pool can never hold at
-        once (the scheduler's refusal rule). Reads fixed facts only: safe from any thread."""
+        """``UsageError`` (``param`` names the field) for a request that can never run: no
+        prompt, prompt/stop/biased ids outside the vocabulary, prompt + ``max_tokens`` past the
+        context, samples the whole pool can never hold (the scheduler's refusal). Thread-safe."""
         if not prompt_token_ids:
             raise UsageError("the prompt is empty", param="prompt")
         vocab, biased = self.info.vocab_size, [t for t, _ in params.logit_bias]
