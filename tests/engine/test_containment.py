@@ -38,10 +38,10 @@ def test_a_sampler_failure_fails_only_its_request(make_engine, monkeypatch):
     clean = _clean_tokens(make_engine)
     real_sample = sampler_module.sample
 
-    def sample(logits, params, generators, tokens=None):
+    def sample(logits, params, generators, tokens=None, matchers=None):
         if any(p is POISON for p in params):
             raise RuntimeError("probability tensor contains either inf, nan or element < 0")
-        return real_sample(logits, params, generators, tokens)
+        return real_sample(logits, params, generators, tokens, matchers)
 
     monkeypatch.setattr(sampler_module, "sample", sample)
     engine = make_engine()

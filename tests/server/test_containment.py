@@ -30,14 +30,14 @@ def poisoned_sampler(monkeypatch):
     real_sample = sampler_module.sample
     draws = {"poisoned": 0, "fail_at": 1, "gate": None}
 
-    def sample(logits, params, gens, tokens=None):
+    def sample(logits, params, gens, tokens=None, matchers=None):
         if any(p.seed == POISON_SEED for p in params):
             draws["poisoned"] += 1
             if draws["poisoned"] >= draws["fail_at"]:
                 if draws["gate"] is not None:  # fail only once the test says so
                     draws["gate"].wait(10)
                 raise RuntimeError("injected sampler failure")
-        return real_sample(logits, params, gens, tokens)
+        return real_sample(logits, params, gens, tokens, matchers)
 
     monkeypatch.setattr(sampler_module, "sample", sample)
     return draws

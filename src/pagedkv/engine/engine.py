@@ -16,11 +16,13 @@ from collections.abc import Callable, Iterator, Sequence
 
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.containment import run_contained
+from pagedkv.engine.grammar import GrammarCache
 from pagedkv.engine.kv_events import describe_replica
 from pagedkv.engine.kv_transfer import model_identity
 from pagedkv.engine.outputs import CompletionOutput, RequestOutput
 from pagedkv.engine.params import SamplingParams
-from pagedkv.engine.prompts import Prompt, check_params, pair_prompts, tokenize
+from pagedkv.engine.prompt_scoring import score_prompts
+from pagedkv.engine.prompts import Prompt, check_params, check_request, pair_prompts, tokenize
 from pagedkv.engine.registry import RequestRegistry
 from pagedkv.engine.requests import RequestState
 from pagedkv.engine.sampler import Draws, sample_batch
@@ -50,6 +52,7 @@ class LLMEngine:
         if self.config.log_startup:
             print(p.startup_report, file=sys.stderr)
         self.info = EngineInfo.from_parts(p)
+        self.grammars = GrammarCache(self.tokenizer, p.model_config.vocab_size)
         self._registry = RequestRegistry()
         # Outputs that generate() / stream() stepped past (other requests', aborts), newest per
         # request: handed to the next step() caller instead of being lost.
@@ -61,9 +64,7 @@ class LLMEngine:
         self.recorder.store_counters = self._store.tier.counters if self._store else None
         self.num_failed_requests = 0
 
-    @property
-    def max_model_len(self) -> int:
-        return self.info.max_model_len
+    max_model_len = property(lambda self: self.info.max_model_len)
 
     def flush_kv_store(self, timeout_s: float = 30.0) -> bool:
         """Wait until every block written through to the KV store so far has been sent (True;
@@ -76,18 +77,10 @@ class LLMEngine:
     def check_request(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
         """``UsageError`` (``param`` names the field) for a request that can never run: no
         prompt, prompt/stop/biased ids outside the vocabulary, prompt + ``max_tokens`` past the
-        context, samples the whole pool can never hold (the scheduler's refusal). Thread-safe."""
-        if not prompt_token_ids:
-            raise UsageError("the prompt is empty", param="prompt")
-        vocab, biased = self.info.vocab_size, [t for t, _ in params.logit_bias]
-        for name, ids in (("prompt", prompt_token_ids), ("stop_token_ids", params.stop_token_ids),
-                          ("logit_bias", biased)):  # fmt: skip
-            bad = next((t for t in ids if not 0 <= t < vocab), None)
-            if bad is not None:
-                raise UsageError(f"token id {bad} is outside the vocabulary [0, {vocab})", name)
-        refusal = self.scheduler.refusal(len(prompt_token_ids), params.max_tokens, params.n)
-        if refusal is not None:
-            raise UsageError(refusal.reason, param=refusal.param, code=refusal.code)
+        context, samples the whole pool can never hold (the scheduler's refusal), a structure
+        xgrammar refuses (compiled here, and cached). Thread-safe."""
+        check_request(prompt_token_ids, params, self.info.vocab_size, self.scheduler.refusal,
+                      self.grammars.compile)  # fmt: skip
 
     def add_request(
         self,
@@ -125,8 +118,11 @@ class LLMEngine:
             stop_token_ids=stops,
             extra_keys=HashExtraKeys(cache_salt=cache_salt),
             n=params.n,
+            scores_prompt=params.prompt_logprobs is not None,
         )
-        self._registry.add(RequestState(request_id, text, token_ids, params, self.tokenizer), seq)
+        matchers = self.grammars.matchers(params.structured, params.n)
+        state = RequestState(request_id, text, token_ids, params, self.tokenizer, matchers)
+        self._registry.add(state, seq)
         return request_id
 
     def abort(self, request_id: str) -> bool:
@@ -164,8 +160,7 @@ class LLMEngine:
         self.recorder.record_step(batch, started)  # before update() frees finished sequences
         tokens, stopped = self._record(batch, draws, touched)
         done = self.scheduler.update(batch, tokens, stopped)
-        for fork in done.forked:
-            self._registry.adopt(fork)
+        self._registry.adopt(done.forked)
         for seq in done.finished:
             owner(seq).finish_sample(seq)
         self.recorder.end_step()
@@ -174,12 +169,14 @@ class LLMEngine:
         return outputs + self._registry.report(touched)
 
     def _execute_and_sample(self, batch: ScheduledBatch) -> list[Draws]:
-        logits = self.runner.execute(batch, self.allocator)
-        return sample_batch(batch, logits, self._sampling_of)
+        out = self.runner.execute(batch, self.allocator)
+        score_prompts(batch, out.prompt_hidden, self.runner.model.compute_logits,
+                      self._registry.find)  # fmt: skip
+        return sample_batch(batch, out.logits, self._sampling_of)
 
-    def _sampling_of(self, seq: Seq) -> tuple[SamplingParams, int]:
+    def _sampling_of(self, seq: Seq) -> tuple[SamplingParams, int, list | None]:
         state = self._registry.owner(seq)
-        return state.params, state.sample_index(seq)
+        return state.params, state.sample_index(seq), state.matchers
 
     def _record(
         self, batch: ScheduledBatch, draws: list[Draws | None], touched: set[str]
@@ -195,10 +192,10 @@ class LLMEngine:
                 stopped.append([])
                 continue
             state.note_admission(item.seq, item.prefix_hit_tokens)
-            ids, logprobs = drawn
+            ids, logprobs, complete = drawn
             first = state.sample_index(item.seq)
-            pairs = enumerate(zip(ids, logprobs, strict=True))
-            stopped.append([state.record_token(first + j, t, lp) for j, (t, lp) in pairs])
+            pairs = enumerate(zip(ids, logprobs, complete, strict=True))
+            stopped.append([state.record_token(first + j, t, lp, c) for j, (t, lp, c) in pairs])
             tokens.append(ids)
             if ids:
                 touched.add(state.request_id)
@@ -220,11 +217,10 @@ class LLMEngine:
         prompts: Prompt | Sequence[Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
-        """Run every prompt to completion, batched; outputs in prompt order. A bare string (or
-        one list of token ids) is one prompt. A prompt that can never run (empty, too long)
-        gets an output with ``error`` set; the others still run. A prompt of the wrong type
-        raises ``UsageError`` before anything is queued. Requests added elsewhere advance too;
-        their outputs wait for the next ``step()``."""
+        """Run every prompt (a bare string or one list of ids is one) to completion, batched;
+        outputs in prompt order. A prompt that can never run (empty, too long) gets an output
+        with ``error`` set; a prompt of the wrong type raises ``UsageError`` before anything
+        is queued. Others' requests advance too; their outputs wait for the next ``step()``."""
         pairs = pair_prompts(prompts, params)
         tokenized = [tokenize(self.tokenizer, p) for p, _ in pairs]  # raises before queueing
         results: dict[str, RequestOutput] = {}

@@ -4,6 +4,16 @@ sample. Their text comes from the ``Detokenizer`` (engine/detokenizer.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
+
+
+class PromptTokenScore(NamedTuple):
+    """One prompt token's score (``prompt_logprobs``): its logprob, its rank among all tokens
+    (1 = the most likely; ties rank it first), the top alternatives ``[(id, logprob)]``."""
+
+    logprob: float
+    rank: int
+    top: list[tuple[int, float]]
 
 
 @dataclass
@@ -25,7 +35,9 @@ class CompletionOutput:
 @dataclass
 class RequestOutput:
     """The state of one request. ``num_cached_tokens`` is the prompt's prefix hit (tokens whose
-    KV was reused). ``error`` is set (and ``finished``) when the request could not run."""
+    KV was reused). ``error`` is set (and ``finished``) when the request could not run.
+    ``prompt_logprobs`` (asked for in ``SamplingParams``): one entry per prompt token, None for
+    the first (nothing predicts it) and for positions the prefill has not reached yet."""
 
     request_id: str
     prompt: str | None
@@ -33,6 +45,7 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     num_cached_tokens: int = 0
     error: str | None = None
+    prompt_logprobs: list[PromptTokenScore | None] | None = None
 
     @property
     def finished(self) -> bool:

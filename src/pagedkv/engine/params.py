@@ -12,6 +12,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from pagedkv.engine.structured import StructuredOutput
 from pagedkv.errors import UsageError
 
 # Guards against absurd values that would only burn memory or time.
@@ -48,7 +49,9 @@ class SamplingParams:
     sampling reproducible per request; sample ``i`` of ``n`` draws from ``seed + i``, so ``n``
     samples equal ``n`` separate requests seeded ``seed, seed + 1, ...``. ``top_k`` 0 or -1 is
     off (-1 is vLLM's spelling). ``logprobs`` asks for the chosen token's log-probability plus
-    that many top alternatives (0 = chosen only). Invalid values raise ``UsageError``.
+    that many top alternatives (0 = chosen only); ``prompt_logprobs`` the same for every prompt
+    token after the first (scored in the prefill, never from the prefix cache). Invalid values
+    raise ``UsageError``.
 
     Logit processing (``engine/logits_processing.py``), applied before greedy or random choice:
     ``logit_bias`` ``((token_id, bias), ...)`` is added to those logits; ``repetition_penalty``
@@ -56,7 +59,9 @@ class SamplingParams:
     the prompt or output; ``frequency_penalty`` and ``presence_penalty`` (OpenAI's) subtract
     ``count x frequency + presence`` for each token already generated; ``min_p`` drops tokens
     below ``min_p`` x the most likely one's probability; ``min_tokens`` keeps EOS and
-    ``stop_token_ids`` out of the first that many output tokens."""
+    ``stop_token_ids`` out of the first that many output tokens. ``structured``: the output
+    must match it (``engine/grammar.py`` masks every token it forbids; the sample stops once
+    the structure is complete)."""
 
     max_tokens: int = 64
     temperature: float = 0.0
@@ -68,12 +73,14 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0  # 1 = off
     min_p: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
     min_tokens: int = 0
+    structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
@@ -129,6 +136,12 @@ class SamplingParams:
                 or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS),
                 f"an integer in [0, {MAX_LOGPROBS}]",
             ),
+            (
+                "prompt_logprobs",
+                self.prompt_logprobs is None
+                or (_is_int(self.prompt_logprobs) and 0 <= self.prompt_logprobs <= MAX_LOGPROBS),
+                f"an integer in [0, {MAX_LOGPROBS}]",
+            ),
             *(
                 (
                     name,
@@ -157,6 +170,11 @@ class SamplingParams:
                 f"at most {MAX_LOGIT_BIAS_ENTRIES} token ids (integers >= 0) with biases in "
                 f"[-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]",
             ),  # fmt: skip
+            (
+                "structured",
+                self.structured is None or isinstance(self.structured, StructuredOutput),
+                "a StructuredOutput",
+            ),
             (
                 "min_tokens",
                 _is_int(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens,

@@ -4,11 +4,13 @@ inside. No torch here."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from pagedkv.engine.params import SamplingParams
+from pagedkv.engine.structured import StructuredOutput
 from pagedkv.errors import UsageError
+from pagedkv.sched.refusal import Refusal
 
 Prompt = str | Sequence[int]
 _PARAMS_TYPE = "params must be a SamplingParams (or a list of them, one per prompt), got {}"
@@ -64,3 +66,27 @@ def pair_prompts(prompts: object, params: object) -> list[tuple[object, Sampling
     if len(plist) != len(prompts):
         raise UsageError(f"{len(plist)} sampling params for {len(prompts)} prompts", "params")
     return [(p, check_params(q)) for p, q in zip(prompts, plist, strict=True)]
+
+
+def check_request(
+    prompt_token_ids: Sequence[int],
+    params: SamplingParams,
+    vocab_size: int,
+    refusal: Callable[[int, int, int], Refusal | None],
+    compile_grammar: Callable[[StructuredOutput], object],
+) -> None:
+    """``LLMEngine.check_request``'s rules, given the scheduler's ``refusal`` and the grammar
+    cache's ``compile`` (which fills the cache: the engine thread then only looks it up)."""
+    if not prompt_token_ids:
+        raise UsageError("the prompt is empty", param="prompt")
+    biased = [t for t, _ in params.logit_bias]
+    for name, ids in (("prompt", prompt_token_ids), ("stop_token_ids", params.stop_token_ids),
+                      ("logit_bias", biased)):  # fmt: skip
+        bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise UsageError(f"token id {bad} is outside the vocabulary [0, {vocab_size})", name)
+    refused = refusal(len(prompt_token_ids), params.max_tokens, params.n)
+    if refused is not None:
+        raise UsageError(refused.reason, param=refused.param, code=refused.code)
+    if params.structured is not None:
+        compile_grammar(params.structured)

@@ -8,6 +8,7 @@ request once its final output was reported. No torch here.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 
 from pagedkv.engine.outputs import RequestOutput
 from pagedkv.engine.requests import RequestState
@@ -39,11 +40,12 @@ class RequestRegistry:
         self.by_id[state.request_id] = state
         self._by_seq[seq.seq_id] = state
 
-    def adopt(self, fork: Fork) -> None:
-        """A child forked for draw ``fork.sample_offset`` joins its parent's request."""
-        state = self._by_seq[fork.parent.seq_id]
-        state.attach(fork.child, state.sample_index(fork.parent) + fork.sample_offset)
-        self._by_seq[fork.child.seq_id] = state
+    def adopt(self, forks: Iterable[Fork]) -> None:
+        """Each child forked for draw ``fork.sample_offset`` joins its parent's request."""
+        for fork in forks:
+            state = self._by_seq[fork.parent.seq_id]
+            state.attach(fork.child, state.sample_index(fork.parent) + fork.sample_offset)
+            self._by_seq[fork.child.seq_id] = state
 
     def owner(self, seq: Seq) -> RequestState:
         return self._by_seq[seq.seq_id]

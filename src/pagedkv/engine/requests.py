@@ -8,9 +8,10 @@ text once reported is never taken back. The server streams exactly what this exp
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from pagedkv.engine.detokenizer import Detokenizer
-from pagedkv.engine.outputs import CompletionOutput, RequestOutput
+from pagedkv.engine.outputs import CompletionOutput, PromptTokenScore, RequestOutput
 from pagedkv.engine.params import SamplingParams
 from pagedkv.model.tokenizer import Tokenizer
 from pagedkv.sched.sequence import Seq
@@ -29,8 +30,11 @@ class RequestState:
         prompt_token_ids: list[int],
         params: SamplingParams,
         tokenizer: Tokenizer,
+        matchers: list[Any] | None = None,
     ) -> None:
+        """``matchers``: one grammar matcher per sample (``params.structured``), else None."""
         self.request_id = request_id
+        self.matchers = matchers
         self.params = params
         self.num_cached_tokens = 0
         self._admitted = False
@@ -42,6 +46,8 @@ class RequestState:
             for o in outs:
                 o.logprobs, o.top_logprobs = [], []
         self._output = RequestOutput(request_id, prompt, list(prompt_token_ids), outs)
+        if params.prompt_logprobs is not None:
+            self._output.prompt_logprobs = [None] * len(prompt_token_ids)
 
     # -- sequences -------------------------------------------------------------------------
 
@@ -68,9 +74,19 @@ class RequestState:
             self._admitted = True
             self.num_cached_tokens = prefix_hit_tokens
 
-    def record_token(self, sample_index: int, token_id: int, logprob: TokenLogprob) -> bool:
-        """Take sample ``sample_index``'s new token (before the scheduler appends it). Returns
-        True when a stop string ended the sample just now: the caller tells the scheduler."""
+    def record_prompt(self, first_token: int, scores: list[PromptTokenScore]) -> None:
+        """Prompt tokens ``first_token, ...`` scored by the prefill (again, identically, when a
+        preempted request is recomputed)."""
+        scored = self._output.prompt_logprobs
+        if scored is not None:
+            scored[first_token : first_token + len(scores)] = scores
+
+    def record_token(
+        self, sample_index: int, token_id: int, logprob: TokenLogprob, complete: bool = False
+    ) -> bool:
+        """Take sample ``sample_index``'s new token (before the scheduler appends it);
+        ``complete``: it closed the sample's grammar. Returns True when a stop string or the
+        grammar ended the sample just now: the caller tells the scheduler."""
         out = self._output.outputs[sample_index]
         if out.finished:
             return False
@@ -80,7 +96,9 @@ class RequestState:
             out.top_logprobs.append(logprob[1] or [])
         detok = self._detok[sample_index]
         out.text += detok.push(token_id)  # the delta: flat cost per token
-        if detok.stopped:
+        if detok.stopped or complete:
+            if complete:
+                out.text += detok.flush()  # no stop string can come after the structure
             out.finish_reason = "stop"
             return True
         return False
@@ -125,9 +143,11 @@ class RequestState:
             )
             for o in self._output.outputs
         ]
+        scored = self._output.prompt_logprobs
         return replace(
             self._output,
             outputs=outs,
             num_cached_tokens=self.num_cached_tokens,
             prompt_token_ids=list(self._output.prompt_token_ids),
+            prompt_logprobs=None if scored is None else list(scored),
         )

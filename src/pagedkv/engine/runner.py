@@ -9,6 +9,7 @@ the paged, radix and reserved allocators drive the model through the same path.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -30,6 +31,24 @@ class StepInputs:
     positions: torch.Tensor  # int64 [T]
     metadata: AttentionMetadata
     logit_rows: torch.Tensor  # int64 [R]: index in [T] of each last token that needs logits
+    # Prompt positions scored for prompt logprobs (``Seq.scores_prompt``): ``prompt_rows`` index
+    # [T]; ``prompt_spans`` (entry of batch.seqs, first position, count), in that order.
+    prompt_rows: torch.Tensor = torch.empty(0, dtype=torch.int64)
+    prompt_spans: tuple[tuple[int, int, int], ...] = ()
+
+
+class PromptHidden(NamedTuple):
+    """The final hidden states of prompt positions ``[first_position, + len(hidden))`` of entry
+    ``entry`` of ``batch.seqs``: row ``j`` predicts prompt token ``first_position + j + 1``."""
+
+    entry: int
+    first_position: int
+    hidden: torch.Tensor  # [count, hidden_size]
+
+
+class StepOutput(NamedTuple):
+    logits: torch.Tensor  # fp32 [R, vocab], the entries that need a token, in batch order
+    prompt_hidden: list[PromptHidden]
 
 
 class ModelRunner:
@@ -84,7 +103,9 @@ class ModelRunner:
         context_lens: list[int] = []
         query_start = [0]
         logit_rows: list[int] = []
-        for item in batch.seqs:
+        prompt_rows: list[int] = []
+        spans: list[tuple[int, int, int]] = []
+        for entry, item in enumerate(batch.seqs):
             seq, start = item.seq, item.num_computed_tokens
             end = start + item.num_new_tokens
             input_ids.extend(seq.token_ids[start:end])
@@ -94,6 +115,11 @@ class ModelRunner:
             query_start.append(query_start[-1] + item.num_new_tokens)
             if item.needs_logits:
                 logit_rows.append(query_start[-1] - 1)
+            # The last prompt position predicts the first output token: sampled, not scored.
+            scored_end = min(end, seq.num_prompt_tokens - 1)
+            if seq.scores_prompt and scored_end > start:
+                spans.append((entry, start, scored_end - start))
+                prompt_rows.extend(range(query_start[-2], query_start[-2] + scored_end - start))
         tables, width = allocator.block_tables([item.seq for item in batch.seqs])
         block_tables = torch.tensor(tables, dtype=torch.int32).view(len(batch.seqs), width)
         metadata = AttentionMetadata(
@@ -107,12 +133,15 @@ class ModelRunner:
             torch.tensor(positions, dtype=torch.int64),
             metadata,
             torch.tensor(logit_rows, dtype=torch.int64),
+            torch.tensor(prompt_rows, dtype=torch.int64),
+            tuple(spans),
         )
 
-    def execute(self, batch: ScheduledBatch, allocator: KVAllocator) -> torch.Tensor:
+    def execute(self, batch: ScheduledBatch, allocator: KVAllocator) -> StepOutput:
         """Apply the batch's swaps (once per step, ``HostSwapPool.apply``) and block copies,
         run the forward pass, and return fp32 logits ``[R, vocab]`` for the entries of
-        ``batch.seqs`` that need logits, in batch order."""
+        ``batch.seqs`` that need logits, in batch order, plus the hidden states of the prompt
+        positions to score (``engine/prompt_scoring.py`` turns them into logprobs)."""
         if self.tiers is not None:  # first: the evicted blocks are reused below
             self.tiers.offload(batch, self.kv_caches)
         if self.swap_pool is not None:
@@ -124,13 +153,18 @@ class ModelRunner:
         if self.tiers is not None:  # last before the forward pass, which reads them
             self.tiers.load(batch, self.kv_caches)
         if not batch.seqs:
-            return torch.empty(0, self.config.vocab_size)
+            return StepOutput(torch.empty(0, self.config.vocab_size), [])
         inputs = self.prepare(batch, allocator)
         hidden = self.model(
             inputs.input_ids, inputs.positions, self.kv_caches, inputs.metadata, self.block_size
         )
         if self.tiers is not None:  # write-through of the full blocks just computed
             self.tiers.save(batch, self.kv_caches)
+        prompt = []
+        if inputs.prompt_spans:
+            rows = hidden[inputs.prompt_rows].split([n for _, _, n in inputs.prompt_spans])
+            prompt = [PromptHidden(e, first, h) for (e, first, _), h in
+                      zip(inputs.prompt_spans, rows, strict=True)]  # fmt: skip
         if inputs.logit_rows.numel() == 0:
-            return torch.empty(0, self.config.vocab_size)
-        return self.model.compute_logits(hidden[inputs.logit_rows])
+            return StepOutput(torch.empty(0, self.config.vocab_size), prompt)
+        return StepOutput(self.model.compute_logits(hidden[inputs.logit_rows]), prompt)

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from pagedkv.engine.grammar import accept, apply_masks
 from pagedkv.engine.logits_processing import RowTokens, process_logits
 from pagedkv.engine.params import SamplingParams
 from pagedkv.sched.batch import ScheduledBatch
@@ -57,13 +59,17 @@ def sample(
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
     tokens: list[RowTokens | None] | None = None,
+    matchers: list[Any | None] | None = None,
 ) -> SampleResult:
     """Pick one token per row of ``logits`` ``[rows, vocab]`` (fp32). ``generators[i]`` is the
     row's seeded generator or None (global RNG); ``tokens[i]`` what its logit processing reads
-    (None: no processing). Mutates the generators' states only."""
+    (None: no processing); ``matchers[i]`` the grammar the token must follow (None: free).
+    Mutates the generators' states only (the caller advances the matchers)."""
     rows, vocab = logits.shape
     logits = logits.float()
     processed = process_logits(logits, params, tokens or [None] * rows)
+    if matchers is not None:
+        apply_masks(processed, matchers)
     greedy = [p.greedy for p in params]
     chosen = processed.argmax(dim=-1)
     if not all(greedy):
@@ -92,26 +98,29 @@ def sample(
     return SampleResult(token_ids, logprobs, top)
 
 
-# One batch entry's draws: (token ids, their logprob info), num_samples long.
-Draws = tuple[list[int], list[tuple[float | None, list[tuple[int, float]] | None]]]
+# One batch entry's draws: (token ids, their logprob info, whether a grammar completed),
+# num_samples long each.
+Draws = tuple[list[int], list[tuple[float | None, list[tuple[int, float]] | None]], list[bool]]
 
 
 def sample_batch(
     batch: ScheduledBatch,
     logits: torch.Tensor,
-    sampling_of: Callable[[Seq], tuple[SamplingParams, int]],
+    sampling_of: Callable[[Seq], tuple[SamplingParams, int, list[Any] | None]],
 ) -> list[Draws]:
-    """One (token ids, logprob info) pair per entry of ``batch.seqs`` from the logits of the
-    entries that need a token (in batch order); n draws for a request's first token when it
-    has n samples, each from its own seed. ``sampling_of(seq)`` is (its params, its sample
-    index)."""
+    """One (token ids, logprob info, grammar complete) triple per entry of ``batch.seqs`` from
+    the logits of the entries that need a token (in batch order); n draws for a request's
+    first token when it has n samples, each from its own seed. ``sampling_of(seq)`` is (its
+    params, its sample index, its request's grammar matchers or None); the matchers of the
+    drawn samples accept their tokens here."""
     rows, params, gens, owners = [], [], [], []
     tokens: list[RowTokens | None] = []
+    matchers: list[Any | None] = []
     r = 0
     for i, item in enumerate(batch.seqs):
         if not item.needs_logits:
             continue
-        p, first = sampling_of(item.seq)
+        p, first, grammar = sampling_of(item.seq)
         seq = item.seq
         position = seq.num_output_tokens
         row_tokens = None
@@ -123,13 +132,17 @@ def sample_batch(
             gens.append(seeded_generator(p.sample_seed(first + j), position))
             owners.append(i)
             tokens.append(row_tokens)
+            matchers.append(grammar[first + j] if grammar else None)
         r += 1
-    out: list[Draws] = [([], []) for _ in batch.seqs]
+    out: list[Draws] = [([], [], []) for _ in batch.seqs]
     if rows:
-        result = sample(logits[torch.tensor(rows)], params, gens, tokens)
+        constrained = matchers if any(m is not None for m in matchers) else None
+        result = sample(logits[torch.tensor(rows)], params, gens, tokens, constrained)
         for k, i in enumerate(owners):
-            out[i][0].append(result.token_ids[k])
+            token = result.token_ids[k]
+            out[i][0].append(token)
             out[i][1].append((result.logprobs[k], result.top_logprobs[k]))
+            out[i][2].append(matchers[k] is not None and accept(matchers[k], token))
     return out
 
 

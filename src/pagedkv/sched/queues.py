@@ -81,6 +81,7 @@ class RequestQueues:
         stop_token_ids: Iterable[int] = (),
         extra_keys: HashExtraKeys = NO_EXTRA_KEYS,
         n: int = 1,
+        scores_prompt: bool = False,
     ) -> Seq:
         """Queue a request and return its (parent) sequence. A request that can never fit is
         returned already finished with ``FinishReason.REFUSED`` and a ``finish_detail``; it is
@@ -96,6 +97,7 @@ class RequestQueues:
             stop_token_ids=stop_token_ids,
             extra_keys=extra_keys,
             num_samples=n,
+            scores_prompt=scores_prompt,
         )
         refusal = self.refusal(seq.num_prompt_tokens, max_new_tokens, n)
         if refusal is not None:

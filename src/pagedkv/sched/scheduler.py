@@ -108,7 +108,7 @@ class Scheduler(RequestQueues):
             # running prefill meanwhile cached more of its prefix (then it waits a bit longer).
             if num_free == 0 or (seq.seq_id == self._blocked[0] and num_free <= self._blocked[1]):
                 break
-            hit = alloc.match_prefix(seq)
+            hit = 0 if seq.scores_prompt else alloc.match_prefix(seq)
             num_new = seq.num_tokens - hit
             if num_new > budget:
                 # Without chunked prefill a prompt waits for a step with room for all of it, but

@@ -53,6 +53,7 @@ class Seq:
         "stop_token_ids",
         "extra_keys",
         "num_samples",
+        "scores_prompt",
         "parent",
         "status",
         "finish_reason",
@@ -75,9 +76,12 @@ class Seq:
         stop_token_ids: Iterable[int] = (),
         extra_keys: HashExtraKeys = NO_EXTRA_KEYS,
         num_samples: int = 1,
+        scores_prompt: bool = False,
     ) -> None:
         """``stop_token_ids`` should include EOS unless the caller wants it ignored.
-        ``num_samples`` (``n``) > 1 makes this the parent of ``n - 1`` forks."""
+        ``num_samples`` (``n``) > 1 makes this the parent of ``n - 1`` forks. ``scores_prompt``:
+        the engine needs the logits of every prompt position (prompt logprobs), so the
+        scheduler admits it without a prefix-cache hit (a reused block has no logits)."""
         self._token_ids = array(TOKEN_TYPECODE, prompt_token_ids)
         if not self._token_ids:
             raise ValueError(f"request {request_id!r}: the prompt has no tokens")
@@ -92,6 +96,7 @@ class Seq:
         self.stop_token_ids = frozenset(stop_token_ids)
         self.extra_keys = extra_keys
         self.num_samples = num_samples
+        self.scores_prompt = scores_prompt
         self.parent: Seq | None = None
         self.status = SequenceStatus.WAITING
         self.finish_reason: FinishReason | None = None

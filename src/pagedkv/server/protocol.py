@@ -2,7 +2,7 @@
 
 Requests are validated strictly (JSON types as sent: ``"5"`` is not an integer) and unknown keys
 are errors, as everywhere in pagedkv's configuration. OpenAI fields we do not implement
-(``echo``, ``suffix``, ``best_of``) are declared so that clients sending their neutral defaults
+(``suffix``, ``best_of``) are declared so that clients sending their neutral defaults
 keep working; any other value is refused in ``request_params.py``.
 Responses are plain models dumped to JSON; their shapes follow OpenAI's so that the official
 client parses them unchanged.
@@ -50,6 +50,13 @@ class _SamplingFields(_Strict):
     repetition_penalty: float | None = None
     min_p: float | None = None
     min_tokens: int | None = None
+    # structured output (server/structured_params.py): OpenAI's, then vLLM's two spellings
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
 
 PromptInput = str | list[str] | list[int] | list[list[int]]
@@ -58,12 +65,14 @@ PromptInput = str | list[str] | list[int] | list[list[int]]
 class CompletionRequest(_SamplingFields):
     """``POST /v1/completions``. ``prompt``: text, token ids, or a batch of either; each prompt
     of a batch yields ``n`` choices (index ``prompt_index * n + sample``). ``logprobs``: the
-    number of top alternatives per token (0 = the chosen token only)."""
+    number of top alternatives per token (0 = the chosen token only). ``echo`` and
+    ``prompt_logprobs``: ``server/echo.py``; ``max_tokens: 0`` only with ``echo``."""
 
     prompt: PromptInput
     max_tokens: int | None = None
     logprobs: int | None = None
     echo: bool = False
+    prompt_logprobs: int | None = None  # vLLM's
     suffix: str | None = None
     best_of: int | None = None
 
@@ -79,8 +88,28 @@ class ChatMessage(_Strict):
     name: str | None = None
 
 
+class JsonSchemaFormat(_Strict):
+    name: str | None = None
+    description: str | None = None
+    schema_: Annotated[dict[str, Any] | None, Field(alias="schema")] = None
+    strict: bool | None = None
+
+
 class ResponseFormat(_Strict):
-    type: Literal["text"]
+    """OpenAI's ``response_format``: free text, any JSON object, or a JSON Schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(_Strict):
+    """vLLM's ``structured_outputs``: exactly one constraint."""
+
+    json_: Annotated[dict[str, Any] | str | None, Field(alias="json")] = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -93,7 +122,6 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
-    response_format: ResponseFormat | None = None
 
 
 # -- responses -----------------------------------------------------------------------------
@@ -124,6 +152,8 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
+    # vLLM's: per prompt token None or {token id: {logprob, rank, decoded_token}}
+    prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None
 
 
 class Completion(BaseModel):

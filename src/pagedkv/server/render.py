@@ -13,6 +13,14 @@ from dataclasses import dataclass, field
 from pagedkv.engine import CompletionOutput, RequestOutput
 from pagedkv.model.tokenizer import Tokenizer
 from pagedkv.server import protocol as p
+from pagedkv.server.echo import (
+    NO_ECHO,
+    Echo,
+    prompt_legacy_logprobs,
+    token_str,
+    vllm_prompt_logprobs,
+    without_generation,
+)
 
 # The engine's finish reasons a client can see; "abort" and "refused" never reach one.
 _FINISH = {"stop": "stop", "length": "length"}
@@ -39,29 +47,25 @@ def usage(outputs: list[RequestOutput]) -> p.Usage:
                    prompt_tokens_details=p.PromptTokensDetails(cached_tokens=cached))  # fmt: skip
 
 
-def _token_str(tokenizer: Tokenizer, token_id: int) -> str:
-    """The token's text; a token that is only part of a UTF-8 character has none of its own,
-    so its vocabulary entry is used (unique, unlike the replacement character)."""
-    text = tokenizer.decode([token_id], skip_special_tokens=False)
-    if "\ufffd" in text:
-        return tokenizer.token_text(token_id) or text
-    return text
-
-
 def completion_logprobs(
-    tokenizer: Tokenizer, c: CompletionOutput, start: int, text_offset: int
+    tokenizer: Tokenizer,
+    c: CompletionOutput,
+    start: int,
+    text_offset: int,
+    out: p.CompletionLogprobs | None = None,
 ) -> p.CompletionLogprobs:
-    """The legacy layout for tokens ``start:`` of ``c``; offsets count from ``text_offset``."""
-    out = p.CompletionLogprobs()
+    """The legacy layout for tokens ``start:`` of ``c`` (appended to ``out``); offsets count
+    from ``text_offset``."""
+    out = p.CompletionLogprobs() if out is None else out
     offset = text_offset
     for k in range(start, len(c.logprobs or [])):
-        token = _token_str(tokenizer, c.token_ids[k])
+        token = token_str(tokenizer, c.token_ids[k])
         out.tokens.append(token)
         out.token_logprobs.append(c.logprobs[k])
         top = (c.top_logprobs or [])[k]
         alternatives: dict[str, float] = {}
         for t, lp in top:  # best first: two ids with one text keep the better logprob
-            alternatives.setdefault(_token_str(tokenizer, t), lp)
+            alternatives.setdefault(token_str(tokenizer, t), lp)
         out.top_logprobs.append(alternatives)
         out.text_offset.append(offset)
         offset += len(token)
@@ -71,9 +75,9 @@ def completion_logprobs(
 def chat_logprobs(tokenizer: Tokenizer, c: CompletionOutput, start: int) -> p.ChoiceLogprobs:
     content = []
     for k in range(start, len(c.logprobs or [])):
-        token = _token_str(tokenizer, c.token_ids[k])
+        token = token_str(tokenizer, c.token_ids[k])
         top = [
-            p.TopLogprob(token=(s := _token_str(tokenizer, t)), logprob=lp,
+            p.TopLogprob(token=(s := token_str(tokenizer, t)), logprob=lp,
                          bytes=list(s.encode()))
             for t, lp in (c.top_logprobs or [])[k]
         ]  # fmt: skip
@@ -83,10 +87,45 @@ def chat_logprobs(tokenizer: Tokenizer, c: CompletionOutput, start: int) -> p.Ch
     return p.ChoiceLogprobs(content=content)
 
 
+def completion_choice(
+    head: ResponseHeader,
+    tokenizer: Tokenizer,
+    echo: Echo,
+    out: RequestOutput,
+    prompt_index: int,
+    c: CompletionOutput,
+    text: str,
+    first_token: int = 0,
+    text_offset: int = 0,
+    lead: bool = True,
+) -> p.CompletionChoice:
+    """The choice of sample ``c`` carrying ``text`` and the logprobs of tokens
+    ``first_token:``; when ``lead`` (the choice's first body) the echoed prompt comes first."""
+    logprobs = p.CompletionLogprobs() if head.want_logprobs else None
+    if lead and echo.texts is not None:
+        text = echo.texts[prompt_index] + text
+        if logprobs is not None and echo.legacy_logprobs:
+            text_offset = prompt_legacy_logprobs(tokenizer, out, logprobs)
+    if logprobs is not None:
+        completion_logprobs(tokenizer, c, first_token, text_offset, logprobs)
+    finish = _FINISH.get(c.finish_reason or "") if c.finished else None
+    return p.CompletionChoice(
+        index=prompt_index * head.n + c.index, text=text, logprobs=logprobs,
+        finish_reason=finish,
+        prompt_logprobs=vllm_prompt_logprobs(tokenizer, out)
+        if echo.prompt_logprobs and lead else None,
+    )  # fmt: skip
+
+
 def full_response(
-    head: ResponseHeader, tokenizer: Tokenizer, outputs: list[RequestOutput]
+    head: ResponseHeader,
+    tokenizer: Tokenizer,
+    outputs: list[RequestOutput],
+    echo: Echo = NO_ECHO,
 ) -> p.Completion | p.ChatCompletion:
     """The non-streaming body of a finished run (outputs in prompt order)."""
+    if echo.score_only:
+        outputs = [without_generation(o) for o in outputs]
     samples = [(i * head.n + c.index, c) for i, o in enumerate(outputs) for c in o.outputs]
     if head.chat:
         choices = [
@@ -97,12 +136,8 @@ def full_response(
         ]  # fmt: skip
         return p.ChatCompletion(id=head.id, created=head.created_s, model=head.model,
                                 choices=choices, usage=usage(outputs))  # fmt: skip
-    choices = [
-        p.CompletionChoice(index=k, text=c.text, finish_reason=_FINISH.get(c.finish_reason or ""),
-                           logprobs=completion_logprobs(tokenizer, c, 0, 0)
-                           if head.want_logprobs else None)
-        for k, c in samples
-    ]  # fmt: skip
+    choices = [completion_choice(head, tokenizer, echo, o, i, c, c.text)
+               for i, o in enumerate(outputs) for c in o.outputs]  # fmt: skip
     return p.Completion(id=head.id, created=head.created_s, model=head.model, choices=choices,
                         usage=usage(outputs))  # fmt: skip
 
@@ -127,10 +162,13 @@ class StreamRenderer:
     head: ResponseHeader
     tokenizer: Tokenizer
     continuous_usage: bool = False
+    echo: Echo = NO_ECHO
     _sent: dict[int, _Sent] = field(default_factory=dict)
     _latest: dict[int, RequestOutput] = field(default_factory=dict)
 
     def chunks(self, prompt_index: int, out: RequestOutput) -> list[dict]:
+        if self.echo.score_only:
+            out = without_generation(out)
         self._latest[prompt_index] = out
         bodies = self._choice_chunks(prompt_index, out)
         if self.continuous_usage:
@@ -150,14 +188,16 @@ class StreamRenderer:
             delta = c.text[sent.chars :]
             if not delta and not c.finished and sent.role_sent:
                 continue  # nothing printable yet; its tokens go out with the next text
-            bodies.append(self._chunk(k, c, sent, delta))
+            bodies.append(self._chunk(k, out, c, sent, delta))
             sent.chars = max(sent.chars, end)
             sent.tokens = len(c.token_ids)
             sent.role_sent = True
             sent.done = c.finished
         return bodies
 
-    def _chunk(self, k: int, c: CompletionOutput, sent: _Sent, delta: str) -> dict:
+    def _chunk(
+        self, k: int, out: RequestOutput, c: CompletionOutput, sent: _Sent, delta: str
+    ) -> dict:
         h = self.head
         finish = _FINISH.get(c.finish_reason or "") if c.finished else None
         if h.chat:
@@ -168,15 +208,13 @@ class StreamRenderer:
             body = p.ChatCompletionChunk(id=h.id, created=h.created_s, model=h.model,
                                          choices=[choice])  # fmt: skip
         else:
-            logprobs = None
-            if h.want_logprobs:
-                # Offsets follow the token strings, not the characters sent: the engine's
-                # hold-back delays text but never moves a token.
-                logprobs = completion_logprobs(self.tokenizer, c, sent.tokens, sent.token_chars)
-                if logprobs.tokens:
-                    sent.token_chars = logprobs.text_offset[-1] + len(logprobs.tokens[-1])
-            choice = p.CompletionChoice(index=k, text=delta, logprobs=logprobs,
-                                        finish_reason=finish)  # fmt: skip
+            # Offsets follow the token strings, not the characters sent: the engine's
+            # hold-back delays text but never moves a token.
+            choice = completion_choice(h, self.tokenizer, self.echo, out, k // h.n, c, delta,
+                                       sent.tokens, sent.token_chars, not sent.role_sent)  # fmt: skip
+            logprobs = choice.logprobs
+            if logprobs is not None and logprobs.tokens:
+                sent.token_chars = logprobs.text_offset[-1] + len(logprobs.tokens[-1])
             body = p.Completion(id=h.id, created=h.created_s, model=h.model, choices=[choice])
         data = p.dump(body)
         data.pop("usage", None)  # only the final usage chunk carries usage
@@ -191,5 +229,7 @@ class StreamRenderer:
         """The last chunk when ``stream_options.include_usage``: no choices, the usage."""
         h = self.head
         kind = p.ChatCompletionChunk if h.chat else p.Completion
+        if self.echo.score_only:
+            outputs = [without_generation(o) for o in outputs]
         body = kind(id=h.id, created=h.created_s, model=h.model, choices=[], usage=usage(outputs))
         return p.dump(body)

@@ -17,8 +17,10 @@ from pagedkv.engine import SamplingParams
 from pagedkv.engine.stats import EngineInfo
 from pagedkv.errors import UsageError
 from pagedkv.model.tokenizer import Tokenizer
+from pagedkv.server.echo import NO_ECHO, Echo
 from pagedkv.server.errors import APIError, from_usage
 from pagedkv.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
+from pagedkv.server.structured_params import structured_output
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions route
 
@@ -34,17 +36,19 @@ class EngineRules(Protocol):
 
 @dataclass(frozen=True)
 class EngineInputs:
-    """One engine request per prompt, all with ``params``."""
+    """One engine request per prompt, all with ``params``; ``echo`` what the answer repeats."""
 
     prompts: list[list[int]]
     params: SamplingParams
+    echo: Echo = NO_ECHO
 
 
 def check_unsupported(req: CompletionRequest | ChatCompletionRequest) -> None:
     """OpenAI fields we accept only at their neutral value."""
     if isinstance(req, CompletionRequest):
-        if req.echo:
-            raise APIError("echo is not supported", param="echo", code="unsupported")
+        if req.max_tokens == 0 and not req.echo:
+            raise APIError("max_tokens must be >= 1 (0 only with echo: true, to score the "
+                           "prompt)", param="max_tokens", code="invalid_value")  # fmt: skip
         if req.suffix:
             raise APIError("suffix is not supported", param="suffix", code="unsupported")
         if req.best_of not in (None, 1, req.n):
@@ -116,7 +120,23 @@ def engine_inputs(
             if len(prompts) > 1 and error.param == "prompt":
                 error.message = f"prompt {i}: {error.message}"
             raise error from None
-    return EngineInputs(prompts, params)
+    return EngineInputs(prompts, params, _echo(req, prompts, tokenizer))
+
+
+def _echo(req, prompts: list[list[int]], tokenizer: Tokenizer) -> Echo:
+    if not isinstance(req, CompletionRequest):
+        return NO_ECHO
+    texts = None
+    if req.echo:  # a text prompt is echoed as sent; token ids as their text
+        if isinstance(req.prompt, str):
+            texts = (req.prompt,)
+        elif req.prompt and all(isinstance(t, str) for t in req.prompt):
+            texts = tuple(req.prompt)
+        else:
+            texts = tuple(tokenizer.decode(ids, skip_special_tokens=False) for ids in prompts)
+    return Echo(texts, legacy_logprobs=req.echo and req.logprobs is not None,
+                prompt_logprobs=req.prompt_logprobs is not None,
+                score_only=req.echo and req.max_tokens == 0)  # fmt: skip
 
 
 def sampling_params(
@@ -141,12 +161,14 @@ def sampling_params(
             stop_token_ids=tuple(req.stop_token_ids or ()),
             ignore_eos=req.ignore_eos,
             logprobs=_logprobs(req),
+            prompt_logprobs=_prompt_logprobs(req),
             presence_penalty=req.presence_penalty or 0.0,
             frequency_penalty=req.frequency_penalty or 0.0,
             repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
             min_p=req.min_p or 0.0,
             logit_bias=_logit_bias(req.logit_bias),
             min_tokens=req.min_tokens or 0,
+            structured=structured_output(req),
         )
     except UsageError as exc:
         raise from_usage(exc, renames) from None
@@ -165,6 +187,8 @@ def _max_tokens(
         if req.max_tokens is None:  # chat default: up to the end of the context
             return max(max_model_len - prompt_tokens, 1)
         return req.max_tokens
+    if req.max_tokens == 0:  # echo only (``check_unsupported``): one token, dropped later
+        return 1
     return COMPLETIONS_DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens
 
 
@@ -178,6 +202,16 @@ def _logit_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
                            code="invalid_value")  # fmt: skip
         out.append((int(key), value))
     return tuple(out)
+
+
+def _prompt_logprobs(req: CompletionRequest | ChatCompletionRequest) -> int | None:
+    """How many alternatives each prompt token is scored with (None: not scored): vLLM's
+    ``prompt_logprobs``, or ``logprobs`` when the prompt is echoed (the larger of the two)."""
+    if not isinstance(req, CompletionRequest):
+        return None
+    echoed = req.logprobs if req.echo else None
+    asked = [k for k in (req.prompt_logprobs, echoed) if k is not None]
+    return max(asked) if asked else None
 
 
 def _logprobs(req: CompletionRequest | ChatCompletionRequest) -> int | None:

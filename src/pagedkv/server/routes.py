@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.types import Receive, Scope, Send
 
 from pagedkv.server import protocol as p
+from pagedkv.server.echo import Echo
 from pagedkv.server.errors import APIError, from_validation
 from pagedkv.server.http_edge import CONTENT_TYPE, read_body
 from pagedkv.server.render import ResponseHeader, StreamRenderer, full_response
@@ -97,10 +98,12 @@ async def _serve(request: Request, kind: type[BaseModel]) -> Response:
     )
     run = RequestRun(state.engine_loop, metrics, head.id, inputs.prompts, inputs.params,
                      req.cache_salt)  # fmt: skip
-    return await _respond(request, req, head, run)
+    return await _respond(request, req, head, run, inputs.echo)
 
 
-async def _respond(request: Request, req, head: ResponseHeader, run: RequestRun) -> Response:
+async def _respond(
+    request: Request, req, head: ResponseHeader, run: RequestRun, echo: Echo
+) -> Response:
     metrics, tokenizer = request.app.state.metrics, request.app.state.tokenizer
     try:
         if not req.stream:
@@ -108,7 +111,7 @@ async def _respond(request: Request, req, head: ResponseHeader, run: RequestRun)
             if request.app.state.flush_store is not None:  # a prefill instance of a P/D pair
                 await asyncio.to_thread(request.app.state.flush_store)
             metrics.count_request("finished")
-            return JSONResponse(p.dump(full_response(head, tokenizer, outputs)))
+            return JSONResponse(p.dump(full_response(head, tokenizer, outputs, echo)))
         # Wait for the first output before answering, so that a refusal is still a status.
         first = await run.next(request)
     except ClientGone:  # ``next`` aborted the run already
@@ -131,7 +134,7 @@ async def _respond(request: Request, req, head: ResponseHeader, run: RequestRun)
         run.abort()  # a no-op unless the client left or the stream never started
         metrics.count_request(outcome[0])
 
-    renderer = StreamRenderer(head, tokenizer, continuous_usage=continuous)
+    renderer = StreamRenderer(head, tokenizer, continuous_usage=continuous, echo=echo)
     events = _events(run, renderer, first, include_usage, outcome)
     return _EventStream(events, on_close)
 
