@@ -30,6 +30,17 @@ def tiny_loaded(tmp_path_factory):
     return load_model(folder, progress=False)
 
 
+@pytest.fixture(scope="session")
+def tiny_2k_loaded(tmp_path_factory):
+    """A tiny random Llama with a context of 2048: its byte-level tokenizer makes a tool list
+    and its instructions ~900 tokens long."""
+    from tests.model.tiny import make_tiny_model
+
+    folder = tmp_path_factory.mktemp("tiny-llama-2k")
+    make_tiny_model("llama", folder, context_len=2048)
+    return load_model(folder, progress=False)
+
+
 @contextlib.contextmanager
 def running_server(
     loaded,

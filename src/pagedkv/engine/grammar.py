@@ -103,6 +103,8 @@ def _grammar(spec: StructuredOutput) -> str:
     if spec.kind == "choice":  # Lark string literals take JSON's escapes
         choices = json.loads(spec.spec)
         return LLMatcher.grammar_from_lark("start: " + " | ".join(map(json.dumps, choices)))
+    if spec.kind == "lark":
+        return LLMatcher.grammar_from_lark(spec.spec)
     text = gbnf_to_lark(spec.spec) if "::=" in spec.spec else spec.spec  # GBNF or Lark
     return LLMatcher.grammar_from_lark(text)
 

@@ -3,7 +3,8 @@
 Torch-free and library-free: the spec only names the constraint. ``engine/grammar.py`` compiles
 it (xgrammar) into the token mask the sampler applies. Kinds, as vLLM's ``structured_outputs``
 names them: ``json`` (a JSON Schema, as JSON text), ``json_object`` (any JSON object), ``regex``,
-``choice`` (one of a list of strings), ``grammar`` (EBNF in xgrammar's GBNF dialect).
+``choice`` (one of a list of strings), ``grammar`` (Lark, or GBNF with ``::=`` rules), ``lark``
+(Lark only: the server's own tool-call grammars).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 
 from pagedkv.errors import UsageError
 
-KINDS = ("json", "json_object", "regex", "choice", "grammar")
+KINDS = ("json", "json_object", "regex", "choice", "grammar", "lark")
 MAX_SPEC_CHARS = 256 * 1024  # a schema or grammar beyond this is a mistake, not a contract
 MAX_CHOICES = 1024
 
@@ -45,7 +46,7 @@ class StructuredOutput:
                 and all(isinstance(c, str) and c for c in value)
             ):  # fmt: skip
                 self._refuse(f"must list 1 to {MAX_CHOICES} non-empty strings")
-        elif self.kind in ("regex", "grammar") and not self.spec:
+        elif self.kind in ("regex", "grammar", "lark") and not self.spec:
             self._refuse("is empty")
 
     def _refuse(self, why: str) -> None:

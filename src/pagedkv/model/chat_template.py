@@ -15,7 +15,10 @@ if TYPE_CHECKING:
 
 
 def render_with_content_spans(
-    tokenizer: Tokenizer, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool
+    tokenizer: Tokenizer,
+    messages: Sequence[Mapping[str, Any]],
+    add_generation_prompt: bool,
+    tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> tuple[str, list[tuple[int, int]]]:
     """The rendered chat and the character spans in it that came from message contents.
 
@@ -26,7 +29,7 @@ def render_with_content_spans(
     ``apply_chat_template`` only inside that content). A template that drops or mangles the
     sentinels keeps its own text, with each content found by a left-to-right search.
     """
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt)
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt, tools)
     nonce = secrets.token_hex(8)
     contents: list[str] = []
     marked: list[Mapping[str, Any]] = []
@@ -39,7 +42,7 @@ def render_with_content_spans(
             marked.append(message)
     if not contents:
         return text, []
-    skeleton = tokenizer.apply_chat_template(marked, add_generation_prompt)
+    skeleton = tokenizer.apply_chat_template(marked, add_generation_prompt, tools)
     pieces = re.split(f"\ue000{nonce}:(\\d+)\ue001", skeleton)
     rebuilt, spans = _fill(pieces, contents, str)
     if rebuilt != text:

@@ -89,14 +89,23 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the chat template reads a ``tools`` list (Qwen/Hermes-style templates)."""
+        return bool(self.chat_template) and "tools" in (self.chat_template or "")
+
     def token_text(self, token_id: int) -> str | None:
         return self.backend.id_to_token(token_id)
 
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> str:
-        """The prompt text for ``messages`` ``[{"role": ..., "content": ...}]``. The template is
-        compiled once per tokenizer (compiling costs milliseconds; rendering, microseconds)."""
+        """The prompt text for ``messages`` ``[{"role": ..., "content": ...}]`` (and ``tools``,
+        for a template that renders them). The template is compiled once per tokenizer
+        (compiling costs milliseconds; rendering, microseconds)."""
         from jinja2.exceptions import TemplateError
 
         if not self.chat_template:
@@ -111,12 +120,16 @@ class Tokenizer:
                 add_generation_prompt=add_generation_prompt,
                 bos_token=bos or "",
                 eos_token=eos or "",
+                **({"tools": list(tools)} if tools is not None else {}),
             )
         except TemplateError as exc:  # a broken template, or its own raise_exception
             raise UsageError(f"cannot apply the model's chat template: {exc}", "messages") from None
 
     def encode_chat(
-        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> list[int]:
         """Token ids of the rendered chat; the template already placed any BOS it wants.
 
@@ -125,7 +138,9 @@ class Tokenizer:
         tokens and cannot open a turn. A chat whose contents hold no special-token text
         encodes exactly as ``encode(apply_chat_template(...), add_special_tokens=False)``.
         """
-        text, content_spans = render_with_content_spans(self, messages, add_generation_prompt)
+        text, content_spans = render_with_content_spans(
+            self, messages, add_generation_prompt, tools
+        )
         encoding = self.backend.encode(text, add_special_tokens=False)
         special_ids = self._special_ids()
         if not any(

@@ -21,6 +21,7 @@ from pagedkv.server.echo import (
     vllm_prompt_logprobs,
     without_generation,
 )
+from pagedkv.server.tools import ToolUse
 
 # The engine's finish reasons a client can see; "abort" and "refused" never reach one.
 _FINISH = {"stop": "stop", "length": "length"}
@@ -36,6 +37,7 @@ class ResponseHeader:
     chat: bool
     n: int
     want_logprobs: bool
+    tools: ToolUse | None = None  # chat with tools: calls parsed from the text
 
 
 def usage(outputs: list[RequestOutput]) -> p.Usage:
@@ -117,6 +119,27 @@ def completion_choice(
     )  # fmt: skip
 
 
+def shown_text(
+    head: ResponseHeader, c: CompletionOutput
+) -> tuple[str, list[tuple[str, p.OutFunctionCall]]]:
+    """A chat sample's content so far and, once finished, its tool calls (``server/tools.py``):
+    while running, the text before anything that may be a call; then the text outside calls."""
+    use = head.tools
+    if use is None or not use.parse:
+        return c.text, []
+    if not c.finished:
+        return use.streamable(c.text), []
+    parsed = use.parse_text(c.text)
+    calls = [(i, p.OutFunctionCall(name=n, arguments=a)) for i, n, a in parsed.calls]
+    return parsed.content or "", calls
+
+
+def _finish(c: CompletionOutput, calls: list) -> str | None:
+    if not c.finished:
+        return None
+    return "tool_calls" if calls else _FINISH.get(c.finish_reason or "")
+
+
 def full_response(
     head: ResponseHeader,
     tokenizer: Tokenizer,
@@ -128,12 +151,15 @@ def full_response(
         outputs = [without_generation(o) for o in outputs]
     samples = [(i * head.n + c.index, c) for i, o in enumerate(outputs) for c in o.outputs]
     if head.chat:
-        choices = [
-            p.ChatChoice(index=k, message=p.AssistantMessage(content=c.text),
-                         finish_reason=_FINISH.get(c.finish_reason or ""),
-                         logprobs=chat_logprobs(tokenizer, c, 0) if head.want_logprobs else None)
-            for k, c in samples
-        ]  # fmt: skip
+        choices = []
+        for k, c in samples:
+            content, calls = shown_text(head, c)
+            message = p.AssistantMessage(content=content if content or not calls else None,
+                                         tool_calls=[p.OutToolCall(id=i, function=f)
+                                                     for i, f in calls] or None)  # fmt: skip
+            choices.append(p.ChatChoice(
+                index=k, message=message, finish_reason=_finish(c, calls),
+                logprobs=chat_logprobs(tokenizer, c, 0) if head.want_logprobs else None))  # fmt: skip
         return p.ChatCompletion(id=head.id, created=head.created_s, model=head.model,
                                 choices=choices, usage=usage(outputs))  # fmt: skip
     choices = [completion_choice(head, tokenizer, echo, o, i, c, c.text)
@@ -184,11 +210,12 @@ class StreamRenderer:
             sent = self._sent.setdefault(k, _Sent())
             if sent.done:
                 continue
-            end = len(c.text)
-            delta = c.text[sent.chars :]
+            text, calls = shown_text(self.head, c) if self.head.chat else (c.text, [])
+            end = len(text)
+            delta = text[sent.chars :]
             if not delta and not c.finished and sent.role_sent:
                 continue  # nothing printable yet; its tokens go out with the next text
-            bodies.append(self._chunk(k, out, c, sent, delta))
+            bodies.append(self._chunk(k, out, c, sent, delta, calls))
             sent.chars = max(sent.chars, end)
             sent.tokens = len(c.token_ids)
             sent.role_sent = True
@@ -196,15 +223,26 @@ class StreamRenderer:
         return bodies
 
     def _chunk(
-        self, k: int, out: RequestOutput, c: CompletionOutput, sent: _Sent, delta: str
+        self,
+        k: int,
+        out: RequestOutput,
+        c: CompletionOutput,
+        sent: _Sent,
+        delta: str,
+        calls: list[tuple[str, p.OutFunctionCall]],
     ) -> dict:
         h = self.head
-        finish = _FINISH.get(c.finish_reason or "") if c.finished else None
+        finish = _finish(c, calls)
         if h.chat:
             logprobs = chat_logprobs(self.tokenizer, c, sent.tokens) if h.want_logprobs else None
             role = None if sent.role_sent else "assistant"
-            choice = p.ChatChunkChoice(index=k, delta=p.DeltaMessage(role=role, content=delta),
-                                       logprobs=logprobs, finish_reason=finish)  # fmt: skip
+            # A call goes out whole in the sample's last chunk (clients accumulate deltas).
+            tool_calls = [p.DeltaToolCall(index=j, id=i, function=f)
+                          for j, (i, f) in enumerate(calls)] or None  # fmt: skip
+            message = p.DeltaMessage(role=role, content=delta if delta or not calls else None,
+                                     tool_calls=tool_calls)  # fmt: skip
+            choice = p.ChatChunkChoice(index=k, delta=message, logprobs=logprobs,
+                                       finish_reason=finish)  # fmt: skip
             body = p.ChatCompletionChunk(id=h.id, created=h.created_s, model=h.model,
                                          choices=[choice])  # fmt: skip
         else:

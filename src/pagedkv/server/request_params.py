@@ -15,12 +15,14 @@ from typing import Protocol
 
 from pagedkv.engine import SamplingParams
 from pagedkv.engine.stats import EngineInfo
+from pagedkv.engine.structured import StructuredOutput
 from pagedkv.errors import UsageError
 from pagedkv.model.tokenizer import Tokenizer
 from pagedkv.server.echo import NO_ECHO, Echo
 from pagedkv.server.errors import APIError, from_usage
 from pagedkv.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 from pagedkv.server.structured_params import structured_output
+from pagedkv.server.tools import ToolUse, tool_messages, tool_use
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions route
 
@@ -41,6 +43,7 @@ class EngineInputs:
     prompts: list[list[int]]
     params: SamplingParams
     echo: Echo = NO_ECHO
+    tools: ToolUse | None = None
 
 
 def check_unsupported(req: CompletionRequest | ChatCompletionRequest) -> None:
@@ -71,19 +74,15 @@ def completion_prompts(req: CompletionRequest, tokenizer: Tokenizer) -> list[lis
 
 
 def chat_prompt(
-    messages_in: Sequence[ChatMessage], tokenizer: Tokenizer, add_generation_prompt: bool = True
+    messages_in: Sequence[ChatMessage],
+    tokenizer: Tokenizer,
+    add_generation_prompt: bool = True,
+    use: ToolUse | None = None,
 ) -> list[int]:
-    """The token ids of the messages rendered by the model's own chat template."""
-    messages = []
-    for m in messages_in:
-        content = m.content
-        if isinstance(content, list):
-            content = "".join(part.text for part in content)
-        # "developer" is OpenAI's newer name for the system role; templates know "system".
-        role = "system" if m.role == "developer" else m.role
-        messages.append({"role": role, "content": content or ""})
+    """The token ids of the messages (and tools) rendered by the model's own chat template."""
+    messages, tools = tool_messages(list(messages_in), use, tokenizer.renders_tools)
     try:
-        return tokenizer.encode_chat(messages, add_generation_prompt)
+        return tokenizer.encode_chat(messages, add_generation_prompt, tools)
     except Exception as exc:  # the template's own raise_exception, or no template at all
         raise APIError(f"cannot apply the chat template: {exc}", param="messages",
                        code="invalid_value") from None  # fmt: skip
@@ -98,11 +97,13 @@ def engine_inputs(
     """Tokenize and judge a request; raise ``APIError`` naming the field. Slow for long
     prompts (tokenizing, scanning ids): call it off the event loop."""
     check_unsupported(req)
+    use, calls_grammar = tool_use(req) if isinstance(req, ChatCompletionRequest) else (None, None)
     if isinstance(req, ChatCompletionRequest):
-        prompts = [chat_prompt(req.messages, tokenizer)]
+        prompts = [chat_prompt(req.messages, tokenizer, True, use)]
     else:
         prompts = completion_prompts(req, tokenizer)
-    params, renames = sampling_params(req, max(len(p) for p in prompts), engine.info)
+    params, renames = sampling_params(req, max(len(p) for p in prompts), engine.info,
+                                      calls_grammar)  # fmt: skip
     num_samples = len(prompts) * params.n
     if num_samples > max_samples_per_request:
         raise APIError(
@@ -120,7 +121,7 @@ def engine_inputs(
             if len(prompts) > 1 and error.param == "prompt":
                 error.message = f"prompt {i}: {error.message}"
             raise error from None
-    return EngineInputs(prompts, params, _echo(req, prompts, tokenizer))
+    return EngineInputs(prompts, params, _echo(req, prompts, tokenizer), use)
 
 
 def _echo(req, prompts: list[list[int]], tokenizer: Tokenizer) -> Echo:
@@ -140,10 +141,18 @@ def _echo(req, prompts: list[list[int]], tokenizer: Tokenizer) -> Echo:
 
 
 def sampling_params(
-    req: CompletionRequest | ChatCompletionRequest, longest_prompt_tokens: int, info: EngineInfo
+    req: CompletionRequest | ChatCompletionRequest,
+    longest_prompt_tokens: int,
+    info: EngineInfo,
+    calls_grammar: StructuredOutput | None = None,
 ) -> tuple[SamplingParams, dict[str, str]]:
     """The engine's ``SamplingParams`` of the request (its ``UsageError`` as a 400), and the
-    renames from the engine's field names to the request's (for later errors)."""
+    renames from the engine's field names to the request's (for later errors).
+    ``calls_grammar``: the output must be tool calls (``tool_choice`` required or named)."""
+    structured = structured_output(req)
+    if calls_grammar is not None and structured is not None:
+        raise APIError(f"{structured.param} and tool_choice both constrain the output; give "
+                       "one", param="tool_choice", code="invalid_value")  # fmt: skip
     renames: dict[str, str] = {}
     if isinstance(req, ChatCompletionRequest):
         renames["logprobs"] = "top_logprobs"
@@ -168,7 +177,7 @@ def sampling_params(
             min_p=req.min_p or 0.0,
             logit_bias=_logit_bias(req.logit_bias),
             min_tokens=req.min_tokens or 0,
-            structured=structured_output(req),
+            structured=calls_grammar or structured,
         )
     except UsageError as exc:
         raise from_usage(exc, renames) from None

@@ -95,6 +95,7 @@ async def _serve(request: Request, kind: type[BaseModel]) -> Response:
         chat=chat,
         n=inputs.params.n,
         want_logprobs=inputs.params.logprobs is not None,
+        tools=inputs.tools,
     )
     run = RequestRun(state.engine_loop, metrics, head.id, inputs.prompts, inputs.params,
                      req.cache_salt)  # fmt: skip

@@ -14,8 +14,9 @@ from pydantic import ValidationError
 
 from pagedkv.server.errors import APIError, from_validation
 from pagedkv.server.http_edge import read_body
-from pagedkv.server.protocol import ChatMessage, _Strict
+from pagedkv.server.protocol import ChatMessage, Tool, _Strict
 from pagedkv.server.request_params import chat_prompt
+from pagedkv.server.tools import ToolUse
 
 
 class TokenizeRequest(_Strict):
@@ -26,6 +27,7 @@ class TokenizeRequest(_Strict):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    tools: list[Tool] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
     return_token_strs: bool = False
@@ -56,8 +58,10 @@ async def tokenize(request: Request) -> JSONResponse:
         raise APIError("give exactly one of prompt or messages", param="prompt",
                        code="invalid_value")  # fmt: skip
     if req.messages is not None:
+        tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
+        use = ToolUse(tools, parse=False) if tools else None
         ids = await asyncio.to_thread(chat_prompt, req.messages, tokenizer,
-                                      req.add_generation_prompt)  # fmt: skip
+                                      req.add_generation_prompt, use)  # fmt: skip
     else:
         ids = await asyncio.to_thread(tokenizer.encode, req.prompt, req.add_special_tokens)
     strs = [tokenizer.token_text(t) for t in ids] if req.return_token_strs else None
