@@ -233,3 +233,19 @@ def test_a_client_leaving_a_stream_is_counted_aborted_and_frees_the_replica(rout
         assert time.monotonic() < deadline, _outcomes(url)
         time.sleep(0.05)
     assert all(r.in_flight == 0 for r in app.state.replicas)
+
+
+def test_the_router_serves_the_tokenizer_endpoints_itself(router, tokenizer):
+    url, fleet, _ = router
+    messages = [{"role": "user", "content": "Hi there"}]
+    out = httpx.post(f"{url}/tokenize", json={"messages": messages}, timeout=10).json()
+    assert out["tokens"] == tokenizer.encode_chat(messages)  # the replicas' own rendering
+    back = httpx.post(f"{url}/detokenize", json={"tokens": out["tokens"]}, timeout=10).json()
+    assert back["prompt"] == tokenizer.decode(out["tokens"], skip_special_tokens=False)
+    info = httpx.get(f"{url}/tokenizer_info", timeout=10).json()
+    assert info["eos_token"] == tokenizer.token_text(tokenizer.eos_token_id)
+    assert info["chat_template"] == tokenizer.chat_template
+    assert info["fingerprint"] == tokenizer.fingerprint()
+    bad = httpx.post(f"{url}/detokenize", json={"tokens": [-1]}, timeout=10)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+    assert not any(r.bodies for r in fleet.replicas)  # no replica was asked

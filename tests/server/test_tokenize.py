@@ -64,3 +64,14 @@ def test_bad_input_is_a_4xx_naming_the_field(url, path, body, status, param) -> 
     assert r.status_code == status, r.text
     assert r.json()["error"]["param"] == param
     assert httpx.get(f"{url}/health").status_code == 200
+
+
+def test_tokenizer_info_is_what_lm_evals_remote_tokenizer_reads(url, tiny_loaded) -> None:
+    tokenizer = tiny_loaded[2]
+    info = httpx.get(f"{url}/tokenizer_info", timeout=10).json()
+    assert info["eos_token"] == "</s>" and info["bos_token"] == "<s>"  # tests/model/tiny.py
+    assert info["chat_template"] == tokenizer.chat_template
+    assert info["model"] == MODEL_NAME and info["vocab_size"] == tokenizer.vocab_size
+    # lm-eval encodes the EOS text through /tokenize and takes the first id
+    eos = _post(url, "/tokenize", {"prompt": info["eos_token"], "add_special_tokens": False})
+    assert eos.json()["tokens"][0] == tokenizer.eos_token_id

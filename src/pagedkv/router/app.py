@@ -31,6 +31,7 @@ from pagedkv.router.replicas import Chooser, IndexFeed, ReplicaState
 from pagedkv.server import protocol as p
 from pagedkv.server.errors import APIError, install_error_handlers
 from pagedkv.server.http_edge import CONTENT_TYPE, BearerAuth, read_body
+from pagedkv.server.tokenize_routes import TokenizerFacts, install_tokenizer_routes
 
 
 @asynccontextmanager
@@ -89,6 +90,7 @@ def create_router_app(
     app.add_api_route("/v1/models", models, methods=["GET"])
     app.add_api_route("/v1/completions", completions, methods=["POST"])
     app.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"])
+    install_tokenizer_routes(app, TokenizerFacts(tokenizer, ref.model, ref.max_model_len))
     return app
 
 

@@ -18,7 +18,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from pagedkv.engine import LLMEngine
-from pagedkv.server import routes, tokenize_routes
+from pagedkv.server import routes
 from pagedkv.server.config import ServerConfig
 from pagedkv.server.engine_loop import ADMIT_AHEAD_SEQS, EngineLoop
 from pagedkv.server.errors import install_error_handlers
@@ -26,6 +26,7 @@ from pagedkv.server.http_edge import BearerAuth
 from pagedkv.server.kv_event_metrics import KVEventCollector
 from pagedkv.server.metrics import PREFIX, ServerMetrics
 from pagedkv.server.pd_front import PDFront
+from pagedkv.server.tokenize_routes import TokenizerFacts, install_tokenizer_routes
 
 
 @asynccontextmanager
@@ -69,7 +70,7 @@ def create_app(
     app.add_api_route("/health", routes.health, methods=["HEAD"], include_in_schema=False)
     app.add_api_route("/metrics", routes.prometheus, methods=["GET"])
     app.add_api_route("/pagedkv/info", routes.replica_info, methods=["GET"])
-    app.add_api_route("/tokenize", tokenize_routes.tokenize, methods=["POST"])
-    app.add_api_route("/detokenize", tokenize_routes.detokenize, methods=["POST"])
+    install_tokenizer_routes(app, TokenizerFacts(engine.tokenizer, config.served_model_name,
+                                                 engine.info.max_model_len))  # fmt: skip
     app.include_router(routes.v1)
     return app

@@ -1,17 +1,21 @@
-"""``POST /tokenize`` and ``POST /detokenize``, in vLLM's shapes: the server's own tokenizer
-and chat template, so that a client can count and build prompts exactly as the generation
-routes will see them (a chat's ``count`` equals the ``usage.prompt_tokens`` of the same
-messages sent to ``/v1/chat/completions``). No engine step runs; tokenizing happens off the
-event loop, as for generation."""
+"""``POST /tokenize``, ``POST /detokenize`` and ``GET /tokenizer_info``, in vLLM's shapes: the
+server's own tokenizer and chat template, so that a client can count and build prompts exactly
+as the generation routes will see them (a chat's ``count`` equals the ``usage.prompt_tokens``
+of the same messages sent to ``/v1/chat/completions``). lm-evaluation-harness's remote
+tokenizer reads exactly these. No engine step runs; tokenizing happens off the event loop, as
+for generation. ``pagedkv route`` serves them too, from its own copy of the replicas'
+tokenizer (their fingerprints match, checked at start-up)."""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
-from fastapi import Request
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
+from pagedkv.model.tokenizer import Tokenizer
 from pagedkv.server.errors import APIError, from_validation
 from pagedkv.server.http_edge import read_body
 from pagedkv.server.protocol import ChatMessage, Tool, _Strict
@@ -38,13 +42,45 @@ class DetokenizeRequest(_Strict):
     tokens: list[int]
 
 
+@dataclass(frozen=True)
+class TokenizerFacts:
+    tokenizer: Tokenizer
+    served_model_name: str
+    max_model_len: int
+
+
+def install_tokenizer_routes(app: FastAPI, facts: TokenizerFacts) -> None:
+    app.state.tokenizer_facts = facts
+    app.add_api_route("/tokenize", tokenize, methods=["POST"])
+    app.add_api_route("/detokenize", detokenize, methods=["POST"])
+    app.add_api_route("/tokenizer_info", tokenizer_info, methods=["GET"])
+
+
+async def tokenizer_info(request: Request) -> JSONResponse:
+    """The tokenizer's identity and special tokens, as vLLM's ``/tokenizer_info``."""
+    facts: TokenizerFacts = request.app.state.tokenizer_facts
+    tok = facts.tokenizer
+    text = {i: tok.token_text(i) for i in (tok.bos_token_id, tok.eos_token_id) if i is not None}
+    return JSONResponse({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model": facts.served_model_name,
+        "model_max_length": facts.max_model_len,
+        "vocab_size": tok.vocab_size,
+        "bos_token": text.get(tok.bos_token_id), "eos_token": text.get(tok.eos_token_id),
+        "pad_token": None, "add_bos_token": tok.encode("a") != tok.encode("a", False),
+        "stop_token_ids": sorted(tok.stop_token_ids),
+        "chat_template": tok.chat_template,
+        "fingerprint": tok.fingerprint(),
+    })  # fmt: skip
+
+
 async def _parse(request: Request, kind: type[_Strict]):
-    state = request.app.state
+    facts: TokenizerFacts = request.app.state.tokenizer_facts
     try:
         req = kind.model_validate_json(await read_body(request) or b"")
     except ValidationError as exc:
         raise from_validation(exc) from None
-    served = state.config.served_model_name
+    served = facts.served_model_name
     if req.model is not None and req.model != served:
         raise APIError(f"the model {req.model!r} does not exist; this server serves {served!r}",
                        404, param="model", code="model_not_found")  # fmt: skip
@@ -53,7 +89,8 @@ async def _parse(request: Request, kind: type[_Strict]):
 
 async def tokenize(request: Request) -> JSONResponse:
     req = await _parse(request, TokenizeRequest)
-    tokenizer = request.app.state.tokenizer
+    facts: TokenizerFacts = request.app.state.tokenizer_facts
+    tokenizer = facts.tokenizer
     if (req.prompt is None) == (req.messages is None):
         raise APIError("give exactly one of prompt or messages", param="prompt",
                        code="invalid_value")  # fmt: skip
@@ -65,13 +102,13 @@ async def tokenize(request: Request) -> JSONResponse:
     else:
         ids = await asyncio.to_thread(tokenizer.encode, req.prompt, req.add_special_tokens)
     strs = [tokenizer.token_text(t) for t in ids] if req.return_token_strs else None
-    return JSONResponse({"count": len(ids), "max_model_len": request.app.state.info.max_model_len,
+    return JSONResponse({"count": len(ids), "max_model_len": facts.max_model_len,
                          "tokens": ids, "token_strs": strs})  # fmt: skip
 
 
 async def detokenize(request: Request) -> JSONResponse:
     req = await _parse(request, DetokenizeRequest)
-    tokenizer = request.app.state.tokenizer
+    tokenizer = request.app.state.tokenizer_facts.tokenizer
     vocab = tokenizer.vocab_size
     bad = next((t for t in req.tokens if not 0 <= t < vocab), None)
     if bad is not None:
