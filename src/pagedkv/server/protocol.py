@@ -1,7 +1,8 @@
 """The OpenAI wire format: pydantic models of the requests we accept and the bodies we send.
 
-Requests are validated strictly (JSON types as sent: ``"5"`` is not an integer) and unknown keys
-are errors, as everywhere in pagedkv's configuration. OpenAI fields we do not implement
+Requests are validated strictly (JSON types as sent: ``"5"`` is not an integer); nested objects
+refuse unknown keys, and a request's top-level fields beyond these follow
+``server/unknown_fields.py``. OpenAI fields we do not implement
 (``suffix``, ``best_of``) are declared so that clients sending their neutral defaults
 keep working; any other value is refused in ``request_params.py``.
 Responses are plain models dumped to JSON; their shapes follow OpenAI's so that the official
@@ -12,13 +13,19 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
+
+from pagedkv.server.protocol_base import Request as _Request
+from pagedkv.server.protocol_base import Strict as _Strict
+from pagedkv.server.protocol_tools import (
+    NamedToolChoice,
+    ResponseFormat,
+    StructuredOutputs,
+    Tool,
+    ToolCall,
+)
 
 # -- requests ------------------------------------------------------------------------------
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
 
 class StreamOptions(_Strict):
@@ -26,7 +33,7 @@ class StreamOptions(_Strict):
     continuous_usage_stats: bool = False  # vLLM's: usage on every chunk (with include_usage)
 
 
-class _SamplingFields(_Strict):
+class _SamplingFields(_Request):
     """Fields shared by both generation routes. ``top_k``, ``cache_salt``, ``ignore_eos`` and
     ``stop_token_ids`` are the vLLM extensions (clients send them through ``extra_body``)."""
 
@@ -82,17 +89,6 @@ class TextPart(_Strict):
     text: str
 
 
-class FunctionCall(_Strict):
-    name: str
-    arguments: str  # JSON text, as OpenAI sends it
-
-
-class ToolCall(_Strict):
-    id: str
-    type: Literal["function"] = "function"
-    function: FunctionCall
-
-
 class ChatMessage(_Strict):
     """A turn. ``tool_calls``: what an assistant turn called; ``role: "tool"`` with
     ``tool_call_id``: a call's result, sent back in a later request."""
@@ -102,51 +98,6 @@ class ChatMessage(_Strict):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
-
-
-class FunctionDef(_Strict):
-    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-
-class Tool(_Strict):
-    type: Literal["function"]
-    function: FunctionDef
-
-
-class NamedFunction(_Strict):
-    name: str
-
-
-class NamedToolChoice(_Strict):
-    type: Literal["function"]
-    function: NamedFunction
-
-
-class JsonSchemaFormat(_Strict):
-    name: str | None = None
-    description: str | None = None
-    schema_: Annotated[dict[str, Any] | None, Field(alias="schema")] = None
-    strict: bool | None = None
-
-
-class ResponseFormat(_Strict):
-    """OpenAI's ``response_format``: free text, any JSON object, or a JSON Schema."""
-
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
-
-
-class StructuredOutputs(_Strict):
-    """vLLM's ``structured_outputs``: exactly one constraint."""
-
-    json_: Annotated[dict[str, Any] | str | None, Field(alias="json")] = None
-    regex: str | None = None
-    choice: list[str] | None = None
-    grammar: str | None = None
-    json_object: bool | None = None
 
 
 class ChatCompletionRequest(_SamplingFields):

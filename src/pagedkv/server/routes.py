@@ -24,6 +24,7 @@ from pagedkv.server.http_edge import CONTENT_TYPE, read_body
 from pagedkv.server.render import ResponseHeader, StreamRenderer, full_response
 from pagedkv.server.request_params import engine_inputs
 from pagedkv.server.request_run import ClientGone, RequestRun
+from pagedkv.server.unknown_fields import ignored_header, sort_extra_fields
 
 # Sent instead of a response to a client that already left (nginx's convention).
 CLIENT_CLOSED_REQUEST = 499
@@ -73,6 +74,7 @@ async def _serve(request: Request, kind: type[BaseModel]) -> Response:
     config, metrics = state.config, state.metrics
     try:
         req = await _parse(request, kind)
+        headers = ignored_header(sort_extra_fields(req.model_extra))
         if req.model is not None and req.model != config.served_model_name:
             raise APIError(f"the model {req.model!r} does not exist; this server serves "
                            f"{config.served_model_name!r}", 404, param="model",
@@ -99,11 +101,16 @@ async def _serve(request: Request, kind: type[BaseModel]) -> Response:
     )
     run = RequestRun(state.engine_loop, metrics, head.id, inputs.prompts, inputs.params,
                      req.cache_salt)  # fmt: skip
-    return await _respond(request, req, head, run, inputs.echo)
+    return await _respond(request, req, head, run, inputs.echo, headers)
 
 
 async def _respond(
-    request: Request, req, head: ResponseHeader, run: RequestRun, echo: Echo
+    request: Request,
+    req,
+    head: ResponseHeader,
+    run: RequestRun,
+    echo: Echo,
+    headers: dict[str, str],
 ) -> Response:
     metrics, tokenizer = request.app.state.metrics, request.app.state.tokenizer
     try:
@@ -112,7 +119,8 @@ async def _respond(
             if request.app.state.flush_store is not None:  # a prefill instance of a P/D pair
                 await asyncio.to_thread(request.app.state.flush_store)
             metrics.count_request("finished")
-            return JSONResponse(p.dump(full_response(head, tokenizer, outputs, echo)))
+            body = p.dump(full_response(head, tokenizer, outputs, echo))
+            return JSONResponse(body, headers=headers)
         # Wait for the first output before answering, so that a refusal is still a status.
         first = await run.next(request)
     except ClientGone:  # ``next`` aborted the run already
@@ -137,7 +145,7 @@ async def _respond(
 
     renderer = StreamRenderer(head, tokenizer, continuous_usage=continuous, echo=echo)
     events = _events(run, renderer, first, include_usage, outcome)
-    return _EventStream(events, on_close)
+    return _EventStream(events, on_close, headers)
 
 
 async def _events(
@@ -166,9 +174,11 @@ class _EventStream(StreamingResponse):
     """An SSE response that calls ``on_close`` however it ends: finished, cancelled by a
     disconnect, or never started because the client left before the first byte."""
 
-    def __init__(self, events: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+    def __init__(
+        self, events: AsyncIterator[str], on_close: Callable[[], None], headers: dict[str, str]
+    ) -> None:
         super().__init__(events, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache"})  # fmt: skip
+                         headers={"Cache-Control": "no-cache", **headers})  # fmt: skip
         self._on_close = on_close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -18,7 +18,9 @@ from pydantic import ValidationError
 from pagedkv.model.tokenizer import Tokenizer
 from pagedkv.server.errors import APIError, from_validation
 from pagedkv.server.http_edge import read_body
-from pagedkv.server.protocol import ChatMessage, Tool, _Strict
+from pagedkv.server.protocol import ChatMessage
+from pagedkv.server.protocol_base import Strict as _Strict
+from pagedkv.server.protocol_tools import Tool
 from pagedkv.server.request_params import chat_prompt
 from pagedkv.server.tools import ToolUse
 
