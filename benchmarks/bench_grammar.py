@@ -53,7 +53,8 @@ SCHEMAS = {
              "minItems": 1, "maxItems": 5},
 }  # fmt: skip
 PER_SCHEMA = 40
-MAX_TOKENS = 160
+MAX_TOKENS = 160  # part 1: random logits close a structure within this
+MAX_OBJECT_TOKENS = 512  # part 2: the model may write long numbers; a cut object cannot parse
 
 
 class XGrammar:
@@ -134,9 +135,9 @@ def random_objects(lib, tok, schema: dict, seed: int) -> tuple[list[float], list
             lib.mask(m, logits)
             mask_s.append(time.perf_counter() - t)
             token = int(torch.multinomial(logits.softmax(-1)[0], 1, generator=gen))
-            if lib.accept(m, token):
+            ids.append(token)  # EOS included: decode drops special tokens
+            if lib.accept(m, token):  # llguidance stops on the closing byte, xgrammar on EOS
                 break
-            ids.append(token)
         try:
             jsonschema.validate(json.loads(tok.decode(ids)), schema)
             valid += 1
@@ -168,7 +169,7 @@ def part_engine(rounds: int) -> None:
     for name, schema in SCHEMAS.items():
         ask = f"Reply with one JSON value for a {name} matching {json.dumps(schema)}"
         prompt = tok.encode_chat([{"role": "user", "content": ask}])
-        params = SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, seed=1, n=PER_SCHEMA,
+        params = SamplingParams(max_tokens=MAX_OBJECT_TOKENS, temperature=1.0, seed=1, n=PER_SCHEMA,
                                 structured=StructuredOutput.of_schema(schema, "s"))  # fmt: skip
         (out,) = engine.generate([prompt], params)
         ok = 0
@@ -179,7 +180,8 @@ def part_engine(rounds: int) -> None:
             except (ValueError, jsonschema.ValidationError) as exc:
                 print(f"  invalid ({c.finish_reason}): {c.text[:80]!r}: {str(exc)[:80]}")
         total, valid = total + len(out.outputs), valid + ok
-        print(f"- {name}: {ok}/{len(out.outputs)} parse and validate")
+        cut = sum(c.finish_reason == "length" for c in out.outputs)
+        print(f"- {name}: {ok}/{len(out.outputs)} parse and validate ({cut} cut at max_tokens)")
     print(f"- all: **{valid}/{total}** ({100 * valid / total:.1f} %)")
 
     schema = SCHEMAS["person"]
