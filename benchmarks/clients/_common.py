@@ -106,6 +106,8 @@ def pagedkv_serve(
 
 
 def refused(log_path: Path) -> list[str]:
-    """The access-log lines of the server's 4xx/5xx answers (uvicorn logs one per request)."""
+    """The server log's lines about what it would not take: its 4xx/5xx answers (uvicorn logs
+    one line per request) and the request fields it ignored (logged once per name)."""
     lines = log_path.read_text(errors="replace").splitlines() if log_path.is_file() else []
-    return [ln for ln in lines if re.search(r'HTTP/[0-9.]+" [45][0-9][0-9]', ln)]
+    pattern = r'HTTP/[0-9.]+" [45][0-9][0-9]|ignoring the request field'
+    return [ln for ln in lines if re.search(pattern, ln)]

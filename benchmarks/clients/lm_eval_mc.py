@@ -1,4 +1,4 @@
-"""lm-evaluation-harness 0.4.13 multiple choice: pagedkv serve scores exactly as transformers does.
+"""lm-evaluation-harness 0.4.13 multiple choice: pagedkv serve scores as transformers does.
 
 One local task (lm_eval_tasks/pagedkv_mc40.yaml: 40 hand-made four-choice questions, no
 download) is run twice with --log_samples:
@@ -12,8 +12,10 @@ download) is run twice with --log_samples:
 
 (c) then compares: the accuracies (acc and acc_norm) must be equal and every choice's
     log-likelihood must agree within --tol (default 1e-3); it prints one row per question and
-    exits 1 on a mismatch or when a run fails. Both runs tokenize with one tokenizer folder
-    exported from the GGUF (lm-eval sends token ids, so the server's tokenizer is not used).
+    exits 1 on a mismatch or when a run fails. (a) tokenizes with a folder exported from the
+    GGUF; (b) by default leaves the choice to lm-eval, which takes the server's own tokenizer
+    (/tokenizer_info + /tokenize) when both answer, so equal scores also mean equal token ids;
+    --server-tokenizer hf gives (b) the exported folder instead.
 
 Before (b) it sends lm-eval's own loglikelihood payload once and prints the server's answer,
 and probes /tokenizer_info and /tokenize as lm-eval's tokenizer auto-detection does.
@@ -54,6 +56,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--pagedkv", type=Path, default=DEFAULT_PAGEDKV, help="pagedkv command")
     p.add_argument("--parts", default="hf,server", help="which runs: hf, server or both")
     p.add_argument("--batch-size", type=int, default=8, help="lm-eval batch size (both runs)")
+    p.add_argument(
+        "--server-tokenizer",
+        choices=["auto", "hf"],
+        default="auto",
+        help="(b)'s tokenizer: lm-eval's default detection (the server's /tokenizer_info and "
+        "/tokenize when both answer) or the exported folder (tokenizer_backend=huggingface)",
+    )
     p.add_argument("--tol", type=float, default=1e-3, help="max |log-likelihood difference|")
     p.add_argument("--out-dir", type=Path, default=cache_dir() / "lm_eval", help="outputs")
     return p.parse_args(argv)
@@ -156,10 +165,9 @@ def main(argv: list[str] | None = None) -> int:
         log = args.out_dir / "serve.log"
         with pagedkv_serve(args.pagedkv, log) as (root, model):
             probe(root, model, tokenizer)
-            srv_args = (
-                f"model={model},base_url={root}/v1/completions,tokenizer={tokenizer},"
-                "tokenizer_backend=huggingface,tokenized_requests=True"
-            )
+            srv_args = f"model={model},base_url={root}/v1/completions"
+            if args.server_tokenizer == "hf":
+                srv_args += f",tokenizer={tokenizer},tokenizer_backend=huggingface"
             rc = lm_eval("local-completions", srv_args, srv_out, args.batch_size)
         for line in refused(log)[:5]:
             print("server refused:", line)
