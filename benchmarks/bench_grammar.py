@@ -162,7 +162,9 @@ def part_engine(rounds: int) -> None:
     from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
     from pagedkv.engine.structured import StructuredOutput
 
-    engine = LLMEngine(EngineConfig(log_startup=False, max_model_len=1024))
+    # 40 samples x (prompt + 512 tokens) each must fit the pool at once: 2 GiB holds ~45k tokens
+    engine = LLMEngine(EngineConfig(log_startup=False, max_model_len=1024,
+                                    kv_cache_memory_bytes=2 << 30))  # fmt: skip
     tok = engine.tokenizer
     print(f"\n## pagedkv, embedded model: {PER_SCHEMA} objects per schema at temperature 1")
     total = valid = 0
@@ -179,6 +181,8 @@ def part_engine(rounds: int) -> None:
                 ok += 1
             except (ValueError, jsonschema.ValidationError) as exc:
                 print(f"  invalid ({c.finish_reason}): {c.text[:80]!r}: {str(exc)[:80]}")
+        if out.error:
+            raise SystemExit(f"error: the engine refused the requests: {out.error}")
         total, valid = total + len(out.outputs), valid + ok
         cut = sum(c.finish_reason == "length" for c in out.outputs)
         print(f"- {name}: {ok}/{len(out.outputs)} parse and validate ({cut} cut at max_tokens)")
