@@ -166,3 +166,37 @@ def test_parse_and_stream_rules():
     assert ToolUse.streamable("Hello <tool_c") == "Hello "
     assert ToolUse.streamable("Hello <tool_call>{") == "Hello "
     assert ToolUse.streamable("a < b") == "a < b"
+
+
+def test_compiling_a_grammar_does_not_stall_other_requests(server, monkeypatch):
+    """The compile is held until a plain request has finished: the engine loop kept running."""
+    import threading
+
+    from pagedkv.engine import grammar
+
+    release, entered = threading.Event(), threading.Event()
+    real = grammar._grammar
+
+    def held(spec):
+        entered.set()
+        assert release.wait(60), "never released"
+        return real(spec)
+
+    monkeypatch.setattr(grammar, "_grammar", held)
+    schema = {"type": "object", "properties": {"held": {"type": "boolean"}},
+              "required": ["held"], "additionalProperties": False}  # fmt: skip
+    answer: dict = {}
+    body = {"model": MODEL_NAME, "messages": ASK, "guided_json": schema, "max_tokens": 50}
+    waiting = threading.Thread(target=lambda: answer.update(
+        r=httpx.post(f"{server}/v1/chat/completions", json=body, timeout=60)))  # fmt: skip
+    waiting.start()
+    assert entered.wait(30)  # the constrained request is compiling now
+    plain = httpx.post(f"{server}/v1/completions", timeout=60,
+                       json={"model": MODEL_NAME, "prompt": "x", "max_tokens": 4})  # fmt: skip
+    assert plain.status_code == 200 and not answer  # served while the compile still waits
+    release.set()
+    waiting.join(60)
+    assert json.loads(answer["r"].json()["choices"][0]["message"]["content"]) in (
+        {"held": True},
+        {"held": False},
+    )
