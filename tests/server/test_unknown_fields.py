@@ -57,6 +57,12 @@ def test_fields_defined_elsewhere_work_at_their_neutral_value_only(url, field, n
     assert bad.json()["error"]["param"] == field and bad.json()["error"]["code"] == "unsupported"
 
 
+def test_completion_only_fields_are_refused_on_chat(url):
+    for field, value in (("echo", True), ("prompt_logprobs", 1)):
+        r = post(url, route="chat/completions", **{field: value})
+        assert r.status_code == 400 and r.json()["error"]["param"] == field
+
+
 def test_informational_fields_pass_with_any_value(url):
     r = post(url, route="chat/completions", metadata={"a": "b"}, store=True, service_tier="auto")
     assert r.status_code == 200 and HEADER not in r.headers

@@ -60,6 +60,8 @@ DEFINED_ELSEWHERE: dict[str, Callable[[Any], bool]] = {
     "add_generation_prompt": _is(True), "continue_final_message": _is(False),
     "chat_template": _is(), "chat_template_kwargs": _is(), "documents": _is(),
     "mm_processor_kwargs": _is(), "response_prefix": _is(),
+    # vLLM's on chat; pagedkv has them on /v1/completions only
+    "echo": _is(False), "prompt_logprobs": _is(),
 }  # fmt: skip
 
 _logged: set[str] = set()
