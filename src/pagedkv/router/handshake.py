@@ -60,7 +60,8 @@ class ReplicaInfo:
                        hash_algorithm=str(data["hash_algorithm"]),
                        max_model_len=int(data["max_model_len"]), kv_events=events,
                        tokenizer=data.get("tokenizer"))  # fmt: skip
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+            # OverflowError: int(1e400), which JSON allows and no replica of ours sends
             raise ValueError(f"{url}{INFO_PATH} is not a pagedkv replica's info: {exc!r}") from None
 
 

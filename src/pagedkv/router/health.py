@@ -30,14 +30,24 @@ log = logging.getLogger("pagedkv.router")
 LOAD_METRICS = ("pagedkv_requests_in_flight", "pagedkv_requests_queued")
 
 
+MAX_SCRAPED_REQUESTS = 10**9  # beyond this a replica's count is not a count
+
+
 def scraped_requests(metrics_text: str) -> int:
-    """Requests in flight + queued at a replica, from its Prometheus text (0 if absent)."""
-    total = 0.0
+    """Requests in flight + queued at a replica, from its Prometheus text (0 if absent). A
+    replica is a peer: a value that is not a finite count in [0, 1e9] (``NaN``, ``1e400``,
+    ``-3``, text) counts as 0 instead of raising."""
+    total = 0
     for line in metrics_text.splitlines():
         name, _, value = line.partition(" ")
         if name in LOAD_METRICS:
-            total += float(value)
-    return int(total)
+            try:
+                number = float(value)
+            except ValueError:
+                continue
+            if 0 <= number <= MAX_SCRAPED_REQUESTS:  # False for NaN and the infinities
+                total += int(number)
+    return min(total, MAX_SCRAPED_REQUESTS)
 
 
 class HealthMonitor:
@@ -83,9 +93,17 @@ class HealthMonitor:
             return self.feed.forget(replica.url)
 
     async def run(self) -> None:
+        """Check every replica each ``interval_s``, for as long as the router runs: nothing a
+        replica answers ends the loop (a check that raises anyway is logged and the loop goes
+        on), or a replica taken out could never come back."""
         while True:
             await asyncio.sleep(self.interval_s)
-            await asyncio.gather(*(self.check(r) for r in self.replicas))
+            results = await asyncio.gather(*(self.check(r) for r in self.replicas),
+                                           return_exceptions=True)  # fmt: skip
+            for r, result in zip(self.replicas, results, strict=True):
+                if isinstance(result, Exception):
+                    log.error("the health check of %s failed: %r", r.url, result)
+                    self.take_out(r, f"the health check failed: {type(result).__name__}")
 
     async def check(self, r: ReplicaState) -> None:
         try:
@@ -95,7 +113,10 @@ class HealthMonitor:
             health = await self.client.get(r.url + "/health", timeout=self.timeout_s)
             scrape = await self.client.get(r.url + "/metrics", timeout=self.timeout_s)
         except (httpx.HTTPError, ValueError) as exc:
-            self.take_out(r, f"{type(exc).__name__}: {exc}")
+            self.take_out(r, f"{type(exc).__name__}: {exc}"[:300])
+            return
+        except RecursionError:  # JSON nested 100k deep: no replica of ours sends that
+            self.take_out(r, "a malformed /pagedkv/info (nested too deep)")
             return
         if info.instance_id != r.info.instance_id:
             await self._restarted(r, info)
