@@ -111,3 +111,12 @@ def refused(log_path: Path) -> list[str]:
     lines = log_path.read_text(errors="replace").splitlines() if log_path.is_file() else []
     pattern = r'HTTP/[0-9.]+" [45][0-9][0-9]|ignoring the request field'
     return [ln for ln in lines if re.search(pattern, ln)]
+
+
+def verdict(failures: list[str], ok: str = "OK") -> int:
+    """Print each failure (or ``ok``); the script's exit status: 1 on any failure, else 0."""
+    for f in failures:
+        print("FAIL:", f)
+    if not failures:
+        print(ok)
+    return 1 if failures else 0

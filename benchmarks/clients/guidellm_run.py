@@ -33,6 +33,7 @@ from _common import (
     pagedkv_serve,
     refused,
     tokenizer_dir,
+    verdict,
 )
 
 
@@ -127,10 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"FAIL: guidellm exited {rc}; server log {args.out_dir / 'serve.log'}")
         return 1
     failures = check(report, args)
-    for f in failures:
-        print("FAIL:", f)
-    print("\nOK: every request completed; TTFT and ITL reported" if not failures else "")
-    return 1 if failures else 0
+    return verdict(failures, "\nOK: every request completed; TTFT and ITL reported")
 
 
 if __name__ == "__main__":

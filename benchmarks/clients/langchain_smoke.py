@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from _common import DEFAULT_PAGEDKV, cache_dir, pagedkv_serve, refused
+from _common import DEFAULT_PAGEDKV, cache_dir, pagedkv_serve, refused, verdict
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,10 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         print("langchain sent fields:", fields)
     for line in refused(log):
         failures.append(f"server refused: {line}")
-    for f in failures:
-        print("FAIL:", f)
-    print("OK" if not failures else "")
-    return 1 if failures else 0
+    return verdict(failures)
 
 
 if __name__ == "__main__":

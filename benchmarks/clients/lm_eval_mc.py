@@ -44,6 +44,7 @@ from _common import (
     pagedkv_serve,
     refused,
     tokenizer_dir,
+    verdict,
 )
 
 TASKS = Path(__file__).resolve().parent / "lm_eval_tasks"
@@ -175,11 +176,8 @@ def main(argv: list[str] | None = None) -> int:
             failures.append(f"lm-eval local-completions run failed (exit {rc}); log {log}")
     if not failures and {"hf", "server"} <= parts:
         failures = compare(hf_out, srv_out, args.tol)
-    for f in failures:
-        print("FAIL:", f)
-    if not failures:
-        print("OK" + (": equal accuracies, log-likelihoods within tol" if len(parts) > 1 else ""))
-    return 1 if failures else 0
+    both = ": equal accuracies, log-likelihoods within tol" if len(parts) > 1 else ""
+    return verdict(failures, "OK" + both)
 
 
 if __name__ == "__main__":
