@@ -15,7 +15,7 @@ from pagedkv.kvcache.policies import get_policy
 from pagedkv.model import load_model
 from pagedkv.sched import SchedulerConfig
 from pagedkv.sched.batch import ScheduledBatch, ScheduledSeq
-from pagedkv.sim.cost_model import StepShape
+from pagedkv.sched.step_shape import StepShape
 from pagedkv.sim.profiled_cost import read_cost_profile
 from pagedkv.sim.simulator import Simulation
 from pagedkv.traces import FreshSegments, TraceRequest

@@ -6,8 +6,9 @@ import pytest
 
 from pagedkv.errors import UsageError
 from pagedkv.planner.sources import load_shape
+from pagedkv.sched.step_shape import StepShape
 from pagedkv.sim import gpu_clock as gc
-from pagedkv.sim.cost_model import ModelCost, StepShape
+from pagedkv.sim.cost_model import ModelCost
 from pagedkv.sim.fitted_cost import (
     PAGED_OVERHEAD_AT_16,
     FittedCostModel,

@@ -6,7 +6,8 @@ import pytest
 
 from pagedkv.errors import UsageError
 from pagedkv.planner.layout import load_layout
-from pagedkv.sim.cost_model import ModelCost, RooflineCostModel, StepShape
+from pagedkv.sched.step_shape import StepShape
+from pagedkv.sim.cost_model import ModelCost, RooflineCostModel
 from pagedkv.sim.gpus import GPUSpec, get_gpu
 from pagedkv.sim.kernel_cost import KernelCostModel
 

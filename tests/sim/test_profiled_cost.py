@@ -12,14 +12,9 @@ import pytest
 from pagedkv.errors import UsageError
 from pagedkv.kvcache.policies import get_policy
 from pagedkv.sched import SchedulerConfig
-from pagedkv.sim.cost_model import StepShape
+from pagedkv.sched.step_shape import StepShape, TimedStep
 from pagedkv.sim.profile_fit import build_profile, fit_cost, fit_robust
-from pagedkv.sim.profiled_cost import (
-    FEATURES,
-    ProfiledCostModel,
-    TimedStep,
-    load_cost_profile,
-)
+from pagedkv.sim.profiled_cost import FEATURES, ProfiledCostModel, load_cost_profile
 from pagedkv.sim.simulator import Simulation
 from pagedkv.traces import FreshSegments, TraceRequest
 

@@ -230,7 +230,7 @@ def _decode_clock(args: argparse.Namespace, layout, workload):
         return None
     if args.model is None:
         raise UsageError("--gpu prices the model's layers: give --model, not --record-bytes")
-    from pagedkv.sim.cost_model import StepShape
+    from pagedkv.sched.step_shape import StepShape
     from pagedkv.sim.fitted_cost import fitted_cost_model
 
     cost = fitted_cost_model(args.model, args.gpu, kv_dtype=layout.kv_dtype)

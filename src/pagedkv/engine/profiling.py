@@ -30,8 +30,7 @@ from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.startup import build_parts
 from pagedkv.errors import UsageError
 from pagedkv.sched.batch import ScheduledBatch
-from pagedkv.sim.cost_model import StepShape
-from pagedkv.sim.profiled_cost import TimedStep
+from pagedkv.sched.step_shape import StepShape, TimedStep
 
 # How a step is timed. "wall": elapsed time, what a user waits. "cpu": CPU time of this
 # process, which on a quiet machine with one torch thread is the same number, and on a shared

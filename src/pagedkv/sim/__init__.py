@@ -14,6 +14,7 @@ Pure Python (no torch); deterministic for a given trace, synthetic seed and conf
 Traces, synthetic workloads and the prefix rule live in ``pagedkv.traces``.
 """
 
+from pagedkv.sched.step_shape import StepShape
 from pagedkv.sim.cluster import Cluster, ClusterResult
 from pagedkv.sim.cluster_summary import summarize_cluster
 from pagedkv.sim.compare import Comparison, expand_policies
@@ -22,7 +23,6 @@ from pagedkv.sim.cost_model import (
     LinearCostModel,
     ModelCost,
     RooflineCostModel,
-    StepShape,
     kv_pool_bytes,
 )
 from pagedkv.sim.fitted_cost import FittedCostModel, fitted_cost_model

@@ -29,8 +29,9 @@ import math
 from dataclasses import dataclass
 
 from pagedkv.errors import UsageError
+from pagedkv.sched.step_shape import StepShape
 from pagedkv.sim import gpu_clock as gc
-from pagedkv.sim.cost_model import ModelCost, StepShape
+from pagedkv.sim.cost_model import ModelCost
 from pagedkv.sim.gpus import GPUSpec
 from pagedkv.sim.kernel_cost import get_kernel
 

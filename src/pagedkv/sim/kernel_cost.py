@@ -33,7 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pagedkv.errors import UsageError
-from pagedkv.sim.cost_model import ModelCost, StepShape
+from pagedkv.sched.step_shape import StepShape
+from pagedkv.sim.cost_model import ModelCost
 from pagedkv.sim.gpus import GPUSpec
 
 

@@ -13,14 +13,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from pagedkv.sim.profiled_cost import (
-    FEATURES,
-    CostProfile,
-    FitStats,
-    ProfiledCostModel,
-    TimedStep,
-    features,
-)
+from pagedkv.sched.step_shape import TimedStep
+from pagedkv.sim.profiled_cost import FEATURES, CostProfile, FitStats, ProfiledCostModel, features
 
 # Token counts that may get an offset of their own: the matmul kernels change with the row
 # count only for a few rows; beyond this the line holds.

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pagedkv.errors import UsageError
-from pagedkv.sim.cost_model import StepShape
+from pagedkv.sched.step_shape import StepShape, TimedStep
 
 PROFILE_FORMAT = "pagedkv-cost-profile"
 PROFILE_VERSION = 1
@@ -44,14 +44,6 @@ _SHAPE_FIELDS = tuple(f.name for f in fields(StepShape))
 def features(shape: StepShape) -> list[float]:
     """The feature vector of ``shape``, in ``FEATURES`` order."""
     return [1.0 if name is None else float(getattr(shape, name)) for name in FEATURES.values()]
-
-
-@dataclass(frozen=True)
-class TimedStep:
-    """One measured engine step: what it computed and how long it took (wall seconds)."""
-
-    shape: StepShape
-    seconds: float
 
 
 @dataclass(frozen=True)

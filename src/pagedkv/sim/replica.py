@@ -20,7 +20,8 @@ from pagedkv.errors import UsageError
 from pagedkv.kvcache.events import KVEventLog
 from pagedkv.kvcache.policies import Policy, build_allocator
 from pagedkv.sched import SchedulerConfig
-from pagedkv.sim.cost_model import CostModel, StepShape
+from pagedkv.sched.step_shape import StepShape
+from pagedkv.sim.cost_model import CostModel
 from pagedkv.sim.links import Link
 from pagedkv.sim.metrics import RequestRecord, TimeSeries
 from pagedkv.traces import TraceRequest, segment_tokens

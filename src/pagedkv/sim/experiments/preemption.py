@@ -28,7 +28,8 @@ from typing import Any, NamedTuple
 
 from pagedkv.kvcache.policies import get_policy
 from pagedkv.sched import SchedulerConfig
-from pagedkv.sim.cost_model import CostModel, ModelCost, StepShape
+from pagedkv.sched.step_shape import StepShape
+from pagedkv.sim.cost_model import CostModel, ModelCost
 from pagedkv.sim.experiments.runner import run_points
 from pagedkv.sim.fitted_cost import FittedCostModel, fitted_cost_model
 from pagedkv.sim.links import host_link_for_gpu
