@@ -9,6 +9,7 @@ import pytest
 
 from pagedkv.planner.workload import TraceStats, Workload
 from pagedkv.traces import load_trace as read_trace
+from pagedkv.traces import shared_traces_dir
 from tests.planner.helpers import plan_json, rows_by_block_size, run_plan
 
 
@@ -16,7 +17,7 @@ def load_trace(path: Path) -> TraceStats:
     return TraceStats.from_requests(str(path), read_trace(path))
 
 
-TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
+TRACES = shared_traces_dir()
 
 
 def test_parameters_default_one_length_to_the_other():
@@ -107,8 +108,9 @@ def test_unreadable_traces_are_one_line_naming_the_file(tmp_path):
     assert code == 2 and "is a directory" in err
 
 
-@pytest.mark.skipif(not TRACES.is_dir(), reason="shared traces not present")
+@pytest.mark.skipif(TRACES is None, reason="shared traces not present")
 def test_real_traces_plan_end_to_end():
+    assert TRACES is not None
     conv = plan_json("--model", "llama-3-8b", "--trace", str(TRACES / "azure_llm_2023_conv.csv"),
                      "--num-seqs", "64")  # fmt: skip
     assert conv["workload"]["num_prefix_hits"] == 0

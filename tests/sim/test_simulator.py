@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from pagedkv.kvcache.policies import get_policy
@@ -21,9 +19,14 @@ from pagedkv.sim import (
     kv_pool_bytes,
     summarize,
 )
-from pagedkv.traces import TraceRequest, generate, load_trace, parse_spec
-
-SHARED_TRACES = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces"
+from pagedkv.traces import (
+    TraceRequest,
+    generate,
+    load_trace,
+    parse_spec,
+    shared_trace,
+    shared_traces_candidates,
+)
 
 
 def req(t: float, seg: int, prompt: int, output: int) -> TraceRequest:
@@ -156,9 +159,10 @@ def test_prefix_hits_equal_the_trace_with_a_large_pool_and_fall_as_it_shrinks(
 
 
 def test_mooncake_replay_hits_what_the_hash_ids_allow() -> None:
-    path = SHARED_TRACES / "mooncake_conversation.jsonl"
-    if not path.is_file():
-        pytest.skip(f"Mooncake trace not found beside the repository ({path})")
+    path = shared_trace("mooncake_conversation.jsonl")
+    if path is None:
+        places = ", ".join(map(str, shared_traces_candidates()))
+        pytest.skip(f"Mooncake trace not found beside the repository ({places})")
     requests = load_trace(path, max_requests=150)
     hits, ideal = _mooncake_hits(requests, slots=4_000_000)
     assert hits == ideal and ideal > 0

@@ -16,9 +16,9 @@ from pagedkv.traces import (
     parse_spec,
     segment_tokens,
     shared_prefix_tokens,
+    shared_trace,
+    shared_traces_candidates,
 )
-
-SHARED_TRACES = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces"
 
 
 def write_mooncake(path: Path, rows: list[tuple[int, int, int, list[int]]]) -> Path:
@@ -125,10 +125,11 @@ def test_synthetic_spec_parsing_and_determinism() -> None:
 
 
 def test_real_traces_load_if_present() -> None:
-    mooncake = SHARED_TRACES / "mooncake_conversation.jsonl"
-    azure = SHARED_TRACES / "azure_llm_2023_conv.csv"
-    if not mooncake.is_file() or not azure.is_file():
-        pytest.skip(f"shared traces not found beside the repository ({SHARED_TRACES})")
+    mooncake = shared_trace("mooncake_conversation.jsonl")
+    azure = shared_trace("azure_llm_2023_conv.csv")
+    if mooncake is None or azure is None:
+        places = ", ".join(map(str, shared_traces_candidates()))
+        pytest.skip(f"shared traces not found beside the repository ({places})")
     reqs = load_trace(mooncake, max_requests=100)
     assert len(reqs) == 100 and reqs[0].arrival_time_s == 0.0
     assert reqs[0].prompt_len_tokens == 6758 and reqs[0].output_len_tokens == 500

@@ -6,6 +6,7 @@ judge prefix reuse by the same rule (``prefix``), so the two commands cannot dis
 
     requests = load_trace("mooncake_conversation.jsonl", max_requests=2000)
     reusable_prefix_tokens(requests)     # per request: tokens a prefix cache can reuse
+    shared_trace("azure_llm_2023_conv.csv")  # the real traces beside the checkout, or None
 """
 
 from pagedkv.traces.prefix import (
@@ -20,6 +21,12 @@ from pagedkv.traces.segments import (
     Segments,
     TraceRequest,
     segment_tokens,
+)
+from pagedkv.traces.shared import (
+    require_shared_trace,
+    shared_trace,
+    shared_traces_candidates,
+    shared_traces_dir,
 )
 from pagedkv.traces.synthetic import LengthDist, SyntheticSpec, generate, parse_spec
 
@@ -36,8 +43,12 @@ __all__ = [
     "load_trace",
     "parse_spec",
     "rescale",
+    "require_shared_trace",
     "reusable_prefix_tokens",
     "segment_tokens",
     "shared_prefix_tokens",
+    "shared_trace",
+    "shared_traces_candidates",
+    "shared_traces_dir",
     "skipped_lines_note",
 ]

@@ -32,6 +32,7 @@ from typing import Any
 from pagedkv.errors import UsageError
 from pagedkv.sim.experiments.runner import run_points
 from pagedkv.sim.simulate_config import SimulateConfig
+from pagedkv.traces import require_shared_trace
 
 DESCRIPTION = (
     "routing at scale: the Mooncake conversation trace on 2..64 replicas (Llama-3-8B, "
@@ -56,15 +57,12 @@ _FIELDS = (
 
 
 def find_trace() -> Path:
-    """The shared Mooncake conversation trace: ``../shared/traces`` next to the working
-    directory or next to this checkout; UsageError naming both places otherwise."""
-    here = Path(__file__).resolve().parents[4]  # the checkout (src/pagedkv/sim/experiments)
-    candidates = [Path.cwd().parent / "shared" / "traces", here.parent / "shared" / "traces"]
-    for folder in candidates:
-        if (folder / TRACE_NAME).is_file():
-            return folder / TRACE_NAME
-    places = " or ".join(str(c) for c in candidates)
-    raise UsageError(f"the routing experiment replays {TRACE_NAME}: not found in {places}")
+    """The shared Mooncake conversation trace (``pagedkv.traces.require_shared_trace``);
+    UsageError naming every place looked in otherwise."""
+    try:
+        return require_shared_trace(TRACE_NAME)
+    except UsageError as exc:
+        raise UsageError(f"the routing experiment replays {exc}") from None
 
 
 @dataclass(frozen=True)
