@@ -8,14 +8,24 @@ import re
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from pagedkv.model.tokenizer import Tokenizer
+
+class ChatRenderer(Protocol):
+    """What finding content spans needs of a tokenizer: rendering a chat to text
+    (``Tokenizer`` satisfies it). A protocol here, so that this module does not import the
+    tokenizer module that imports it."""
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> str: ...
 
 
 def render_with_content_spans(
-    tokenizer: Tokenizer,
+    tokenizer: ChatRenderer,
     messages: Sequence[Mapping[str, Any]],
     add_generation_prompt: bool,
     tools: Sequence[Mapping[str, Any]] | None = None,
