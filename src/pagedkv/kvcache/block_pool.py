@@ -8,18 +8,19 @@ exactly one state:
   handed out again (lazy eviction);
 * empty: ``ref_count == 0``, no hash: it holds nothing anyone can reuse.
 
-Free blocks (empty + cached) leave in this order: empty blocks first (most recently freed
-first), then cached blocks least recently freed first. A cached prefix is therefore evicted
-only when no empty block is left, as in vLLM's free queue, where a freed block without a hash
-goes to the front and a hashed one to the back. The empty blocks are a list used as a stack;
-the cached ones a ``CachedQueue`` (``cached_queue.py``), whose bulk append makes freeing a
-sequence one C-level call per kind of block.
+Free blocks leave in vLLM's free-queue order (``docs/prefix_cache.md``): empty ones first,
+then cached ones least recently freed first, so a cached prefix is evicted only when no empty
+block is left. A release puts its new empty blocks in front, first given first (a table freed
+tail first hands out its tail block first); a cache reset moves nothing (the dropped blocks
+stay behind the blocks that were empty already). The empty blocks are a list used as a stack
+(its end is the front), the cached ones a ``CachedQueue`` (``cached_queue.py``): freeing a
+sequence is one C-level bulk move per kind of block.
 
-Two sequences may compute the same full block (they were admitted before either had cached
-it). Every copy is entered in the hash index while in use, so the prefix survives as long as
-any copy is alive; once a copy's last user frees it while another copy of that hash is still
-in use, it carries nothing unique and becomes empty. A hash is thus held either by one or more
-blocks in use, or by exactly one cached block: the cache never spends two blocks on one prefix.
+Two blocks may hold the same prefix (computed before either was cached, or an identical
+prompt recomputing its last block). Every copy in use is indexed, so the prefix lives as long
+as any copy; a copy freed while another is in use, or a cached one superseded by a new copy,
+becomes empty. A hash is held by one or more blocks in use or by exactly one cached block:
+the cache never spends two blocks on one prefix (vLLM does; the doc says why not here).
 
 State is kept as parallel lists rather than one object per block: the hot loops (free a
 2,000-token sequence, admit a prompt) then touch plain ints, several times faster in CPython.
@@ -142,10 +143,12 @@ class BlockPool:
     def release(self, block_ids: Iterable[int]) -> None:
         """Drop one reference from each block, in the given order. A block whose count reaches
         zero becomes empty if it has no hash (or another copy of its hash is still in use),
-        else it joins the cached blocks as the most recently freed. Pass a sequence's blocks
-        tail first so that its tail is evicted before its head."""
+        else it joins the cached blocks as the most recently freed. The new empty blocks go in
+        front of the other free ones, first given first. Pass a sequence's blocks tail first
+        so that its tail is evicted (or handed out) before its head."""
         refs, hashes, push_cached = self.ref_counts, self.block_hashes, self._cached.entries.append
-        push_empty = self._empty.append
+        emptied: list[int] = []
+        push_empty = emptied.append
         copies = self._copies
         for b in block_ids:
             r = refs[b] - 1
@@ -153,6 +156,7 @@ class BlockPool:
             if r:
                 if r < 0:
                     refs[b] = 0
+                    self._empty += reversed(emptied)  # the pool stays whole for the caller
                     raise ValueError(f"block {b} released more often than it was referenced")
                 continue
             h = hashes[b]
@@ -163,6 +167,8 @@ class BlockPool:
                 push_empty(b)
             else:
                 push_cached(b)
+        if emptied:  # the stack's end is the front: the first given goes on top
+            self._empty += reversed(emptied)
         self._cached.compact_if_needed()
 
     def release_table(self, block_ids: list[int], num_hashed: int) -> None:
@@ -176,12 +182,13 @@ class BlockPool:
             return
         for b in block_ids:
             refs[b] = 0
+        # Empty: the unhashed tail, its last block on top of the stack (handed out first).
         if num_hashed:
-            self._empty += block_ids[: num_hashed - 1 : -1]  # the tail, last block first
-            self._cached.entries += block_ids[num_hashed - 1 :: -1]
+            self._empty += block_ids[num_hashed:]
+            self._cached.entries += block_ids[num_hashed - 1 :: -1]  # evicted last block first
             self._cached.compact_if_needed()
         else:
-            self._empty += block_ids[::-1]
+            self._empty += block_ids
 
     def _drop_copy(self, block_id: int, block_hash: BlockHash) -> None:
         """Unhash ``block_id``, one of several in-use copies of ``block_hash``."""
@@ -216,7 +223,9 @@ class BlockPool:
         return False
 
     def evict_all_cached(self) -> int:
-        """Drop every cached hash (a cache reset); returns how many blocks were dropped."""
+        """Drop every cached hash (a cache reset); returns how many blocks were dropped. The
+        free order does not change (as vLLM's reset): the dropped blocks, now empty, come
+        after the blocks that were empty already, least recently freed first."""
         hashes, index = self.block_hashes, self.index
         cached = self._cached.in_order()
         events = self.events
@@ -225,7 +234,7 @@ class BlockPool:
                 events.removed(hashes[b])
             del index[hashes[b]]
             hashes[b] = None
-        self._empty.extend(cached)
+        self._empty[:0] = cached[::-1]  # the stack's bottom is the back of the free order
         self._cached.clear()
         self.num_evictions += len(cached)
         return len(cached)
