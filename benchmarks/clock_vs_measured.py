@@ -140,7 +140,7 @@ def print_markdown(records: list[dict], baseline: bool) -> None:
 def sensitivity(clock_file: str | None) -> list[dict]:
     """Step time of Llama-3-8B on A100-80GB at three step shapes, each fitted parameter moved
     by +1 sigma (its log by sigma): the relative change of each step."""
-    from pagedkv.planner.sources import load_shape
+    from pagedkv.pages.sources import load_shape
     from pagedkv.sched.step_shape import StepShape
     from pagedkv.sim.cost_model import ModelCost
     from pagedkv.sim.fitted_cost import FittedCostModel

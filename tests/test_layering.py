@@ -11,6 +11,7 @@ import pytest
 CORE_PACKAGES = [
     "pagedkv.errors",
     "pagedkv.units",
+    "pagedkv.pages",
     "pagedkv.traces",
     "pagedkv.kvcache",
     "pagedkv.sched",
@@ -127,10 +128,25 @@ def test_no_import_circles():
     assert not cycles, "import circles: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
+def test_page_facts_import_nothing_above_them():
+    """``pagedkv.pages`` sits below the planner, the model, the store and the router: it may
+    import only itself, ``errors`` and ``units``."""
+    allowed = ("pagedkv.pages", "pagedkv.errors", "pagedkv.units")
+    graph = _import_graph()
+    upward = {
+        f"{m} -> {t}"
+        for m, ts in graph.items()
+        if m == "pagedkv.pages" or m.startswith("pagedkv.pages.")
+        for t in ts
+        if t != "pagedkv" and not t.startswith(allowed)
+    }
+    assert not upward, "pages imports above itself: " + "; ".join(sorted(upward))
+
+
 def test_the_circle_check_sees_real_imports_and_finds_circles():
     graph = _import_graph()
     assert "pagedkv.errors" in graph["pagedkv.cli"]  # the graph sees real imports
     # The first version's circle, as it was: layout imported gguf_meta lazily, and back.
-    edges = {"planner.layout": {"planner.gguf_meta"}, "planner.gguf_meta": {"planner.layout"}}
-    assert _cycles(edges) == [["planner.gguf_meta", "planner.layout", "planner.gguf_meta"]]
+    edges = {"pages.layout": {"pages.gguf_header"}, "pages.gguf_header": {"pages.layout"}}
+    assert _cycles(edges) == [["pages.gguf_header", "pages.layout", "pages.gguf_header"]]
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []

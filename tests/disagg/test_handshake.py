@@ -9,7 +9,7 @@ import pytest
 from pagedkv.disagg import PDConfig
 from pagedkv.disagg.handshake import Handshake, PeerRecord, check_peer, differences, record_key
 from pagedkv.errors import UsageError
-from pagedkv.planner.constraints import PageFormat
+from pagedkv.pages.page_format import PageFormat
 
 FMT = PageFormat(block_size=16, attention="mha", kv_dtype="fp32", num_layers=30,
                  num_kv_heads=3, head_dim=64, kv_lora_rank=0, qk_rope_head_dim=0,

@@ -9,7 +9,7 @@ from pagedkv.kvstore.client import StoreClient
 from pagedkv.kvstore.counters import StoreCounters
 from pagedkv.kvstore.namespace import store_namespace
 from pagedkv.kvstore.tier import StoreTier
-from pagedkv.planner.constraints import PageFormat
+from pagedkv.pages.page_format import PageFormat
 
 FMT = PageFormat(4, "mha", "fp32", 2, 2, 16, 0, 0, 512)
 BODY_BYTES = 4 * 512

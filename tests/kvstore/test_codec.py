@@ -8,7 +8,7 @@ from pagedkv.errors import UsageError
 from pagedkv.kvstore import parse_store_url
 from pagedkv.kvstore.codec import Rejected, decode_payload, encode_payload, store_key
 from pagedkv.kvstore.namespace import store_namespace
-from pagedkv.planner.constraints import PageFormat
+from pagedkv.pages.page_format import PageFormat
 
 FMT = PageFormat(16, "mha", "fp32", 2, 2, 16, 0, 0, 512)
 NS = store_namespace(FMT, "model-a", "sha256")

@@ -12,7 +12,7 @@ import torch
 from pagedkv.errors import UsageError
 from pagedkv.model import AttentionMetadata, ModelConfig, allocate_kv_caches, load_model
 from pagedkv.model.attention import AttentionPlan
-from pagedkv.planner.sources import shape_from_hf_config
+from pagedkv.pages.sources import shape_from_hf_config
 from tests.model.tiny import make_tiny_model
 
 
@@ -32,7 +32,7 @@ def test_gguf_cut_inside_its_vocabulary(tmp_path):
     """The header's string arrays (the 49k-token vocabulary) are read in one tight loop; a file
     that ends inside them is refused in one line, by the shape reader and by the loader."""
     from pagedkv.model.embedded import embedded_model_path
-    from pagedkv.planner.gguf_meta import read_gguf_header
+    from pagedkv.pages.gguf_header import read_gguf_header
 
     whole = embedded_model_path().read_bytes()
     for cut in (200_000, 200_003):  # inside a string; inside a length

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pagedkv.model import load_model
-from pagedkv.planner.sources import load_shape
+from pagedkv.pages.sources import load_shape
 from tests.model.helpers import Chunk, run_steps
 from tests.model.tiny import VOCAB_SIZE, make_tiny_model, write_tiny_gguf
 

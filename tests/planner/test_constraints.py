@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from pagedkv.pages.layout import layout_from_record_bytes, load_layout
+from pagedkv.pages.page_format import PageFormat
 from pagedkv.planner.constraints import (
     BACKENDS,
     Backend,
-    PageFormat,
     constraint_violations,
     resolve_block_size,
 )
-from pagedkv.planner.layout import layout_from_record_bytes, load_layout
 
 LLAMA = load_layout("llama-3-8b")
 MLA = load_layout("deepseek-v3")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pagedkv.planner.layout import load_layout
-from pagedkv.planner.sources import load_shape
+from pagedkv.pages.layout import load_layout
+from pagedkv.pages.sources import load_shape
 
 
 def _string(text: str) -> bytes:

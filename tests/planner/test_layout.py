@@ -6,15 +6,15 @@ import json
 
 import pytest
 
-from pagedkv.planner.kv_dtypes import get_kv_dtype
-from pagedkv.planner.layout import (
+from pagedkv.pages.kv_dtypes import get_kv_dtype
+from pagedkv.pages.layout import (
     KVLayout,
     int32_max_pool_blocks,
     is_aligned,
     layout_from_record_bytes,
     load_layout,
 )
-from pagedkv.planner.sources import estimate_dense_num_params, list_presets, load_preset_config
+from pagedkv.pages.sources import estimate_dense_num_params, list_presets, load_preset_config
 
 
 def test_presets_are_listed():
@@ -166,7 +166,7 @@ def test_transformers_5_dtype_key_is_the_weight_dtype(tmp_path):
     [("llama-3-8b", 32 * 128), ("qwen2.5-7b", 28 * 128), ("smollm2-135m", 9 * 64)],
 )
 def test_preset_shapes(preset, query_dim):
-    from pagedkv.planner.sources import load_shape
+    from pagedkv.pages.sources import load_shape
 
     shape = load_shape(preset)
     assert shape.source == "preset" and shape.attention == "mha"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from pagedkv.planner.constraints import PageFormat
+from pagedkv.pages.page_format import PageFormat
 from tests.kvstore.redis_server import RedisServer
 from tests.server.conftest import MODEL_NAME, running_server
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pagedkv.errors import UsageError
-from pagedkv.planner.sources import load_shape
+from pagedkv.pages.sources import load_shape
 from pagedkv.sched.step_shape import StepShape
 from pagedkv.sim import gpu_clock as gc
 from pagedkv.sim.cost_model import ModelCost

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pagedkv.errors import UsageError
-from pagedkv.planner.layout import load_layout
+from pagedkv.pages.layout import load_layout
 from pagedkv.sched.step_shape import StepShape
 from pagedkv.sim.cost_model import ModelCost, RooflineCostModel
 from pagedkv.sim.gpus import GPUSpec, get_gpu

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pagedkv.kvcache.policies import get_policy
-from pagedkv.planner.layout import load_layout
+from pagedkv.pages.layout import load_layout
 from pagedkv.sched import SchedulerConfig
 from pagedkv.sim import (
     Comparison,
@@ -80,7 +80,7 @@ def test_roofline_step_time_by_hand() -> None:
     assert cost.step_time_s(prefill) == pytest.approx(0.001 + flops / 121e12)
 
 
-def test_model_cost_from_the_planner_layout_and_pool_size() -> None:
+def test_model_cost_from_the_page_layout_and_pool_size() -> None:
     layout = load_layout("llama-3-8b", kv_dtype="fp16")
     model = ModelCost.from_layout(layout)
     assert model.kv_record_bytes == 128 * 1024  # the article's 128 KiB per token

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from pagedkv.planner.kv_dtypes import ENGINE_DTYPES
+from pagedkv.pages.kv_dtypes import ENGINE_DTYPES
 from pagedkv.units import parse_bytes
 
 

@@ -64,7 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _layout(args: argparse.Namespace):
-    from pagedkv.planner.layout import layout_from_record_bytes, load_layout
+    from pagedkv.pages.layout import layout_from_record_bytes, load_layout
 
     if (args.model is None) == (args.record_bytes is None):
         raise UsageError("give exactly one of --model PRESET|config.json and --record-bytes C")

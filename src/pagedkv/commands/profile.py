@@ -20,7 +20,7 @@ import argparse
 from pathlib import Path
 
 from pagedkv.errors import UsageError
-from pagedkv.planner.kv_dtypes import ENGINE_DTYPES
+from pagedkv.pages.kv_dtypes import ENGINE_DTYPES
 
 # The grid: every size of the replays the simulator is checked against (decode batches up to
 # 16, contexts of tens to hundreds of tokens, prefill chunks up to the 512-token budget).

@@ -176,10 +176,9 @@ def _pair_up(pd_cfg, engine, config):
     if not pd_cfg.is_pair:
         return None
     from pagedkv.disagg.pairing import pair_up
-    from pagedkv.engine.kv_transfer import model_identity
 
     # The store's own notion of "the same model" (a digest of the weights), not a name.
-    model = model_identity(engine.parts.model)
+    model = engine.parts.model_identity
     peer = pair_up(pd_cfg, engine.parts.page_format, model)
     print(f"pagedkv: P/D role {pd_cfg.role}, group {pd_cfg.group!r}, store {pd_cfg.kv_store}"
           + (f"; prefill instance {pd_cfg.prefill_url} (pid {peer.pid} on {peer.host}, "

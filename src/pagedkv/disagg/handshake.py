@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pagedkv.errors import UsageError
-from pagedkv.planner.constraints import PageFormat
+from pagedkv.pages.page_format import PageFormat, format_differences
 
 KEY_PREFIX = "pagedkv:pd"
 POLL_S = 0.2
@@ -72,10 +72,9 @@ def differences(ours: PeerRecord, theirs: PeerRecord, kv_import: str) -> list[st
     diffs = []
     if ours.model != theirs.model:
         diffs.append(f"model {ours.model!r} ({ours.role}) vs {theirs.model!r} ({theirs.role})")
-    mine, other = ours.page_format.to_dict(), theirs.page_format.to_dict()
-    for name, value in mine.items():
-        if name not in bridged and value != other[name]:
-            diffs.append(f"{name} {value} ({ours.role}) vs {other[name]} ({theirs.role})")
+    pages = format_differences(ours.page_format.to_dict(), theirs.page_format.to_dict(), bridged)
+    for name, mine, other in pages:
+        diffs.append(f"{name} {mine} ({ours.role}) vs {other} ({theirs.role})")
     return diffs
 
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from pagedkv.disagg.config import PDConfig
 from pagedkv.disagg.handshake import Handshake, PeerRecord, check_peer, own_record
-from pagedkv.planner.constraints import PageFormat
+from pagedkv.pages.page_format import PageFormat
 
 # Short: a store that does not answer within this is down, and a pair cannot start without it.
 STORE_TIMEOUT_S = 2.0

@@ -57,7 +57,7 @@ class RelayoutImporter:
 
     @classmethod
     def for_engine(cls, engine, peer, url: str, model_id: str) -> RelayoutImporter:
-        from pagedkv.engine.store_runtime import HASH_ALGORITHM
+        from pagedkv.kvcache.hashing import DEFAULT_HASH_ALGORITHM
         from pagedkv.kvstore.address import parse_store_url
         from pagedkv.kvstore.client import StoreClient
         from pagedkv.kvstore.counters import StoreCounters
@@ -66,8 +66,8 @@ class RelayoutImporter:
         ours = engine.parts.page_format
         return cls(
             StoreClient(parse_store_url(url), StoreCounters()),
-            store_namespace(peer.page_format, peer.model, HASH_ALGORITHM),
-            store_namespace(ours, model_id, HASH_ALGORITHM),
+            store_namespace(peer.page_format, peer.model, DEFAULT_HASH_ALGORITHM),
+            store_namespace(ours, model_id, DEFAULT_HASH_ALGORITHM),
             peer.page_format.block_size,
             ours.block_size,
             ours.num_layers,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pagedkv.errors import UsageError
 from pagedkv.kvcache.policies import get_policy
 from pagedkv.kvstore.address import parse_store_url
-from pagedkv.planner.kv_dtypes import ENGINE_DTYPES
+from pagedkv.pages.kv_dtypes import ENGINE_DTYPES
 from pagedkv.sched.preemption import PREEMPTION_MODES, get_victim_policy
 from pagedkv.units import check_block_size
 

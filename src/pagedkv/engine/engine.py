@@ -18,7 +18,6 @@ from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.containment import run_contained
 from pagedkv.engine.grammar import GrammarCache
 from pagedkv.engine.kv_events import describe_replica
-from pagedkv.engine.kv_transfer import model_identity
 from pagedkv.engine.outputs import CompletionOutput, RequestOutput
 from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.prompt_scoring import score_prompts
@@ -281,9 +280,9 @@ class LLMEngine:
         return self.recorder.summary(self.scheduler)
 
     def describe(self, served_model_name: str) -> dict:
-        """The replica's self-description for routers (``GET /pagedkv/info``); reads a sample
-        of the weights for their digest (milliseconds): call once. Safe from any thread."""
-        return describe_replica(self, served_model_name, model_identity(self.parts.model))
+        """The replica's self-description for routers (``GET /pagedkv/info``), with the
+        weights' digest computed once at start-up. Safe from any thread."""
+        return describe_replica(self, served_model_name, self.parts.model_identity)
 
     def kv_event_counts(self) -> Callable[[], dict[str, int]] | None:
         """The KV event publisher's counters (a callable), or None without ``--kv-events``."""

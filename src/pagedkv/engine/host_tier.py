@@ -18,7 +18,7 @@ import torch
 from pagedkv.kvcache.hashing import BlockHash
 from pagedkv.kvcache.host_index import HostTierIndex
 from pagedkv.kvcache.tiers import TIER_HOST
-from pagedkv.model.kv_pool import KVCache, allocate_host_kv_caches
+from pagedkv.model.kv_pool import KVCache, allocate_host_kv_caches, pool_layout
 
 
 class HostKVTier:
@@ -44,7 +44,7 @@ class HostKVTier:
         self.kv_caches: list[KVCache] = allocate_host_kv_caches(
             num_layers, index.num_blocks, block_size, num_kv_heads, head_dim, dtype
         )
-        self.block_bytes = 2 * num_layers * block_size * num_kv_heads * head_dim * dtype.itemsize
+        self.block_bytes = pool_layout(self.kv_caches).block_bytes(block_size)
 
     @property
     def num_blocks(self) -> int:

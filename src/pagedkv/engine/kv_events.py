@@ -32,13 +32,11 @@ from pagedkv.kvcache.events import (
     KVEventBatch,
     KVEventLog,
 )
-from pagedkv.kvcache.hashing import BlockHash
+from pagedkv.kvcache.hashing import DEFAULT_HASH_ALGORITHM, BlockHash
 from pagedkv.kvcache.protocol import KVAllocator
 from pagedkv.kvstore.address import parse_store_url
 
 STREAM_PREFIX = "pagedkv:kv-events:"
-# Every allocator hashes blocks with sha256 (``kvcache.hashing``'s default); a router must too.
-HASH_ALGORITHM = "sha256"
 
 
 def new_instance_id() -> str:
@@ -139,7 +137,7 @@ def describe_replica(engine, served_model_name: str, model_identity: str | None)
         "allocator": parts.policy.allocator,
         "block_size": engine.allocator.block_size,
         "prefix_caching": parts.policy.prefix_caching,
-        "hash_algorithm": HASH_ALGORITHM,
+        "hash_algorithm": DEFAULT_HASH_ALGORITHM,
         "max_model_len": parts.max_model_len,
         "kv_events": None if events is None else {"url": events.url, "stream": events.stream},
     }

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from pagedkv.model.kv_pool import KVCache, allocate_host_kv_caches
+from pagedkv.model.kv_pool import KVCache, allocate_host_kv_caches, pool_layout
 from pagedkv.sched.batch import ScheduledBatch
 
 
@@ -46,7 +46,7 @@ class HostSwapPool:
         )
         self.num_blocks = num_blocks
         self.block_size = block_size  # tokens per block
-        self.block_bytes = 2 * num_layers * block_size * num_kv_heads * head_dim * dtype.itemsize
+        self.block_bytes = pool_layout(self.kv_caches).block_bytes(block_size)
         self.blocks_out = 0  # device -> host, counted as copied
         self.blocks_in = 0  # host -> device
         self._last_step: int | None = None  # the last step whose swaps ``apply`` ran

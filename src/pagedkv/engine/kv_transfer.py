@@ -2,8 +2,8 @@
 
 A block's body is its KV in the page layout, layer by layer: for each layer, K then V, each
 ``[block_size, num_kv_heads, head_dim]`` in the pool's dtype (C order, native little-endian),
-so a body is ``2 * num_layers * block_size * num_kv_heads * head_dim * itemsize`` bytes: the
-page format's ``record_bytes * block_size``. Each direction moves a whole step's blocks in one
+so a body is the page format's ``record_bytes * block_size`` bytes (``pool_layout`` asks
+``pages/layout.py``). Each direction moves a whole step's blocks in one
 gather (save) or one scatter (load) per layer and pool, never one copy per block.
 """
 
@@ -14,15 +14,14 @@ from collections.abc import Sequence
 
 import torch
 
-from pagedkv.model.kv_pool import KVCache
+from pagedkv.model.kv_pool import KVCache, pool_layout
 
 _SAMPLE_ELEMENTS = 4096  # elements of each weight tensor that go into the model identity
 
 
 def block_body_bytes(kv_caches: list[KVCache]) -> int:
     """Bytes of one block's body (every layer's K and V)."""
-    k = kv_caches[0][0]
-    return 2 * len(kv_caches) * k[0].numel() * k.element_size()
+    return pool_layout(kv_caches).block_bytes(kv_caches[0][0].shape[1])
 
 
 def read_blocks(kv_caches: list[KVCache], block_ids: Sequence[int]) -> list[memoryview]:

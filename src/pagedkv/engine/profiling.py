@@ -29,6 +29,7 @@ from pagedkv.engine.outputs import RequestOutput
 from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.startup import build_parts
 from pagedkv.errors import UsageError
+from pagedkv.pages.layout import mha_layout
 from pagedkv.sched.batch import ScheduledBatch
 from pagedkv.sched.step_shape import StepShape, TimedStep
 
@@ -170,8 +171,8 @@ def _engine_config(base: EngineConfig, model_config: Any, plan: ProfilePlan, blo
 def kv_record_bytes(model_config: Any, dtype: str) -> int:
     """Bytes of one token's K and V over all layers in the engine's pool (to size a pool in
     blocks: ``kv_cache_memory_bytes = num_blocks * block_size * kv_record_bytes``)."""
-    element = torch.tensor([], dtype=getattr(torch, dtype)).element_size()
-    return 2 * model_config.num_layers * model_config.num_kv_heads * model_config.head_dim * element
+    cfg = model_config
+    return mha_layout(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype).record_bytes
 
 
 def _params(max_tokens: int) -> SamplingParams:

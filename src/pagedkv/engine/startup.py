@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.kv_events import EngineKVEvents, new_instance_id, open_kv_events
+from pagedkv.engine.kv_transfer import model_identity
 from pagedkv.engine.runner import ModelRunner
 from pagedkv.engine.store_runtime import check_store_policy, store_tiers
 from pagedkv.engine.tier_setup import attach_tiers, host_tier_blocks
@@ -18,9 +19,10 @@ from pagedkv.model.config import ModelConfig
 from pagedkv.model.llama import CausalLM
 from pagedkv.model.loader import TORCH_DTYPES, load_model, read_model_shape
 from pagedkv.model.tokenizer import Tokenizer
-from pagedkv.planner.constraints import BlockSizeResolution, PageFormat, resolve_block_size
-from pagedkv.planner.kv_dtypes import get_kv_dtype
-from pagedkv.planner.layout import KVLayout, layout_from_shape
+from pagedkv.pages.kv_dtypes import get_kv_dtype
+from pagedkv.pages.layout import KVLayout, layout_from_shape
+from pagedkv.pages.page_format import PageFormat
+from pagedkv.planner.constraints import BlockSizeResolution, resolve_block_size
 from pagedkv.sched.config import SchedulerConfig
 from pagedkv.sched.scheduler import Scheduler
 
@@ -36,6 +38,9 @@ class EngineParts:
     layout: KVLayout
     resolution: BlockSizeResolution
     page_format: PageFormat
+    # ``kv_transfer.model_identity`` of the loaded weights, computed once here: the store
+    # namespace, ``/pagedkv/info`` and the P/D pair all read this value.
+    model_identity: str
     max_model_len: int
     allocator: KVAllocator
     scheduler: Scheduler
@@ -106,7 +111,8 @@ def build_parts(
     )
     page_format = PageFormat.from_layout(layout, block_size)
     report = startup_report(policy, resolution, allocator, runner, layout, max_model_len)
-    store = store_tiers(config, page_format, model, runner.kv_caches)
+    identity = model_identity(model)
+    store = store_tiers(config, page_format, identity, runner.kv_caches)
     for line in attach_tiers(allocator, runner, num_host_kv_blocks, store):
         report += f"\npagedkv: {line}"
     instance_id = new_instance_id()
@@ -128,6 +134,7 @@ def build_parts(
         layout,
         resolution,
         page_format,
+        identity,
         max_model_len,
         allocator,
         scheduler,

@@ -17,12 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
-
 from pagedkv.engine.config import EngineConfig
-from pagedkv.engine.kv_transfer import block_body_bytes, model_identity, read_blocks, write_blocks
+from pagedkv.engine.kv_transfer import block_body_bytes, read_blocks, write_blocks
 from pagedkv.errors import UsageError
-from pagedkv.kvcache.hashing import BlockHash
+from pagedkv.kvcache.hashing import DEFAULT_HASH_ALGORITHM, BlockHash
 from pagedkv.kvcache.policies import Policy
 from pagedkv.kvcache.tiers import TIER_STORE
 from pagedkv.kvstore.address import parse_store_url
@@ -31,10 +29,7 @@ from pagedkv.kvstore.counters import StoreCounters
 from pagedkv.kvstore.namespace import store_namespace
 from pagedkv.kvstore.tier import StoreTier
 from pagedkv.model.kv_pool import KVCache
-from pagedkv.planner.constraints import PageFormat
-
-# The allocators hash blocks with sha256 (``kvcache.hashing``'s default); it names the keys.
-HASH_ALGORITHM = "sha256"
+from pagedkv.pages.page_format import PageFormat
 
 
 class StoreExecutor:
@@ -83,22 +78,22 @@ def check_store_policy(config: EngineConfig, policy: Policy) -> None:
 
 
 def store_tiers(
-    config: EngineConfig, page_format: PageFormat, model: torch.nn.Module, kv_caches: list[KVCache]
+    config: EngineConfig, page_format: PageFormat, model_id: str, kv_caches: list[KVCache]
 ) -> list[tuple[StoreTier, StoreExecutor]]:
     """``[(tier, executor)]`` for ``tier_setup.attach_tiers``'s ``extra`` (empty: no store)."""
     if not config.kv_store:
         return []
-    executor = open_store(config.kv_store, page_format, model, kv_caches)
+    executor = open_store(config.kv_store, page_format, model_id, kv_caches)
     return [(executor.tier, executor)]
 
 
 def open_store(
-    url: str, page_format: PageFormat, model: torch.nn.Module, kv_caches: list[KVCache]
+    url: str, page_format: PageFormat, model_id: str, kv_caches: list[KVCache]
 ) -> StoreExecutor:
     """The store tier at ``url`` (``UsageError`` for a malformed URL; a store that is down is
     not an error: every lookup is a miss until it answers)."""
     client = StoreClient(parse_store_url(url), StoreCounters())
-    namespace = store_namespace(page_format, model_identity(model), HASH_ALGORITHM)
+    namespace = store_namespace(page_format, model_id, DEFAULT_HASH_ALGORITHM)
     body_bytes = block_body_bytes(kv_caches)
     tier = StoreTier(client, namespace, body_bytes, page_format.block_size)
     client.ping()  # logs once if the store is down

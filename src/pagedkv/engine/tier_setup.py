@@ -20,7 +20,7 @@ from pagedkv.kvcache.paged import PagedAllocator
 from pagedkv.kvcache.policies import Policy
 from pagedkv.kvcache.protocol import KVAllocator
 from pagedkv.kvcache.tiers import KVTier
-from pagedkv.planner.layout import KVLayout
+from pagedkv.pages.layout import KVLayout
 
 PARAM = "host_kv_memory"
 

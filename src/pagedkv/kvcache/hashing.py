@@ -69,8 +69,12 @@ def _xxh3_128(data: bytes) -> bytes:
     return xxhash.xxh3_128_digest(data)
 
 
+# The block hash every allocator uses unless told otherwise; the engine's store keys, its KV
+# events and a router's index name it, so they all read this one constant.
+DEFAULT_HASH_ALGORITHM = "sha256"
+
 HASH_FUNCTIONS: dict[str, HashFn] = {
-    "sha256": _sha256,
+    DEFAULT_HASH_ALGORITHM: _sha256,
     "blake2b": _blake2b,
     "xxh3_128": _xxh3_128,
 }

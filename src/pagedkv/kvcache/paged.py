@@ -15,7 +15,14 @@ from collections.abc import Sequence
 from pagedkv.kvcache.allocator_base import BlockTableAllocator, SeqBlocks, ceil_div
 from pagedkv.kvcache.block_pool import BlockPool
 from pagedkv.kvcache.events import KVEventLog
-from pagedkv.kvcache.hashing import BlockHash, HashExtraKeys, get_hash_fn, hash_blocks, root_hash
+from pagedkv.kvcache.hashing import (
+    DEFAULT_HASH_ALGORITHM,
+    BlockHash,
+    HashExtraKeys,
+    get_hash_fn,
+    hash_blocks,
+    root_hash,
+)
 from pagedkv.kvcache.protocol import KVCacheStats, SeqLike
 from pagedkv.kvcache.tier_chain import TierChain
 from pagedkv.kvcache.tiers import NO_TIER_ORDERS, KVTier, TierOrders
@@ -32,7 +39,7 @@ class PagedAllocator(BlockTableAllocator):
         num_blocks: int,
         block_size: int,
         prefix_caching: bool = True,
-        hash_algorithm: str = "sha256",
+        hash_algorithm: str = DEFAULT_HASH_ALGORITHM,
     ) -> None:
         self.pool = BlockPool(num_blocks, block_size)  # validates both numbers
         super().__init__(block_size)

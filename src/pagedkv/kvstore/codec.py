@@ -1,7 +1,7 @@
 """The store's key and payload format: one Redis value per full block of KV.
 
 Key: ``pagedkv:kv:<namespace>:<chained block hash, hex>``. The namespace is a digest of the
-page format (``planner.PageFormat``: block size, attention kind, KV dtype, layers, KV heads,
+page format (``pages.page_format.PageFormat``: block size, attention kind, KV dtype, layers, KV heads,
 head dim, record bytes) and the model's identity (``kvstore.namespace``), so two engines share
 a key only when a block of one means exactly the same bytes to the other. The chained block
 hash already covers ``cache_salt``, the LoRA id and multimodal spans (``kvcache.hashing``).

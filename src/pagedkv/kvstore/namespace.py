@@ -1,7 +1,7 @@
 """The store namespace: which engines may read each other's blocks.
 
 Two engines share a key only if a block of one is exactly the bytes the other would compute:
-same page format (``planner.PageFormat``), same model (``model_id``: the engine's digest of
+same page format (``pages.page_format.PageFormat``), same model (``model_id``: the engine's digest of
 its weights, see ``engine/kv_transfer.model_identity``) and same block-hash function (the
 chain hash differs between them anyway; naming it keeps the namespace self-describing).
 """
@@ -12,7 +12,7 @@ import hashlib
 import json
 
 from pagedkv.kvstore.codec import NAMESPACE_BYTES
-from pagedkv.planner.constraints import PageFormat
+from pagedkv.pages.page_format import PageFormat
 
 
 def store_namespace(page_format: PageFormat, model_id: str, hash_algorithm: str) -> bytes:

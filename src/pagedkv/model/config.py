@@ -1,5 +1,5 @@
 """``ModelConfig``: what the forward pass needs, built from the one ``ModelShape`` that
-``planner/sources.py`` reads out of a GGUF header or a Hugging Face ``config.json``.
+``pages/sources.py`` reads out of a GGUF header or a Hugging Face ``config.json``.
 
 It dispatches on the *parsed* architecture name through ``ARCHITECTURES``; a file name never
 decides anything. An architecture outside the table is a ``UsageError`` that names the
@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 
 from pagedkv.errors import UsageError
-from pagedkv.planner.shape import Llama3RopeScaling, ModelShape, check_head_groups
+from pagedkv.pages.shape import Llama3RopeScaling, ModelShape, check_head_groups
 
 
 @dataclass(frozen=True)
@@ -96,13 +96,9 @@ class ModelConfig:
     def num_queries_per_kv(self) -> int:
         return self.num_heads // self.num_kv_heads
 
-    def kv_record_bytes(self, dtype_bytes: int) -> int:
-        """Bytes of one token's K and V across all layers."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
-
     @classmethod
     def from_shape(cls, shape: ModelShape) -> ModelConfig:
-        """The forward pass's config of a model shape (``planner/sources.py`` read the file).
+        """The forward pass's config of a model shape (``pages/sources.py`` read the file).
 
         ``UsageError`` for what this engine cannot run: an architecture outside
         ``ARCHITECTURES``, MLA, partial rotary embeddings, a RoPE scaling other than llama3, or

@@ -1,5 +1,5 @@
 """GGUF files: tensors dequantized once → canonical-named weights (the header's shape facts are
-read by ``planner/sources.py``; the tokenizer reads the metadata from ``gguf_metadata``).
+read by ``pages/sources.py``; the tokenizer reads the metadata from ``gguf_metadata``).
 
 The ``gguf`` package reads the file (memory-mapped) and dequantizes every quantization it
 knows (Q4_0/1, Q5_x, Q8_0, K-quants, F16, BF16, F32); Q4_1 and Q8_0, the embedded model's, are

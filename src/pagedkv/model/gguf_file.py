@@ -1,4 +1,4 @@
-"""A GGUF file opened for its weights: the header read by ``planner/gguf_meta.py``'s helpers,
+"""A GGUF file opened for its weights: the header read by ``pages/gguf_header.py``'s helpers,
 then each tensor's bytes as a view of one memory map.
 
 ``gguf.GGUFReader`` builds a numpy object per vocabulary entry (about 2.4 s for the embedded
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from pagedkv.errors import UsageError
-from pagedkv.planner.gguf_meta import GGUF_MAGIC, _read, _read_string, _read_value
+from pagedkv.pages.gguf_header import GGUF_MAGIC, read_scalar, read_string, read_value
 
 DEFAULT_ALIGNMENT = 32
 # Plain element types keep their numpy dtype (gguf.quants.dequantize expects that); every block
@@ -53,18 +53,18 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
         with open(path, "rb") as f:
             if f.read(4) != GGUF_MAGIC:
                 raise UsageError("bad magic bytes")
-            if _read(f, "<I") not in (2, 3):
+            if read_scalar(f, "<I") not in (2, 3):
                 raise UsageError("unsupported GGUF version")
-            num_tensors, num_kv = _read(f, "<Q"), _read(f, "<Q")
+            num_tensors, num_kv = read_scalar(f, "<Q"), read_scalar(f, "<Q")
             metadata: dict[str, Any] = {}
             for _ in range(num_kv):
-                key = _read_string(f)
-                metadata[key] = _read_value(f, _read(f, "<I"))
+                key = read_string(f)
+                metadata[key] = read_value(f, read_scalar(f, "<I"))
             infos = []
             for _ in range(num_tensors):
-                name = _read_string(f)
-                dims = tuple(_read(f, "<Q") for _ in range(_read(f, "<I")))
-                infos.append((name, dims, _read(f, "<I"), _read(f, "<Q")))
+                name = read_string(f)
+                dims = tuple(read_scalar(f, "<Q") for _ in range(read_scalar(f, "<I")))
+                infos.append((name, dims, read_scalar(f, "<I"), read_scalar(f, "<Q")))
             alignment = int(metadata.get("general.alignment", DEFAULT_ALIGNMENT))
             start = -(-f.tell() // alignment) * alignment
         mapped = np.memmap(path, dtype=np.uint8, mode="r")

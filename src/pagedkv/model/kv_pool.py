@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from pagedkv.pages.layout import KVLayout, mha_layout
 from pagedkv.units import check_block_size
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
@@ -64,6 +65,14 @@ def _pool_shape(
     if num_blocks < 1:
         raise ValueError(f"need num_blocks >= 1, got {num_blocks}")
     return (num_blocks, block_size, num_kv_heads, head_dim)
+
+
+def pool_layout(kv_caches: list[KVCache]) -> KVLayout:
+    """The page layout of these pools (``pages/layout.py`` owns their record and block bytes):
+    one layer per ``(k, v)`` pair, KV heads, head dim and dtype read off the tensors."""
+    k = kv_caches[0][0]
+    dtype_name = str(k.dtype).removeprefix("torch.")  # "float32": a spelling get_kv_dtype knows
+    return mha_layout(len(kv_caches), k.shape[2], k.shape[3], dtype_name)
 
 
 def copy_blocks(kv_caches: list[KVCache], src_dst: torch.Tensor) -> None:

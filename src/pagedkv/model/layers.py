@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedkv.model.projection import Projection
-from pagedkv.planner.shape import Llama3RopeScaling
+from pagedkv.pages.shape import Llama3RopeScaling
 
 
 class RMSNorm(nn.Module):

@@ -24,11 +24,11 @@ from pagedkv.model.tokenizer import (
     tokenizer_from_gguf_metadata,
     tokenizer_from_hf_folder,
 )
-from pagedkv.planner.kv_dtypes import ENGINE_DTYPES
-from pagedkv.planner.shape import ModelShape
-from pagedkv.planner.sources import load_shape, shape_from_gguf
+from pagedkv.pages.kv_dtypes import ENGINE_DTYPES
+from pagedkv.pages.shape import ModelShape
+from pagedkv.pages.sources import load_shape, shape_from_gguf
 
-# The engine's dtype names (planner/kv_dtypes.py owns them) → torch's.
+# The engine's dtype names (pages/kv_dtypes.py owns them) → torch's.
 TORCH_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in ENGINE_DTYPES}
 
 

@@ -1,5 +1,5 @@
 """Hugging Face folders: ``*.safetensors`` → canonical weights (``config.json`` is read by
-``planner/sources.py``)."""
+``pages/sources.py``)."""
 
 from __future__ import annotations
 

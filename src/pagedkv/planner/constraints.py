@@ -1,18 +1,18 @@
-"""Hard constraints on the block size, its resolution at start-up, and the page-format fingerprint.
+"""Hard constraints on the block size (the kernel rules table) and its resolution at start-up.
 
 The article's fourth ledger: attention kernels fix the page size (FlashMLA only 64, FA4 128,
 ...), block bases may need an alignment, and a kernel that forms ``block_id * block_bytes`` in
 int32 limits the pool. ``resolve_block_size`` turns a user value into the value used, recording
-every rewrite with its reason ("the log line is the truth"). ``PageFormat`` travels with any
-exported KV; two processes whose formats differ refuse to share KV.
+every rewrite with its reason ("the log line is the truth"). The page-format fingerprint that
+travels with exported KV lives in ``pages/page_format.py``.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 
 from pagedkv.errors import UsageError
-from pagedkv.planner.layout import KVLayout, int32_max_pool_blocks, is_aligned
+from pagedkv.pages.layout import KVLayout, int32_max_pool_blocks, is_aligned
 from pagedkv.units import check_block_size
 
 ANY_BLOCK_SIZE: tuple[int, ...] = ()  # empty = every block size >= 1 is accepted
@@ -84,7 +84,7 @@ def constraint_violations(
         reasons.append(f"{backend.name} supports block sizes {sizes} only")
     if layout.attention != "explicit" and layout.attention not in backend.layouts:
         reasons.append(f"{backend.name} does not read {layout.attention.upper()} layouts")
-    layer_block_bytes = layout.layer_record_bytes * max(block_size, 1)
+    layer_block_bytes = layout.layer_block_bytes(max(block_size, 1))
     if not is_aligned(layer_block_bytes, backend.alignment_bytes):
         reasons.append(
             f"block bytes per layer {layer_block_bytes} are not a multiple of "
@@ -154,54 +154,3 @@ def resolve_block_size(
         rewrites.append((block_size, fitting[0], why))
         block_size = fitting[0]
     return BlockSizeResolution(block_size, backend, rewrites)
-
-
-@dataclass(frozen=True)
-class PageFormat:
-    """What a page of KV means: two processes may share KV only if these fields all match."""
-
-    block_size: int
-    attention: str
-    kv_dtype: str
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    kv_lora_rank: int
-    qk_rope_head_dim: int
-    record_bytes: int
-
-    @classmethod
-    def from_layout(cls, layout: KVLayout, block_size: int) -> PageFormat:
-        check_block_size(block_size)
-        return cls(
-            block_size=block_size,
-            attention=layout.attention,
-            kv_dtype=layout.kv_dtype,
-            num_layers=layout.num_layers,
-            num_kv_heads=layout.num_kv_heads,
-            head_dim=layout.head_dim,
-            kv_lora_rank=layout.kv_lora_rank,
-            qk_rope_head_dim=layout.qk_rope_head_dim,
-            record_bytes=layout.record_bytes,
-        )
-
-    def to_dict(self) -> dict[str, int | str]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, int | str]) -> PageFormat:
-        """Inverse of ``to_dict``; unknown or missing keys are errors."""
-        names = {f.name for f in fields(cls)}
-        if set(data) != names:
-            raise UsageError(f"page format keys differ: got {sorted(data)}, need {sorted(names)}")
-        return cls(**data)  # type: ignore[arg-type]
-
-    def check_compatible(self, other: PageFormat) -> None:
-        """Raise ValueError naming both sides of every differing field; return if identical."""
-        diffs = [
-            f"{f.name} {getattr(self, f.name)} here vs {getattr(other, f.name)} there"
-            for f in fields(self)
-            if getattr(self, f.name) != getattr(other, f.name)
-        ]
-        if diffs:
-            raise UsageError("KV page format mismatch: " + "; ".join(diffs))

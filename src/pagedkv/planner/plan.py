@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from pagedkv.errors import UsageError
+from pagedkv.pages.layout import KVLayout, int32_max_pool_blocks, is_aligned
 from pagedkv.planner import ledgers
 from pagedkv.planner.constraints import constraint_violations, get_backend
-from pagedkv.planner.layout import KVLayout, int32_max_pool_blocks, is_aligned
 from pagedkv.planner.workload import Workload
 
 DEFAULT_BLOCK_SIZES: tuple[int, ...] = (1, 8, 16, 32, 64, 128)

@@ -19,9 +19,12 @@ from typing import Any
 import httpx
 
 from pagedkv.errors import UsageError
+from pagedkv.pages.page_format import format_differences
 
 INFO_PATH = "/pagedkv/info"
-# Checked in this order, so the message names the most telling difference first.
+# The replica's own facts beyond the page format (whose fields and comparison
+# ``pages/page_format.py`` owns), checked first and in this order, so the message names the most
+# telling difference first.
 COMPARED_FIELDS = ("block_size", "hash_algorithm", "model", "model_identity", "tokenizer",
                    "max_model_len")  # fmt: skip
 WAIT_POLL_S = 0.5
@@ -69,8 +72,8 @@ def first_difference(new: ReplicaInfo, ref: ReplicaInfo) -> str | None:
     """``"block_size 32 (http://b) vs 16 (http://a)"`` for the first field in which ``new``
     differs from ``ref``; None when they may share a router."""
     pairs = [(name, getattr(new, name), getattr(ref, name)) for name in COMPARED_FIELDS]
-    keys = sorted(set(new.page_format) | set(ref.page_format))
-    pairs += [(f"page_format.{k}", new.page_format.get(k), ref.page_format.get(k)) for k in keys]
+    diffs = format_differences(new.page_format, ref.page_format)
+    pairs += [(f"page_format.{k}", mine, theirs) for k, mine, theirs in diffs]
     for name, mine, theirs in pairs:
         if mine != theirs:
             return f"{name} {mine} ({new.url}) vs {theirs} ({ref.url})"

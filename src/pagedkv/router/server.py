@@ -16,7 +16,7 @@ def load_tokenizer(model: str | None):
     read. (Importing ``pagedkv.model`` still imports torch: its package imports the forward.)"""
     from pagedkv.model.loader import resolve_model_path
     from pagedkv.model.tokenizer import tokenizer_from_gguf_metadata, tokenizer_from_hf_folder
-    from pagedkv.planner.gguf_meta import read_gguf_header
+    from pagedkv.pages.gguf_header import read_gguf_header
 
     path = resolve_model_path(model)
     if path.is_dir():

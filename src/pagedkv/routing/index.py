@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 
 from pagedkv.kvcache.events import BlockRemoved, BlockStored, KVEvent
 from pagedkv.kvcache.hashing import (
+    DEFAULT_HASH_ALGORITHM,
     NO_EXTRA_KEYS,
     BlockHash,
     HashExtraKeys,
@@ -27,7 +28,7 @@ def prompt_block_hashes(
     token_ids: Sequence[int],
     block_size: int,
     extra: HashExtraKeys = NO_EXTRA_KEYS,
-    hash_algorithm: str = "sha256",
+    hash_algorithm: str = DEFAULT_HASH_ALGORITHM,
 ) -> list[BlockHash]:
     """The chained hashes of the prompt's blocks a replica could reuse: the full blocks before
     its last token (an engine always recomputes the last token), as ``PagedAllocator`` and

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from pagedkv.planner.layout import KVLayout, layout_from_shape
-from pagedkv.planner.shape import ModelShape
+from pagedkv.pages.layout import KVLayout, layout_from_shape
+from pagedkv.pages.shape import ModelShape
 from pagedkv.sched.step_shape import StepShape
 from pagedkv.sim.gpus import GPUSpec
 
@@ -75,7 +75,7 @@ class ModelCost:
     @classmethod
     def from_layout(cls, layout: KVLayout, query_dim: int | None = None) -> ModelCost:
         """``query_dim`` (heads x head dim of the queries) defaults to the layout's, which its
-        model shape states (``planner/sources.py``); a layout built from record bytes alone
+        model shape states (``pages/sources.py``); a layout built from record bytes alone
         does not know it and falls back to the KV width (low for GQA: attention undercounted).
         ValueError if the layout does not know its parameter count."""
         if layout.num_params is None or layout.weight_bytes is None:

@@ -147,7 +147,7 @@ def fitted_cost_model(
     model: str, gpu: str, backend: str = "flash-attn", tp: int = 1, kv_dtype: str | None = None
 ) -> FittedCostModel:
     """The fitted clock of preset (or config) ``model`` on preset ``gpu``, shipped clock."""
-    from pagedkv.planner.sources import load_shape
+    from pagedkv.pages.sources import load_shape
     from pagedkv.sim.clock_presets import clock_for
     from pagedkv.sim.gpus import get_gpu
 

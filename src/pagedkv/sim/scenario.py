@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 from pagedkv.errors import UsageError
 from pagedkv.kvcache.policies import Policy
-from pagedkv.planner.layout import KVLayout, layout_from_shape
-from pagedkv.planner.sources import load_shape
+from pagedkv.pages.layout import KVLayout, layout_from_shape
+from pagedkv.pages.sources import load_shape
 from pagedkv.sched import SchedulerConfig
 from pagedkv.sim.compare import Comparison, expand_policies
 from pagedkv.sim.cost_model import CostModel, ModelCost, RooflineCostModel, kv_pool_bytes

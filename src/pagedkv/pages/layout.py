@@ -2,7 +2,7 @@
 
 A *record* is one token's K and V across all layers (``record_bytes``, the article's ``c``).
 A *block* is ``block_size`` records. A layout is derived from a model's ``ModelShape``
-(``planner/sources.py`` reads presets, ``config.json`` files and GGUF headers) or from explicit
+(``pages/sources.py`` reads presets, ``config.json`` files and GGUF headers) or from explicit
 numbers (``layout_from_record_bytes``). Pure Python: no torch.
 
 Public API (the simulator and the engine import these)::
@@ -12,6 +12,10 @@ Public API (the simulator and the engine import these)::
     layout.block_bytes(16)         # 2 MiB
     layout.weight_bytes            # num_params * weight dtype bytes (None if unknown)
     layout_from_shape(shape, "fp8") # the same from an already read ModelShape
+    mha_layout(30, 3, 64, "float32").block_bytes(16)  # an engine pool's block: 368640
+
+Every record or block byte count in pagedkv is asked of a ``KVLayout``; nothing multiplies
+heads by head_dim by layers on its own.
 """
 
 from __future__ import annotations
@@ -19,9 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pagedkv.planner.kv_dtypes import get_kv_dtype
-from pagedkv.planner.shape import ModelShape
-from pagedkv.planner.sources import load_shape
+from pagedkv.pages.kv_dtypes import get_kv_dtype
+from pagedkv.pages.shape import ModelShape
+from pagedkv.pages.sources import load_shape
 from pagedkv.units import check_block_size
 
 # A kernel that forms `block_id * block_bytes` in a signed 32-bit integer can reach this byte.
@@ -134,6 +138,22 @@ def layout_from_record_bytes(record_bytes: int, name: str = "explicit") -> KVLay
     )
 
 
+def mha_layout(
+    num_layers: int, num_kv_heads: int, head_dim: int, kv_dtype: str, name: str = "pool"
+) -> KVLayout:
+    """The MHA/GQA layout of an engine's pool (K and V of ``head_dim`` per KV head and layer):
+    what the engine's swap pool, host tier, store bodies and profiler size their bytes by.
+    ``kv_dtype`` in any spelling ``get_kv_dtype`` knows (``"float32"``, ``"bf16"`` ...)."""
+    return KVLayout(
+        name=name,
+        attention="mha",
+        num_layers=num_layers,
+        kv_dtype=kv_dtype,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+    )
+
+
 def layout_from_shape(shape: ModelShape, kv_dtype: str | None = None) -> KVLayout:
     """The KV record layout of ``shape``. ``kv_dtype`` defaults to the weights' dtype for a
     config.json or preset, and to fp16 for a GGUF (its KV dtype is a runtime choice; its
@@ -161,6 +181,6 @@ def layout_from_shape(shape: ModelShape, kv_dtype: str | None = None) -> KVLayou
 
 def load_layout(source: str | Path, kv_dtype: str | None = None) -> KVLayout:
     """Load a layout from a preset name, a ``config.json`` path, its folder, or a ``.gguf`` file
-    (``planner/sources.py`` reads it). ValueError with one clear line for an unknown preset or
+    (``pages/sources.py`` reads it). ValueError with one clear line for an unknown preset or
     an unreadable/invalid file."""
     return layout_from_shape(load_shape(source), kv_dtype)

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from pagedkv.errors import UsageError
-from pagedkv.planner.gguf_meta import gguf_shape_fields, read_gguf_header
-from pagedkv.planner.shape import Llama3RopeScaling, ModelShape
+from pagedkv.pages.gguf_header import gguf_shape_fields, read_gguf_header
+from pagedkv.pages.shape import Llama3RopeScaling, ModelShape
 
 # -- Hugging Face config.json (and presets, which use its spelling) ---------------------------
 

@@ -1,6 +1,6 @@
 """``ModelShape``: what a model is, as far as paging, planning and loading care (layers, heads,
 KV heads, head dim, query width, vocabulary, parameters, context, RoPE and norm facts). Built by
-``planner.sources`` from a preset, a ``config.json`` or a GGUF header; pure Python, no torch."""
+``pages.sources`` from a preset, a ``config.json`` or a GGUF header; pure Python, no torch."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pagedkv.errors import UsageError
-from pagedkv.planner.gguf_meta import GGUF_KEYS
+from pagedkv.pages.gguf_header import GGUF_KEYS
 
 ATTENTION_KINDS = ("mha", "mla")
 # The key each optional fact has in a config.json (GGUF_KEYS: in a GGUF header).

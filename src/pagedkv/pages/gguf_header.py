@@ -1,8 +1,10 @@
 """Read a GGUF file's header (metadata and tensor shapes) in pure Python: no tensor data, no numpy.
 
 This is the file-format reader only; what the keys *mean* (the model's shape) is decided in
-``planner/sources.py``. Reading the embedded 135M model's header (49k-token vocabulary included)
-takes about 0.04 s, against seconds for the weights, so start-up may read it before the load.
+``pages/sources.py``. ``read_scalar``, ``read_string`` and ``read_value`` are public: the
+weight loader (``model/gguf_file.py``) walks the same header with them. Reading the embedded
+135M model's header (49k-token vocabulary included) takes about 0.04 s, against seconds for
+the weights, so start-up may read it before the load.
 """
 
 from __future__ import annotations
@@ -26,12 +28,16 @@ def _read_bytes(f: BinaryIO, size: int) -> bytes:
     return data
 
 
-def _read(f: BinaryIO, fmt: str) -> Any:
+def read_scalar(f: BinaryIO, fmt: str) -> Any:
+    """One little-endian scalar of ``struct`` format ``fmt`` (``"<I"``, ``"<Q"`` ...) read from
+    ``f``; UsageError("truncated GGUF header") when the file ends first."""
     return struct.unpack(fmt, _read_bytes(f, struct.calcsize(fmt)))[0]
 
 
-def _read_string(f: BinaryIO) -> str:
-    return _read_bytes(f, _read(f, "<Q")).decode("utf-8", errors="replace")
+def read_string(f: BinaryIO) -> str:
+    """One GGUF string (u64 length, then UTF-8 bytes; invalid bytes replaced) read from ``f``;
+    UsageError when truncated."""
+    return _read_bytes(f, read_scalar(f, "<Q")).decode("utf-8", errors="replace")
 
 
 def _read_strings(f: BinaryIO, count: int) -> list[str]:
@@ -48,20 +54,22 @@ def _read_strings(f: BinaryIO, count: int) -> list[str]:
     return out
 
 
-def _read_value(f: BinaryIO, value_type: int) -> Any:
+def read_value(f: BinaryIO, value_type: int) -> Any:
+    """One metadata value of GGUF type id ``value_type`` (a scalar, a string, or an array of
+    them, read whole) from ``f``. UsageError for a truncated value or an unknown type id."""
     if value_type in _SCALARS:
-        return _read(f, _SCALARS[value_type])
+        return read_scalar(f, _SCALARS[value_type])
     if value_type == 8:
-        return _read_string(f)
+        return read_string(f)
     if value_type == 9:
-        item_type, count = _read(f, "<I"), _read(f, "<Q")
+        item_type, count = read_scalar(f, "<I"), read_scalar(f, "<Q")
         if item_type in _SCALARS:  # read a scalar array in one go (token scores, types ...)
             fmt = _SCALARS[item_type]
             data = _read_bytes(f, struct.calcsize(fmt) * count)
             return list(struct.unpack(f"<{count}{fmt[1:]}", data))
         if item_type == 8:
             return _read_strings(f, count)
-        return [_read_value(f, item_type) for _ in range(count)]
+        return [read_value(f, item_type) for _ in range(count)]
     raise UsageError(f"unknown GGUF value type {value_type}")
 
 
@@ -73,21 +81,21 @@ def read_gguf_header(path: str | Path) -> tuple[dict[str, Any], dict[str, tuple[
         with open(path, "rb") as f:
             if f.read(4) != GGUF_MAGIC:
                 raise UsageError("bad magic bytes")
-            version = _read(f, "<I")
+            version = read_scalar(f, "<I")
             if version not in (2, 3):
                 raise UsageError(f"unsupported GGUF version {version}")
-            num_tensors, num_kv = _read(f, "<Q"), _read(f, "<Q")
+            num_tensors, num_kv = read_scalar(f, "<Q"), read_scalar(f, "<Q")
             metadata: dict[str, Any] = {}
             for _ in range(num_kv):
-                key = _read_string(f)
-                metadata[key] = _read_value(f, _read(f, "<I"))
+                key = read_string(f)
+                metadata[key] = read_value(f, read_scalar(f, "<I"))
             shapes: dict[str, tuple[int, ...]] = {}
             for _ in range(num_tensors):
-                name = _read_string(f)
-                num_dims = _read(f, "<I")
-                shapes[name] = tuple(_read(f, "<Q") for _ in range(num_dims))
-                _read(f, "<I")  # tensor type
-                _read(f, "<Q")  # data offset
+                name = read_string(f)
+                num_dims = read_scalar(f, "<I")
+                shapes[name] = tuple(read_scalar(f, "<Q") for _ in range(num_dims))
+                read_scalar(f, "<I")  # tensor type
+                read_scalar(f, "<Q")  # data offset
     except FileNotFoundError:
         raise FileNotFoundError(f"model file not found: {path}") from None
     except (ValueError, OverflowError, MemoryError, struct.error) as exc:
@@ -108,7 +116,7 @@ GGUF_KEYS = {"num_layers": "block_count", "num_heads": "attention.head_count",
 def gguf_shape_fields(
     metadata: dict[str, Any], tensor_shapes: dict[str, tuple[int, ...]], origin: str
 ) -> dict[str, Any]:
-    """The ``ModelShape`` fields a GGUF header states (``planner/sources.py`` builds the shape).
+    """The ``ModelShape`` fields a GGUF header states (``pages/sources.py`` builds the shape).
 
     Tensor names decide what metadata cannot: tied embeddings (no ``output.weight``) and
     attention bias (``blk.0.attn_q.bias``). The parameter count is the sum of the tensor
