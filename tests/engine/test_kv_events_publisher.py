@@ -10,7 +10,7 @@ import time
 import pytest
 import redis
 
-from pagedkv.engine.kv_event_publisher import KVEventPublisher
+from pagedkv.kvstore.event_publisher import KVEventPublisher
 from pagedkv.kvcache.events import AllBlocksCleared, BlockStored, KVEventBatch
 from pagedkv.kvstore.address import parse_store_url
 from tests.kvstore.redis_server import RedisServer

@@ -15,7 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from pagedkv.kvcache import HashExtraKeys, ReservedAllocator
 from pagedkv.kvcache.allocator_base import ceil_div
 from pagedkv.kvcache.events import KVEventLog, replay
-from pagedkv.kvcache.swap_space import SwapSpace, swap_in, swap_out
+from pagedkv.kvcache.tiers.swap_space import SwapSpace, swap_in, swap_out
 
 from .conftest import FACTORIES, Seq
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pagedkv.kvcache.swap_space import SwapSpace, swap_in, swap_out
+from pagedkv.kvcache.tiers.swap_space import SwapSpace, swap_in, swap_out
 
 from .conftest import Seq, admit
 

@@ -19,7 +19,7 @@ from hypothesis.stateful import invariant, precondition, rule
 
 from pagedkv.kvcache import PagedAllocator
 from pagedkv.kvcache.events import MEDIUM_HOST, replay
-from pagedkv.kvcache.host_index import HostTierIndex
+from pagedkv.kvcache.tiers.host_index import HostTierIndex
 
 from .test_state_machine import AllocatorMachine
 

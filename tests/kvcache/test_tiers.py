@@ -1,4 +1,4 @@
-"""The lower-tier protocol (``kvcache/tiers.py``) through ``PagedAllocator``, with a pure-Python
+"""The lower-tier protocol (``kvcache/tiers/contract.py``) through ``PagedAllocator``, with a pure-Python
 fake tier and the real ``HostTierIndex``: hits hand-computed, ``check_invariants`` after every
 operation."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from pagedkv.kvcache import HashExtraKeys, PagedAllocator
-from pagedkv.kvcache.host_index import HostTierIndex
-from pagedkv.kvcache.tiers import BlockLoad, KVTier
+from pagedkv.kvcache.tiers.host_index import HostTierIndex
+from pagedkv.kvcache.tiers.contract import BlockLoad, KVTier
 
 from .conftest import Seq
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.registry import Collector
 
-from pagedkv.engine.tier_counts import TierCounts
+from pagedkv.kvcache.tiers.counts import TierCounts
 from pagedkv.server.tier_metrics import tier_metrics
 
 

@@ -29,7 +29,7 @@ from pagedkv.engine.startup import EngineParts, build_parts
 from pagedkv.engine.stats import EngineInfo, EngineSnapshot, EngineStats, StatsRecorder
 from pagedkv.errors import UsageError
 from pagedkv.kvcache.hashing import HashExtraKeys
-from pagedkv.kvcache.tiers import TIER_STORE
+from pagedkv.kvcache.tiers.contract import TIER_STORE
 from pagedkv.sched.batch import ScheduledBatch
 from pagedkv.sched.sequence import Seq
 

@@ -1,7 +1,7 @@
 """``HostKVTier``: the host tier's bytes -- evicted prefix blocks kept in host memory.
 
 The facts (which hash is in which host slot, LRU order, per-step pins) live in
-``kvcache/host_index.py``; this class owns the tensors: per layer, K and V of shape
+``kvcache/tiers/host_index.py``; this class owns the tensors: per layer, K and V of shape
 ``[num_host_blocks, block_size, num_kv_heads, head_dim]``, the device pool's block layout, so a
 block moves as one row of each tensor. A step's offloads (device -> host) and loads
 (host -> device) each move together (``copy_rows``): as a few slice copies per layer and tensor
@@ -16,8 +16,8 @@ from collections.abc import Sequence
 import torch
 
 from pagedkv.kvcache.hashing import BlockHash
-from pagedkv.kvcache.host_index import HostTierIndex
-from pagedkv.kvcache.tiers import TIER_HOST
+from pagedkv.kvcache.tiers.contract import TIER_HOST
+from pagedkv.kvcache.tiers.host_index import HostTierIndex
 from pagedkv.model.kv_pool import KVCache, allocate_host_kv_caches, pool_layout
 
 

@@ -3,7 +3,7 @@ self-description that tells a router where to read them (``GET /pagedkv/info``).
 
 ``EngineKVEvents`` is the engine side: it turns the allocator's events on at start-up (before
 the first admission) and, after every step (``after_step``, on the engine thread), drains the
-log and hands one ``KVEventBatch`` to the ``KVEventPublisher`` (``kv_event_publisher.py``), which
+log and hands one ``KVEventBatch`` to the ``KVEventPublisher`` (``kvstore/event_publisher.py``), which
 sends it to the stream ``pagedkv:kv-events:<instance_id>`` off-thread. When the publisher asks
 for a snapshot (after an outage, or periodically), the step's events are replaced by
 ``AllBlocksCleared`` + one ``BlockStored`` per hash ``allocator.prefix_hashes()`` holds now:
@@ -22,7 +22,6 @@ import uuid
 from collections.abc import Callable
 
 from pagedkv.engine.config import EngineConfig
-from pagedkv.engine.kv_event_publisher import KVEventPublisher
 from pagedkv.kvcache.events import (
     MEDIUM_DEVICE,
     MEDIUM_HOST,
@@ -35,6 +34,7 @@ from pagedkv.kvcache.events import (
 from pagedkv.kvcache.hashing import DEFAULT_HASH_ALGORITHM, BlockHash
 from pagedkv.kvcache.protocol import KVAllocator
 from pagedkv.kvstore.address import parse_store_url
+from pagedkv.kvstore.event_publisher import KVEventPublisher
 
 STREAM_PREFIX = "pagedkv:kv-events:"
 

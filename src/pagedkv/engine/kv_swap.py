@@ -1,6 +1,6 @@
 """The host swap pool: where swap preemption parks a sequence's KV blocks while it waits.
 
-The scheduler decides (``sched/scheduler.py``, ``kvcache/swap_space.py``): a step's
+The scheduler decides (``sched/scheduler.py``, ``kvcache/tiers/swap_space.py``): a step's
 ``ScheduledBatch.swap_out`` lists ``(device_block, host_block)`` copies and ``swap_in``
 ``(host_block, device_block)`` copies. ``HostSwapPool`` executes them on tensors: per layer, K
 and V of shape ``[num_host_blocks, block_size, num_kv_heads, head_dim]``, the device pool's

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pagedkv.engine.tier_counts import TierCounts, tier_rows
+from pagedkv.kvcache.tiers.counts import TierCounts, tier_rows
 from pagedkv.kvcache.protocol import KVAllocator
 from pagedkv.kvstore.counters import StoreCounters, store_rows
 from pagedkv.sched.batch import ScheduledBatch
@@ -75,7 +75,7 @@ class EngineSnapshot:
     num_steps: int
     num_unfinished_requests: int  # added, not yet reported finished
     num_failed_requests: int  # requests a failure inside a step ended (the rest went on)
-    # Lower KV tiers (kvcache/tiers.py): hit tokens per tier ("device" first; empty without
+    # Lower KV tiers (kvcache/tiers/contract.py): hit tokens per tier ("device" first; empty without
     # lower tiers) and the blocks / bytes they copied (None without lower tiers).
     tier_hit_tokens: tuple[tuple[str, int], ...] = ()
     tier_moves: TierCounts | None = None

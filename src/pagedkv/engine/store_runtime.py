@@ -22,7 +22,7 @@ from pagedkv.engine.kv_transfer import block_body_bytes, read_blocks, write_bloc
 from pagedkv.errors import UsageError
 from pagedkv.kvcache.hashing import DEFAULT_HASH_ALGORITHM, BlockHash
 from pagedkv.kvcache.policies import Policy
-from pagedkv.kvcache.tiers import TIER_STORE
+from pagedkv.kvcache.tiers.contract import TIER_STORE
 from pagedkv.kvstore.address import parse_store_url
 from pagedkv.kvstore.client import StoreClient
 from pagedkv.kvstore.counters import StoreCounters

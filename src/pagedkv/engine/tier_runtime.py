@@ -1,4 +1,4 @@
-"""``TierRuntime``: the engine's side of the lower KV tiers (the bytes; ``kvcache/tiers.py`` has
+"""``TierRuntime``: the engine's side of the lower KV tiers (the bytes; ``kvcache/tiers/contract.py`` has
 the contract and the allocator decides what moves).
 
 Each lower tier has an executor here, found by the tier's name. In a step the runner calls
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from pagedkv.engine.tier_counts import TierCounts
+from pagedkv.kvcache.tiers.counts import TierCounts
 from pagedkv.kvcache.hashing import BlockHash
 from pagedkv.model.kv_pool import KVCache
 from pagedkv.sched.batch import ScheduledBatch

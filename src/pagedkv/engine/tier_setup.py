@@ -15,11 +15,11 @@ from pagedkv.engine.host_tier import HostKVTier
 from pagedkv.engine.runner import ModelRunner
 from pagedkv.engine.tier_runtime import TierExecutor, TierRuntime
 from pagedkv.errors import UsageError
-from pagedkv.kvcache.host_index import HostTierIndex
 from pagedkv.kvcache.paged import PagedAllocator
 from pagedkv.kvcache.policies import Policy
 from pagedkv.kvcache.protocol import KVAllocator
-from pagedkv.kvcache.tiers import KVTier
+from pagedkv.kvcache.tiers.contract import KVTier
+from pagedkv.kvcache.tiers.host_index import HostTierIndex
 from pagedkv.pages.layout import KVLayout
 
 PARAM = "host_kv_memory"

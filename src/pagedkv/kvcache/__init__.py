@@ -19,7 +19,7 @@ from pagedkv.kvcache.policies import POLICIES, Policy, build_allocator, get_poli
 from pagedkv.kvcache.protocol import KVAllocator, KVCacheStats, SeqLike
 from pagedkv.kvcache.radix import RadixAllocator
 from pagedkv.kvcache.reserved import ReservedAllocator
-from pagedkv.kvcache.swap_space import SwapSpace
+from pagedkv.kvcache.tiers.swap_space import SwapSpace
 
 __all__ = [
     "HASH_FUNCTIONS",

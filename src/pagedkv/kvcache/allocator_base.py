@@ -17,7 +17,7 @@ from pagedkv.kvcache.block_pool import NULL_BLOCK_ID
 from pagedkv.kvcache.events import KVEventLog
 from pagedkv.kvcache.hashing import BlockHash
 from pagedkv.kvcache.protocol import KVCacheStats, SeqLike
-from pagedkv.kvcache.tiers import NO_TIER_ORDERS, TierOrders
+from pagedkv.kvcache.tiers.contract import NO_TIER_ORDERS, TierOrders
 
 INT32_BYTES = 4
 
@@ -71,7 +71,7 @@ class BlockTableAllocator:
         return self._block_size
 
     def drain_tier_orders(self) -> TierOrders:
-        """The lower-tier copies this step ordered (``tiers.py``), handed out once; the paged
+        """The lower-tier copies this step ordered (``tiers/contract.py``), handed out once; the paged
         allocator with tiers overrides it. Called by the scheduler at the end of a step."""
         return NO_TIER_ORDERS
 

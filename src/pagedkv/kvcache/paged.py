@@ -4,7 +4,7 @@ Any block size >= 1. Full blocks are registered in the pool's hash index when th
 sequence reuses the longest chain of cached full blocks (never its last token, so that logits
 exist). Freed full blocks keep their hash and are evicted lazily: a new block is an empty one
 while any is left, else the least recently freed cached one (see ``block_pool.py``). With
-lower tiers (``set_tiers``, ``tiers.py``) a match continues where the device chain breaks, and
+lower tiers (``set_tiers``, ``tiers/contract.py``) a match continues where the device chain breaks, and
 evicted blocks are offered to the host tier.
 """
 
@@ -24,8 +24,8 @@ from pagedkv.kvcache.hashing import (
     root_hash,
 )
 from pagedkv.kvcache.protocol import KVCacheStats, SeqLike
-from pagedkv.kvcache.tier_chain import TierChain
-from pagedkv.kvcache.tiers import NO_TIER_ORDERS, KVTier, TierOrders
+from pagedkv.kvcache.tiers.chain import TierChain
+from pagedkv.kvcache.tiers.contract import NO_TIER_ORDERS, KVTier, TierOrders
 
 # Root hashes are a cache (one sha256 to recompute); a server with per-user salts meets many.
 _MAX_CACHED_ROOTS = 4096
@@ -48,7 +48,7 @@ class PagedAllocator(BlockTableAllocator):
         self._roots: dict[HashExtraKeys, BlockHash] = {}
         # The hashes computed by the last match_prefix, reused by the admission right after it.
         self._last_match: tuple[int, int, HashExtraKeys, list[BlockHash]] | None = None
-        self.tiers: TierChain | None = None  # lower tiers (``tiers.py``); None = device only
+        self.tiers: TierChain | None = None  # lower tiers (``tiers/contract.py``); None = device only
         self.events: KVEventLog | None = None  # KV events (``enable_events``); None = off
 
     def set_tiers(self, tiers: Sequence[KVTier]) -> None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from pagedkv.errors import UsageError
+from pagedkv.kvstore.redis_policy import RedisPolicy, policy_or_default
 
 DEFAULT_PORT = 6379
 
@@ -22,21 +23,11 @@ class StoreAddress:
     def url(self) -> str:
         return f"redis://{self.host}:{self.port}/{self.db}"
 
-    def connect(self, socket_timeout_s: float, connect_timeout_s: float):
-        """A redis-py client that never retries by itself: a failed call fails now and the
-        caller's own back-off decides when to try again (a step must never stall on Redis).
-        Connects lazily, on the first call."""
-        import redis  # the engine extra's dependency, imported only when a store is used
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
-
-        return redis.Redis(
-            host=self.host,
-            port=self.port,
-            db=self.db,
-            socket_timeout=socket_timeout_s,
-            socket_connect_timeout=connect_timeout_s,
-            retry=Retry(NoBackoff(), 0),
+    def connect(self, policy: RedisPolicy | None = None, blocking_read_s: float = 0.0):
+        """A redis-py client for this address under ``policy`` (``redis_policy.py``: short
+        timeouts, no retry of its own). Connects lazily, on the first call."""
+        return policy_or_default(policy).connect(
+            self.host, self.port, self.db, blocking_read_s=blocking_read_s
         )
 
 

@@ -4,11 +4,11 @@ The engine must keep serving when the store is down or slow: every call returns 
 (``None`` / ``False``) instead of raising, counts the failure (``counters.errors``), and the
 engine recomputes. The first failure of an outage is logged once (a warning naming the store
 and the error); the calls made while it is down are skipped without touching the network until
-a back-off has passed (``RETRY_AFTER_S``, doubling to ``MAX_RETRY_AFTER_S``); the first success
-after that logs that the store answers again. redis-py reconnects by itself on the next call.
+the back-off of ``redis_policy.py`` has passed; the first success after that logs that the
+store answers again. redis-py reconnects by itself on the next call.
 
-Timeouts: connecting ``CONNECT_TIMEOUT_S``, each socket read or write ``SOCKET_TIMEOUT_S``, so
-a hung store costs a step at most about one socket timeout before it is marked down.
+Timeouts are the shared ``RedisPolicy``'s (a socket read or write 0.5 s by default), so a hung
+store costs a step at most about one socket timeout before it is marked down.
 """
 
 from __future__ import annotations
@@ -20,13 +20,10 @@ from collections.abc import Callable, Sequence
 
 from pagedkv.kvstore.address import StoreAddress
 from pagedkv.kvstore.counters import StoreCounters
+from pagedkv.kvstore.redis_policy import Backoff, RedisPolicy
 
 log = logging.getLogger("pagedkv.kvstore")
 
-CONNECT_TIMEOUT_S = 0.25
-SOCKET_TIMEOUT_S = 0.5
-RETRY_AFTER_S = 0.5
-MAX_RETRY_AFTER_S = 8.0
 READ_CHUNK_KEYS = 16  # keys per MGET: a run stops fetching at the first chunk with a miss
 WRITE_CHUNK_KEYS = 16  # SETs per pipeline round trip
 
@@ -39,7 +36,7 @@ class StoreClient:
         address: StoreAddress,
         counters: StoreCounters,
         clock: Callable[[], float] = time.monotonic,
-        socket_timeout_s: float = SOCKET_TIMEOUT_S,
+        policy: RedisPolicy | None = None,
     ) -> None:
         import redis  # the engine extra's dependency, imported only when a store is configured
 
@@ -47,11 +44,11 @@ class StoreClient:
         self.counters = counters
         self._clock = clock
         self._errors = (redis.RedisError, OSError)
-        self._redis = address.connect(socket_timeout_s, CONNECT_TIMEOUT_S)  # failure = a miss
+        self._redis = address.connect(policy)  # failure = a miss
         self._lock = threading.Lock()
         self._down_since: float | None = None
         self._retry_at = 0.0
-        self._backoff_s = RETRY_AFTER_S
+        self._backoff = Backoff(policy)
 
     @property
     def is_down(self) -> bool:
@@ -120,7 +117,7 @@ class StoreClient:
             now = self._clock()
             if self._down_since is None:
                 self._down_since = now
-                self._backoff_s = RETRY_AFTER_S
+                self._backoff.reset()
                 log.warning(
                     "KV store %s failed (%s: %s): blocks are recomputed and not written until "
                     "it answers again (logged once per outage)",
@@ -128,9 +125,7 @@ class StoreClient:
                     type(exc).__name__,
                     exc,
                 )
-            else:
-                self._backoff_s = min(self._backoff_s * 2, MAX_RETRY_AFTER_S)
-            self._retry_at = now + self._backoff_s
+            self._retry_at = now + self._backoff.next_delay()
 
     def _recovered(self) -> None:
         with self._lock:

@@ -1,4 +1,4 @@
-"""``StoreTier``: the shared store as the allocator's "store" tier (``kvcache/tiers.py``).
+"""``StoreTier``: the shared store as the allocator's "store" tier (``kvcache/tiers/contract.py``).
 
 ``match`` fetches the payloads of the leading hashes (MGET, a chunk at a time), verifies each
 (``codec.decode_payload``: magic, version, namespace, block hash, length, CRC-32) and stops at
@@ -18,7 +18,7 @@ import logging
 from collections.abc import Sequence
 
 from pagedkv.kvcache.hashing import BlockHash
-from pagedkv.kvcache.tiers import TIER_STORE
+from pagedkv.kvcache.tiers.contract import TIER_STORE
 from pagedkv.kvstore.client import StoreClient
 from pagedkv.kvstore.codec import Rejected, decode_payload, encode_payload, store_key
 from pagedkv.kvstore.counters import StoreCounters

@@ -13,8 +13,8 @@ Contracts:
   ``batch`` field, not a batch this version wrote) is skipped and counted (``num_malformed``;
   the first one is logged). An exception from ``on_batch`` is logged and the reader goes on.
 * Redis down or unreachable: ``connected`` turns False, ``last_error`` says why (logged once per
-  outage), and the reader retries with a back-off (``RETRY_AFTER_S`` doubling to
-  ``MAX_RETRY_AFTER_S``); once it answers again it continues after the last entry it read, so
+  outage), and the reader retries with the shared back-off (``kvstore/redis_policy.py``);
+  once it answers again it continues after the last entry it read, so
   nothing still in the stream is missed or seen twice.
 * ``stop()`` returns within about ``block_ms`` (plus a socket timeout when Redis hangs).
 """
@@ -26,14 +26,13 @@ import threading
 from collections.abc import Callable
 
 from pagedkv.kvcache.events import KVEventBatch
+from pagedkv.kvstore.address import parse_store_url
+from pagedkv.kvstore.redis_policy import Backoff, RedisPolicy
 
 log = logging.getLogger("pagedkv.router")
 
 BATCH_FIELD = b"batch"
 READ_COUNT = 256  # entries per XREAD: bounds one call's reply, not the rate
-CONNECT_TIMEOUT_S = 1.0
-RETRY_AFTER_S = 0.2
-MAX_RETRY_AFTER_S = 5.0
 
 
 class KVEventReader:
@@ -48,26 +47,22 @@ class KVEventReader:
         *,
         start_id: str = "0",
         block_ms: int = 200,
+        policy: RedisPolicy | None = None,
     ) -> None:
         """``url``: ``redis://HOST:PORT[/DB]``; ``stream``: the replica's stream name;
         ``start_id``: the entry id to read after (``"0"`` = from the start, ``"$"`` = only new
-        entries); ``block_ms`` (>= 1): how long one XREAD waits for new entries."""
+        entries); ``block_ms`` (>= 1): how long one XREAD waits for new entries. A ``url``
+        that is not ``redis://HOST[:PORT][/DB]`` is a ``ValueError``."""
         import redis  # the engine extra's dependency, imported only when a reader is built
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
 
         if block_ms < 1:
             raise ValueError(f"block_ms must be >= 1, got {block_ms}")
         self.url, self.stream, self.block_ms = url, stream, block_ms
         self._on_batch = on_batch
         self._errors = (redis.RedisError, OSError)
-        self._redis = redis.Redis.from_url(
-            url,
-            socket_connect_timeout=CONNECT_TIMEOUT_S,
-            # A blocked XREAD is silent for block_ms: the timeout must be longer than that.
-            socket_timeout=block_ms / 1000 + 2.0,
-            retry=Retry(NoBackoff(), 0),  # failures surface here and go through our back-off
-        )
+        # A blocked XREAD is silent for block_ms: the socket timeout must be longer than that.
+        self._redis = parse_store_url(url).connect(policy, blocking_read_s=block_ms / 1000)
+        self._backoff = Backoff(policy)
         self.last_id: str = start_id
         self.num_batches = 0
         self.num_malformed = 0
@@ -102,7 +97,6 @@ class KVEventReader:
         self._redis.close()
 
     def _run(self) -> None:
-        backoff_s = RETRY_AFTER_S
         while not self._stop.is_set():
             try:
                 if self.last_id == "$":  # pin "only new entries" once: "$" again would skip
@@ -113,13 +107,13 @@ class KVEventReader:
                 )
             except self._errors as exc:
                 self._failed(exc)
-                self._stop.wait(backoff_s)
-                backoff_s = min(backoff_s * 2, MAX_RETRY_AFTER_S)
+                self._stop.wait(self._backoff.next_delay())
                 continue
             if not self.connected:
                 if self.last_error is not None:
                     log.warning("KV event stream %s at %s answers again", self.stream, self.url)
-                self.connected, backoff_s = True, RETRY_AFTER_S
+                self.connected = True
+                self._backoff.reset()
             for _, entries in reply or ():
                 for entry_id, fields in entries:
                     if self._stop.is_set():

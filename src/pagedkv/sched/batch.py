@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from pagedkv.kvcache.hashing import BlockHash
-from pagedkv.kvcache.tiers import BlockLoad
+from pagedkv.kvcache.tiers.contract import BlockLoad
 from pagedkv.sched.sequence import Seq
 
 
@@ -39,7 +39,7 @@ class ScheduledBatch:
     Before the forward pass the engine applies, whole blocks and in this order:
 
     0. ``block_offloads``: ``(device_block, block_hash)`` evicted cached blocks copied into the
-       host tier (``kvcache/tiers.py``);
+       host tier (``kvcache/tiers/contract.py``);
     1. ``swap_out``: ``(device_block, host_block)`` copies of sequences swapped out this step;
     2. ``swap_in``: ``(host_block, device_block)`` copies of sequences swapped back in;
     3. ``block_copies``: ``(src_block, dst_block)`` device copies (copy-on-write of forks);

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pagedkv.kvcache.protocol import KVAllocator
-from pagedkv.kvcache.swap_space import SwapSpace
+from pagedkv.kvcache.tiers.swap_space import SwapSpace
 from pagedkv.sched.preemption import PREEMPTION_MODES, get_victim_policy
 from pagedkv.sched.scheduler import Scheduler
 

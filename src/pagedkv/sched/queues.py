@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 from pagedkv.kvcache.hashing import NO_EXTRA_KEYS, HashExtraKeys
 from pagedkv.kvcache.protocol import KVAllocator
-from pagedkv.kvcache.swap_space import SwapSpace
+from pagedkv.kvcache.tiers.swap_space import SwapSpace
 from pagedkv.sched.preemption import VictimPolicy, latest_arrival
 from pagedkv.sched.refusal import Refusal, never_fits
 from pagedkv.sched.sequence import FinishReason, Seq, SequenceStatus

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence as SequenceABC
 
-from pagedkv.kvcache.swap_space import swap_in, swap_out
-from pagedkv.kvcache.tiers import NO_TIER_ORDERS
+from pagedkv.kvcache.tiers.swap_space import swap_in, swap_out
+from pagedkv.kvcache.tiers.contract import NO_TIER_ORDERS
 from pagedkv.sched.batch import Fork, ScheduledBatch, ScheduledSeq, StepUpdate
 from pagedkv.sched.queues import RequestQueues
 from pagedkv.sched.sequence import FinishReason, Seq, SequenceStatus

@@ -1,4 +1,4 @@
-"""The KV event publisher's series for ``/metrics`` (``engine/kv_event_publisher.py``). Zeros
+"""The KV event publisher's series for ``/metrics`` (``kvstore/event_publisher.py``). Zeros
 without ``--kv-events``, so dashboards need no special case."""
 
 from __future__ import annotations

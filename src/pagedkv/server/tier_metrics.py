@@ -1,5 +1,5 @@
 """The lower KV tiers' series for ``/metrics``: prefix-hit tokens per tier (device, host,
-store) and the blocks and bytes each tier moved (``engine/tier_counts.py``), by kind."""
+store) and the blocks and bytes each tier moved (``kvcache/tiers/counts.py``), by kind."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, Metric
 
 from pagedkv.engine.stats import EngineSnapshot
-from pagedkv.engine.tier_counts import KINDS
-from pagedkv.kvcache.tiers import TIER_DEVICE, TIER_HOST, TIER_STORE
+from pagedkv.kvcache.tiers.counts import KINDS
+from pagedkv.kvcache.tiers.contract import TIER_DEVICE, TIER_HOST, TIER_STORE
 
 TIERS = (TIER_DEVICE, TIER_HOST, TIER_STORE)
 

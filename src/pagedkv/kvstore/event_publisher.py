@@ -15,7 +15,7 @@ drops every ordinary batch (they are deltas on a state readers no longer have) u
 *snapshot* batch (``AllBlocksCleared`` + every hash held now) is submitted. The snapshot is
 taken on the engine thread, which alone may read the allocator: the publisher raises
 ``snapshot_wanted`` once Redis answers again (it pings with a back-off while lost), and the
-engine's next drain submits the snapshot instead of the step's events (``kv_events.py``). It
+engine's next drain submits the snapshot instead of the step's events (``engine/kv/events.py``). It
 also asks for one every ``snapshot_every_batches`` batches, so that a stream trimmed by
 ``MAXLEN`` still holds a snapshot a late reader can start from.
 """
@@ -29,16 +29,13 @@ from dataclasses import dataclass
 from pagedkv.background import QueueThread
 from pagedkv.kvcache.events import KVEventBatch
 from pagedkv.kvstore.address import StoreAddress
+from pagedkv.kvstore.redis_policy import Backoff, RedisPolicy, policy_or_default
 
 log = logging.getLogger("pagedkv.kv_events")
 
 BATCH_FIELD = "batch"
 DEFAULT_MAXLEN = 100_000  # entries kept in the stream (approximately: MAXLEN ~)
 DEFAULT_MAX_QUEUED_BATCHES = 4096
-CONNECT_TIMEOUT_S = 0.25
-SOCKET_TIMEOUT_S = 0.5
-RETRY_AFTER_S = 0.25
-MAX_RETRY_AFTER_S = 4.0
 PIPELINE_BATCHES = 64  # XADDs per round trip when batches queued up
 
 
@@ -66,6 +63,7 @@ class KVEventPublisher(QueueThread):
         maxlen: int = DEFAULT_MAXLEN,
         max_queued_batches: int = DEFAULT_MAX_QUEUED_BATCHES,
         snapshot_every_batches: int | None = None,
+        policy: RedisPolicy | None = None,
     ) -> None:
         import redis  # the engine extra's dependency, imported only when events are on
 
@@ -73,7 +71,9 @@ class KVEventPublisher(QueueThread):
         self.address, self.stream, self.maxlen = address, stream, maxlen
         self.counts = PublisherCounts()
         self._errors = (redis.RedisError, OSError)
-        self._redis = address.connect(SOCKET_TIMEOUT_S, CONNECT_TIMEOUT_S)  # failure = a drop
+        self.policy = policy_or_default(policy)
+        self._redis = address.connect(self.policy)  # failure = a drop
+        self._backoff = Backoff(self.policy)
         self._max_queued = max_queued_batches
         self._snapshot_every = snapshot_every_batches or max(maxlen // 2, 1)
         self._since_snapshot = 0
@@ -115,7 +115,7 @@ class KVEventPublisher(QueueThread):
     # -- the publisher's thread ------------------------------------------------------------
 
     def _run(self) -> None:
-        backoff_s = RETRY_AFTER_S
+        backoff_s = self._backoff.next_delay()
         while True:
             with self._cond:
                 probing = self._lost and self.is_down
@@ -131,8 +131,9 @@ class KVEventPublisher(QueueThread):
                     chunk = [self._queue.popleft() for _ in range(n)]
                     self._in_flight += 1
             if probing:
-                ok = self._ping()
-                backoff_s = RETRY_AFTER_S if ok else min(backoff_s * 2, MAX_RETRY_AFTER_S)
+                if self._ping():
+                    self._backoff.reset()
+                backoff_s = self._backoff.next_delay()
                 continue
             try:
                 self._send(chunk)

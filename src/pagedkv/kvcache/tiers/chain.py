@@ -1,4 +1,4 @@
-"""``TierChain``: the allocator's side of the lower tiers (see ``tiers.py`` for the contract).
+"""``TierChain``: the allocator's side of the lower tiers (see ``contract.py`` for the contract).
 
 It continues a hash chain where the device index stops, remembers which tier supplies which
 block between ``match_prefix`` and the admission right after it, turns the pool's evictions
@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from pagedkv.kvcache.hashing import BlockHash
 from pagedkv.kvcache.protocol import KVCacheStats
-from pagedkv.kvcache.tiers import TIER_DEVICE, BlockLoad, KVTier, TierOrders
+from pagedkv.kvcache.tiers.contract import TIER_DEVICE, BlockLoad, KVTier, TierOrders
 
 log = logging.getLogger("pagedkv.kvcache")
 

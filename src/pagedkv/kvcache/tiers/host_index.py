@@ -3,7 +3,7 @@
 The host tier keeps blocks the device evicted, keyed by the same chained block hash, in a host
 pool of ``num_blocks`` slots in the device pool's block layout (the engine owns the tensors:
 ``engine/host_tier.py``). This index owns the facts: which hash sits in which host slot, the
-LRU order, and the per-step pins of the ``KVTier`` contract (``tiers.py``):
+LRU order, and the per-step pins of the ``KVTier`` contract (``tiers/contract.py``):
 
 * a hash offered (offloaded) in a step is pinned and *pending*: not matched before the engine
   has executed the step's offloads, and its slot not reused by another offer of the step;
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 from pagedkv.kvcache.events import MEDIUM_HOST, KVEventLog
 from pagedkv.kvcache.hashing import BlockHash
-from pagedkv.kvcache.tiers import TIER_HOST
+from pagedkv.kvcache.tiers.contract import TIER_HOST
 
 
 class HostTierIndex:
