@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pagedkv.kvcache import KVAllocator, ReservedAllocator
+from pagedkv.kvcache.events import KVEventLog, replay
 
 from .conftest import Seq, admit
 
@@ -15,6 +16,23 @@ def occupied_slots(alloc: KVAllocator, seqs: list[Seq]) -> dict[int, list[int]]:
 
 def test_satisfies_protocol(make_alloc):
     assert isinstance(make_alloc(4096), KVAllocator)
+
+
+def test_events_replay_to_the_prefix_hashes_and_no_tier_orders_without_tiers(make_alloc):
+    """What the engine, the simulator and the scheduler call besides the slots, on every
+    allocator: the event log replays to ``prefix_hashes()``, and without lower tiers a step
+    orders no tier copies."""
+    alloc = make_alloc(4096)
+    log = KVEventLog()
+    alloc.enable_events(log)
+    held: set[bytes] = {b"stale"}  # AllBlocksCleared must come first
+    a, b = Seq(1, list(range(40))), Seq(2, list(range(30)) + [9] * 10)
+    admit(alloc, a)
+    admit(alloc, b)
+    alloc.free(a)
+    replay(log.drain(), held)
+    assert held == alloc.prefix_hashes()
+    assert alloc.drain_tier_orders().is_empty
 
 
 def test_slots_follow_the_block_table_formula(make_alloc):

@@ -35,7 +35,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from pagedkv.kvcache.hashing import HashExtraKeys
+from pagedkv.kvcache.events import KVEventLog
+from pagedkv.kvcache.hashing import BlockHash, HashExtraKeys
+from pagedkv.kvcache.tiers.contract import TierOrders
 
 
 @runtime_checkable
@@ -168,4 +170,27 @@ class KVAllocator(Protocol):
 
     def check_invariants(self) -> None:
         """Raise AssertionError if any bookkeeping invariant is broken."""
+        ...
+
+    # -- what the engine, the simulator and a router's index read besides the slots --------
+
+    def enable_events(self, log: KVEventLog) -> None:
+        """From now on report every block hash entering or leaving the prefix cache to ``log``
+        (``events.py``), starting with ``AllBlocksCleared`` and the hashes held now, so that
+        replaying the log gives ``prefix_hashes()``. An allocator without a prefix cache
+        (reserved) reports only that it holds nothing. Called by the engine's KV events and
+        the simulator's replicas; the radix allocator requires it before the first admission
+        (ValueError after)."""
+        ...
+
+    def prefix_hashes(self) -> set[BlockHash]:
+        """The chained hashes of every block the device prefix cache holds now (lower tiers'
+        are not included). A fresh set the caller may keep; O(cached blocks): for snapshots
+        and checks, not for every step."""
+        ...
+
+    def drain_tier_orders(self) -> TierOrders:
+        """The lower-tier copies (offloads, loads, saves) ordered since the last call, handed
+        out once; ``NO_TIER_ORDERS`` for an allocator without lower tiers. The scheduler calls
+        it at the end of every ``schedule()`` and puts the orders in the batch."""
         ...

@@ -23,7 +23,6 @@ from __future__ import annotations
 from collections.abc import Sequence as SequenceABC
 
 from pagedkv.kvcache.tiers.swap_space import swap_in, swap_out
-from pagedkv.kvcache.tiers.contract import NO_TIER_ORDERS
 from pagedkv.sched.batch import Fork, ScheduledBatch, ScheduledSeq, StepUpdate
 from pagedkv.sched.queues import RequestQueues
 from pagedkv.sched.sequence import FinishReason, Seq, SequenceStatus
@@ -129,9 +128,7 @@ class Scheduler(RequestQueues):
         copies = [c for cs in self._pending_copies.values() for c in cs]
         self._pending_copies.clear()
         refused, self._refused = self._refused, []
-        # Duck-typed: an allocator without lower tiers (or a test double) orders no tier copies.
-        drain = getattr(alloc, "drain_tier_orders", None)
-        tiers = drain() if drain is not None else NO_TIER_ORDERS
+        tiers = alloc.drain_tier_orders()  # empty for an allocator without lower tiers
         return ScheduledBatch(
             self._step,
             tuple(out),
