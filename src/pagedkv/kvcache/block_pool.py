@@ -115,11 +115,13 @@ class BlockPool:
             on_evict, events = self.on_evict, self.events
             for _ in range(num_blocks - k):
                 b = pop()
+                h = hashes[b]
+                assert h is not None  # a cached block holds its hash
                 if on_evict is not None:
-                    on_evict(b, hashes[b])
+                    on_evict(b, h)
                 if events is not None:
-                    events.removed(hashes[b])
-                del index[hashes[b]]  # the only holder of its hash (see the docstring)
+                    events.removed(h)
+                del index[h]  # the only holder of its hash (see the docstring)
                 hashes[b] = None
                 out.append(b)
             self.num_evictions += num_blocks - k
@@ -230,9 +232,11 @@ class BlockPool:
         cached = self._cached.in_order()
         events = self.events
         for b in cached:
+            h = hashes[b]
+            assert h is not None  # a cached block holds its hash
             if events is not None:
-                events.removed(hashes[b])
-            del index[hashes[b]]
+                events.removed(h)
+            del index[h]
             hashes[b] = None
         self._empty[:0] = cached[::-1]  # the stack's bottom is the back of the free order
         self._cached.clear()

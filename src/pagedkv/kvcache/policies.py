@@ -57,6 +57,10 @@ POLICIES: dict[str, Policy] = {
 }
 
 
+# The allocators ``KIND:B`` may name (reserved has no block size to give).
+_EXPLICIT_KINDS: dict[str, AllocatorKind] = {"paged": "paged", "radix": "radix"}
+
+
 def get_policy(name: str) -> Policy:
     """A preset by name, or ``KIND:B`` for an explicit combination (``paged:32``,
     ``radix:16``, ``paged-nocache:8``); ValueError lists the choices."""
@@ -64,9 +68,11 @@ def get_policy(name: str) -> Policy:
         return POLICIES[name]
     kind, sep, size = name.partition(":")
     caching = not kind.endswith("-nocache")
-    kind = kind.removesuffix("-nocache")
-    if sep and kind in ("paged", "radix") and size.isdigit() and int(size) >= 1:
-        return Policy(name, kind, int(size), caching, f"explicit {kind} allocator, block {size}")
+    allocator = _EXPLICIT_KINDS.get(kind.removesuffix("-nocache"))
+    if sep and allocator is not None and size.isdigit() and int(size) >= 1:
+        return Policy(
+            name, allocator, int(size), caching, f"explicit {allocator} allocator, block {size}"
+        )
     raise ValueError(
         f"unknown policy {name!r}; presets: {', '.join(POLICIES)}; "
         "or KIND:B with KIND in paged, paged-nocache, radix and B >= 1"

@@ -288,7 +288,8 @@ class RadixAllocator(BlockTableAllocator):
         if self.events is not None:
             assert self.events.of_page.keys() == on_tree.keys(), "a tree page without a hash"
         for sid, st in self._seqs.items():  # a sequence's tree pages are its tree path
-            node, pages = st.tree_node, []
+            node = st.tree_node
+            pages: list[int] = []
             while isinstance(node, RadixNode) and node.parent is not None:
                 pages[:0] = node.pages
                 node = node.parent

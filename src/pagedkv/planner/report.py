@@ -167,7 +167,7 @@ def render_plan(plan: Plan, console: Console, resolution_log: str | None = None)
         style = "bold green" if row.block_size == plan.recommended_block_size else None
         table.add_row(*cells, style=style)
     console.print(table)
-    if has_capacity:
+    if plan.pool_bytes is not None:  # has_capacity, spelled so that the type narrows
         waste = ledgers.reserved_waste_rate(workload.mean_len_tokens, workload.max_len_tokens)
         console.print(
             f"capacity: KV pool {plan.pool_bytes / 2**30:.2f} GiB -> reserving max_len fits "

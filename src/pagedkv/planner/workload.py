@@ -68,9 +68,12 @@ class Workload:
         num_prefix_hits: int = 0,
     ) -> Workload:
         """A parametric workload; a missing mean or max length defaults to the other one."""
-        if mean_len_tokens is None and max_len_tokens is None:
+        if mean_len_tokens is not None:
+            mean = float(mean_len_tokens)
+        elif max_len_tokens is not None:
+            mean = float(max_len_tokens)
+        else:
             raise UsageError("give the sequence length: --mean-len and/or --max-len (or --trace)")
-        mean = float(mean_len_tokens if mean_len_tokens is not None else max_len_tokens)
         max_len = int(max_len_tokens if max_len_tokens is not None else -(-mean // 1))
         return cls(num_seqs, mean, max_len, tuple(prefix_lens_tokens), num_prefix_hits)
 

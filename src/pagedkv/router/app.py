@@ -17,12 +17,11 @@ from contextlib import asynccontextmanager
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel
 from starlette.types import Receive, Scope, Send
 
 from pagedkv.model.tokenizer import Tokenizer
 from pagedkv.router.config import RouterConfig
-from pagedkv.router.edge import Edge
+from pagedkv.router.edge import Edge, RoutedKind
 from pagedkv.router.forward import Forwarder, ReplicaTimeout, StreamRelay
 from pagedkv.router.handshake import ReplicaInfo
 from pagedkv.router.health import HealthMonitor
@@ -129,7 +128,7 @@ async def chat_completions(request: Request) -> Response:
     return await _route(request, p.ChatCompletionRequest, "/v1/chat/completions")
 
 
-async def _route(request: Request, kind: type[BaseModel], path: str) -> Response:
+async def _route(request: Request, kind: RoutedKind, path: str) -> Response:
     st = request.app.state
     metrics: RouterMetrics = st.metrics
     started_s = time.perf_counter()

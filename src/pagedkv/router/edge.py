@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from pagedkv.errors import UsageError
 from pagedkv.kvcache.hashing import BlockHash, HashExtraKeys
@@ -27,6 +27,10 @@ from pagedkv.server.request_params import engine_inputs
 
 # The cap serve applies by default; a replica started with another cap applies its own.
 MAX_SAMPLES_PER_REQUEST = 1024
+
+# The requests a router routes, and their pydantic classes.
+RoutedRequest = p.CompletionRequest | p.ChatCompletionRequest
+RoutedKind = type[p.CompletionRequest] | type[p.ChatCompletionRequest]
 
 
 @dataclass(frozen=True)
@@ -73,7 +77,7 @@ class Edge:
         self.block_size, self.hash_algorithm = block_size, hash_algorithm
         self.rules = RouterRules(max_model_len, block_size)
 
-    def parse(self, body: bytes, kind: type[BaseModel]):
+    def parse(self, body: bytes, kind: RoutedKind) -> RoutedRequest:
         """The validated request model (a 400 naming the field otherwise)."""
         if len(body) > MAX_BODY_BYTES:
             raise APIError(f"the body exceeds {MAX_BODY_BYTES} bytes", 413, code="body_too_large")
@@ -86,7 +90,7 @@ class Edge:
                            f"{self.model!r}", 404, param="model", code="model_not_found")  # fmt: skip
         return req
 
-    def route_key(self, req: p.CompletionRequest | p.ChatCompletionRequest) -> RouteKey:
+    def route_key(self, req: RoutedRequest) -> RouteKey:
         """Tokenize and judge ``req`` (``APIError`` as serve would answer); slow for long
         prompts: call it off the event loop."""
         inputs = engine_inputs(req, self.tokenizer, self.rules, MAX_SAMPLES_PER_REQUEST)

@@ -77,11 +77,11 @@ class PrefixIndex:
                         per = holders.setdefault(h, {})
                         per[replica] = per.get(replica, 0) + 1
             elif isinstance(ev, BlockRemoved):
-                held = media.get(ev.medium)
-                if held:
+                medium = media.get(ev.medium)  # None: nothing of that medium held yet
+                if medium:
                     for h in ev.block_hashes:
-                        if h in held:
-                            held.discard(h)
+                        if h in medium:
+                            medium.discard(h)
                             self._unhold(h, replica)
             else:  # AllBlocksCleared
                 self._clear(replica)

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from pagedkv.engine import SamplingParams
-from pagedkv.engine.stats import EngineInfo
 from pagedkv.engine.structured import StructuredOutput
 from pagedkv.errors import UsageError
 from pagedkv.model.tokenizer import Tokenizer
@@ -27,11 +26,19 @@ from pagedkv.server.tools import ToolUse, tool_messages, tool_use
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions route
 
 
+class ContextLimit(Protocol):
+    """What translating a request reads of the engine's fixed facts (``EngineInfo`` has it;
+    so has a router, which has no engine)."""
+
+    @property
+    def max_model_len(self) -> int: ...
+
+
 class EngineRules(Protocol):
     """The part of the engine a handler may use from its own thread."""
 
     @property
-    def info(self) -> EngineInfo: ...
+    def info(self) -> ContextLimit: ...
 
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None: ...
 
@@ -143,7 +150,7 @@ def _echo(req, prompts: list[list[int]], tokenizer: Tokenizer) -> Echo:
 def sampling_params(
     req: CompletionRequest | ChatCompletionRequest,
     longest_prompt_tokens: int,
-    info: EngineInfo,
+    info: ContextLimit,
     calls_grammar: StructuredOutput | None = None,
 ) -> tuple[SamplingParams, dict[str, str]]:
     """The engine's ``SamplingParams`` of the request (its ``UsageError`` as a 400), and the

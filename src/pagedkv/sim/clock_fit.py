@@ -123,6 +123,7 @@ def fit_clock(
                 trial = least_squares(residuals, x0, loss="soft_l1", f_scale=0.05, diff_step=1e-3)
             if sol is None or trial.cost < sol.cost:
                 sol = trial
+        assert sol is not None  # _START_SHIFTS is not empty: at least one start ran
         clock = with_params(clock, dict(zip(names, map(float, np.exp(sol.x)), strict=True)))
         dof = max(1, len(group) - len(names))
         s2 = float(np.sum(sol.fun**2)) / dof

@@ -26,6 +26,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from array import array
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -132,7 +133,7 @@ class Cluster:
             if rep.events is not None:
                 index.apply(name, rep.events.drain())
         slot = {name: r for r, name in enumerate(names)}
-        pending: list[list[tuple[int, Sequence[int]]]] = [[] for _ in reps]
+        pending: list[list[tuple[int, array]]] = [[] for _ in reps]  # (request, prompt ids)
         busy = [False] * len(reps)
         heap: list[tuple[float, int]] = []  # (next step boundary, replica) of busy replicas
         served_by = [-1] * len(reqs)

@@ -49,6 +49,7 @@ KV_POOL_BYTES = 12 * 10**9  # ~30 % of 40 GB once OPT-13B's 26 GB are loaded (pa
 SWAP_SPACE_BYTES = 4 * GIB  # vLLM's default --swap-space
 MAX_MODEL_LEN = 2048  # OPT's context
 MAX_BATCHED_TOKENS = 2048  # vLLM v0: max(max_model_len, 2048), no chunked prefill
+MAX_NUM_SEQS = 256  # vLLM's default, which the paper's runs kept
 RATE_PER_S = 3.0  # ShareGPT-like requests per second: the pool fills and preempts
 NUM_REQUESTS, QUICK_NUM_REQUESTS = 400, 120
 SEED = 0
@@ -75,6 +76,7 @@ def _e2e_point(point: Point) -> dict[str, Any]:
     swap = point.mode == "swap"
     config = SchedulerConfig(
         max_model_len=MAX_MODEL_LEN,
+        max_num_seqs=MAX_NUM_SEQS,
         max_num_batched_tokens=MAX_BATCHED_TOKENS,
         chunked_prefill=False,
         preemption_mode=point.mode,
@@ -90,12 +92,15 @@ def _e2e_point(point: Point) -> dict[str, Any]:
         kv_record_bytes=model.kv_record_bytes,
         transfers_per_block=point.transfers_per_block,
     ).run()
-    done = [r for r in result.records if not r.refused and r.finish_s is not None]
-    norm = [(r.finish_s - r.arrival_s) / max(1, r.num_output_tokens) for r in done]
+    norm = [  # seconds per output token of each finished request
+        (r.finish_s - r.arrival_s) / max(1, r.num_output_tokens)
+        for r in result.records
+        if not r.refused and r.finish_s is not None
+    ]
     return {
         **point._asdict(),
         "normalized_latency_s_per_token": sum(norm) / len(norm) if norm else None,
-        "num_finished": len(done),
+        "num_finished": len(norm),
         "num_refused": sum(r.refused for r in result.records),
         "preemptions": result.preemptions,
         "recomputed_tokens": result.recomputed_tokens,

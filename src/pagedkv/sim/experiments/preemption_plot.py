@@ -76,12 +76,12 @@ def save_preemption_plot(result: dict[str, Any], path: Path) -> Path:
             continue
         n = r["transfers_per_block"]
         if r["mode"] == "recompute":
-            key = ("recompute", _RECOMPUTE)
+            style = ("recompute", _RECOMPUTE)
         elif n == 1:
-            key = ("swap, 1 transfer/block", _SWAP_ONE)
+            style = ("swap, 1 transfer/block", _SWAP_ONE)
         else:
-            key = (f"swap, {n} transfers/block", _SWAP_PER_LAYER)
-        series.setdefault(key, []).append((r["block_size"], r["normalized_latency_s_per_token"]))
+            style = (f"swap, {n} transfers/block", _SWAP_PER_LAYER)
+        series.setdefault(style, []).append((r["block_size"], r["normalized_latency_s_per_token"]))
     for (label, color), pts in series.items():
         pts.sort()
         ax_c.plot([b for b, _ in pts], [v for _, v in pts], "o-", label=label, color=color)
