@@ -117,3 +117,20 @@ def test_a_request_the_pool_can_never_hold_is_a_usage_error(tmp_path, capsys):
     assert cli.main([*argv, "--kv-cache-memory", "64KiB", "hello"]) == 2
     err = capsys.readouterr().err
     assert "pagedkv generate: error: PROMPT 1: n = 64 samples" in err and "Traceback" not in err
+
+
+def test_no_parser_takes_an_abbreviation() -> None:
+    parser = cli.build_parser()
+    commands = next(a for a in parser._actions if a.dest == "command").choices
+    assert not parser.allow_abbrev and commands
+    assert all(not p.allow_abbrev for p in commands.values())
+
+
+def test_a_misspelled_flag_is_the_commands_error_with_its_usage(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["generate", "--max-token", "5", "hello"])  # not taken as --max-tokens
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: pagedkv generate ")
+    assert err.endswith("pagedkv generate: error: unrecognized arguments: --max-token\n")
+    assert "usage: pagedkv [-h]" not in err

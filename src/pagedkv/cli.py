@@ -35,8 +35,28 @@ COMMAND_MODULES: tuple[str, ...] = (
 )
 
 
+class Parser(argparse.ArgumentParser):
+    """No abbreviations: ``--max-token`` is a mistake to report, not ``--max-tokens`` (and a
+    flag added later would silently change what an old abbreviation meant)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+
+class CommandParser(Parser):
+    """A command's parser: an argument it does not know is this command's error, with its own
+    usage (`pagedkv generate: error: ...`), not handed up to the top-level parser."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="pagedkv",
         description=(
             "An LLM inference engine built around a paged KV cache, with a block-size planner "
@@ -44,7 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument("--version", action="version", version=f"pagedkv {__version__}")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    subparsers = parser.add_subparsers(
+        dest="command", metavar="COMMAND", required=True, parser_class=CommandParser
+    )
     for module_name in COMMAND_MODULES:
         importlib.import_module(module_name).register(subparsers)
     return parser
