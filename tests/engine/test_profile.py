@@ -4,6 +4,7 @@ the profile it writes is one the simulator accepts."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -66,7 +67,10 @@ def test_profile_quick_writes_a_profile_the_simulator_accepts(tiny_folder, tmp_p
     flags = ["--quick", "--model", str(tiny_folder), "-o", str(out), "--clock", clock]
     code = cli.main(["profile", *flags, "--threads", "1"])
     assert code == 0
-    assert "wrote" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert "wrote" in printed.out and "points done" not in printed.out
+    # Progress on stderr, a line per grid point where no live bar can show (not a terminal).
+    assert re.search(r"^pagedkv profile: (\d+)/\1 points done, ", printed.err, re.M), printed.err
     data = json.loads(out.read_text())
     assert data["model"] == str(tiny_folder) and data["block_sizes"] == [16]
     assert data["threads"] == 1 and data["torch"] and data["clock"] == clock

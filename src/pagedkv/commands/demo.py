@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from pagedkv.commands.busy_machine import warn_if_busy
 from pagedkv.commands.engine_flags import add_engine_args, engine_config, print_stats
+from pagedkv.commands.progress import BatchProgress
 from pagedkv.errors import UsageError
 
 SYSTEM_PROMPT = (
@@ -58,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     params = SamplingParams(max_tokens=args.max_tokens)  # flags checked before the load
     configs = {policy: engine_config(args, policy=policy) for policy in (args.policy, "reserved")}
+    warn_if_busy("demo")
     loaded = load_model(args.model, args.dtype, weights=args.weights)
     results = {}
     for policy, config in configs.items():
@@ -72,16 +75,20 @@ def run(args: argparse.Namespace) -> int:
         streamed = policy == args.policy
         if streamed:
             console.rule(f"[bold]{QUESTIONS[0]}")
-        printed = 0
+        printed, streaming = 0, streamed
+        progress = BatchProgress(len(ids), f"pagedkv demo, policy {policy}", "requests")
         while engine.has_unfinished():
-            for out in engine.step():
-                if streamed and out.request_id == ids[0]:
+            outputs = engine.step()
+            for out in outputs:
+                if streaming and out.request_id == ids[0]:
                     text = out.outputs[0].text
                     sys.stdout.write(text[printed:])
                     sys.stdout.flush()
                     printed = len(text)
-        if streamed:
-            sys.stdout.write("\n")
+                    if out.finished:  # the answer's line is complete: progress may follow
+                        sys.stdout.write("\n")
+                        streaming = False
+            progress.update(outputs, quiet=streaming)  # never inside the streamed answer
         results[policy] = (engine.stats(), engine.info)
         print_stats(results[policy][0], title=f"{len(prompts)} chat requests — policy {policy}")
     table = Table(title="what paging saves on the same KV pool")

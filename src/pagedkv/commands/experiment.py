@@ -3,7 +3,9 @@
 Each experiment is a module of ``pagedkv.sim.experiments`` with ``DESCRIPTION``,
 ``run(*, quick, workers, progress) -> dict`` (every point, JSON-ready) and
 ``plot(result, png_path)``; it is imported only when it runs, so one missing module costs only
-its own name. Output: ``DIR/experiments/NAME.json`` and ``DIR/img/NAME.png`` (DIR = docs).
+its own name. Output: ``DIR/experiments/NAME.json`` and ``DIR/img/NAME.png``, DIR = results
+by default (a scratch folder: the committed figures live under docs/, and rewriting a file git
+tracks needs ``--force``, as regenerating them with ``--out docs --force`` does).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from pagedkv.commands.overwrite import add_force_flag, check_overwrite
 from pagedkv.errors import UsageError
 
 # name -> module under pagedkv.sim.experiments
@@ -45,11 +48,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "experiment",
         help="run a paper's sweep through the simulator; write its JSON and figure",
         description="Run one of the PagedAttention paper's experiments (or the routing sweep) "
-        "through the simulator and write DIR/experiments/NAME.json (every point) and DIR/img/NAME.png. "
-        "Experiments: " + "; ".join(EXPERIMENTS),
+        "through the simulator and write DIR/experiments/NAME.json (every point) and "
+        "DIR/img/NAME.png. DIR is results/ unless --out; a file git tracks (the copies under "
+        "docs/) is overwritten only with --force. Experiments: " + "; ".join(EXPERIMENTS),
     )
     p.add_argument("name", metavar="NAME", help=f"one of {', '.join(EXPERIMENTS)}")
-    p.add_argument("--out", default="docs", metavar="DIR", help="output folder (docs)")
+    p.add_argument("--out", default="results", metavar="DIR",
+                   help="output folder (results; the docs' own copies: --out docs --force)")  # fmt: skip
+    add_force_flag(p)
     p.add_argument("--quick", action="store_true", help="fewer requests per point (a smoke run)")
     p.add_argument("--workers", metavar="N", help="processes (default: every core)")
     p.set_defaults(func=run)
@@ -71,6 +77,8 @@ def run(a: argparse.Namespace) -> int:
     out = Path(a.out)
     json_path = out / "experiments" / f"{a.name}.json"
     png_path = out / "img" / f"{a.name}.png"
+    for path in (json_path, png_path):  # before the sweep's minutes, not after
+        check_overwrite(path, "--out", a.force)
     for folder in (json_path.parent, png_path.parent):
         try:
             folder.mkdir(parents=True, exist_ok=True)

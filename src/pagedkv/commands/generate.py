@@ -1,8 +1,8 @@
 """`pagedkv generate`: run a model on prompts, batched, with paged KV.
 
-One prompt streams its text to the terminal; several run as one continuous batch and print as
-they finish. Ends with a short stats table. Without ``--model`` the embedded
-SmolLM2-135M-Instruct runs.
+One prompt streams its text to the terminal; several run as one continuous batch and print
+once all are done, with progress lines on stderr as they finish. Ends with a short stats
+table. Without ``--model`` the embedded SmolLM2-135M-Instruct runs.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+from pagedkv.commands.busy_machine import warn_if_busy
 from pagedkv.commands.engine_flags import (
     add_engine_args,
     add_sampling_args,
@@ -19,6 +20,7 @@ from pagedkv.commands.engine_flags import (
     print_stats,
     sampling_params,
 )
+from pagedkv.commands.progress import run_batch
 from pagedkv.errors import UsageError
 
 
@@ -70,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     config = engine_config(args)
     from pagedkv.engine import LLMEngine
 
+    warn_if_busy("generate")
     engine = LLMEngine(config)
     if args.chat:
         system = [{"role": "system", "content": args.system}] if args.system is not None else []
@@ -91,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
             outputs = [out]
         sys.stdout.write("\n")
     else:
-        outputs = engine.generate(prompts, params)
+        outputs = run_batch(engine, prompts, params, "pagedkv generate")
         for i, out in enumerate(outputs):
             if args.json:
                 print(json.dumps(_as_json(out), ensure_ascii=False))

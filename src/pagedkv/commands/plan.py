@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 
+from pagedkv.commands.overwrite import add_force_flag
 from pagedkv.commands.plot_path import prepare_plot_path
 from pagedkv.errors import UsageError
 from pagedkv.units import parse_bytes, parse_count, parse_int_list, parse_tokens
@@ -59,7 +60,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     mem.add_argument("--activations", metavar="SIZE", default="0", help="activation bytes")
     mem.add_argument("--overhead", metavar="SIZE", default="0", help="other reserved bytes")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
-    p.add_argument("--plot", metavar="FILE.png", help="also write the plot (matplotlib)")
+    p.add_argument("--plot", metavar="FILE.png", help="also write the plot (matplotlib); a "
+                   "file git tracks only with --force")  # fmt: skip
+    add_force_flag(p)
     p.set_defaults(func=run)
 
 
@@ -187,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
     from pagedkv.planner.report import plan_to_json, render_plan
 
     if args.plot:
-        prepare_plot_path(args.plot)
+        prepare_plot_path(args.plot, args.force)
     layout = _layout(args)
     workload = _workload(args)
     plan = build_plan(

@@ -19,6 +19,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from pagedkv.commands.busy_machine import warn_if_busy
+from pagedkv.commands.progress import ProgressLines
 from pagedkv.errors import UsageError
 from pagedkv.pages.kv_dtypes import ENGINE_DTYPES
 
@@ -124,6 +126,9 @@ def run(args: argparse.Namespace) -> int:
     from pagedkv.engine import EngineConfig
 
     base = EngineConfig(model=args.model, dtype=args.dtype, log_startup=False)
+    if args.clock == "wall":  # CPU time leaves other processes out already
+        warn_if_busy("profile", args.threads, "--threads 1 --clock cpu",
+                     "timed steps include the wait for the CPU; --clock cpu leaves it out")  # fmt: skip
     profile = measure(base, plan, args.threads, args.seed, progress=True, clock=args.clock)
     profile.write(output)
     _report(profile, output)
@@ -141,6 +146,7 @@ def measure(
 ):
     """Load the model (unless ``loaded``), time ``plan`` on ``clock`` and fit: the
     ``CostProfile`` (not yet written)."""
+    import rich.console
     import rich.progress
     import torch
 
@@ -156,11 +162,20 @@ def measure(
         *rich.progress.Progress.get_default_columns(),
         rich.progress.TextColumn("{task.fields[what]}"),
     )
-    with rich.progress.Progress(*columns, disable=not progress, transient=True) as bar:
+    # A live bar on a terminal's stderr; elsewhere (a log, a pipe) rich would show nothing
+    # until the end, so a plain line per grid point instead. stdout keeps only the report.
+    console = rich.console.Console(stderr=True)
+    live = progress and console.is_terminal
+    lines = ProgressLines(plan.num_points, "pagedkv profile", "points")
+    with rich.progress.Progress(*columns, console=console, disable=not live,
+                                transient=True) as bar:  # fmt: skip
         task = bar.add_task("profiling", total=plan.num_points, what="")
-        samples = profile_engine(
-            loaded, base, plan, lambda what: bar.update(task, advance=1, what=what), seed, clock
-        )
+
+        def on_point(what: str) -> None:
+            bar.update(task, advance=1, what=what)
+            lines.advance(1, what, quiet=live or not progress)
+
+        samples = profile_engine(loaded, base, plan, on_point, seed, clock)
     meta = {
         "model": base.model or "embedded SmolLM2-135M-Instruct",
         "dtype": base.dtype,

@@ -17,6 +17,7 @@ import os
 import sys
 from pathlib import Path
 
+from pagedkv.commands.busy_machine import warn_if_busy
 from pagedkv.commands.engine_flags import add_engine_args, engine_config
 
 # The cap's default, repeated here so that parsing flags needs no server import (FastAPI is
@@ -156,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     try:
+        warn_if_busy("serve")
         engine = LLMEngine(engine_cfg)
     except BaseException:
         sock.close()

@@ -13,6 +13,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from pagedkv.commands.engine_flags import add_swap_args, swap_space_bytes
+from pagedkv.commands.overwrite import add_force_flag
 from pagedkv.commands.plot_path import prepare_plot_path
 from pagedkv.errors import UsageError
 from pagedkv.units import parse_bytes, parse_count, parse_int_list, parse_number, parse_tokens
@@ -191,7 +192,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print one JSON object per run")
-    out.add_argument("--plot", metavar="FILE.png", help="KV utilization, running, waste plots")
+    out.add_argument("--plot", metavar="FILE.png", help="KV utilization, running, waste plots "
+                     "(a file git tracks only with --force)")  # fmt: skip
+    add_force_flag(out)
     out.add_argument("--sample-interval", default="1", metavar="S", help="simulated s/sample")
     p.set_defaults(func=run)
 
@@ -199,7 +202,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(a: argparse.Namespace) -> int:
     config = validate(a)
     if a.plot:
-        prepare_plot_path(a.plot)
+        prepare_plot_path(a.plot, a.force)
     from rich.console import Console
     from rich.markup import escape
 

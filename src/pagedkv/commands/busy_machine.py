@@ -1,0 +1,63 @@
+"""One warning line at start-up when other processes already keep the cores busy.
+
+The engine's OpenMP threads spin while they wait for each other: when another process holds
+the core one of them needs, the whole step waits (on a busy 2-core machine two threads ran 9x
+slower than one). Nothing else would tell the user why it is slow, nor that fewer threads help.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# The 1-minute load average of an idle machine is rarely 0 (a shell, cron, the kernel's own
+# threads): only a load at least this far above the cores left free counts as busy.
+IDLE_LOAD_NOISE = 0.5
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which a container may narrow)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def busy_warning(
+    command: str, threads: int, cores: int, load_1min: float, fix: str, one_thread: str = ""
+) -> str | None:
+    """The warning when the 1-minute load average (other processes' work: this one has not
+    started yet) is above the ``cores - threads`` left free; None otherwise. ``fix`` says how
+    to run fewer threads; ``one_thread`` what to do when there is only one already."""
+    if load_1min < cores - threads + IDLE_LOAD_NOISE:
+        return None
+    if threads > 1:
+        advice = (
+            "threads that spin waiting for a busy core can make every step many times slower; "
+            f"try {fix}"
+        )
+    else:
+        advice = one_thread or "steps take longer than on a quiet machine"
+    return (
+        f"pagedkv {command}: warning: this machine is busy (1-minute load {load_1min:.1f} on {cores} cores) and "
+        f"pagedkv runs {threads} thread{'' if threads == 1 else 's'}: {advice}"
+    )
+
+
+def warn_if_busy(
+    command: str, threads: int | None = None, fix: str = "OMP_NUM_THREADS=1", one_thread: str = ""
+) -> str | None:
+    """Print ``busy_warning`` to stderr (and return it) for ``threads`` (default: torch's
+    intra-op threads, which pagedkv's kernels use too); nothing where no load average exists."""
+    try:
+        load_1min = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+    if threads is None:
+        import torch
+
+        threads = torch.get_num_threads()
+    message = busy_warning(command, threads, usable_cores(), load_1min, fix, one_thread)
+    if message is not None:
+        print(message, file=sys.stderr)
+    return message
