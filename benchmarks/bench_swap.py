@@ -3,7 +3,7 @@
 For each block size B (1, 8, 16, 64, 128), with the embedded model's KV layout (SmolLM2-135M:
 30 layers x 3 KV heads x 64 dims, fp32 = 46,080 bytes per token):
 
-* swap: the engine's own batched copy path (``engine/kv_swap.py HostSwapPool``: one
+* swap: the engine's own batched copy path (``engine/kv/swap_pool.py HostSwapPool``: one
   ``index_select`` + ``index_copy_`` per layer and tensor over every block of the step) moves
   1 GiB worth of KV (``ceil(1 GiB / block bytes)`` blocks, scattered ids) device -> host
   (swap-out) and host -> device (swap-in), on real pools of the engine's layout
@@ -27,15 +27,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import statistics
-import time
 from pathlib import Path
 
 import torch
 
+from common import finish_meta, machine_meta, samples_s, write_json
 from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
-from pagedkv.engine.kv_swap import HostSwapPool
+from pagedkv.engine.kv.swap_pool import HostSwapPool
 from pagedkv.engine.startup import build_parts
 from pagedkv.model import load_model
 from pagedkv.model.kv_pool import allocate_kv_caches
@@ -47,12 +46,9 @@ SAMPLES: dict[str, list[float]] = {}  # every timed run, by label: kept in the J
 
 
 def median_s(fn, repeats: int, label: str) -> float:
-    fn()  # warm-up: commits the host pool's pages, fills caches
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
+    """Median seconds after a warm-up (it commits the host pool's pages, fills caches); every
+    run kept in ``SAMPLES[label]``."""
+    times = samples_s(fn, repeats)
     SAMPLES[label] = [round(t, 4) for t in times]
     return statistics.median(times)
 
@@ -71,9 +67,9 @@ def swap_times(config, block_size: int, repeats: int, seed: int) -> dict:
     # Scattered ids, as a pool in use gives them; block 0 is the null block.
     device_ids = torch.randperm(num_blocks, generator=gen) + 1
     host_ids = torch.randperm(num_blocks, generator=gen)
-    out_pairs = torch.stack([device_ids, host_ids], dim=1)
+    out_pairs = torch.stack([device_ids, host_ids], dim=1).tolist()
     back_ids = torch.randperm(num_blocks, generator=gen) + 1  # fresh blocks elsewhere
-    in_pairs = torch.stack([host_ids, back_ids], dim=1)
+    in_pairs = torch.stack([host_ids, back_ids], dim=1).tolist()
     out_s = median_s(lambda: host.swap_out(device, out_pairs), repeats, f"swap_out B={block_size}")
     in_s = median_s(lambda: host.swap_in(device, in_pairs), repeats, f"swap_in B={block_size}")
     moved = num_blocks * host.block_bytes
@@ -143,6 +139,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("results/bench_swap.json"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    machine = machine_meta()
     loaded = load_model(None, progress=False)
     config = loaded[0]
     record_bytes = 2 * config.num_layers * config.num_kv_heads * config.head_dim * 4
@@ -157,7 +154,7 @@ def main() -> None:
         print(f"B={block_size}: {json.dumps({k: round(v, 4) for k, v in row.items()})}")
     result = {
         "meta": {
-            "python": platform.python_version(),
+            **finish_meta(machine),
             "torch": torch.__version__,
             "cpu": torch.backends.cpu.get_cpu_capability(),
             "threads": args.threads,
@@ -172,9 +169,7 @@ def main() -> None:
         "samples_s": SAMPLES,
     }
     print(table(rows, args.recompute_tokens))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    print(f"wrote {write_json(args.out, result)}")
 
 
 if __name__ == "__main__":

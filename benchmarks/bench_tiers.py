@@ -26,7 +26,6 @@ markdown table.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import time
@@ -35,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from common import finish_meta, machine_meta, medians, ratios, write_json
 from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
 from pagedkv.engine.startup import build_parts
 from pagedkv.model import load_model
@@ -91,13 +91,13 @@ def measure_store(
         )
         writer = LLMEngine(config, parts=build_parts(config, loaded))
         reader = LLMEngine(config, parts=build_parts(config, loaded))
-        store = reader.runner.tiers.executors["store"].tier
+        store = reader.parts.kv_store
         times, writes = [], []
         for r in range(args.repeats):
             salt = f"store-repeat-{r}"
             t, _ = ttft_s(writer, prompt, salt)  # cold, with write-through of its 93 blocks
             writes.append(t)
-            assert writer.runner.tiers.executors["store"].tier.flush(60)
+            assert writer.parts.kv_store.flush(60)
             t, hit = ttft_s(reader, prompt, salt)
             assert hit.get("store", 0) > 0 and hit["device"] == 0, f"not a store hit: {hit}"
             times.append(t)
@@ -141,6 +141,7 @@ def _start_redis():
 
 
 def run(args: argparse.Namespace) -> dict:
+    meta = machine_meta()
     loaded = load_model(None, progress=False)
     vocab = loaded[0].vocab_size
     config = EngineConfig(
@@ -174,8 +175,8 @@ def run(args: argparse.Namespace) -> dict:
     store = measure_store(args, parts, prompt)
     if store is not None:
         times["store"] = store
-    wall = {c: statistics.median(w for w, _ in v) for c, v in times.items() if v}
-    cpu = {c: statistics.median(p for _, p in v) for c, v in times.items() if v}
+    wall = medians({c: [w for w, _ in v] for c, v in times.items()})
+    cpu = medians({c: [p for _, p in v] for c, v in times.items()})
     return {
         "prompt_tokens": PROMPT_TOKENS,
         "block_size": BLOCK_SIZE,
@@ -188,10 +189,11 @@ def run(args: argparse.Namespace) -> dict:
         "ttft_wall_cpu_s": times,
         "median_ttft_wall_s": wall,
         "median_ttft_cpu_s": cpu,
-        "ratio_to_cold_wall": {c: wall["cold"] / m for c, m in wall.items()},
-        "ratio_to_cold_cpu": {c: cpu["cold"] / m for c, m in cpu.items()},
+        "ratio_to_cold_wall": ratios(wall, "cold"),
+        "ratio_to_cold_cpu": ratios(cpu, "cold"),
         "host_hit_split_tokens": splits[-1] if splits else {},
         "tier_moves": _moves(engine),
+        "meta": finish_meta(meta),
     }
 
 
@@ -226,8 +228,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     result = run(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.out, result)
     print(table(result))
     print(f"host hit split (tokens): {result['host_hit_split_tokens']}")
     print(f"tier copies (blocks): {result['tier_moves']}")

@@ -14,6 +14,7 @@ import pytest
 from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
 from pagedkv.engine.startup import build_parts
 from pagedkv.errors import UsageError
+from pagedkv.kvcache.tiers.host_index import HostTierIndex
 
 from .conftest import assert_no_leaks
 
@@ -61,8 +62,9 @@ def run(engine: LLMEngine, prompt: list[int]):
             if out.request_id == request_id and out.finished:
                 final = out
         engine.allocator.check_invariants()
-        if engine.runner.tiers is not None:
-            engine.runner.tiers.executors["host"].index.check_invariants()
+        for tier in engine.allocator.tiers.tiers if engine.allocator.tiers else ():
+            if isinstance(tier, HostTierIndex):
+                tier.check_invariants()
     assert final is not None and final.error is None
     return final
 
@@ -116,7 +118,7 @@ def test_without_a_host_tier_the_evicted_prefix_is_recomputed(tiny_long):
         run(engine, d)
     assert run(engine, PROMPT).num_cached_tokens == 0
     assert engine.allocator.stats().tier_hit_tokens == ()
-    assert engine.runner.tiers is None
+    assert engine.allocator.tiers is None and not engine.runner.mover.has_tiers
 
 
 def test_bad_host_kv_memory_is_one_usage_error(tiny_long):
@@ -181,7 +183,7 @@ def test_copy_rows_equals_a_row_by_row_copy(runs):
     rows a loop would, whatever the order of the pairs."""
     import torch
 
-    from pagedkv.engine.host_tier import copy_rows
+    from pagedkv.engine.kv.host_tier import copy_rows
 
     rng = random.Random(1 + runs)
     torch.manual_seed(2)

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
-from pagedkv.engine.kv_events import held_hashes
+from pagedkv.engine.kv.events import held_hashes
 from pagedkv.engine.startup import build_parts
 from pagedkv.kvcache.events import MEDIUM_DEVICE, MEDIUM_HOST, KVEventBatch, replay
 from pagedkv.kvstore import redis_policy

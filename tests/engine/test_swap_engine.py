@@ -178,8 +178,8 @@ def test_kv_survives_the_round_trip_bit_for_bit(tiny_long):
         v.copy_(torch.randn_like(v))
     before = [(k.clone(), v.clone()) for k, v in runner.kv_caches]
     pool = runner.swap_pool
-    pool.swap_out(runner.kv_caches, torch.tensor([[3, 0], [5, 1], [3, 2]]))
-    pool.swap_in(runner.kv_caches, torch.tensor([[1, 7], [0, 9]]))
+    pool.swap_out(runner.kv_caches, [(3, 0), (5, 1), (3, 2)])
+    pool.swap_in(runner.kv_caches, [(1, 7), (0, 9)])
     for (k, v), (k0, v0) in zip(runner.kv_caches, before, strict=True):
         for now, was in ((k, k0), (v, v0)):
             assert torch.equal(now[7], was[5]) and torch.equal(now[9], was[3])

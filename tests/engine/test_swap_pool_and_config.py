@@ -10,7 +10,7 @@ import torch
 
 from pagedkv.commands.engine_flags import add_engine_args, engine_config
 from pagedkv.engine import EngineConfig
-from pagedkv.engine.kv_swap import HostSwapPool
+from pagedkv.engine.kv.swap_pool import HostSwapPool
 from pagedkv.errors import UsageError
 from pagedkv.model.kv_pool import allocate_kv_caches
 from pagedkv.sched.batch import ScheduledBatch

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from pagedkv.kvcache import HashExtraKeys, PagedAllocator
-from pagedkv.kvcache.tiers.host_index import HostTierIndex
 from pagedkv.kvcache.tiers.contract import BlockLoad, KVTier
+from pagedkv.kvcache.tiers.host_index import HostTierIndex
 
 from .conftest import Seq
 

@@ -29,7 +29,7 @@ def main() -> None:
             if out.finished:
                 done[out.request_id] = out
         engine.allocator.check_invariants()
-    store = engine.runner.tiers.executors["store"].tier
+    store = engine.parts.kv_store
     assert store.flush(30)
     print(json.dumps({
         "tokens": [done[r].outputs[0].token_ids for r in ids],

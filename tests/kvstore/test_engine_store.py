@@ -28,7 +28,7 @@ def make_engine(loaded, url: str | None) -> LLMEngine:
 
 
 def store_of(engine: LLMEngine):
-    return engine.runner.tiers.executors["store"].tier
+    return engine.parts.kv_store
 
 
 def run(engine: LLMEngine, prompts: list[str], salt: str | None = None, each_step=None):

@@ -36,7 +36,7 @@ def test_store_then_host(tiny, redis_url):
 
     writer = engine_with(tiny, redis_url, 1 << 20)
     assert run(writer, PROMPT).outputs[0].token_ids == want
-    assert writer.runner.tiers.executors["store"].tier.flush(30)
+    assert writer.parts.kv_store.flush(30)
 
     reader = engine_with(tiny, redis_url, 1 << 20)
     first = run(reader, PROMPT)

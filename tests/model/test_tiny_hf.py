@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 import torch
 
+from pagedkv.engine.kv.block_copy import copy_rows
 from pagedkv.model import (
     AttentionMetadata,
     CausalLM,
     ModelConfig,
     allocate_kv_caches,
-    copy_blocks,
     load_model,
 )
 from tests.model.helpers import Chunk, run_steps
@@ -94,7 +94,7 @@ def test_bfloat16_weights_stay_close(tiny):
 
 
 def test_forked_sequence_after_copy_on_write(tiny):
-    """Two sequences share full prefix blocks; the partial last block is copied (copy_blocks)
+    """Two sequences share full prefix blocks; the partial last block is copied (copy_rows)
     before both write into their own copy in the same step."""
     config, model = tiny.config, tiny.model
     parent = tiny.sequences[0][:21]
@@ -107,7 +107,7 @@ def test_forked_sequence_after_copy_on_write(tiny):
         query_start_loc=torch.tensor([0, 20], dtype=torch.int32),
     )
     model(torch.tensor(parent[:20]), torch.arange(20), kv, prefill)
-    copy_blocks(kv, torch.tensor([[3, 0]]))  # the child's private copy of the partial block
+    copy_rows(kv, [0], kv, [3])  # the child's private copy of the partial block
     decode = AttentionMetadata(
         slot_mapping=torch.tensor([3 * 8 + 4, 0 * 8 + 4]),
         block_tables=torch.tensor([[4, 1, 3], [4, 1, 0]], dtype=torch.int32),

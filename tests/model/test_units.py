@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from pagedkv.model import allocate_kv_caches, copy_blocks
 from pagedkv.model.gguf import unpermute_qk_rows
 
 
@@ -24,17 +23,6 @@ def test_unpermute_inverts_llama_cpp_row_order():
     assert torch.equal(unpermute_qk_rows(_llama_cpp_permute(w, 3), 3), w)
     b = torch.randn(2 * 4)
     assert torch.equal(unpermute_qk_rows(_llama_cpp_permute(b[:, None], 2)[:, 0], 2), b)
-
-
-def test_copy_blocks_copies_every_layer():
-    caches = allocate_kv_caches(2, num_blocks=4, block_size=3, num_kv_heads=1, head_dim=2)
-    for k, v in caches:
-        k[1].fill_(7.0)
-        v[1].fill_(8.0)
-    copy_blocks(caches, torch.tensor([[1, 3]]))
-    for k, v in caches:
-        assert torch.all(k[3] == 7.0) and torch.all(v[3] == 8.0)
-        assert torch.all(k[2] == 0.0)
 
 
 def test_runner_prepare_lays_out_a_mixed_step_from_the_allocator():

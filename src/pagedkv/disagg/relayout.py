@@ -1,6 +1,6 @@
 """``--kv-import relayout``: re-page a prefill instance's blocks into this block size.
 
-A block's body (``engine/kv_transfer.py``) is, layer by layer, K then V, each ``block_size``
+A block's body (``engine/kv/block_copy.py``) is, layer by layer, K then V, each ``block_size``
 token rows of ``num_kv_heads * head_dim`` values: ``2 * num_layers`` segments of rows. A token's
 row is the same bytes whatever the block size, so re-paging B_src -> B_dst is concatenating each
 segment's rows over consecutive source blocks and cutting them every B_dst rows. The block

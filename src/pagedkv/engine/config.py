@@ -31,7 +31,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None
     preemption: str = "latest_arrival"
-    # Host tier of evicted prefix blocks (engine/tier_setup.py); 0 = none.
+    # Host tier of evicted prefix blocks (engine/kv/setup.py); 0 = none.
     host_kv_memory_bytes: int = 0
     # What a preempted sequence's KV becomes: "recompute" (freed) or "swap" (copied to a host
     # pool of swap_space_bytes, copied back before it runs again; recompute when it is full).
@@ -40,7 +40,7 @@ class EngineConfig:
     log_startup: bool = True
     # The shared KV store tier (kvstore/): a redis://HOST:PORT[/DB] URL; None = no store.
     kv_store: str | None = None
-    # KV events (engine/kv_events.py): a redis://HOST:PORT[/DB] URL the engine publishes its
+    # KV events (engine/kv/events.py): a redis://HOST:PORT[/DB] URL the engine publishes its
     # prefix cache's changes to (a stream per instance, for routers); None = off.
     kv_events_url: str | None = None
 

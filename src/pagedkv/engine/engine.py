@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.containment import run_contained
 from pagedkv.engine.grammar import GrammarCache
-from pagedkv.engine.kv_events import describe_replica
+from pagedkv.engine.kv.events import describe_replica
 from pagedkv.engine.outputs import CompletionOutput, RequestOutput
 from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.prompt_scoring import score_prompts
@@ -29,7 +29,6 @@ from pagedkv.engine.startup import EngineParts, build_parts
 from pagedkv.engine.stats import EngineInfo, EngineSnapshot, EngineStats, StatsRecorder
 from pagedkv.errors import UsageError
 from pagedkv.kvcache.hashing import HashExtraKeys
-from pagedkv.kvcache.tiers.contract import TIER_STORE
 from pagedkv.sched.batch import ScheduledBatch
 from pagedkv.sched.sequence import Seq
 
@@ -57,10 +56,10 @@ class LLMEngine:
         # request: handed to the next step() caller instead of being lost.
         self._stash: dict[str, RequestOutput] = {}
         self.recorder = StatsRecorder(self.allocator, self.runner.swap_pool)
-        self.recorder.tier_counts = self.runner.tiers.counts if self.runner.tiers else None
-        # The KV store tier's executor, or None without ``--kv-store``.
-        self._store = self.runner.tiers.executors.get(TIER_STORE) if self.runner.tiers else None
-        self.recorder.store_counters = self._store.tier.counters if self._store else None
+        mover = self.runner.mover
+        self.recorder.tier_counts = mover.counts if mover.has_tiers else None
+        self._store = p.kv_store  # None without ``--kv-store``
+        self.recorder.store_counters = self._store.counters if self._store else None
         self.num_failed_requests = 0
 
     max_model_len = property(lambda self: self.info.max_model_len)
@@ -69,7 +68,7 @@ class LLMEngine:
         """Wait until every block written through to the KV store so far has been sent (True;
         False on timeout or with no store). Safe from any thread: it only waits on the
         store's writer."""
-        return self._store.tier.flush(timeout_s) if self._store is not None else False
+        return self._store.flush(timeout_s) if self._store is not None else False
 
     # -- requests --------------------------------------------------------------------------
 

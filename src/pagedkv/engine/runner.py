@@ -13,12 +13,12 @@ from typing import NamedTuple
 
 import torch
 
-from pagedkv.engine.kv_swap import HostSwapPool
-from pagedkv.engine.tier_runtime import TierRuntime
+from pagedkv.engine.kv.mover import KVMover
+from pagedkv.engine.kv.swap_pool import HostSwapPool
 from pagedkv.kvcache.protocol import KVAllocator
 from pagedkv.model.attention_metadata import AttentionMetadata
 from pagedkv.model.config import ModelConfig
-from pagedkv.model.kv_pool import KVCache, allocate_kv_caches, copy_blocks
+from pagedkv.model.kv_pool import KVCache, allocate_kv_caches
 from pagedkv.model.llama import CausalLM
 from pagedkv.sched.batch import ScheduledBatch
 
@@ -70,8 +70,6 @@ class ModelRunner:
         self.config = config
         self.block_size = block_size
         self.num_blocks = num_blocks  # physical blocks, the null block included
-        # Lower KV tiers (host, store): their copies run around the forward pass. Start-up sets it.
-        self.tiers: TierRuntime | None = None
         self.kv_caches: list[KVCache] = allocate_kv_caches(
             config.num_layers,
             num_blocks,
@@ -80,9 +78,9 @@ class ModelRunner:
             config.head_dim,
             kv_dtype,
         )
-        self.swap_pool: HostSwapPool | None = None
+        swap_pool = None
         if num_host_blocks:
-            self.swap_pool = HostSwapPool(
+            swap_pool = HostSwapPool(
                 config.num_layers,
                 num_host_blocks,
                 block_size,
@@ -90,6 +88,12 @@ class ModelRunner:
                 config.head_dim,
                 kv_dtype,
             )
+        # Every KV copy of a step (swap, copy-on-write, lower tiers, which start-up attaches).
+        self.mover = KVMover(self.kv_caches, swap_pool)
+
+    @property
+    def swap_pool(self) -> HostSwapPool | None:
+        return self.mover.swap_pool
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -138,28 +142,19 @@ class ModelRunner:
         )
 
     def execute(self, batch: ScheduledBatch, allocator: KVAllocator) -> StepOutput:
-        """Apply the batch's swaps (once per step, ``HostSwapPool.apply``) and block copies,
-        run the forward pass, and return fp32 logits ``[R, vocab]`` for the entries of
-        ``batch.seqs`` that need logits, in batch order, plus the hidden states of the prompt
-        positions to score (``engine/prompt_scoring.py`` turns them into logprobs)."""
-        if self.tiers is not None:  # first: the evicted blocks are reused below
-            self.tiers.offload(batch, self.kv_caches)
-        if self.swap_pool is not None:
-            self.swap_pool.apply(batch, self.kv_caches)
-        elif batch.swap_out or batch.swap_in:
-            raise RuntimeError("the batch swaps KV blocks but this runner has no host swap pool")
-        if batch.block_copies:
-            copy_blocks(self.kv_caches, torch.tensor(batch.block_copies, dtype=torch.int64))
-        if self.tiers is not None:  # last before the forward pass, which reads them
-            self.tiers.load(batch, self.kv_caches)
-        if not batch.seqs:
+        """Run the step: ``prepare`` -> ``mover.before_forward`` (offloads, swaps, copy-on-write
+        copies, loads) -> the forward pass -> ``mover.after_forward`` (write-through saves) ->
+        fp32 logits ``[R, vocab]`` for the entries of ``batch.seqs`` that need logits, in batch
+        order, plus the hidden states of the prompt positions to score
+        (``engine/prompt_scoring.py`` turns them into logprobs)."""
+        inputs = self.prepare(batch, allocator) if batch.seqs else None
+        self.mover.before_forward(batch)
+        if inputs is None:
             return StepOutput(torch.empty(0, self.config.vocab_size), [])
-        inputs = self.prepare(batch, allocator)
         hidden = self.model(
             inputs.input_ids, inputs.positions, self.kv_caches, inputs.metadata, self.block_size
         )
-        if self.tiers is not None:  # write-through of the full blocks just computed
-            self.tiers.save(batch, self.kv_caches)
+        self.mover.after_forward(batch)
         prompt = []
         if inputs.prompt_spans:
             rows = hidden[inputs.prompt_rows].split([n for _, _, n in inputs.prompt_spans])

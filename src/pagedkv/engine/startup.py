@@ -7,14 +7,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pagedkv.engine.config import EngineConfig
-from pagedkv.engine.kv_events import EngineKVEvents, new_instance_id, open_kv_events
-from pagedkv.engine.kv_transfer import model_identity
+from pagedkv.engine.kv.events import EngineKVEvents, new_instance_id, open_kv_events
+from pagedkv.engine.kv.identity import model_identity
+from pagedkv.engine.kv.setup import attach_tiers, host_tier_blocks
+from pagedkv.engine.kv.store import check_store_policy, store_tiers
 from pagedkv.engine.runner import ModelRunner
-from pagedkv.engine.store_runtime import check_store_policy, store_tiers
-from pagedkv.engine.tier_setup import attach_tiers, host_tier_blocks
 from pagedkv.errors import UsageError
 from pagedkv.kvcache.policies import Policy, build_allocator, get_policy
 from pagedkv.kvcache.protocol import KVAllocator
+from pagedkv.kvstore.tier import StoreTier
 from pagedkv.model.config import ModelConfig
 from pagedkv.model.llama import CausalLM
 from pagedkv.model.loader import TORCH_DTYPES, load_model, read_model_shape
@@ -38,7 +39,7 @@ class EngineParts:
     layout: KVLayout
     resolution: BlockSizeResolution
     page_format: PageFormat
-    # ``kv_transfer.model_identity`` of the loaded weights, computed once here: the store
+    # ``kv/identity.model_identity`` of the loaded weights, computed once here: the store
     # namespace, ``/pagedkv/info`` and the P/D pair all read this value.
     model_identity: str
     max_model_len: int
@@ -49,6 +50,7 @@ class EngineParts:
     # KV events (``--kv-events``; None = off): ``LLMEngine.step`` calls ``after_step``.
     kv_events: EngineKVEvents | None = None
     instance_id: str = field(default_factory=new_instance_id)  # fresh per engine
+    kv_store: StoreTier | None = None  # the shared store tier (``--kv-store``; None = off)
 
 
 def build_parts(
@@ -142,6 +144,7 @@ def build_parts(
         report,
         kv_events,
         instance_id,
+        store[0][0] if store else None,
     )
 
 

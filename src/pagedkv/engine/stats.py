@@ -11,14 +11,14 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pagedkv.kvcache.tiers.counts import TierCounts, tier_rows
 from pagedkv.kvcache.protocol import KVAllocator
+from pagedkv.kvcache.tiers.counts import TierCounts, tier_rows
 from pagedkv.kvstore.counters import StoreCounters, store_rows
 from pagedkv.sched.batch import ScheduledBatch
 from pagedkv.sched.scheduler import Scheduler
 
 if TYPE_CHECKING:  # the pool holds torch tensors; this module must not import torch (a router
-    from pagedkv.engine.kv_swap import HostSwapPool  # reads EngineInfo)
+    from pagedkv.engine.kv.swap_pool import HostSwapPool  # reads EngineInfo)
     from pagedkv.engine.startup import EngineParts
 
 

@@ -4,7 +4,7 @@
 the edge), ``client`` (a Redis that is down or slow is a miss, logged once, counted),
 ``writer`` (write-through off the step's thread), ``tier`` (the allocator's "store" tier:
 verify, stage, hand verified bytes to the engine). Pure Python: no torch here; the engine's
-``kv_transfer`` turns device blocks into bodies and back.
+``engine/kv/block_copy.py`` turns device blocks into bodies and back.
 """
 
 from pagedkv.kvstore.address import StoreAddress, parse_store_url

@@ -15,7 +15,7 @@ Value (little-endian)::
     hash      bytes    the chained block hash (raw)
     body_len  u64      length of the body in bytes
     checksum  u32      CRC-32 of the body (zlib)
-    body      bytes    the block's raw KV in the page layout (see ``kv_transfer.py``)
+    body      bytes    the block's raw KV in the page layout (see ``engine/kv/block_copy.py``)
 
 ``decode_payload`` never raises on bad bytes: it returns a ``Rejected`` naming the reason
 (``truncated``, ``bad_magic``, ``bad_version``, ``foreign_format``, ``wrong_hash``,

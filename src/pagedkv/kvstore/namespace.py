@@ -2,7 +2,7 @@
 
 Two engines share a key only if a block of one is exactly the bytes the other would compute:
 same page format (``pages.page_format.PageFormat``), same model (``model_id``: the engine's digest of
-its weights, see ``engine/kv_transfer.model_identity``) and same block-hash function (the
+its weights, see ``engine/kv/identity.py``) and same block-hash function (the
 chain hash differs between them anyway; naming it keeps the namespace self-describing).
 """
 

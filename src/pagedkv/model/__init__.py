@@ -23,7 +23,6 @@ _LAZY = {
     "ModelConfig": "pagedkv.model.config",
     "KVCache": "pagedkv.model.kv_pool",
     "allocate_kv_caches": "pagedkv.model.kv_pool",
-    "copy_blocks": "pagedkv.model.kv_pool",
     "CausalLM": "pagedkv.model.llama",
     "load_model": "pagedkv.model.loader",
     "Tokenizer": "pagedkv.model.tokenizer",
@@ -32,7 +31,7 @@ _LAZY = {
 if TYPE_CHECKING:
     from pagedkv.model.attention_metadata import AttentionMetadata
     from pagedkv.model.config import ModelConfig
-    from pagedkv.model.kv_pool import KVCache, allocate_kv_caches, copy_blocks
+    from pagedkv.model.kv_pool import KVCache, allocate_kv_caches
     from pagedkv.model.llama import CausalLM
     from pagedkv.model.loader import load_model
     from pagedkv.model.tokenizer import Tokenizer
@@ -47,6 +46,5 @@ __all__ = [
     "ModelConfig",
     "Tokenizer",
     "allocate_kv_caches",
-    "copy_blocks",
     "load_model",
 ]

@@ -73,14 +73,3 @@ def pool_layout(kv_caches: list[KVCache]) -> KVLayout:
     k = kv_caches[0][0]
     dtype_name = str(k.dtype).removeprefix("torch.")  # "float32": a spelling get_kv_dtype knows
     return mha_layout(len(kv_caches), k.shape[2], k.shape[3], dtype_name)
-
-
-def copy_blocks(kv_caches: list[KVCache], src_dst: torch.Tensor) -> None:
-    """Copy whole blocks ``src -> dst`` (int64 ``[N, 2]``) in every layer: copy-on-write after a
-    fork, applied before the forward pass that writes into ``dst``. Mutates the caches."""
-    if src_dst.numel() == 0:
-        return
-    src, dst = src_dst[:, 0].to(torch.int64), src_dst[:, 1].to(torch.int64)
-    for k_cache, v_cache in kv_caches:
-        k_cache[dst] = k_cache[src]
-        v_cache[dst] = v_cache[src]

@@ -1,5 +1,5 @@
 """The FastAPI app: OpenAI routes over one engine loop, plus ``/health``, ``/metrics`` and
-``/pagedkv/info`` (the replica's self-description for routers, ``engine/kv_events.py``).
+``/pagedkv/info`` (the replica's self-description for routers, ``engine/kv/events.py``).
 
 ``create_app(engine, config)`` takes ownership of ``engine``: the app's lifespan starts the
 engine loop (the only thread that touches the engine) and stops it at shutdown. The routes

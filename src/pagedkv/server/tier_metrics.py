@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, Metric
 
 from pagedkv.engine.stats import EngineSnapshot
-from pagedkv.kvcache.tiers.counts import KINDS
 from pagedkv.kvcache.tiers.contract import TIER_DEVICE, TIER_HOST, TIER_STORE
+from pagedkv.kvcache.tiers.counts import KINDS
 
 TIERS = (TIER_DEVICE, TIER_HOST, TIER_STORE)
 

@@ -65,7 +65,7 @@ class KVTier(Protocol):
     """One lower tier, as the allocator sees it: an index of block hashes it can supply.
 
     The object the allocator holds decides *what* is where; moving the bytes is the engine's
-    part (``engine/tier_runtime.py`` maps ``name`` to the torch-side executor).
+    part (``engine/kv/mover.py`` maps ``name`` to the torch-side executor).
     """
 
     @property

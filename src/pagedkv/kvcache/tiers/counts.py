@@ -1,7 +1,7 @@
 """``TierCounts``: blocks and bytes the lower KV tiers moved (torch-free, for stats and metrics).
 
 Hit tokens per tier are the allocator's fact (``KVCacheStats.tier_hit_tokens``); what was
-copied, and how many bytes, is the engine's (``engine/tier_runtime.py`` adds to this).
+copied, and how many bytes, is the engine's (``engine/kv/mover.py`` adds to this).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The host tier keeps blocks the device evicted, keyed by the same chained block hash, in a host
 pool of ``num_blocks`` slots in the device pool's block layout (the engine owns the tensors:
-``engine/host_tier.py``). This index owns the facts: which hash sits in which host slot, the
+``engine/kv/host_tier.py``). This index owns the facts: which hash sits in which host slot, the
 LRU order, and the per-step pins of the ``KVTier`` contract (``tiers/contract.py``):
 
 * a hash offered (offloaded) in a step is pinned and *pending*: not matched before the engine

@@ -6,16 +6,19 @@ The scheduler decides (``sched/scheduler.py``, ``kvcache/tiers/swap_space.py``):
 and V of shape ``[num_host_blocks, block_size, num_kv_heads, head_dim]``, the device pool's
 block layout (``model/kv_pool.py``), so a block moves as one row of each tensor.
 
-Every step's copies of one direction move together: one ``index_select`` (gather) and one
-``index_copy_`` (scatter) per layer and tensor over all of the step's blocks, never a Python
-loop per block. ``apply`` runs swap-outs before swap-ins (the batch's order): a device block
+Every step's copies of one direction move together (``block_copy.copy_rows``: slice copies
+for long runs, else one gather and one scatter per layer and tensor), never a Python loop per
+block. ``apply`` runs swap-outs before swap-ins (the batch's order): a device block
 freed by a swap-out may be reused in the same step, so it must be read first.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
+from pagedkv.engine.kv.block_copy import copy_rows
 from pagedkv.model.kv_pool import KVCache, allocate_host_kv_caches, pool_layout
 from pagedkv.sched.batch import ScheduledBatch
 
@@ -73,43 +76,27 @@ class HostSwapPool:
             return
         self._last_step = batch.step  # before copying: a copy that raises is not retried
         if batch.swap_out:
-            self.swap_out(device_caches, torch.tensor(batch.swap_out, dtype=torch.int64))
+            self.swap_out(device_caches, batch.swap_out)
         if batch.swap_in:
-            self.swap_in(device_caches, torch.tensor(batch.swap_in, dtype=torch.int64))
+            self.swap_in(device_caches, batch.swap_in)
 
-    def swap_out(self, device_caches: list[KVCache], device_host: torch.Tensor) -> None:
-        """Copy device blocks to host blocks, int64 ``[N, 2]`` rows ``(device, host)``.
-
-        Host blocks must be distinct; a device block may appear twice (two sequences sharing a
-        prefix block each park their own copy)."""
-        if device_host.numel() == 0:
+    def swap_out(
+        self, device_caches: list[KVCache], device_host: Sequence[tuple[int, int]]
+    ) -> None:
+        """Copy device blocks to host blocks, ``(device, host)`` pairs. Host blocks must be
+        distinct; a device block may appear twice (two sequences sharing a prefix block each
+        park their own copy)."""
+        if not device_host:
             return
-        src, dst = device_host[:, 0], device_host[:, 1]
-        device0 = device_caches[0][0]
-        src = src.to(device0.device)
-        rows = self._staging(len(src), device0)  # one buffer for every layer of the step
-        for device_pair, host_pair in zip(device_caches, self.kv_caches, strict=True):
-            for device, host in zip(device_pair, host_pair, strict=True):
-                torch.index_select(device, 0, src, out=rows)
-                host.index_copy_(0, dst, rows.to(host.device))
+        src, dst = zip(*device_host, strict=True)
+        copy_rows(self.kv_caches, dst, device_caches, src)
         self.blocks_out += len(device_host)
 
-    def swap_in(self, device_caches: list[KVCache], host_device: torch.Tensor) -> None:
-        """Copy host blocks to device blocks, int64 ``[N, 2]`` rows ``(host, device)``; the
-        device blocks must be distinct (fresh blocks of the sequences coming back)."""
-        if host_device.numel() == 0:
+    def swap_in(self, device_caches: list[KVCache], host_device: Sequence[tuple[int, int]]) -> None:
+        """Copy host blocks to device blocks, ``(host, device)`` pairs; the device blocks must
+        be distinct (fresh blocks of the sequences coming back)."""
+        if not host_device:
             return
-        src, dst = host_device[:, 0], host_device[:, 1]
-        dst = dst.to(device_caches[0][0].device)
-        rows = self._staging(len(src), self.kv_caches[0][0])
-        for device_pair, host_pair in zip(device_caches, self.kv_caches, strict=True):
-            for device, host in zip(device_pair, host_pair, strict=True):
-                torch.index_select(host, 0, src, out=rows)
-                device.index_copy_(0, dst, rows.to(device.device))
+        src, dst = zip(*host_device, strict=True)
+        copy_rows(device_caches, dst, self.kv_caches, src)
         self.blocks_in += len(host_device)
-
-    @staticmethod
-    def _staging(num_blocks: int, like: torch.Tensor) -> torch.Tensor:
-        """A gather buffer of ``num_blocks`` blocks shaped like ``like``'s blocks: allocated
-        once per step and direction, not once per layer (fresh memory costs page faults)."""
-        return torch.empty((num_blocks, *like.shape[1:]), dtype=like.dtype, device=like.device)

@@ -2,7 +2,7 @@
 
 ``open_store`` builds it for ``--kv-store``: the ``kvstore.StoreTier`` the allocator holds
 (namespace = this engine's page format + model identity) and the executor the runner's
-``TierRuntime`` calls. A store that does not answer at start-up is logged once and the engine
+``KVMover`` calls. A store that does not answer at start-up is logged once and the engine
 serves anyway, recomputing until it answers. Per step:
 
 * ``load``, before the forward pass: the step's store loads (verified and staged by the tier's
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pagedkv.engine.config import EngineConfig
-from pagedkv.engine.kv_transfer import block_body_bytes, read_blocks, write_blocks
+from pagedkv.engine.kv.block_copy import block_body_bytes, read_blocks, write_blocks
 from pagedkv.errors import UsageError
 from pagedkv.kvcache.hashing import DEFAULT_HASH_ALGORITHM, BlockHash
 from pagedkv.kvcache.policies import Policy
@@ -33,20 +33,14 @@ from pagedkv.pages.page_format import PageFormat
 
 
 class StoreExecutor:
-    """The ``"store"`` executor of ``engine/tier_runtime.py``; ``tier`` is the allocator's."""
+    """The ``"store"`` executor (``mover.SaveExecutor``); ``tier`` is the allocator's (it
+    declares that the store wants write-through saves)."""
 
     name = TIER_STORE
-    accepts_offloads = False
-    wants_saves = True
 
     def __init__(self, tier: StoreTier) -> None:
         self.tier = tier
         self.block_bytes = tier.body_bytes
-
-    def offload(
-        self, kv_caches: list[KVCache], device_blocks: Sequence[int], hashes: Sequence[BlockHash]
-    ) -> None:
-        raise RuntimeError("the store tier takes write-through saves, not offloads")
 
     def load(
         self, kv_caches: list[KVCache], hashes: Sequence[BlockHash], device_blocks: Sequence[int]
@@ -80,7 +74,7 @@ def check_store_policy(config: EngineConfig, policy: Policy) -> None:
 def store_tiers(
     config: EngineConfig, page_format: PageFormat, model_id: str, kv_caches: list[KVCache]
 ) -> list[tuple[StoreTier, StoreExecutor]]:
-    """``[(tier, executor)]`` for ``tier_setup.attach_tiers``'s ``extra`` (empty: no store)."""
+    """``[(tier, executor)]`` for ``setup.attach_tiers``'s ``extra`` (empty: no store)."""
     if not config.kv_store:
         return []
     executor = open_store(config.kv_store, page_format, model_id, kv_caches)

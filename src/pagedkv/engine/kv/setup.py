@@ -1,5 +1,5 @@
 """Start-up of the lower KV tiers: size the host tier from ``--host-kv-memory``, hand the tiers
-to the allocator (``PagedAllocator.set_tiers``) and their executors to the runner.
+to the allocator (``PagedAllocator.set_tiers``) and their executors to the runner's ``KVMover``.
 
 Tiers are in lookup order: the host tier first (cheapest to read), then any further tier (a
 shared store) its builder passes in ``extra``. No tier configured = nothing changes: the
@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pagedkv.engine.config import EngineConfig
-from pagedkv.engine.host_tier import HostKVTier
+from pagedkv.engine.kv.host_tier import HostKVTier
+from pagedkv.engine.kv.mover import TierExecutor
 from pagedkv.engine.runner import ModelRunner
-from pagedkv.engine.tier_runtime import TierExecutor, TierRuntime
 from pagedkv.errors import UsageError
 from pagedkv.kvcache.paged import PagedAllocator
 from pagedkv.kvcache.policies import Policy
@@ -76,5 +76,6 @@ def attach_tiers(
     if not isinstance(allocator, PagedAllocator):
         raise UsageError("lower KV tiers need a paged policy with a prefix cache", param=PARAM)
     allocator.set_tiers([t for t, _ in tiers])
-    runner.tiers = TierRuntime([e for _, e in tiers])
-    return [e.describe() for _, e in tiers if hasattr(e, "describe")]
+    for tier, executor in tiers:
+        runner.mover.attach(tier, executor)
+    return [e.describe() for _, e in tiers]
