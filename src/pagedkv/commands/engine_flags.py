@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 
 from pagedkv.pages.kv_dtypes import ENGINE_DTYPES
+from pagedkv.sched.config import SchedulerConfig
+from pagedkv.sched.preemption import PREEMPTION_MODES
 from pagedkv.units import parse_bytes
 
 
@@ -34,8 +36,19 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--block-size", type=int, help="tokens per block (default: the policy's)")
     g.add_argument("--kv-cache-memory", default="512MiB", help="KV pool size (default 512MiB)")
-    g.add_argument("--max-num-seqs", type=int, default=64, help="running sequences at most")
-    g.add_argument("--max-num-batched-tokens", type=int, default=2048, help="tokens per step")
+    # The scheduler's limits: SchedulerConfig owns their defaults (sched/limits.py).
+    g.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=SchedulerConfig.max_num_seqs,
+        help="running sequences at most (%(default)s)",
+    )
+    g.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=SchedulerConfig.max_num_batched_tokens,
+        help="tokens per step; longer prompts run in chunks (%(default)s)",
+    )
     g.add_argument("--max-model-len", type=int, help="context length (default min(model, 2048))")
     g.add_argument(
         "--host-kv-memory",
@@ -64,9 +77,9 @@ def add_swap_args(g: argparse._ArgumentGroup) -> None:
     """``--preemption-mode`` and ``--swap-space``: the engine's and the simulator's."""
     g.add_argument(
         "--preemption-mode",
-        choices=("recompute", "swap"),
-        default="recompute",
-        help="a victim's KV is freed and recomputed, or swapped to host memory (recompute)",
+        choices=PREEMPTION_MODES,
+        default=SchedulerConfig.preemption_mode,
+        help="a victim's KV is freed and recomputed, or swapped to host memory (%(default)s)",
     )
     g.add_argument(
         "--swap-space",

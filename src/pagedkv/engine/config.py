@@ -8,7 +8,8 @@ from pagedkv.errors import UsageError
 from pagedkv.kvcache.policies import get_policy
 from pagedkv.kvstore.address import parse_store_url
 from pagedkv.pages.kv_dtypes import ENGINE_DTYPES
-from pagedkv.sched.preemption import PREEMPTION_MODES, get_victim_policy
+from pagedkv.sched.config import SchedulerConfig
+from pagedkv.sched.limits import check_limits, check_preemption, check_swap_space
 from pagedkv.units import check_block_size
 
 MIB = 1 << 20
@@ -19,7 +20,8 @@ WEIGHT_FORMATS = ("float", "int8", "int4")
 @dataclass(frozen=True)
 class EngineConfig:
     """``model`` None = the embedded SmolLM2-135M-Instruct. ``block_size`` None = the policy's.
-    ``max_model_len`` None = min(the model's context, 2048)."""
+    ``max_model_len`` None = min(the model's context, 2048). The scheduler's limits and the
+    preemption settings take ``SchedulerConfig``'s defaults and rules (``sched/limits.py``)."""
 
     model: str | None = None
     dtype: str = "float32"
@@ -27,15 +29,15 @@ class EngineConfig:
     policy: str = "vllm"
     block_size: int | None = None
     kv_cache_memory_bytes: int = 512 * MIB
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = SchedulerConfig.max_num_seqs
+    max_num_batched_tokens: int = SchedulerConfig.max_num_batched_tokens
     max_model_len: int | None = None
-    preemption: str = "latest_arrival"
+    preemption: str = SchedulerConfig.preemption
     # Host tier of evicted prefix blocks (engine/kv/setup.py); 0 = none.
     host_kv_memory_bytes: int = 0
     # What a preempted sequence's KV becomes: "recompute" (freed) or "swap" (copied to a host
     # pool of swap_space_bytes, copied back before it runs again; recompute when it is full).
-    preemption_mode: str = "recompute"
+    preemption_mode: str = SchedulerConfig.preemption_mode
     swap_space_bytes: int = 0
     log_startup: bool = True
     # The shared KV store tier (kvstore/): a redis://HOST:PORT[/DB] URL; None = no store.
@@ -52,14 +54,13 @@ class EngineConfig:
             raise UsageError(
                 f"weights must be one of {WEIGHT_FORMATS}, got {self.weights!r}", "weights"
             )
-        for param, lookup in (("policy", get_policy), ("preemption", get_victim_policy)):
-            value = getattr(self, param)
-            if not isinstance(value, str):
-                raise UsageError(f"{param} must be a name, got {value!r}", param)
-            try:
-                lookup(value)
-            except ValueError as exc:  # the registries list the choices
-                raise UsageError(str(exc), param) from None
+        if not isinstance(self.policy, str):
+            raise UsageError(f"policy must be a name, got {self.policy!r}", "policy")
+        try:
+            get_policy(self.policy)
+        except ValueError as exc:  # the registry lists the choices
+            raise UsageError(str(exc), "policy") from None
+        check_preemption(self.preemption, self.preemption_mode)
         if self.block_size is not None:
             check_block_size(self.block_size)
         host = self.host_kv_memory_bytes
@@ -76,39 +77,15 @@ class EngineConfig:
                 raise UsageError(
                     str(exc).replace("--kv-store", "--kv-events"), "kv_events"
                 ) from None
-        for name in ("kv_cache_memory_bytes", "max_num_seqs", "max_num_batched_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise UsageError(f"{name} must be an integer >= 1, got {value!r}", name)
-        self._check_swap()
-        if self.max_model_len is not None and (
-            isinstance(self.max_model_len, bool)
-            or not isinstance(self.max_model_len, int)
-            or self.max_model_len < 2
-        ):
+        memory = self.kv_cache_memory_bytes
+        if isinstance(memory, bool) or not isinstance(memory, int) or memory < 1:
             raise UsageError(
-                f"max_model_len must be an integer >= 2, got {self.max_model_len!r}",
-                "max_model_len",
+                f"kv_cache_memory_bytes must be an integer >= 1, got {memory!r}",
+                "kv_cache_memory_bytes",
             )
-
-    def _check_swap(self) -> None:
-        """The swap fields agree (whether one block fits is checked at start-up, once the
-        block size is known)."""
-        if self.preemption_mode not in PREEMPTION_MODES:
-            raise UsageError(
-                f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}",
-                "preemption_mode",
-            )
-        swap = self.swap_space_bytes
-        if isinstance(swap, bool) or not isinstance(swap, int) or swap < 0:
-            raise UsageError(
-                f"swap_space_bytes must be an integer >= 0, got {swap!r}", "swap_space"
-            )
-        if self.preemption_mode == "swap" and swap == 0:
-            raise UsageError("--preemption-mode swap needs a --swap-space SIZE > 0", "swap_space")
-        if self.preemption_mode == "recompute" and swap:
-            raise UsageError(
-                "--swap-space is only used with --preemption-mode swap (recompute keeps nothing "
-                "in host memory)",
-                "swap_space",
-            )
+        check_limits(self.max_num_seqs, self.max_num_batched_tokens, self.max_model_len)
+        # Host bytes here (whether one block fits is checked at start-up, once the block size
+        # is known); the scheduler checks the token slots they become by the same rule.
+        check_swap_space(
+            self.preemption_mode, self.swap_space_bytes, "swap_space_bytes", "--swap-space"
+        )

@@ -6,7 +6,16 @@ from dataclasses import dataclass
 
 from pagedkv.kvcache.protocol import KVAllocator
 from pagedkv.kvcache.tiers.swap_space import SwapSpace
-from pagedkv.sched.preemption import PREEMPTION_MODES, get_victim_policy
+from pagedkv.sched.limits import (
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    DEFAULT_MAX_NUM_SEQS,
+    DEFAULT_PREEMPTION,
+    DEFAULT_PREEMPTION_MODE,
+    check_limits,
+    check_preemption,
+    check_swap_space,
+)
+from pagedkv.sched.preemption import get_victim_policy
 from pagedkv.sched.scheduler import Scheduler
 
 
@@ -18,41 +27,24 @@ class SchedulerConfig:
     the victim's KV: ``recompute`` (freed, recomputed later) or ``swap`` (parked in a host swap
     space of ``swap_space_slots`` token slots, i.e. ``swap_space_slots // block_size`` whole
     blocks of the allocator it is built for; recompute when it is full).
+
+    It owns these limits: their defaults and rules are ``sched/limits.py``'s, which
+    ``EngineConfig`` reads rather than keeping its own. Bad values raise ``UsageError`` (a
+    ``ValueError``) naming the field.
     """
 
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     max_model_len: int | None = None
     chunked_prefill: bool = True
-    preemption: str = "latest_arrival"
-    preemption_mode: str = "recompute"
+    preemption: str = DEFAULT_PREEMPTION
+    preemption_mode: str = DEFAULT_PREEMPTION_MODE
     swap_space_slots: int = 0
 
     def __post_init__(self) -> None:
-        if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        if self.max_num_batched_tokens < 1:
-            raise ValueError(
-                f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}"
-            )
-        if self.max_model_len is not None and self.max_model_len < 2:
-            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
-        get_victim_policy(self.preemption)
-        if self.preemption_mode not in PREEMPTION_MODES:
-            raise ValueError(
-                f"unknown preemption_mode {self.preemption_mode!r}; choose one of "
-                f"{', '.join(PREEMPTION_MODES)}"
-            )
-        slots = self.swap_space_slots
-        if not isinstance(slots, int) or isinstance(slots, bool) or slots < 0:
-            raise ValueError(f"swap_space_slots must be an integer >= 0, got {slots!r}")
-        if self.preemption_mode == "swap" and slots == 0:
-            raise ValueError("preemption_mode='swap' needs swap_space_slots > 0 (host KV slots)")
-        if self.preemption_mode == "recompute" and slots:
-            raise ValueError(
-                f"swap_space_slots={slots} is only used with preemption_mode='swap' "
-                "(recompute keeps nothing in host memory)"
-            )
+        check_limits(self.max_num_seqs, self.max_num_batched_tokens, self.max_model_len)
+        check_preemption(self.preemption, self.preemption_mode)
+        check_swap_space(self.preemption_mode, self.swap_space_slots, "swap_space_slots")
 
     def build(self, allocator: KVAllocator) -> Scheduler:
         """A scheduler over ``allocator``. ValueError when the swap space cannot hold one of

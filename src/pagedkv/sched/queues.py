@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from pagedkv.kvcache.hashing import NO_EXTRA_KEYS, HashExtraKeys
 from pagedkv.kvcache.protocol import KVAllocator
 from pagedkv.kvcache.tiers.swap_space import SwapSpace
+from pagedkv.sched.limits import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
 from pagedkv.sched.preemption import VictimPolicy, latest_arrival
 from pagedkv.sched.refusal import Refusal, never_fits
 from pagedkv.sched.sequence import FinishReason, Seq, SequenceStatus
@@ -36,8 +37,8 @@ class RequestQueues:
     def __init__(
         self,
         allocator: KVAllocator,
-        max_num_seqs: int = 256,
-        max_num_batched_tokens: int = 8192,
+        max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+        max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
         max_model_len: int | None = None,
         *,
         chunked_prefill: bool = True,
