@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup test lint format run bench bench-peers clean redis
+.PHONY: setup test lint typecheck format run bench bench-peers clean redis
 
 setup: $(STAMP)
 
@@ -29,7 +29,11 @@ format: setup
 redis:
 	command -v redis-server >/dev/null || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server)
 
-test: lint redis
+# mypy over the torch-free packages (the list is pyproject.toml's [tool.mypy] files).
+typecheck: setup
+	$(VENV)/bin/mypy
+
+test: lint typecheck redis
 	$(PY) -m pytest -q
 
 run: setup
