@@ -150,3 +150,77 @@ def test_the_circle_check_sees_real_imports_and_finds_circles():
     edges = {"pages.layout": {"pages.gguf_header"}, "pages.gguf_header": {"pages.layout"}}
     assert _cycles(edges) == [["pages.gguf_header", "pages.layout", "pages.gguf_header"]]
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+# DESIGN.md's layer picture, bottom first: a package may import only packages of the layers
+# below its own (never a sibling). ``pagedkv`` is the root package (``__version__`` only).
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("pagedkv", "errors"),
+    ("units", "background", "lazy"),
+    ("traces", "kvcache", "pages"),
+    ("routing", "sched", "planner"),
+    ("sim", "kvstore"),
+    ("model",),
+    ("engine",),
+    ("disagg",),
+    ("server",),
+    ("router",),
+    ("commands",),
+    ("cli",),
+    ("__main__",),
+)
+# What the layers allow but the design does not. The simulator replaces the model by a clock
+# and drives the core itself: only the commands run it (the engine reaching into it for a
+# step's shape was the first violation). A router never builds an engine nor pairs P/D.
+NEVER: dict[str, frozenset[str]] = {
+    "model": frozenset({"sim"}),
+    "engine": frozenset({"sim"}),
+    "disagg": frozenset({"sim"}),
+    "server": frozenset({"sim"}),
+    "router": frozenset({"sim", "engine", "disagg"}),
+}
+MAY_IMPORT: dict[str, frozenset[str]] = {
+    package: frozenset(p for lower in LAYERS[:i] for p in lower) - NEVER.get(package, frozenset())
+    for i, layer in enumerate(LAYERS)
+    for package in layer
+}
+
+
+def _top(module: str) -> str:
+    """The top-level package of a module: ``pagedkv.engine.kv.mover`` -> ``engine``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def _layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    """``module -> target`` for every import of ``graph`` that ``MAY_IMPORT`` does not allow."""
+    return sorted(
+        f"{m} -> {t}"
+        for m, ts in graph.items()
+        for t in ts
+        if _top(t) != _top(m) and _top(t) not in MAY_IMPORT.get(_top(m), frozenset())
+    )
+
+
+def test_the_layer_table_names_every_package_once():
+    names = [p for layer in LAYERS for p in layer]
+    assert len(names) == len(set(names)), "a package sits in two layers"
+    assert set(names) == {_top(m) for m in _import_graph()}, "add the new package to LAYERS"
+
+
+def test_imports_follow_the_layers():
+    violations = _layer_violations(_import_graph())
+    assert not violations, "imports against DESIGN.md's layers: " + "; ".join(violations)
+
+
+def test_the_layer_check_catches_a_violation():
+    legal = {"pagedkv.engine.runner": {"pagedkv.kvcache.paged", "pagedkv.engine.kv"}}
+    assert _layer_violations(legal) == []
+    # The violation this check was written after, and one of each kind the table forbids.
+    fake = {
+        "pagedkv.engine.profiling": {"pagedkv.sim.cost_model"},  # layered, but never
+        "pagedkv.kvcache.paged": {"pagedkv.sched.sequence"},  # upward
+        "pagedkv.sim.replica": {"pagedkv.kvstore.tier"},  # sideways, same layer
+        "pagedkv.router.app": {"pagedkv.engine"},  # a router builds no engine
+    }
+    assert _layer_violations(fake) == sorted(f"{m} -> {t}" for m, ts in fake.items() for t in ts)
