@@ -23,9 +23,16 @@ class FakeTier:
         self.held = set(held)
         self.accepts_offloads = offloads
         self.wants_saves = saves
+        self.event_medium = None  # reports no events (like a store)
         self.claimed: list[bytes] = []
         self.offered: list[bytes] = []
         self.steps = 0
+
+    def enable_events(self, log, block_size) -> None:
+        raise AssertionError("never called for a tier without event_medium")
+
+    def hashes(self) -> list[bytes]:
+        return []
 
     def match(self, block_hashes) -> int:
         n = 0

@@ -17,7 +17,7 @@ from pagedkv.kvcache.block_pool import NULL_BLOCK_ID
 from pagedkv.kvcache.events import KVEventLog
 from pagedkv.kvcache.hashing import BlockHash
 from pagedkv.kvcache.protocol import KVCacheStats, SeqLike
-from pagedkv.kvcache.tiers.contract import NO_TIER_ORDERS, TierOrders
+from pagedkv.kvcache.tiers.contract import NO_TIER_ORDERS, KVTier, TierOrders
 
 INT32_BYTES = 4
 
@@ -79,6 +79,10 @@ class BlockTableAllocator:
         """Report the prefix cache's changes to ``log`` (``events.py``). An allocator without a
         prefix cache (reserved) reports only that it holds nothing."""
         log.cleared()
+
+    def lower_tiers(self) -> tuple[KVTier, ...]:
+        """The lower tiers in lookup order; none unless the paged allocator was given some."""
+        return ()
 
     def prefix_hashes(self) -> set[BlockHash]:
         """The chained hashes of every block the prefix cache holds now (what replaying this

@@ -63,7 +63,7 @@ class BlockPool:
         self._cached = CachedQueue(num_blocks)
         self.num_evictions = 0
         # Called with (block_id, hash) for every cached block ``take`` evicts (the lower tiers
-        # of ``tiers.py`` take it over), before the block is handed out. None = no one listens.
+        # of ``tiers/contract.py`` take it over), before the block is handed out. None = no one listens.
         self.on_evict: Callable[[int, BlockHash], None] | None = None
         # Told of every hash that leaves the index (``events.py``); the allocator reports the
         # ones that enter it, as it alone knows their parents. None = no one listens.

@@ -75,10 +75,15 @@ class PagedAllocator(BlockTableAllocator):
     def _enable_tier_events(self) -> None:
         """Lower tiers that keep their own blocks (the host tier) report them too; a shared
         store is no replica's cache and reports nothing."""
-        for tier in self.tiers.tiers if self.tiers is not None and self.events else ():
-            enable = getattr(tier, "enable_events", None)
-            if enable is not None:
-                enable(self.events, self._block_size)
+        log = self.events
+        if log is None:
+            return
+        for tier in self.lower_tiers():
+            if tier.event_medium is not None:
+                tier.enable_events(log, self._block_size)
+
+    def lower_tiers(self) -> tuple[KVTier, ...]:
+        return self.tiers.tiers if self.tiers is not None else ()
 
     def prefix_hashes(self) -> set[BlockHash]:
         """Device hashes only; a host tier's are ``tiers``' (``HostTierIndex.hashes``)."""
@@ -203,14 +208,16 @@ class PagedAllocator(BlockTableAllocator):
                 self.tiers.forget_plan()
             return False
         loaded = hashes[num_device:num_hit]
+        chain = self.tiers
         if loaded:  # claimed before take(), whose evictions must not push them out of a tier
-            assert self.tiers is not None
-            tier_names = self.tiers.claim(seq.seq_id, len(seq.token_ids), num_device, loaded)
+            assert chain is not None
+            tier_names = chain.claim(seq.seq_id, len(seq.token_ids), num_device, loaded)
         self.pool.share(hit_ids)
         hit_ids.extend(self.pool.take(need))
         if loaded:
+            assert chain is not None
             fresh = hit_ids[num_device:num_hit]
-            self.tiers.order_loads(tier_names, loaded, fresh)
+            chain.order_loads(tier_names, loaded, fresh)
             parent = hashes[num_device - 1] if num_device else None
             self._set_hashes(fresh, loaded, parent, seq.extra_keys.lora_id)
         st = SeqBlocks(hit_ids, total)
@@ -243,8 +250,8 @@ class PagedAllocator(BlockTableAllocator):
                 hash_fn=self._hash_fn,
             )
         ids = st.block_ids
-        parent = st.block_hashes[-1] if st.block_hashes else None
-        self._set_hashes(ids[first:num_full], new, parent, seq.extra_keys.lora_id)
+        prev_hash = st.block_hashes[-1] if st.block_hashes else None
+        self._set_hashes(ids[first:num_full], new, prev_hash, seq.extra_keys.lora_id)
         st.block_hashes.extend(new)
         if self.tiers is not None:
             self.tiers.computed(ids[first:num_full], new)

@@ -37,7 +37,7 @@ from typing import Protocol, runtime_checkable
 
 from pagedkv.kvcache.events import KVEventLog
 from pagedkv.kvcache.hashing import BlockHash, HashExtraKeys
-from pagedkv.kvcache.tiers.contract import TierOrders
+from pagedkv.kvcache.tiers.contract import KVTier, TierOrders
 
 
 @runtime_checkable
@@ -81,7 +81,7 @@ class KVCacheStats:
     prefix_hit_tokens: int  # of those, tokens whose KV was reused
     num_evictions: int  # cached blocks dropped to make room
     # Of prefix_hit_tokens, how many each tier supplied ("device" first, then the lower tiers
-    # of ``tiers.py``); empty for an allocator without lower tiers (all hits are device hits).
+    # of ``tiers/contract.py``); empty for an allocator without lower tiers (all hits are device hits).
     tier_hit_tokens: tuple[tuple[str, int], ...] = ()
 
     @property
@@ -187,6 +187,11 @@ class KVAllocator(Protocol):
         """The chained hashes of every block the device prefix cache holds now (lower tiers'
         are not included). A fresh set the caller may keep; O(cached blocks): for snapshots
         and checks, not for every step."""
+        ...
+
+    def lower_tiers(self) -> tuple[KVTier, ...]:
+        """The lower tiers (``kvcache/tiers/``) in lookup order; empty for an allocator
+        without them. The engine's KV events read the ones that report events."""
         ...
 
     def drain_tier_orders(self) -> TierOrders:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from pagedkv.kvcache.events import KVEventLog
 from pagedkv.kvcache.hashing import BlockHash
 from pagedkv.kvcache.tiers.contract import TIER_STORE
 from pagedkv.kvstore.client import StoreClient
@@ -34,6 +35,13 @@ class StoreTier:
     name = TIER_STORE
     accepts_offloads = False
     wants_saves = True
+    event_medium = None  # no replica's own cache: a router learns nothing from its contents
+
+    def enable_events(self, log: KVEventLog, block_size: int) -> None:
+        """Never called (``event_medium`` is None): the store reports no events."""
+
+    def hashes(self) -> list[BlockHash]:
+        return []  # what it holds is Redis's, not this replica's
 
     def __init__(
         self, client: StoreClient, namespace: bytes, body_bytes: int, block_size: int

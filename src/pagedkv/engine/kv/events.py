@@ -24,7 +24,6 @@ from collections.abc import Callable
 from pagedkv.engine.config import EngineConfig
 from pagedkv.kvcache.events import (
     MEDIUM_DEVICE,
-    MEDIUM_HOST,
     AllBlocksCleared,
     BlockStored,
     KVEvent,
@@ -101,10 +100,9 @@ def held_hashes(allocator: KVAllocator) -> list[tuple[str, list[BlockHash]]]:
     """``(medium, hashes)``: the device prefix cache's, then a host tier's (what replaying the
     allocator's events gives, per medium)."""
     out = [(MEDIUM_DEVICE, sorted(allocator.prefix_hashes()))]
-    chain = getattr(allocator, "tiers", None)  # a paged allocator's lower tiers
-    for tier in chain.tiers if chain is not None else ():
-        if hasattr(tier, "enable_events"):  # a tier that keeps its own blocks (host memory)
-            out.append((MEDIUM_HOST, sorted(tier.hashes())))
+    for tier in allocator.lower_tiers():
+        if tier.event_medium is not None:  # a tier that keeps its own blocks (host memory)
+            out.append((tier.event_medium, sorted(tier.hashes())))
     return out
 
 

@@ -52,6 +52,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol, runtime_checkable
 
+from pagedkv.kvcache.events import KVEventLog
 from pagedkv.kvcache.hashing import BlockHash
 
 # The tier names the engine's stats and /metrics label hits with ("device" is the pool itself).
@@ -82,6 +83,22 @@ class KVTier(Protocol):
     @property
     def wants_saves(self) -> bool:
         """Whether every full block a step computes is listed for it (write-through: a store)."""
+        ...
+
+    @property
+    def event_medium(self) -> str | None:
+        """The medium of the KV events this tier reports (``"host"`` for the host tier), or
+        None for a tier that is no replica's own cache (a shared store): it reports none."""
+        ...
+
+    def enable_events(self, log: KVEventLog, block_size: int) -> None:
+        """(Only called when ``event_medium`` is set.) Report every hash entering or leaving
+        this tier to ``log``, starting with the ones held now."""
+        ...
+
+    def hashes(self) -> list[BlockHash]:
+        """The hashes held now, what replaying this tier's events gives (empty for a tier
+        without ``event_medium``). A fresh list; O(blocks): for snapshots and checks."""
         ...
 
     def match(self, block_hashes: Sequence[BlockHash]) -> int:

@@ -31,6 +31,7 @@ class HostTierIndex:
     name = TIER_HOST
     accepts_offloads = True
     wants_saves = False
+    event_medium = MEDIUM_HOST
 
     def __init__(self, num_blocks: int) -> None:
         if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
