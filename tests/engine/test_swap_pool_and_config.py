@@ -1,5 +1,6 @@
-"""The host swap pool on its own (one step's copies move once) and the swap settings at the
-edge (EngineConfig fields, the shared --preemption-mode / --swap-space flags)."""
+"""The host swap pool on its own (one step's copies move once), the swap settings at the edge
+(EngineConfig fields, the shared --preemption-mode / --swap-space flags), and the scheduler's
+limits, whose defaults and rules EngineConfig and the flags take from SchedulerConfig."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from pagedkv.commands.engine_flags import add_engine_args, engine_config
 from pagedkv.engine import EngineConfig
 from pagedkv.engine.kv.swap_pool import HostSwapPool
 from pagedkv.errors import UsageError
+from pagedkv.kvcache import PagedAllocator
 from pagedkv.model.kv_pool import allocate_kv_caches
+from pagedkv.sched import Scheduler, SchedulerConfig
 from pagedkv.sched.batch import ScheduledBatch
 
 
@@ -41,6 +44,49 @@ def test_engine_flags_build_the_swap_config():
     assert engine_config(p.parse_args([])).preemption_mode == "recompute"
     with pytest.raises(UsageError):
         engine_config(p.parse_args(["--swap-space", "1GiB"]))  # without swap mode
+
+
+SCHEDULING = (
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "preemption",
+    "preemption_mode",
+)
+
+
+def test_the_engine_and_its_flags_take_the_schedulers_defaults():
+    sched, engine = SchedulerConfig(), EngineConfig()
+    assert [getattr(engine, f) for f in SCHEDULING] == [getattr(sched, f) for f in SCHEDULING]
+    assert (sched.max_num_seqs, sched.max_num_batched_tokens) == (64, 2048)  # the engine's
+    bare = Scheduler(PagedAllocator(9, 4))
+    assert (bare.max_num_seqs, bare.max_num_batched_tokens) == (64, 2048)
+    p = argparse.ArgumentParser()
+    add_engine_args(p)
+    flags = engine_config(p.parse_args([]))
+    assert [getattr(flags, f) for f in SCHEDULING] == [getattr(sched, f) for f in SCHEDULING]
+    help_text = " ".join(p.format_help().split())
+    assert "running sequences at most (64)" in help_text
+    assert "longer prompts run in chunks (2048)" in help_text
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        dict(max_num_seqs=0),
+        dict(max_num_batched_tokens=True),
+        dict(max_model_len=1),
+        dict(preemption="random"),
+        dict(preemption_mode="spill"),
+    ],
+)
+def test_a_bad_limit_gets_the_schedulers_error_at_the_engines_edge(fields):
+    with pytest.raises(UsageError) as at_engine:
+        EngineConfig(**fields)
+    with pytest.raises(UsageError) as at_scheduler:
+        SchedulerConfig(**fields)
+    assert str(at_engine.value) == str(at_scheduler.value)
+    assert at_engine.value.param == at_scheduler.value.param == next(iter(fields))
 
 
 def test_apply_moves_a_steps_blocks_once():
