@@ -1,9 +1,8 @@
 """``HostKVTier``: the host tier's bytes -- evicted prefix blocks kept in host memory.
 
 The facts (which hash is in which host slot, LRU order, per-step pins) live in
-``kvcache/tiers/host_index.py``; this class owns the tensors: per layer, K and V of shape
-``[num_host_blocks, block_size, num_kv_heads, head_dim]``, the device pool's block layout, so a
-block moves as one row of each tensor. A step's offloads (device -> host) and loads
+``kvcache/tiers/host_index.py``; this class owns the tensors (a ``HostPool``, the device pool's
+block layout in host memory). A step's offloads (device -> host) and loads
 (host -> device) each move together (``block_copy.copy_rows``).
 """
 
@@ -14,16 +13,17 @@ from collections.abc import Sequence
 import torch
 
 from pagedkv.engine.kv.block_copy import copy_rows
+from pagedkv.engine.kv.host_pool import HostPool
 from pagedkv.kvcache.hashing import BlockHash
 from pagedkv.kvcache.tiers.contract import TIER_HOST
 from pagedkv.kvcache.tiers.host_index import HostTierIndex
-from pagedkv.model.kv_pool import KVCache, allocate_host_kv_caches, pool_layout
+from pagedkv.model.kv_pool import KVCache
 
 
-class HostKVTier:
-    """The executor of the ``"host"`` tier (``mover.OffloadExecutor``); ``index`` is the
-    ``KVTier`` the allocator holds (it declares that the host tier takes offloads). Slots are only read after an offload wrote them, so the pool
-    is left uninitialised (``torch.empty``: committed page by page as offloads touch it)."""
+class HostKVTier(HostPool):
+    """The executor of the ``"host"`` tier (``mover.OffloadExecutor``): ``index`` is the
+    ``KVTier`` the allocator holds (which declares that the host tier takes offloads), the
+    ``HostPool`` its ``index.num_blocks`` slots."""
 
     name = TIER_HOST
 
@@ -35,21 +35,12 @@ class HostKVTier:
         num_kv_heads: int,
         head_dim: int,
         dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
     ) -> None:
-        self.index = index
-        self.block_size = block_size  # tokens per block
-        self.kv_caches: list[KVCache] = allocate_host_kv_caches(
-            num_layers, index.num_blocks, block_size, num_kv_heads, head_dim, dtype
+        super().__init__(
+            num_layers, index.num_blocks, block_size, num_kv_heads, head_dim, dtype, device
         )
-        self.block_bytes = pool_layout(self.kv_caches).block_bytes(block_size)
-
-    @property
-    def num_blocks(self) -> int:
-        return self.index.num_blocks
-
-    @property
-    def pool_bytes(self) -> int:
-        return self.num_blocks * self.block_bytes
+        self.index = index
 
     def offload(
         self, kv_caches: list[KVCache], device_blocks: Sequence[int], hashes: Sequence[BlockHash]

@@ -2,9 +2,8 @@
 
 The scheduler decides (``sched/scheduler.py``, ``kvcache/tiers/swap_space.py``): a step's
 ``ScheduledBatch.swap_out`` lists ``(device_block, host_block)`` copies and ``swap_in``
-``(host_block, device_block)`` copies. ``HostSwapPool`` executes them on tensors: per layer, K
-and V of shape ``[num_host_blocks, block_size, num_kv_heads, head_dim]``, the device pool's
-block layout (``model/kv_pool.py``), so a block moves as one row of each tensor.
+``(host_block, device_block)`` copies. ``HostSwapPool`` executes them on its ``HostPool``
+(``host_pool.py``: the device pool's block layout in host memory).
 
 Every step's copies of one direction move together (``block_copy.copy_rows``: slice copies
 for long runs, else one gather and one scatter per layer and tensor), never a Python loop per
@@ -19,17 +18,14 @@ from collections.abc import Sequence
 import torch
 
 from pagedkv.engine.kv.block_copy import copy_rows
-from pagedkv.model.kv_pool import KVCache, allocate_host_kv_caches, pool_layout
+from pagedkv.engine.kv.host_pool import HostPool
+from pagedkv.model.kv_pool import KVCache
 from pagedkv.sched.batch import ScheduledBatch
 
 
-class HostSwapPool:
-    """``num_blocks`` host blocks in the device pool's layout, and the bytes moved so far.
-
-    Host blocks are only read after a swap-out wrote them, so the pool is left uninitialised
-    (``torch.empty``: the memory is committed page by page as swap-outs touch it); pinned when
-    the device is a GPU (faster transfers). Not thread-safe: the engine thread only.
-    """
+class HostSwapPool(HostPool):
+    """The swap pool's blocks and the blocks moved so far. Not thread-safe: the engine thread
+    only."""
 
     def __init__(
         self,
@@ -41,23 +37,10 @@ class HostSwapPool:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
     ) -> None:
-        if num_blocks < 1:
-            raise ValueError(f"a host swap pool needs num_blocks >= 1, got {num_blocks}")
-        pin = torch.device(device).type == "cuda"
-        self.kv_caches: list[KVCache] = allocate_host_kv_caches(
-            num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype, pin_memory=pin
-        )
-        self.num_blocks = num_blocks
-        self.block_size = block_size  # tokens per block
-        self.block_bytes = pool_layout(self.kv_caches).block_bytes(block_size)
+        super().__init__(num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype, device)
         self.blocks_out = 0  # device -> host, counted as copied
         self.blocks_in = 0  # host -> device
         self._last_step: int | None = None  # the last step whose swaps ``apply`` ran
-
-    @property
-    def pool_bytes(self) -> int:
-        """Bytes of the whole host pool (K and V of every layer)."""
-        return self.num_blocks * self.block_bytes
 
     @property
     def bytes_out(self) -> int:
