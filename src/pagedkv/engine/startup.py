@@ -39,9 +39,6 @@ class EngineParts:
     layout: KVLayout
     resolution: BlockSizeResolution
     page_format: PageFormat
-    # ``kv/identity.model_identity`` of the loaded weights, computed once here: the store
-    # namespace, ``/pagedkv/info`` and the P/D pair all read this value.
-    model_identity: str
     max_model_len: int
     allocator: KVAllocator
     scheduler: Scheduler
@@ -51,6 +48,12 @@ class EngineParts:
     kv_events: EngineKVEvents | None = None
     instance_id: str = field(default_factory=new_instance_id)  # fresh per engine
     kv_store: StoreTier | None = None  # the shared store tier (``--kv-store``; None = off)
+
+    @property
+    def model_identity(self) -> str:
+        """``kv/identity.model_identity`` of the loaded weights (computed on first use, then
+        remembered per model): the store namespace, ``/pagedkv/info`` and the P/D pair."""
+        return model_identity(self.model)
 
 
 def build_parts(
@@ -113,8 +116,7 @@ def build_parts(
     )
     page_format = PageFormat.from_layout(layout, block_size)
     report = startup_report(policy, resolution, allocator, runner, layout, max_model_len)
-    identity = model_identity(model)
-    store = store_tiers(config, page_format, identity, runner.kv_caches)
+    store = store_tiers(config, page_format, model, runner.kv_caches)
     for line in attach_tiers(allocator, runner, num_host_kv_blocks, store):
         report += f"\npagedkv: {line}"
     instance_id = new_instance_id()
@@ -136,7 +138,6 @@ def build_parts(
         layout,
         resolution,
         page_format,
-        identity,
         max_model_len,
         allocator,
         scheduler,

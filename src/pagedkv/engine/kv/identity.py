@@ -2,20 +2,31 @@
 
 Two engines share stored or transferred KV only when they compute the same KV, so the store's
 namespace (``kvstore/namespace.py``), a replica's ``/pagedkv/info`` and a P/D pair's handshake
-carry this digest; ``startup.build_parts`` computes it once and keeps it in
-``EngineParts.model_identity`` for all of them.
+carry this digest. It is computed once per loaded model (remembered by a weak reference to
+the model, so a model that is dropped takes its entry with it); ``EngineParts.model_identity``
+is how the engine's parts ask.
 """
 
 from __future__ import annotations
 
 import hashlib
+import weakref
 
 import torch
 
 _SAMPLE_ELEMENTS = 4096  # elements of each weight tensor that go into the model identity
+_IDENTITIES: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
 
 
 def model_identity(model: torch.nn.Module) -> str:
+    """``_digest(model)``, computed on the first call for this model object only."""
+    identity = _IDENTITIES.get(model)
+    if identity is None:
+        identity = _IDENTITIES[model] = _digest(model)
+    return identity
+
+
+def _digest(model: torch.nn.Module) -> str:
     """A digest of the model's weights (names, shapes, dtypes and a strided sample of each
     tensor): two engines share stored KV only when they compute the same KV, and two models of
     one shape (or one model quantized two ways) must not. Reads ~4K elements per tensor."""

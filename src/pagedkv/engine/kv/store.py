@@ -17,8 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
+
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.kv.block_copy import block_body_bytes, read_blocks, write_blocks
+from pagedkv.engine.kv.identity import model_identity
 from pagedkv.errors import UsageError
 from pagedkv.kvcache.hashing import DEFAULT_HASH_ALGORITHM, BlockHash
 from pagedkv.kvcache.policies import Policy
@@ -72,12 +75,12 @@ def check_store_policy(config: EngineConfig, policy: Policy) -> None:
 
 
 def store_tiers(
-    config: EngineConfig, page_format: PageFormat, model_id: str, kv_caches: list[KVCache]
+    config: EngineConfig, page_format: PageFormat, model: torch.nn.Module, kv_caches: list[KVCache]
 ) -> list[tuple[StoreTier, StoreExecutor]]:
     """``[(tier, executor)]`` for ``setup.attach_tiers``'s ``extra`` (empty: no store)."""
     if not config.kv_store:
         return []
-    executor = open_store(config.kv_store, page_format, model_id, kv_caches)
+    executor = open_store(config.kv_store, page_format, model_identity(model), kv_caches)
     return [(executor.tier, executor)]
 
 
