@@ -1,5 +1,6 @@
-"""Parsing of human-written quantities at the edges (CLI, server). Each parser names the option
-it reads in its ``UsageError``, which the CLI prints as one line (exit code 2).
+"""Parsing of human-written quantities at the edges (CLI, server), and the one way a size is
+written back to a person. Each parser names the option it reads in its ``UsageError``, which
+the CLI prints as one line (exit code 2).
 
 Every parser refuses what no later computation can hold: non-finite numbers (``nan``, ``inf``)
 and values beyond a stated ceiling (a 400-digit size would otherwise overflow a float deep
@@ -41,6 +42,31 @@ def parse_bytes(option: str, text: str) -> int:
     if value > MAX_BYTES:
         raise UsageError(f"{option}: {text!r} is more than {MAX_BYTES} bytes (1 EiB)", option)
     return value
+
+
+_BINARY_UNITS = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
+
+
+def format_bytes(num_bytes: int) -> str:
+    """94371840 -> '90 MiB', 16383 -> '15.999 KiB', 500 -> '500 B': the largest binary unit
+    the size reaches, whole when exact, else three decimals rounded down (a size short of a
+    limit never reads as the limit)."""
+    for unit, size in _BINARY_UNITS:
+        if num_bytes >= size:
+            if num_bytes % size == 0:
+                return f"{num_bytes // size} {unit}"
+            thousandths = num_bytes * 1000 // size
+            return f"{thousandths // 1000}.{thousandths % 1000:03d} {unit}"
+    return f"{num_bytes} B"
+
+
+def size_at_least(num_bytes: int) -> str:
+    """The shortest size a user would type that is >= ``num_bytes``, whole MiB (or KiB, or
+    bytes, below those): 188743680 -> '180MiB', 16384 -> '16KiB'. ``parse_bytes`` reads it."""
+    for unit, size in _BINARY_UNITS[2:]:
+        if num_bytes >= size:
+            return f"{-(-num_bytes // size)}{unit}"
+    return f"{num_bytes}"
 
 
 def parse_tokens(option: str, text: str) -> int:

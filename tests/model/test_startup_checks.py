@@ -44,14 +44,34 @@ def _config(model, **kwargs) -> EngineConfig:
 
 def test_pool_too_small_is_refused_before_the_weights_load(no_weight_load, config_only_folder):
     with pytest.raises(
-        UsageError, match="--kv-cache-memory of 16383 bytes has room for 1 block of 16 tokens"
+        UsageError, match="--kv-cache-memory 15.999 KiB has room for 1 block of 16 tokens"
     ) as e:
         startup.build_parts(_config(config_only_folder, kv_cache_memory_bytes=2 * 8192 - 1))
     assert e.value.param == "kv_cache_memory"
-    assert "give 16384 bytes" in str(e.value)
+    assert "(8 KiB each, 512 B per token)" in str(e.value)
+    assert "give --kv-cache-memory 16KiB or more" in str(e.value)
     # One byte more is enough for the pool: start-up goes on to load the weights.
     with pytest.raises(WeightsLoaded):
         startup.build_parts(_config(config_only_folder, kv_cache_memory_bytes=2 * 8192))
+
+
+def test_a_reserved_pool_too_small_names_the_largest_max_model_len(
+    no_weight_load, config_only_folder
+):
+    # reserved: one block is one max_model_len region, 100 x 512 bytes = 50 KiB here.
+    config = _config(config_only_folder, policy="reserved", max_model_len=100,
+                     kv_cache_memory_bytes=64 * 1024)  # fmt: skip
+    with pytest.raises(UsageError) as e:
+        startup.build_parts(config)
+    assert str(e.value) == (
+        "--kv-cache-memory 64 KiB has room for 1 block of 100 tokens (policy reserved: one "
+        "max_model_len region per sequence, 50 KiB each, 512 B per token); the KV pool needs "
+        "at least 2: give --kv-cache-memory 100KiB or more, or --max-model-len 64 or less"
+    )
+    # The suggestion fits: 2 regions of 64 tokens x 512 bytes = 64 KiB.
+    with pytest.raises(WeightsLoaded):
+        startup.build_parts(_config(config_only_folder, policy="reserved", max_model_len=64,
+                                    kv_cache_memory_bytes=64 * 1024))  # fmt: skip
 
 
 def test_context_beyond_the_model_is_refused_before_the_weights_load(

@@ -26,6 +26,7 @@ from pagedkv.pages.page_format import PageFormat
 from pagedkv.planner.constraints import BlockSizeResolution, resolve_block_size
 from pagedkv.sched.config import SchedulerConfig
 from pagedkv.sched.scheduler import Scheduler
+from pagedkv.units import format_bytes, size_at_least
 
 DEFAULT_MAX_MODEL_LEN = 2048
 
@@ -54,6 +55,28 @@ class EngineParts:
         """``kv/identity.model_identity`` of the loaded weights (computed on first use, then
         remembered per model): the store namespace, ``/pagedkv/info`` and the P/D pair."""
         return model_identity(self.model)
+
+
+def _pool_too_small(
+    config: EngineConfig, layout: KVLayout, block_size: int, reserved: bool
+) -> UsageError:
+    """The one-line refusal of a pool under 2 blocks, in MiB/GiB, with the smallest
+    --kv-cache-memory that works; under ``reserved`` (a block is a max_model_len region) also
+    the largest --max-model-len that fits the memory given."""
+    memory_bytes, block_bytes = config.kv_cache_memory_bytes, layout.block_bytes(block_size)
+    num_blocks = memory_bytes // block_bytes
+    sizes = f"{format_bytes(block_bytes)} each, {format_bytes(layout.record_bytes)} per token"
+    fixes = f"give --kv-cache-memory {size_at_least(2 * block_bytes)} or more"
+    if reserved:
+        sizes = f"policy reserved: one max_model_len region per sequence, {sizes}"
+        if (max_len := memory_bytes // (2 * layout.record_bytes)) >= 1:
+            fixes += f", or --max-model-len {max_len} or less"
+    return UsageError(
+        f"--kv-cache-memory {format_bytes(memory_bytes)} has room for {num_blocks} "
+        f"block{'' if num_blocks == 1 else 's'} of {block_size} tokens ({sizes}); "
+        f"the KV pool needs at least 2: {fixes}",
+        param="kv_cache_memory",
+    )
 
 
 def build_parts(
@@ -86,14 +109,7 @@ def build_parts(
     block_size = resolution.block_size
     num_blocks = config.kv_cache_memory_bytes // layout.block_bytes(block_size)
     if num_blocks < 2:
-        raise UsageError(
-            f"--kv-cache-memory of {config.kv_cache_memory_bytes} bytes has room for "
-            f"{num_blocks} block{'' if num_blocks == 1 else 's'} of {block_size} tokens "
-            f"({layout.block_bytes(block_size)} bytes each, {layout.record_bytes} per token); "
-            f"the KV pool needs at least 2: give {2 * layout.block_bytes(block_size)} bytes "
-            "or more",
-            param="kv_cache_memory",
-        )
+        raise _pool_too_small(config, layout, block_size, policy.allocator == "reserved")
     check_swap_space(config, layout, block_size)
     num_host_kv_blocks = host_tier_blocks(config, policy, layout, block_size)
     check_store_policy(config, policy)
