@@ -111,6 +111,7 @@ def test_the_demo_reports_each_run_without_breaking_the_streamed_answer(
     ],
 )  # fmt: skip
 def test_a_busy_machine_is_told_once_at_start_up(monkeypatch, capsys, threads, load_1min, words):
+    monkeypatch.delenv(busy_machine.QUIET_ENV)
     monkeypatch.setattr(os, "getloadavg", lambda: (load_1min, 0.0, 0.0))
     monkeypatch.setattr(busy_machine, "usable_cores", lambda: 2)
     message = busy_machine.warn_if_busy("generate", threads)
@@ -122,6 +123,7 @@ def test_a_busy_machine_is_told_once_at_start_up(monkeypatch, capsys, threads, l
 
 
 def test_generate_warns_on_a_busy_machine_before_the_model_loads(tiny_folder, monkeypatch, capsys):
+    monkeypatch.delenv(busy_machine.QUIET_ENV)
     monkeypatch.setattr(os, "getloadavg", lambda: (64.0, 0.0, 0.0))
     argv = ["generate", "--model", str(tiny_folder), "--max-tokens", "2", "hi"]
     assert cli.main(argv) == 0
