@@ -24,9 +24,9 @@ def sent_prompts(embedded, monkeypatch):
         def __init__(self, config, parts=None):
             super().__init__(config, parts or build_parts(config, embedded))
 
-        def generate(self, prompts, params=None):
-            sent.extend(prompts)
-            return super().generate(prompts, params)
+        def add_request(self, prompt, params=None, *args, **kwargs):
+            sent.append(prompt)  # every way generate runs a prompt goes through here
+            return super().add_request(prompt, params, *args, **kwargs)
 
     monkeypatch.setattr(pagedkv.engine, "LLMEngine", Recording)
     return sent
