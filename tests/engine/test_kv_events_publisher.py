@@ -10,9 +10,9 @@ import time
 import pytest
 import redis
 
-from pagedkv.kvstore.event_publisher import KVEventPublisher
 from pagedkv.kvcache.events import AllBlocksCleared, BlockStored, KVEventBatch
 from pagedkv.kvstore.address import parse_store_url
+from pagedkv.kvstore.event_publisher import KVEventPublisher
 from tests.kvstore.redis_server import RedisServer
 
 STREAM = "pagedkv:kv-events:pub"
