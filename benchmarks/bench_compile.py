@@ -16,13 +16,12 @@ prompt and the script says whether the tokens are the same.
 from __future__ import annotations
 
 import argparse
-import json
 import random
-import statistics
 import time
 
 import torch
 
+from common import alternate, finish_meta, machine_meta, medians, write_json
 from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
 from pagedkv.engine.startup import build_parts
 from pagedkv.model import load_model
@@ -39,6 +38,7 @@ def main() -> None:
     ap.add_argument("--out", default="results/bench_compile.json")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    meta = machine_meta()
     rng = random.Random(0)
     cfg = EngineConfig(log_startup=False, max_model_len=2048, kv_cache_memory_bytes=1 << 28)
 
@@ -66,12 +66,9 @@ def main() -> None:
     compiled = engine(compiled_model)
     first_ms = ms_per_token(compiled)
     compile_s = (first_ms - ms_per_token(eager)) * a.tokens / 1e3
-    times: dict[str, list[float]] = {"eager": [], "compiled": []}
-    for r in range(a.repeats):
-        order = ("eager", "compiled") if r % 2 == 0 else ("compiled", "eager")
-        for name in order:
-            times[name].append(ms_per_token(eager if name == "eager" else compiled))
-    med = {k: statistics.median(v) for k, v in times.items()}
+    runs = {"eager": lambda: ms_per_token(eager), "compiled": lambda: ms_per_token(compiled)}
+    times = alternate(runs, a.repeats)
+    med = medians(times)
     probe = [rng.randrange(100, 40000) for _ in range(32)]
     greedy = SamplingParams(max_tokens=a.tokens, ignore_eos=True, temperature=0.0)
     same = [e.generate([probe], greedy)[0].outputs[0].token_ids for e in (eager, compiled)]
@@ -79,7 +76,7 @@ def main() -> None:
     result = {"threads": a.threads, "scope": a.scope, "tokens": a.tokens, "repeats": a.repeats,
               "compile_s": round(compile_s, 1), "ms_per_token": med, "runs": times,
               "greedy_tokens_equal": same_tokens,
-              "torch": torch.__version__}  # fmt: skip
+              "torch": torch.__version__, "meta": finish_meta(meta)}  # fmt: skip
     print(f"| batch-1 decode, {a.threads} threads | ms/token (median of {a.repeats}) |")
     print("|---|---:|")
     print(f"| eager | {med['eager']:.1f} |")
@@ -88,8 +85,7 @@ def main() -> None:
         f"compile time (first generation, beyond eager): {compile_s:.1f} s; "
         f"greedy tokens equal to eager's: {same_tokens}"
     )
-    with open(a.out, "w") as f:
-        json.dump(result, f, indent=2)
+    write_json(a.out, result)
 
 
 if __name__ == "__main__":

@@ -19,13 +19,11 @@ Writes results/bench_detok.json and prints a markdown table.
 from __future__ import annotations
 
 import argparse
-import gc
-import json
 import platform
 import statistics
 import time
-from pathlib import Path
 
+from common import alternate, finish_meta, gc_paused, machine_meta, seconds, write_json
 from pagedkv.engine.detokenizer import Detokenizer
 from pagedkv.model.embedded import embedded_model_path
 from pagedkv.model.gguf import gguf_metadata, read_gguf
@@ -70,16 +68,15 @@ def new_detokenizer_run(tokenizer: Tokenizer, ids: list[int]) -> str:
 def per_token_us(run, tokenizer: Tokenizer, ids: list[int]) -> tuple[float, str]:
     """Microseconds per token over ``TOTAL_TOKENS`` tokens (whole outputs of ``ids``)."""
     num_runs = max(1, TOTAL_TOKENS // len(ids))
-    gc.collect()
-    gc.disable()
-    try:
-        t0 = time.process_time()
+    last = [""]
+
+    def runs() -> None:
         for _ in range(num_runs):
-            text = run(tokenizer, ids)
-        elapsed_s = time.process_time() - t0
-    finally:
-        gc.enable()
-    return elapsed_s / (num_runs * len(ids)) * 1e6, text
+            last[0] = run(tokenizer, ids)
+
+    with gc_paused():
+        elapsed_s = seconds(runs, clock=time.process_time)
+    return elapsed_s / (num_runs * len(ids)) * 1e6, last[0]
 
 
 def main() -> None:
@@ -87,19 +84,22 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default="results/bench_detok.json")
     args = parser.parse_args()
-
+    meta = machine_meta()
     tokenizer = tokenizer_from_gguf_metadata(gguf_metadata(read_gguf(embedded_model_path())))
     para_ids = tokenizer.encode(PARAGRAPH, add_special_tokens=False)
     stream = para_ids * (max(LENGTHS_TOKENS) // len(para_ids) + 1)
     rows = []
     for n in LENGTHS_TOKENS:
         ids = stream[:n]
-        old_us, new_us = [], []
-        for _ in range(args.repeats):
-            us, old_text = per_token_us(old_tracker_run, tokenizer, ids)
-            old_us.append(us)
-            us, new_text = per_token_us(new_detokenizer_run, tokenizer, ids)
-            new_us.append(us)
+        runs = alternate(
+            {
+                "old": lambda ids=ids: per_token_us(old_tracker_run, tokenizer, ids),
+                "new": lambda ids=ids: per_token_us(new_detokenizer_run, tokenizer, ids),
+            },
+            args.repeats,
+        )
+        old_us, new_us = [us for us, _ in runs["old"]], [us for us, _ in runs["new"]]
+        for (_, old_text), (_, new_text) in zip(runs["old"], runs["new"], strict=True):
             # Same tokens, same text: the old side never held text back, so after a flush the
             # two agree exactly (up to an incomplete character at the very end).
             assert new_text == old_text.rstrip("\ufffd"), (n, new_text[-40:], old_text[-40:])
@@ -123,9 +123,9 @@ def main() -> None:
         "rows": rows,
         "new_ratio_longest_to_shortest": rows[-1]["new_us_per_token"] / base["new_us_per_token"],
         "old_ratio_longest_to_shortest": rows[-1]["old_us_per_token"] / base["old_us_per_token"],
+        "meta": finish_meta(meta),
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    write_json(args.out, result)
 
     print(
         "| output tokens | old µs/token (full re-decode) | new µs/token (Detokenizer) | speed-up |"

@@ -14,8 +14,9 @@ Latency (issue 14), every engine on the same token ids, greedy, EOS ignored:
 Batching (``engine_workloads.py``): a fixed batch's throughput (also vs ``generate_batch``), the
 paging overhead (paged vs reserved decode step), the pool's capacity (reserved vs vllm).
 
-Runs are interleaved (ours, peer, ours, peer ...); medians and ratios are printed as markdown
-and written to results/bench_engine.json. Nothing here is asserted.
+Runs are interleaved (ours, peer, peer, ours ...: ``common.alternate``); medians and ratios are
+printed as markdown and written to results/bench_engine.json with the machine's metadata
+(``common.machine_meta``). Nothing here is asserted.
 
     python benchmarks/bench_engine.py [--repeats 3] [--quick] [--sections batch1,ttft,trace]
         [--weights int4] [--threads 2]
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -36,6 +36,16 @@ import torch
 
 import engine_peers as peers
 import engine_workloads as work
+from common import (
+    alternate,
+    decode_weight_bytes,
+    finish_meta,
+    machine_meta,
+    medians,
+    ratios,
+    read_bandwidth_gb_s,
+    write_json,
+)
 from gguf_f32 import f32_copy
 from pagedkv.model import load_model
 from pagedkv.model.embedded import EMBEDDED_FILE_NAME, embedded_model_path
@@ -51,43 +61,17 @@ def interleaved(
     repeats: int,
     after_round: Callable[[], None] | None = None,
 ) -> dict:
-    """Each runner ``repeats`` times, alternating; median seconds and tokens/s, and every
-    rate over pagedkv's (ratios > 1: pagedkv slower). ``after_round`` runs after each round
-    (the batch-1 section samples the read bandwidth there, beside the runs it judges)."""
-    secs: dict[str, list[float]] = {name: [] for name in runners}
-    tokens: dict[str, int] = {}
+    """Each runner ``repeats`` times, alternating (``common.alternate``); median seconds and
+    tokens/s, and every rate over pagedkv's (ratios > 1: pagedkv slower). ``after_round`` runs
+    after each round (the batch-1 section samples the read bandwidth there, beside the runs it
+    judges)."""
     for run in runners.values():  # untimed warm-up: first calls pay for allocations, caches
         run(ids[:1], [min(2, outs[0])])
-    for _ in range(repeats):
-        for name, run in runners.items():
-            elapsed, tokens[name] = run(ids, outs)
-            secs[name].append(elapsed)
-        if after_round is not None:
-            after_round()
-    med = {name: statistics.median(v) for name, v in secs.items()}
-    rate = {name: tokens[name] / med[name] for name in runners}
-    ours = rate["pagedkv"]
-    return {"median_s": med, "tokens_per_s": rate,
-            "pagedkv_speedup": {n: ours / r for n, r in rate.items()}}  # fmt: skip
-
-
-def read_bandwidth_gb_s() -> float:
-    """Bytes per second of one pass over a 512 MiB tensor (a sum: reads only, all threads)."""
-    data = torch.ones(128 << 20, dtype=torch.float32)
-    times = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        data.sum()
-        times.append(time.perf_counter() - t0)
-    return data.numel() * 4 / min(times) / 1e9
-
-
-def decode_weight_bytes(model) -> int:
-    """Bytes a decode step reads: every parameter and buffer but the embedding table (only a
-    row of it is read; a tied lm_head counts once, as a projection)."""
-    skip = {id(model.embed_tokens.weight)} if model.embed_tokens is not None else set()
-    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()] if id(t) not in skip}
-    return sum(t.numel() * t.element_size() for t in tensors.values())
+    calls = {name: partial(run, ids, outs) for name, run in runners.items()}
+    runs = alternate(calls, repeats, after_round=after_round)
+    med = medians({name: [elapsed for elapsed, _ in r] for name, r in runs.items()})
+    rate = {name: runs[name][-1][1] / med[name] for name in runners}
+    return {"median_s": med, "tokens_per_s": rate, "pagedkv_speedup": ratios(rate, "pagedkv")}
 
 
 def gguf_tensor_bytes(path: Path) -> int:
@@ -121,6 +105,7 @@ def main() -> None:
     if unknown := set(sections) - set(SECTIONS):
         parser.error(f"unknown sections {sorted(unknown)}; choose from {','.join(SECTIONS)}")
     torch.set_num_threads(args.threads)
+    meta = machine_meta()
     import transformers
 
     path = embedded_model_path()
@@ -149,7 +134,7 @@ def main() -> None:
         latency_peers["llama.cpp (F32)"] = llm_f32
     else:
         print("llama-cpp-python is not installed (make bench-peers): llama.cpp rows skipped")
-    result: dict = {"meta": {"python": platform.python_version(), "torch": torch.__version__,
+    result: dict = {"meta": {**meta, "torch": torch.__version__,
                              "transformers": transformers.__version__, "threads": args.threads,
                              "repeats": args.repeats, "weights": args.weights,
                              "cpu": torch.backends.cpu.get_cpu_capability(),
@@ -214,8 +199,8 @@ def main() -> None:
     for runner in (llm, llm_f32):
         if runner is not None:
             runner.close()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    finish_meta(result["meta"])
+    write_json(args.out, result)
     print("\n\n".join(report))
 
 

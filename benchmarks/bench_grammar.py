@@ -19,13 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import statistics
 import time
 
 import jsonschema
 import torch
+
+from common import finish_meta, machine_line, machine_meta, round_order
 
 SCHEMAS = {
     "person": {"type": "object", "properties": {
@@ -152,7 +153,7 @@ def part_libraries(tok, vocab_size: int) -> None:
     print("| schema | library | compile ms (median of 5) | mask us/token (median) | valid |")
     print("|---|---|---|---|---|")
     for i, (name, schema) in enumerate(SCHEMAS.items()):
-        for lib in libs if i % 2 == 0 else libs[::-1]:  # alternate who goes first
+        for lib in round_order(libs, i):  # alternate who goes first
             comp, mask, valid = random_objects(lib, tok, schema, seed=i)
             print(f"| {name} | {lib.name} | {statistics.median(comp) * 1e3:.2f} | "
                   f"{statistics.median(mask) * 1e6:.0f} | {valid}/{PER_SCHEMA} |", flush=True)  # fmt: skip
@@ -203,7 +204,7 @@ def mask_cost(engine, rounds: int) -> None:
     spec = StructuredOutput.of_schema(SCHEMAS["person"], "s")
     runs: dict[str, list[list[float]]] = {"grammar": [], "free": []}
     for r in range(rounds):
-        for kind in ("grammar", "free") if r % 2 == 0 else ("free", "grammar"):
+        for kind in round_order(("grammar", "free"), r):
             for k in range(PER_SCHEMA):
                 engine.add_request(prompt, SamplingParams(
                     max_tokens=24, temperature=1.0, seed=k, ignore_eos=True,
@@ -248,8 +249,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="alternated rounds of part 2")
     args = ap.parse_args()
     torch.set_num_threads(min(2, os.cpu_count() or 1))
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-          f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
+    meta = machine_meta()
+    print(f"machine: {machine_line(meta)}")
     if args.part in ("libraries", "both"):
         from pagedkv.model import load_model
 
@@ -257,7 +258,7 @@ def main() -> None:
         part_libraries(tok, config.vocab_size)
     if args.part in ("engine", "mask", "both"):
         part_engine(args.rounds, objects=args.part != "mask")
-    print(f"load average at the end: {os.getloadavg()[0]:.2f}")
+    print(f"load average at the end: {finish_meta(meta)['load_avg_after'][0]:.2f}")
 
 
 if __name__ == "__main__":

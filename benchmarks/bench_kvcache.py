@@ -25,18 +25,15 @@ vLLM's median over ours (for hash: our rate over vLLM's), > 1 = pagedkv faster.
 from __future__ import annotations
 
 import argparse
-import gc
-import json
-import platform
 import statistics
 import sys
-import time
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # the peer venv lacks it
 
+from common import finish_meta, gc_paused, machine_meta, round_order, seconds, write_json
 from pagedkv.kvcache import NO_EXTRA_KEYS, HashExtraKeys, PagedAllocator, hash_blocks, root_hash
 from pagedkv.sched.sequence import TOKEN_TYPECODE
 
@@ -48,28 +45,6 @@ HASH_TOKENS = 64_000
 
 def prompt(seed: int, n: int) -> list[int]:
     return [(seed * 7919 + t * 31) % 32000 for t in range(n)]
-
-
-def timed(fn, *args) -> float:
-    """Seconds ``fn(*args)`` takes."""
-    t0 = time.perf_counter()
-    fn(*args)
-    return time.perf_counter() - t0
-
-
-def gc_paused(method):
-    """Run a measurement with the garbage collector paused (after one collection), so that
-    neither side pays for collections the other side's garbage triggered."""
-
-    def run(*args):
-        gc.collect()
-        gc.disable()
-        try:
-            return method(*args)
-        finally:
-            gc.enable()
-
-    return run
 
 
 # -- pagedkv ---------------------------------------------------------------------------------
@@ -105,7 +80,7 @@ class Ours:
                     alloc.allocate(s, 1)
                     alloc.slot_mapping(s, n, n + 1)
 
-        return timed(run) / DECODE_STEPS
+        return seconds(run) / DECODE_STEPS
 
     def admit(self, bs: int) -> float:
         alloc = PagedAllocator(8 * ADMIT_PROMPT // bs + 64, bs)
@@ -120,7 +95,7 @@ class Ours:
                 hit = alloc.match_prefix(s)
                 assert alloc.allocate(s, len(s.token_ids) - hit, num_cached_tokens=hit)
 
-            times.append(timed(run))
+            times.append(seconds(run))
             assert alloc.num_tokens(s) == ADMIT_PROMPT
             assert alloc.stats().prefix_hit_tokens == r * (ADMIT_CACHED // bs) * bs
             alloc.free(s)
@@ -132,13 +107,13 @@ class Ours:
         for r in range(FREE_ROUNDS):
             s = Seq(r, prompt(r, FREE_TOKENS))
             assert alloc.allocate(s, FREE_TOKENS)
-            times.append(timed(alloc.free, s))
+            times.append(seconds(alloc.free, s))
         return statistics.median(times)
 
     def hash_rate(self, bs: int) -> float:
         tokens = Seq(0, prompt(3, HASH_TOKENS)).token_ids  # built outside the timer, as vLLM's
         out: list = []
-        t = timed(lambda: out.extend(hash_blocks(tokens, bs, root_hash(NO_EXTRA_KEYS))))
+        t = seconds(lambda: out.extend(hash_blocks(tokens, bs, root_hash(NO_EXTRA_KEYS))))
         assert len(out) == HASH_TOKENS // bs
         return len(out) / t
 
@@ -195,7 +170,7 @@ class Vllm:
                     mgr.allocate_slots(r, 1)
                     r.num_computed_tokens += 1
 
-        return timed(run) / DECODE_STEPS
+        return seconds(run) / DECODE_STEPS
 
     def admit(self, bs: int) -> float:
         mgr, hasher = self._new(8 * ADMIT_PROMPT // bs + 64, bs), self._hasher(bs)
@@ -211,7 +186,7 @@ class Vllm:
                 blocks, hit, _ = mgr.get_computed_blocks(r)
                 assert mgr.allocate_slots(r, ADMIT_PROMPT - hit, hit, blocks) is not None
 
-            times.append(timed(run))
+            times.append(seconds(run))
             assert len(mgr.get_block_ids(str(i))[0]) == -(-ADMIT_PROMPT // bs)
             mgr.free(r)
         return statistics.median(times)
@@ -222,13 +197,13 @@ class Vllm:
         for i in range(FREE_ROUNDS):
             r = self._req(i, prompt(i, FREE_TOKENS), hasher)
             assert mgr.allocate_slots(r, FREE_TOKENS) is not None
-            times.append(timed(mgr.free, r))
+            times.append(seconds(mgr.free, r))
         return statistics.median(times)
 
     def hash_rate(self, bs: int) -> float:
         r, hasher = self._req(0, prompt(3, HASH_TOKENS)), self._hasher(bs)
         out: list = []
-        t = timed(lambda: out.extend(hasher(r)))
+        t = seconds(lambda: out.extend(hasher(r)))
         assert len(out) == HASH_TOKENS // bs
         return len(out) / t
 
@@ -243,6 +218,7 @@ def load_peer(wanted: bool):
     return peer, f"vLLM {peer.version} KVCacheManager, same process, interleaved"
 
 
+RATIO = "peer / pagedkv for times, pagedkv / peer for rates: > 1 = pagedkv faster"
 METRICS = (
     ("decode_us", "decode", 1e6),
     ("admit_us", "admit", 1e6),
@@ -252,14 +228,16 @@ METRICS = (
 
 
 def measure(sides, bs: int, repeats: int, only: set[str]) -> dict[str, list[list[float]]]:
-    """{metric: [samples of side 0, samples of side 1, ...]}, sides alternating per repeat."""
+    """{metric: [samples of side 0, samples of side 1, ...]}, sides alternating per repeat
+    (``common.round_order``), the garbage collector paused in each measurement."""
     metrics = [m for m in METRICS if m[1].removesuffix("_rate") in only]
     out: dict[str, list[list[float]]] = {m: [[] for _ in sides] for m, _, _ in metrics}
     for rep in range(repeats):
-        order = list(range(len(sides)))[:: -1 if rep % 2 else 1]
+        order = round_order(range(len(sides)), rep)
         for metric, method, scale in metrics:
             for i in order:
-                out[metric][i].append(gc_paused(getattr(sides[i], method))(bs) * scale)
+                with gc_paused():
+                    out[metric][i].append(getattr(sides[i], method)(bs) * scale)
     return out
 
 
@@ -281,6 +259,8 @@ def main() -> None:
     if args.repeats < 1 or min(sizes) < 1:
         parser.error("--repeats and every block size must be >= 1")
     peer, peer_note = load_peer(not args.no_peer)
+    # After the peer's import: torch's CPU capability, when it loaded torch.
+    meta = machine_meta(repeats=args.repeats, peer=peer_note, ratio=RATIO)
     sides = [Ours()] + ([peer] if peer else [])
     rows = []
     for bs in sizes:
@@ -304,15 +284,7 @@ def main() -> None:
             print(
                 f"  B={bs:<4} {metric:<18} {rows[-1]['ours']:>12,} {rows[-1]['peer']}", flush=True
             )
-    meta = {
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "repeats": args.repeats,
-        "peer": peer_note,
-        "ratio": "peer / pagedkv for times, pagedkv / peer for rates: > 1 = pagedkv faster",
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    write_json(args.out, {"meta": finish_meta(meta), "rows": rows})
     print(f"\npeer: {peer_note}\n")
     print("| metric | B | pagedkv | vLLM | pagedkv faster by |")
     print("|---|---:|---:|---:|---:|")

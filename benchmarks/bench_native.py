@@ -17,11 +17,10 @@ Nothing is asserted; docs/latency.md quotes a run.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
+from common import alternate_s, medians
 from engine_peers import run_pagedkv
 from pagedkv.model import load_model, native
 from pagedkv.model.native_projection import NativeProjection
@@ -29,21 +28,10 @@ from pagedkv.model.projection import Projection
 from profile_step import decoding_engine
 
 
-def seconds(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
 def alternate(fns: dict, repeats: int) -> dict[str, float]:
-    """Median seconds of each function, called in turn ``repeats`` times (after one warm-up)."""
-    for fn in fns.values():
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            times[name].append(seconds(fn))
-    return {name: statistics.median(t) for name, t in times.items()}
+    """Median seconds of each function, called in turn ``repeats`` times after one warm-up
+    (``common.alternate_s``: the order flips every round)."""
+    return medians(alternate_s(fns, repeats))
 
 
 def bench_kernels(ours, theirs, rows: int, repeats: int) -> str:

@@ -16,24 +16,18 @@ Nothing is asserted; docs/latency.md quotes a run.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
 import pagedkv.model.projection as projection
+from common import alternate, median_s, medians
 from pagedkv.model import load_model, native
 from profile_step import decoding_engine
 
 
 def median_ms(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+    """Median milliseconds of ``repeats`` calls after one warm-up (``common.median_s``)."""
+    return median_s(fn, repeats) * 1e3
 
 
 def bench_kernels(model, rows: int, repeats: int) -> str:
@@ -45,17 +39,21 @@ def bench_kernels(model, rows: int, repeats: int) -> str:
         def once():
             for p in projections:
                 if sharded:
-                    p._sharded(inputs[p.in_features], torch.get_num_threads())
+                    p._sharded(inputs[p.in_features])
                 else:
                     inputs[p.in_features] @ p.weight_t
 
         return once
 
-    times: dict[bool, list[float]] = {False: [], True: []}
-    for _ in range(repeats):  # alternate, so that a slow moment hits both
-        for sharded in (False, True):
-            times[sharded].append(median_ms(run(sharded), 1))
-    mm, bmm = (statistics.median(times[s]) for s in (False, True))
+    # alternate, so that a slow moment hits both
+    calls = {sharded: (lambda s=sharded: median_ms(run(s), 1)) for sharded in (False, True)}
+    saved = projection.SHARDED_MAX_ROWS
+    projection.SHARDED_MAX_ROWS = max(saved, rows)  # the shards at every row count measured
+    try:
+        med = medians(alternate(calls, repeats))
+    finally:
+        projection.SHARDED_MAX_ROWS = saved
+    mm, bmm = med[False], med[True]
     return (f"| {rows} | {mm:.2f} ms ({mb / mm:.1f} GB/s) | {bmm:.2f} ms ({mb / bmm:.1f} GB/s) "
             f"| {mm / bmm:.2f}x |")  # fmt: skip
 
@@ -63,15 +61,16 @@ def bench_kernels(model, rows: int, repeats: int) -> str:
 def bench_engine(loaded, batch_size: int, repeats: int) -> str:
     engine = decoding_engine(loaded, batch_size, 12 * repeats)
     saved = projection.SHARDED_MAX_ROWS
-    times: dict[int, list[float]] = {0: [], saved: []}
+
+    def steps_ms(limit: int) -> float:
+        projection.SHARDED_MAX_ROWS = limit
+        return median_ms(engine.step, 5)
+
     try:
-        for _ in range(repeats):
-            for limit in times:
-                projection.SHARDED_MAX_ROWS = limit
-                times[limit].append(median_ms(engine.step, 5))
+        med = medians(alternate({k: (lambda k=k: steps_ms(k)) for k in (0, saved)}, repeats))
     finally:
         projection.SHARDED_MAX_ROWS = saved
-    mm, bmm = (statistics.median(times[k]) for k in (0, saved))
+    mm, bmm = med[0], med[saved]
     return f"| {batch_size} | {mm:.1f} ms | {bmm:.1f} ms | {mm / bmm:.2f}x |"
 
 

@@ -22,6 +22,7 @@ import torch
 
 import pagedkv.model.loader as loader
 from bench_native import alternate
+from common import ratios
 from engine_peers import run_pagedkv
 from pagedkv.model import load_model
 from pagedkv.model.quant import QuantizingFactory
@@ -63,15 +64,15 @@ def main() -> None:
     for batch_size in map(int, args.batch_sizes.split(",")):
         engines = {n: decoding_engine(m, batch_size, 12 * args.repeats) for n, m in loaded.items()}
         med = alternate({n: e.step for n, e in engines.items()}, args.repeats * 5)
-        base = med["float"]
-        cells = [f"{med[n] * 1e3:.1f} ms ({base / med[n]:.2f}x)" for n in names]
+        faster = ratios(med, "float")
+        cells = [f"{med[n] * 1e3:.1f} ms ({faster[n]:.2f}x)" for n in names]
         print(f"| {batch_size} | " + " | ".join(cells) + " |")
     ids = [loaded["float"][2].encode("The history of the lighthouse. " * 64)[:256]]
     med = alternate(
         {n: lambda m=m: run_pagedkv(m, ids, [1]) for n, m in loaded.items()}, args.repeats
     )
-    base = med["float"]
-    cells = [f"{med[n] * 1e3:.0f} ms ({base / med[n]:.2f}x)" for n in names]
+    faster = ratios(med, "float")
+    cells = [f"{med[n] * 1e3:.0f} ms ({faster[n]:.2f}x)" for n in names]
     print("| TTFT(256) | " + " | ".join(cells) + " |")
     print("\n(x: the float path's time over the option's; above 1 is faster than float)")
 

@@ -28,7 +28,6 @@ shorter half: the clock on work it was not fitted to.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -36,6 +35,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py, when a test loads this file
+from common import finish_meta, machine_meta, write_json  # noqa: E402
 from pagedkv.sim.clock_data import FAMILIES, OpRow, price, read_rows
 from pagedkv.sim.clock_fit import read_clock, summarize_errors, with_params
 from pagedkv.sim.clock_presets import clock_for
@@ -232,6 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--sensitivity", action="store_true", help="step time vs each parameter")
     ap.add_argument("--cross-validate", action="store_true", help="fit without a part, price it")
     args = ap.parse_args(argv)
+    meta = machine_meta()
     rows = [r for d in args.data for r in read_rows(d)]
     records = report(rows, args.clock, args.baseline)
     print_markdown(records, args.baseline)
@@ -241,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cross_validate:
         result["cross_validation"] = cross_validate(rows)
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        write_json(args.json, {**result, "meta": finish_meta(meta)}, indent=1)
     summary = [r for r in records if r["model"] == "all"]
     print(f"\n{len(rows):,} rows; median of the group medians "
           f"{statistics.median(r['median_rel_err'] for r in summary):.1%}")  # fmt: skip

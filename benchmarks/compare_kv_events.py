@@ -33,6 +33,7 @@ from pagedkv.routing import prompt_block_hashes  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_kvcache import Vllm  # noqa: E402
+from common import write_json  # noqa: E402
 
 
 class Seq:
@@ -53,8 +54,7 @@ def main() -> None:
     a = ap.parse_args()
     peer = Vllm()
     runs = [compare(peer, int(b), a.ops, a.seed, a.blocks) for b in a.block_sizes.split(",")]
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(runs, indent=2) + "\n")
+    write_json(a.out, runs)  # a list, one record per block size (docs/kv_events.md cites it)
     print(json.dumps(runs, indent=2))
 
 

@@ -10,18 +10,22 @@ import time
 from functools import partial
 from pathlib import Path
 
+from common import medians, ratios, round_order
 from engine_peers import engine_on, run_hf_continuous, run_hf_static, run_pagedkv
 from pagedkv.engine import LLMEngine, SamplingParams
+from pagedkv.traces import require_shared_trace
 
-AZURE_CONV = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure_llm_2023_conv.csv"
+AZURE_CONV = "azure_llm_2023_conv.csv"
 
 
 def azure_workload(
-    count: int, vocab: int, path: Path = AZURE_CONV, scale: int = 4, seed: int = 0
+    count: int, vocab: int, path: Path | None = None, scale: int = 4, seed: int = 0
 ) -> tuple[list[list[int]], list[int]]:
     """The first ``count`` Azure conversation requests, lengths divided by ``scale`` and clipped
     to prompts of 16-768 and outputs of 8-256 tokens (the model's 2k context); prompt token ids
-    drawn at random (fixed seed): every engine is fed the same ids."""
+    drawn at random (fixed seed): every engine is fed the same ids. ``path`` defaults to the
+    shared trace (``pagedkv.traces.require_shared_trace``: UsageError when it is not here)."""
+    path = path or require_shared_trace(AZURE_CONV)
     rng = random.Random(seed)
     ids, outs = [], []
     with open(path, newline="") as f:
@@ -52,25 +56,30 @@ def prompts(tokenizer, count: int) -> list[list[int]]:
 def bench_throughput(
     loaded, hf, repeats: int, num_prompts: int, new_tokens: int, dtype: str = "float32"
 ) -> dict:
-    """Ours and the peers on the same weights at ``dtype``, alternating; medians and ratios."""
+    """Ours and the peers on the same weights at ``dtype``, alternating (``round_order``);
+    medians and ratios."""
     tokenizer = loaded[2]
     ids = prompts(tokenizer, num_prompts)
     pad_id = tokenizer.eos_token_id or 0
     peers = {"transformers generate (padded)": partial(run_hf_static, batch_size=len(ids))}
     if hasattr(hf, "generate_batch"):
         peers["transformers generate_batch (continuous)"] = run_hf_continuous
-    rates: dict[str, list[float]] = {"pagedkv": [], **{k: [] for k in peers}}
-    for _ in range(repeats):
-        secs, toks = run_pagedkv(loaded, ids, [new_tokens] * len(ids), dtype=dtype)
-        rates["pagedkv"].append(toks / secs)
-        for name, fn in peers.items():
+    outs = [new_tokens] * len(ids)
+    calls = {"pagedkv": lambda: run_pagedkv(loaded, ids, outs, dtype=dtype),
+             **{k: partial(fn, hf, ids, outs, pad_id=pad_id) for k, fn in peers.items()}}  # fmt: skip
+    rates: dict[str, list[float]] = {name: [] for name in calls}
+    for r in range(repeats):
+        for name in round_order(list(calls), r):
             try:
-                secs, toks = fn(hf, ids, [new_tokens] * len(ids), pad_id=pad_id)
-                rates[name].append(toks / secs)
+                secs, toks = calls[name]()
             except Exception as exc:  # a peer API that does not run on CPU is reported, not fatal
+                if name == "pagedkv":
+                    raise
                 print(f"{name} failed: {exc!r}")
-    med = {k: statistics.median(v) for k, v in rates.items() if v}
-    return {"tokens_per_s": med, "ratio": {k: med["pagedkv"] / v for k, v in med.items()}}
+                continue
+            rates[name].append(toks / secs)
+    med = medians(rates)
+    return {"tokens_per_s": med, "ratio": ratios(med, "pagedkv")}
 
 
 def decode_step_times(engine: LLMEngine, ids, new_tokens: int) -> float:
@@ -89,12 +98,12 @@ def decode_step_times(engine: LLMEngine, ids, new_tokens: int) -> float:
 
 def bench_paging_overhead(loaded, repeats: int, num_seqs: int, new_tokens: int) -> dict:
     ids = prompts(loaded[2], num_seqs)
-    step = {"paged B=16": [], "reserved": []}
-    for _ in range(repeats):
-        for name, policy in (("paged B=16", "vllm"), ("reserved", "reserved")):
+    step: dict[str, list[float]] = {"paged B=16": [], "reserved": []}
+    for r in range(repeats):
+        for name, policy in round_order((("paged B=16", "vllm"), ("reserved", "reserved")), r):
             engine = engine_on(loaded, policy=policy, kv_cache_memory_bytes=1 << 30)
             step[name].append(decode_step_times(engine, ids, new_tokens))
-    med = {k: statistics.median(v) * 1e3 for k, v in step.items()}
+    med = {k: v * 1e3 for k, v in medians(step).items()}
     return {"decode_step_ms": med, "paged_over_reserved": med["paged B=16"] / med["reserved"]}
 
 

@@ -38,6 +38,8 @@ import httpx
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
+from common import finish_meta, machine_meta, write_json
+
 TOPICS = ["the ocean", "a lighthouse", "compilers", "bread", "winter", "a violin", "trains",
           "the moon", "gardening", "chess", "volcanoes", "libraries", "bees", "rain"]  # fmt: skip
 SYSTEM = "You are a helpful assistant. Answer in a few sentences."  # a prefix all requests share
@@ -231,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if min(args.clients, args.requests_per_client, args.max_tokens) < 1:
         raise SystemExit("load_server: counts must be >= 1")
-
+    meta = machine_meta()
     server = engine = None
     if args.url:
         check_loopback(args.url)
@@ -276,8 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     for o in outcomes:
         if o.error:
             print(f"error: {o.error}", file=sys.stderr)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    if args.json:  # the printed report, and what measured it
+        write_json(args.json, {**result, "meta": finish_meta(meta)})
     return 1 if report.lost or report.kv_blocks_used_after else 0
 
 

@@ -21,6 +21,7 @@ import time
 
 import torch
 
+from common import decode_weight_bytes, read_bandwidth_gb_s
 from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
 from pagedkv.engine.startup import build_parts
 from pagedkv.model import load_model
@@ -39,18 +40,6 @@ def decoding_engine(loaded, batch_size: int, steps: int) -> LLMEngine:
     while engine.snapshot().num_waiting_seqs or engine.stats().generated_tokens < batch_size:
         engine.step()
     return engine
-
-
-def read_bandwidth_gb_s() -> float:
-    """Bytes per second of one pass over a 512 MiB tensor (a sum: reads only, all threads),
-    the rate a decode step at batch 1 reads its weights at best."""
-    data = torch.ones(128 << 20, dtype=torch.float32)
-    times = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        data.sum()
-        times.append(time.perf_counter() - t0)
-    return data.numel() * 4 / min(times) / 1e9
 
 
 def profile(loaded, batch_size: int, steps: int) -> None:
@@ -88,11 +77,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     loaded = load_model(None, progress=False, weights=args.weights)
-    model = loaded[1]
-    tensors = [*model.parameters(), *model.buffers()]
-    if model.embed_tokens is not None:  # only a row of the table is read per token
-        tensors = [t for t in tensors if t is not model.embed_tokens.weight]
-    weight_bytes = sum(t.numel() * t.element_size() for t in tensors)
+    weight_bytes = decode_weight_bytes(loaded[1])  # a row of the embedding table per token
     bandwidth = read_bandwidth_gb_s()
     floor_ms = weight_bytes / (bandwidth * 1e9) * 1e3
     print(f"weights {args.weights}: {weight_bytes / 1e6:.0f} MB read per step; read bandwidth "

@@ -26,29 +26,28 @@ Writes results/sim_vs_engine.json (--json) and prints a markdown table.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
+from common import finish_meta, machine_meta, write_json
 from pagedkv.commands.profile import grid_plan, measure
 from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
 from pagedkv.engine.profiling import CLOCKS, StepRecorder, kv_record_bytes
 from pagedkv.engine.startup import build_parts
+from pagedkv.errors import UsageError
 from pagedkv.kvcache.policies import get_policy
 from pagedkv.model import load_model
 from pagedkv.sched import SchedulerConfig
 from pagedkv.sim.metrics import percentile
 from pagedkv.sim.profiled_cost import ProfiledCostModel, read_cost_profile
 from pagedkv.sim.simulator import Simulation
-from pagedkv.traces import FreshSegments, TraceRequest, load_trace
+from pagedkv.traces import FreshSegments, TraceRequest, load_trace, require_shared_trace
 
-# the project's shared/ folder sits beside the checkout
-TRACE = str(Path(__file__).resolve().parents[2] / "shared/traces/azure_llm_2023_conv.csv")
+TRACE = "azure_llm_2023_conv.csv"  # the default, among the shared traces
 METRICS = ("total_s", "ttft_p50_s", "ttft_p90_s", "mean_e2e_s", "preemptions", "peak_running")
 
 
@@ -160,7 +159,7 @@ def replay_sim(config: EngineConfig, num_blocks: int, requests, cost) -> dict[st
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--trace", default=TRACE)
+    p.add_argument("--trace", help=f"a trace file (default: the shared {TRACE}: ../shared/traces)")
     p.add_argument("--start", type=int, default=0, help="first request of the slice")
     p.add_argument("--requests", type=int, default=24)
     p.add_argument("--prompt-divisor", type=int, default=8)
@@ -185,10 +184,14 @@ def main() -> None:
     p.add_argument("--save-profile", help="write the profile measured here to this file")
     p.add_argument("--json", default="results/sim_vs_engine.json")
     args = p.parse_args()
-
+    try:
+        args.trace = args.trace or str(require_shared_trace(TRACE))
+    except UsageError as exc:
+        p.error(f"--trace: {exc}")
     if args.clock == "cpu" and args.threads != 1:
         raise SystemExit("--clock cpu needs --threads 1 (CPU time adds up over threads)")
     torch.set_num_threads(args.threads)
+    meta = machine_meta()
     requests = scaled_requests(args)
     loaded = load_model(None, progress=False)
     config = engine_config(args, loaded)
@@ -245,8 +248,6 @@ def main() -> None:
           f"simulator: {diffs}")  # fmt: skip
     print(f"\nprofile on the replay's own steps (summed predicted / measured - 1): "
           f"{', '.join(f'{e:+.1%}' for e in step_errors)}")  # fmt: skip
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
     result = {
         "setup": describe,
         "profile": profile.describe(),
@@ -258,9 +259,9 @@ def main() -> None:
         "step_cost_errors": step_errors,
         "simulator_cost_band": band,
         "engine_on_simulator_clock": same_clock,
+        "meta": finish_meta(meta),
     }
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {out}")
+    print(f"wrote {write_json(args.json, result, indent=1)}")
 
 
 @dataclass(frozen=True)
