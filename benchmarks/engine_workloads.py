@@ -101,7 +101,9 @@ def bench_paging_overhead(loaded, repeats: int, num_seqs: int, new_tokens: int) 
     step: dict[str, list[float]] = {"paged B=16": [], "reserved": []}
     for r in range(repeats):
         for name, policy in round_order((("paged B=16", "vllm"), ("reserved", "reserved")), r):
-            engine = engine_on(loaded, policy=policy, kv_cache_memory_bytes=1 << 30)
+            # 640 tokens: a reserved region each (28 MiB) so that 1 GiB holds all 16 at once.
+            engine = engine_on(loaded, policy=policy, kv_cache_memory_bytes=1 << 30,
+                               max_model_len=640)  # fmt: skip
             step[name].append(decode_step_times(engine, ids, new_tokens))
     med = {k: v * 1e3 for k, v in medians(step).items()}
     return {"decode_step_ms": med, "paged_over_reserved": med["paged B=16"] / med["reserved"]}
@@ -114,7 +116,9 @@ def bench_capacity(loaded, num_requests: int) -> dict:
     params = [SamplingParams(max_tokens=8 + 8 * (i % 4), ignore_eos=True) for i in range(len(ids))]
     out = {}
     for policy in ("reserved", "vllm"):
-        engine = engine_on(loaded, policy=policy, kv_cache_memory_bytes=64 << 20)
+        # 64 MiB holds two reserved regions of 640 tokens (the longest prompt is 515); paged shares it by block.
+        engine = engine_on(loaded, policy=policy, kv_cache_memory_bytes=64 << 20,
+                           max_model_len=640)  # fmt: skip
         engine.generate(ids, params)
         s = engine.stats()
         out[policy] = {"peak_running": s.peak_running, "steps": s.num_steps,
