@@ -116,7 +116,7 @@ def bench_capacity(loaded, num_requests: int) -> dict:
     params = [SamplingParams(max_tokens=8 + 8 * (i % 4), ignore_eos=True) for i in range(len(ids))]
     out = {}
     for policy in ("reserved", "vllm"):
-        # 64 MiB holds two reserved regions of 640 tokens (the longest prompt is 515); paged shares it by block.
+        # 64 MiB holds two reserved regions of 640 tokens (the longest prompt: 515).
         engine = engine_on(loaded, policy=policy, kv_cache_memory_bytes=64 << 20,
                            max_model_len=640)  # fmt: skip
         engine.generate(ids, params)
