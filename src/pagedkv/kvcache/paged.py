@@ -48,7 +48,7 @@ class PagedAllocator(BlockTableAllocator):
         self._roots: dict[HashExtraKeys, BlockHash] = {}
         # The hashes computed by the last match_prefix, reused by the admission right after it.
         self._last_match: tuple[int, int, HashExtraKeys, list[BlockHash]] | None = None
-        self.tiers: TierChain | None = None  # lower tiers (``tiers/contract.py``); None = device only
+        self.tiers: TierChain | None = None  # lower tiers (``kvcache/tiers/``); None = none
         self.events: KVEventLog | None = None  # KV events (``enable_events``); None = off
 
     def set_tiers(self, tiers: Sequence[KVTier]) -> None:
