@@ -11,6 +11,7 @@ import pytest
 CORE_PACKAGES = [
     "pagedkv.errors",
     "pagedkv.units",
+    "pagedkv.untrusted",
     "pagedkv.pages",
     "pagedkv.traces",
     "pagedkv.kvcache",
@@ -156,7 +157,7 @@ def test_the_circle_check_sees_real_imports_and_finds_circles():
 # below its own (never a sibling). ``pagedkv`` is the root package (``__version__`` only).
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("pagedkv", "errors"),
-    ("units", "background", "lazy"),
+    ("units", "background", "lazy", "untrusted"),
     ("traces", "kvcache", "pages"),
     ("routing", "sched", "planner"),
     ("sim", "kvstore"),

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pagedkv import untrusted as u
 from pagedkv.errors import UsageError
 from pagedkv.pages.page_format import PageFormat, format_differences
 
@@ -43,18 +44,29 @@ class PeerRecord:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> PeerRecord:
-        """ValueError on anything that is not a record this version wrote."""
+        """ValueError (an ``UntrustedInput``, naming the field) on anything that is not a
+        record this version wrote: the store is shared, so its bytes are bounded (size,
+        nesting, each field's type and range) before use."""
         try:
-            data = json.loads(text)
+            data = u.as_object(u.parse_json(text, max_bytes=64 << 10, what="the record"),
+                               "the record")  # fmt: skip
+            pages = u.get_object(data, "page_format")
+            checked: dict[str, int | str] = {}
+            for name, spec in PageFormat.__dataclass_fields__.items():
+                checked[name] = (
+                    u.get_int(pages, name, lo=0, hi=1 << 40, at="page_format")
+                    if spec.type in (int, "int")
+                    else u.get_str(pages, name, max_len=64, at="page_format")
+                )
             return cls(
-                role=str(data["role"]),
-                model=str(data["model"]),
-                page_format=PageFormat.from_dict(data["page_format"]),
-                pid=int(data["pid"]),
-                host=str(data["host"]),
+                role=u.get_str(data, "role", max_len=64),
+                model=u.get_str(data, "model", max_len=1024),
+                page_format=PageFormat.from_dict(dict(pages, **checked)),
+                pid=u.get_int(data, "pid", lo=0, hi=1 << 32),
+                host=u.get_str(data, "host", max_len=255),
             )
-        except (KeyError, TypeError, ValueError, UsageError) as exc:
-            raise ValueError(f"not a pagedkv page-format record: {exc}") from None
+        except (ValueError, UsageError) as exc:  # UsageError: page format keys differ
+            raise u.UntrustedInput(f"not a pagedkv page-format record: {exc}") from None
 
 
 def record_key(group: str, role: str) -> str:

@@ -28,9 +28,32 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pagedkv.kvcache.hashing import BlockHash
+from pagedkv.untrusted import (
+    UntrustedInput,
+    as_object,
+    as_str,
+    field,
+    get_float,
+    get_int,
+    get_list,
+    get_optional_str,
+    get_str,
+    parse_json,
+)
 
 MEDIUM_DEVICE = "device"
 MEDIUM_HOST = "host"
+
+# One stream entry's bounds: a reader refuses past them (counted, skipped) and the publisher
+# splits a batch into entries within them (``kvstore/event_entries.py``). An entry is one
+# engine step's events, or a part of a snapshot.
+MAX_HASHES_PER_ENTRY = 16_384  # block hashes over all its events (each event counts >= 1)
+MAX_ENTRY_BYTES = 8 << 20  # its JSON: ~3.5 MB for a snapshot part of 16k sha256 hashes
+MAX_HASH_BYTES = 64  # one block hash (sha256 and blake2b: 32, xxh3_128: 16)
+MAX_NAME_CHARS = 256  # an event type, a medium, a lora_id
+MAX_BLOCK_SIZE = 1 << 20  # tokens
+MAX_TS_S = 1e15
+TOO_MANY = "too_many_hashes"  # the ``UntrustedInput.kind`` of an entry over the hash cap
 
 
 @dataclass(frozen=True)
@@ -85,29 +108,61 @@ def _event_to_dict(ev: KVEvent) -> dict:
     return {"type": "AllBlocksCleared"}
 
 
-def _event_from_dict(d: dict) -> KVEvent:
-    kind = d["type"]
-    if kind == "BlockStored":
-        parent = d["parent_block_hash"]
-        block_size = int(d["block_size"])
-        if block_size < 1:
-            raise ValueError(f"block_size {block_size}")
-        lora = d.get("lora_id")
-        return BlockStored(
-            tuple(bytes.fromhex(h) for h in d["block_hashes"]),
-            bytes.fromhex(parent) if parent is not None else None,
-            block_size,
-            str(lora) if lora is not None else None,
-            str(d.get("medium", MEDIUM_DEVICE)),
-        )
-    if kind == "BlockRemoved":
-        return BlockRemoved(
-            tuple(bytes.fromhex(h) for h in d["block_hashes"]),
-            str(d.get("medium", MEDIUM_DEVICE)),
-        )
+def _hashes(raw: list, at: str) -> tuple[BlockHash, ...]:
+    """Hex strings -> hashes of 1 to ``MAX_HASH_BYTES`` bytes (``bytes.fromhex`` alone would
+    take spaces between the bytes)."""
+    out = []
+    for i, text in enumerate(raw):
+        try:
+            h = bytes.fromhex(text) if len(text) <= 2 * MAX_HASH_BYTES else b""
+        except (TypeError, ValueError):  # not a str, or not hex
+            h = b""
+        if not h or 2 * len(h) != len(text):
+            shown = repr(text[:20]) if isinstance(text, str) else type(text).__name__
+            raise UntrustedInput(f"{at}[{i}] must be the hex of 1 to {MAX_HASH_BYTES} bytes, "
+                                 f"got {shown}")  # fmt: skip
+        out.append(h)
+    return tuple(out)
+
+
+def _event_from_dict(d: dict, at: str) -> KVEvent:
+    kind = get_str(d, "type", max_len=MAX_NAME_CHARS, at=at)
     if kind == "AllBlocksCleared":
         return AllBlocksCleared()
-    raise ValueError(f"unknown event type {kind!r}")
+    if kind not in ("BlockStored", "BlockRemoved"):
+        raise UntrustedInput(f"{at}.type {kind[:40]!r} is not an event type of this version")
+    hashes = _hashes(d["block_hashes"], f"{at}.block_hashes")  # a list: checked by the caller
+    medium = d.get("medium", MEDIUM_DEVICE)
+    medium = as_str(medium, f"{at}.medium", max_len=MAX_NAME_CHARS)
+    if kind == "BlockRemoved":
+        return BlockRemoved(hashes, medium)
+    parent = field(d, "parent_block_hash", at)
+    return BlockStored(
+        hashes,
+        None if parent is None else _hashes([parent], f"{at}.parent_block_hash")[0],
+        get_int(d, "block_size", lo=1, hi=MAX_BLOCK_SIZE, at=at),
+        get_optional_str(d, "lora_id", max_len=MAX_NAME_CHARS, at=at),
+        medium,
+    )
+
+
+def _batch_from_json(text: str | bytes) -> tuple[float, tuple[KVEvent, ...]]:
+    data = as_object(parse_json(text, max_bytes=MAX_ENTRY_BYTES, what="the entry"), "the entry")
+    ts = get_float(data, "ts", lo=0.0, hi=MAX_TS_S)
+    raw = [as_object(e, f"events[{i}]") for i, e in
+           enumerate(get_list(data, "events", max_len=MAX_HASHES_PER_ENTRY, kind=TOO_MANY))]  # fmt: skip
+    # Every event counts one hash at least, so the events are bounded too.
+    num_hashes = 0
+    for i, e in enumerate(raw):
+        if e.get("type") in ("BlockStored", "BlockRemoved"):
+            num_hashes += max(len(get_list(e, "block_hashes", max_len=MAX_HASHES_PER_ENTRY,
+                                           at=f"events[{i}]", kind=TOO_MANY)), 1)  # fmt: skip
+        else:
+            num_hashes += 1
+        if num_hashes > MAX_HASHES_PER_ENTRY:
+            raise UntrustedInput(f"the entry holds over {MAX_HASHES_PER_ENTRY} block hashes",
+                                 TOO_MANY)  # fmt: skip
+    return ts, tuple(_event_from_dict(e, f"events[{i}]") for i, e in enumerate(raw))
 
 
 @dataclass(frozen=True)
@@ -126,12 +181,12 @@ class KVEventBatch:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> KVEventBatch:
-        """ValueError on anything that is not a batch this version wrote."""
+        """``UntrustedInput`` (a ``ValueError``; ``kind`` says what was wrong) on anything that
+        is not a batch this version wrote within the caps above; never another exception."""
         try:
-            data = json.loads(text)
-            return cls(float(data["ts"]), tuple(_event_from_dict(e) for e in data["events"]))
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ValueError(f"not a pagedkv KV event batch: {exc!r}") from None
+            return cls(*_batch_from_json(text))
+        except UntrustedInput as exc:
+            raise UntrustedInput(f"not a pagedkv KV event batch: {exc}", exc.kind) from None
 
 
 class KVEventLog:

@@ -18,6 +18,17 @@ taken on the engine thread, which alone may read the allocator: the publisher ra
 engine's next drain submits the snapshot instead of the step's events (``engine/kv/events.py``). It
 also asks for one every ``snapshot_every_batches`` batches, so that a stream trimmed by
 ``MAXLEN`` still holds a snapshot a late reader can start from.
+
+A stream Redis refuses to append to for good (a third party's ``XADD`` with the largest ID,
+``18446744073709551615-18446744073709551615``, exhausts the IDs; a ``SET`` on the key makes it
+another type) is this replica's own: the publisher deletes it and publishes a snapshot into the
+fresh one (``stream_resets``, logged once). Readers notice the reset (``router/event_reader.py``)
+and replay the new stream from its start, which is that snapshot. A refusal right after a reset
+is handled like an outage (back-off), so a key someone keeps spoiling costs a retry per back-off,
+not a snapshot per step.
+
+Each batch is one entry, or several when it is over the readers' caps
+(``kvstore/event_entries.py``).
 """
 
 from __future__ import annotations
@@ -29,6 +40,7 @@ from dataclasses import dataclass
 from pagedkv.background import QueueThread
 from pagedkv.kvcache.events import KVEventBatch
 from pagedkv.kvstore.address import StoreAddress
+from pagedkv.kvstore.event_entries import entry_texts
 from pagedkv.kvstore.redis_policy import Backoff, RedisPolicy, policy_or_default
 
 log = logging.getLogger("pagedkv.kv_events")
@@ -37,6 +49,10 @@ BATCH_FIELD = "batch"
 DEFAULT_MAXLEN = 100_000  # entries kept in the stream (approximately: MAXLEN ~)
 DEFAULT_MAX_QUEUED_BATCHES = 4096
 PIPELINE_BATCHES = 64  # XADDs per round trip when batches queued up
+# Redis's answers to an XADD on a stream that can never take another entry (deleting the
+# stream is the way out): the IDs are exhausted, an explicit ID below the top, another type.
+STREAM_UNUSABLE = ("exhausted the last possible ID", "equal or smaller than the target stream",
+                   "WRONGTYPE")  # fmt: skip
 
 
 @dataclass
@@ -49,6 +65,7 @@ class PublisherCounts:
     batches_dropped: int = 0
     publish_errors: int = 0  # failed XADD round trips and failed pings while lost
     snapshots_published: int = 0
+    stream_resets: int = 0  # the stream deleted because Redis refused XADD to it for good
 
 
 class KVEventPublisher(QueueThread):
@@ -71,6 +88,7 @@ class KVEventPublisher(QueueThread):
         self.address, self.stream, self.maxlen = address, stream, maxlen
         self.counts = PublisherCounts()
         self._errors = (redis.RedisError, OSError)
+        self._refused = redis.ResponseError  # Redis answered, with an error (not an outage)
         self.policy = policy_or_default(policy)
         self._redis = address.connect(self.policy)  # failure = a drop
         self._backoff = Backoff(self.policy)
@@ -80,6 +98,7 @@ class KVEventPublisher(QueueThread):
         self._lost = False  # batches were dropped: readers are wrong until a snapshot
         self._snapshot_wanted = False
         self._down_since: float | None = None
+        self._just_reset = False  # the stream was reset and nothing was published since
         self._start()
 
     @property
@@ -146,9 +165,16 @@ class KVEventPublisher(QueueThread):
         try:
             pipe = self._redis.pipeline(transaction=False)
             for batch, _ in chunk:
-                pipe.xadd(self.stream, {BATCH_FIELD: batch.to_json()}, maxlen=self.maxlen,
-                          approximate=True)  # fmt: skip
+                for text in entry_texts(batch):
+                    pipe.xadd(self.stream, {BATCH_FIELD: text}, maxlen=self.maxlen,
+                              approximate=True)  # fmt: skip
             pipe.execute()
+        except self._refused as exc:
+            if any(s in str(exc) for s in STREAM_UNUSABLE):
+                self._reset_stream(exc, [b for b, _ in chunk])
+            else:  # e.g. OOM: Redis may take it later, like after an outage
+                self._failed(exc, [b for b, _ in chunk])
+            return
         except self._errors as exc:
             self._failed(exc, [b for b, _ in chunk])
             return
@@ -164,8 +190,27 @@ class KVEventPublisher(QueueThread):
             self._since_snapshot = 0 if snap else self._since_snapshot + 1
         if self._since_snapshot >= self._snapshot_every:
             self._snapshot_wanted = True
+        self._just_reset = False
         if self._down_since is not None:
             self._recovered()
+
+    def _reset_stream(self, exc: BaseException, batches: list[KVEventBatch]) -> None:
+        """Delete the stream Redis refuses to append to; the next drain sends a snapshot."""
+        try:
+            self._redis.delete(self.stream)
+        except self._errors as del_exc:
+            self._failed(del_exc, batches)
+            return
+        c = self.counts
+        c.stream_resets += 1
+        c.publish_errors += not self._just_reset  # else _failed counts it
+        if c.stream_resets == 1:
+            log.warning("KV events: Redis refuses XADD to %s (%s); the stream was deleted and a "
+                        "snapshot follows (logged once, counted in stream_resets)",
+                        self.stream, exc)  # fmt: skip
+        # Twice in a row: someone keeps spoiling the key; back off as in an outage.
+        self._failed(exc if self._just_reset else None, batches)
+        self._just_reset = True
 
     def _failed(self, exc: BaseException | None, batches: list[KVEventBatch]) -> None:
         """Drop ``batches`` and everything queued behind them; lost until a snapshot."""

@@ -9,9 +9,19 @@ decodes each entry and calls ``on_batch`` with it, in stream order, on the reade
 
 Contracts:
 
-* ``on_batch`` sees every well-formed entry once, in order. An entry that does not decode (no
-  ``batch`` field, not a batch this version wrote) is skipped and counted (``num_malformed``;
-  the first one is logged). An exception from ``on_batch`` is logged and the reader goes on.
+* ``on_batch`` sees every well-formed entry once, in order. Entries are untrusted (anyone
+  with access to Redis may write one): an entry that does not decode (no ``batch`` field, not
+  a batch this version wrote, over the caps of ``kvcache/events.py``: size, nesting, numbers,
+  ``MAX_HASHES_PER_ENTRY``) is skipped and counted (``num_malformed``, by kind in
+  ``malformed_by_kind``; the first of each kind is logged). Nothing an entry holds, and no
+  exception from ``on_batch``, ends the reader: it logs and goes on.
+* A stream reset (deleted and written anew, e.g. by its publisher after Redis refused it for
+  good, or a Redis restarted empty) would leave a reader waiting after an id the new stream
+  may never reach. So after every read that returns nothing, the reader compares the stream's
+  newest id with the last one it read: when the stream is gone or its newest entry is older,
+  it was reset, and the reader starts over from ``"0"`` (``num_resets``, logged once). The new
+  stream begins with a snapshot (``AllBlocksCleared`` first), which replaces the replica's
+  view.
 * Redis down or unreachable: ``connected`` turns False, ``last_error`` says why (logged once per
   outage), and the reader retries with the shared back-off (``kvstore/redis_policy.py``);
   once it answers again it continues after the last entry it read, so
@@ -28,16 +38,21 @@ from collections.abc import Callable
 from pagedkv.kvcache.events import KVEventBatch
 from pagedkv.kvstore.address import parse_store_url
 from pagedkv.kvstore.redis_policy import Backoff, RedisPolicy
+from pagedkv.untrusted import UntrustedInput
 
 log = logging.getLogger("pagedkv.router")
 
 BATCH_FIELD = b"batch"
-READ_COUNT = 256  # entries per XREAD: bounds one call's reply, not the rate
+# Entries per XREAD: bounds one call's reply (at most this many entries, each refused past
+# MAX_ENTRY_BYTES right after), not the rate.
+READ_COUNT = 64
+UNEXPECTED = "unexpected"  # the kind of a decoding failure that is not an UntrustedInput
 
 
 class KVEventReader:
-    """Reads one stream; ``num_batches``, ``num_malformed``, ``connected`` and ``last_error``
-    may be read from any thread (each is one attribute written by the reader's thread)."""
+    """Reads one stream; ``num_batches``, ``num_malformed``, ``num_resets``, ``connected`` and
+    ``last_error`` may be read from any thread (each is one attribute written by the reader's
+    thread)."""
 
     def __init__(
         self,
@@ -66,6 +81,8 @@ class KVEventReader:
         self.last_id: str = start_id
         self.num_batches = 0
         self.num_malformed = 0
+        self.malformed_by_kind: dict[str, int] = {}
+        self.num_resets = 0
         self.connected = False
         self.last_error: str | None = None
         self._stop = threading.Event()
@@ -105,7 +122,9 @@ class KVEventReader:
                 reply = self._redis.xread(
                     {self.stream: self.last_id}, count=READ_COUNT, block=self.block_ms
                 )
-            except self._errors as exc:
+                if not reply and self._was_reset():
+                    self._restart()
+            except Exception as exc:  # noqa: BLE001 - Redis down, or a reply it could not parse
                 self._failed(exc)
                 self._stop.wait(self._backoff.next_delay())
                 continue
@@ -120,32 +139,47 @@ class KVEventReader:
                         return
                     self._deliver(entry_id, fields)
 
+    def _was_reset(self) -> bool:
+        """Whether the stream lost the entries read so far (gone, or its newest is older)."""
+        if _id_key(self.last_id) == (0, 0):
+            return False
+        newest = self._redis.xrevrange(self.stream, count=1)
+        return not newest or _id_key(_decode(newest[0][0])) < _id_key(self.last_id)
+
+    def _restart(self) -> None:
+        self.num_resets += 1
+        if self.num_resets == 1:
+            log.warning("KV event stream %s was reset (its entries are older than %s, or gone): "
+                        "reading it again from the start (logged once, counted)", self.stream,
+                        self.last_id)  # fmt: skip
+        self.last_id = "0"
+
     def _deliver(self, entry_id: bytes | str, fields: dict) -> None:
         entry = _decode(entry_id)
+        self.last_id = entry  # first: whatever the entry holds, it is never read twice
         try:
             raw = fields.get(BATCH_FIELD, fields.get(BATCH_FIELD.decode()))
             if raw is None:
-                raise ValueError("the entry has no 'batch' field")
+                raise UntrustedInput("the entry has no 'batch' field", "no_batch_field")
             batch = KVEventBatch.from_json(raw)
-        except ValueError as exc:
-            self.num_malformed += 1
-            if self.num_malformed == 1:
-                log.warning(
-                    "KV event stream %s: entry %s skipped (%s); further malformed entries are "
-                    "only counted",
-                    self.stream,
-                    entry,
-                    exc,
-                )
-            self.last_id = entry
+        except Exception as exc:  # noqa: BLE001 - nothing in an entry may end the reader
+            self._malformed(entry, exc)
             return
-        self.last_id = entry  # before the callback: a failing callback must not loop forever
         try:
             self._on_batch(batch)
         except Exception:  # the router's bug, not the stream's: keep reading
             log.exception("KV event stream %s: on_batch failed on entry %s", self.stream, entry)
         finally:
             self.num_batches += 1  # after the callback: a waiter sees its effect
+
+    def _malformed(self, entry: str, exc: Exception) -> None:
+        kind = exc.kind if isinstance(exc, UntrustedInput) else UNEXPECTED
+        self.malformed_by_kind[kind] = self.malformed_by_kind.get(kind, 0) + 1
+        self.num_malformed += 1
+        if self.malformed_by_kind[kind] == 1:
+            log.warning("KV event stream %s: entry %s skipped (%s: %s); further entries of this "
+                        "kind are only counted", self.stream, entry, kind,
+                        str(exc)[:300])  # fmt: skip
 
     def _failed(self, exc: BaseException) -> None:
         was_connected_or_new = self.connected or self.last_error is None
@@ -163,3 +197,9 @@ class KVEventReader:
 
 def _decode(entry_id: bytes | str) -> str:
     return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+
+
+def _id_key(entry_id: str) -> tuple[int, int]:
+    """A stream id's order: ``"1700000000000-3"`` -> ``(1700000000000, 3)``; ``"0"`` -> (0, 0)."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)

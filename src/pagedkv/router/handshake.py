@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from pagedkv import untrusted as u
 from pagedkv.errors import UsageError
 from pagedkv.pages.page_format import format_differences
 
@@ -28,6 +29,12 @@ INFO_PATH = "/pagedkv/info"
 COMPARED_FIELDS = ("block_size", "hash_algorithm", "model", "model_identity", "tokenizer",
                    "max_model_len")  # fmt: skip
 WAIT_POLL_S = 0.5
+# Bounds on a replica's answer (a peer's bytes are untrusted input): ours is ~1 KB.
+MAX_INFO_BYTES = 1 << 20
+MAX_NAME_CHARS = 1024  # ids, model names, fingerprints, stream names
+MAX_URL_CHARS = 2048
+MAX_BLOCK_SIZE = 1 << 20  # tokens
+MAX_PAGE_FIELDS = 64
 
 
 @dataclass(frozen=True)
@@ -50,22 +57,61 @@ class ReplicaInfo:
 
     @classmethod
     def from_json(cls, url: str, data: Any) -> ReplicaInfo:
-        """``ValueError`` naming the replica for an answer that is not a replica's info."""
+        """``data``: the parsed answer (``parse_info`` parses a body with limits). An
+        ``UntrustedInput`` (a ``ValueError``) naming the replica and the field for an answer
+        that is not a replica's info: every field is type- and range-checked."""
         try:
-            events = data.get("kv_events")
-            if events is not None:
-                events = {"url": str(events["url"]), "stream": str(events["stream"])}
-            return cls(url=url, instance_id=str(data["instance_id"]), model=str(data["model"]),
-                       model_identity=data.get("model_identity"),
-                       page_format=dict(data["page_format"]), allocator=str(data["allocator"]),
-                       block_size=int(data["block_size"]),
-                       prefix_caching=bool(data["prefix_caching"]),
-                       hash_algorithm=str(data["hash_algorithm"]),
-                       max_model_len=int(data["max_model_len"]), kv_events=events,
-                       tokenizer=data.get("tokenizer"))  # fmt: skip
-        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
-            # OverflowError: int(1e400), which JSON allows and no replica of ours sends
-            raise ValueError(f"{url}{INFO_PATH} is not a pagedkv replica's info: {exc!r}") from None
+            d = u.as_object(data, "the answer")
+            ev = d.get("kv_events")
+            if ev is not None:
+                ev = u.as_object(ev, "kv_events")
+                ev = {
+                    "url": u.get_str(ev, "url", max_len=MAX_URL_CHARS, at="kv_events"),
+                    "stream": u.get_str(ev, "stream", max_len=MAX_NAME_CHARS, at="kv_events"),
+                }
+            return cls(
+                url=url,
+                instance_id=u.get_str(d, "instance_id", max_len=MAX_NAME_CHARS),
+                model=u.get_str(d, "model", max_len=MAX_NAME_CHARS),
+                model_identity=u.get_optional_str(d, "model_identity", max_len=MAX_NAME_CHARS),
+                page_format=_page_format(u.get_object(d, "page_format")),
+                allocator=u.get_str(d, "allocator", max_len=MAX_NAME_CHARS),
+                block_size=u.get_int(d, "block_size", lo=1, hi=MAX_BLOCK_SIZE),
+                prefix_caching=u.get_bool(d, "prefix_caching"),
+                hash_algorithm=u.get_str(d, "hash_algorithm", max_len=MAX_NAME_CHARS),
+                max_model_len=u.get_int(d, "max_model_len", lo=1, hi=1 << 40),
+                kv_events=ev,
+                tokenizer=u.get_optional_str(d, "tokenizer", max_len=MAX_NAME_CHARS),
+            )
+        except u.UntrustedInput as exc:
+            raise u.UntrustedInput(f"{url}{INFO_PATH} is not a pagedkv replica's info: {exc}",
+                                   exc.kind) from None  # fmt: skip
+
+
+def _page_format(d: dict[str, Any]) -> dict[str, Any]:
+    """A page format as a replica sent it (compared, never used): at most ``MAX_PAGE_FIELDS``
+    fields, each a bounded string, an integer in range, a bool or null."""
+    if len(d) > MAX_PAGE_FIELDS:
+        raise u.UntrustedInput(f"page_format has {len(d)} fields, over {MAX_PAGE_FIELDS}")
+    for key, value in d.items():
+        name = f"page_format.{key[:40]}"
+        u.as_str(key, "a page_format field name", max_len=MAX_NAME_CHARS)
+        if isinstance(value, str):
+            u.as_str(value, name, max_len=MAX_NAME_CHARS)
+        elif value is not None and not isinstance(value, bool):
+            u.as_int(value, name, lo=-(1 << 40), hi=1 << 40)
+    return dict(d)
+
+
+def parse_info(url: str, body: bytes) -> ReplicaInfo:
+    """The ``ReplicaInfo`` of a ``GET /pagedkv/info`` body, parsed with limits (size, depth,
+    finite numbers); ``UntrustedInput`` (a ``ValueError``) naming the replica otherwise."""
+    try:
+        data = u.parse_json(body, max_bytes=MAX_INFO_BYTES, what="the answer")
+    except u.UntrustedInput as exc:
+        raise u.UntrustedInput(f"{url}{INFO_PATH} is not a pagedkv replica's info: {exc}",
+                               exc.kind) from None  # fmt: skip
+    return ReplicaInfo.from_json(url, data)
 
 
 def first_difference(new: ReplicaInfo, ref: ReplicaInfo) -> str | None:
@@ -90,11 +136,16 @@ def check_compatible(infos: Sequence[ReplicaInfo]) -> None:
 
 def fetch_info(client: httpx.Client, url: str) -> ReplicaInfo:
     """``httpx.HTTPError`` when unreachable; ``ValueError`` for a wrong answer."""
-    resp = client.get(url + INFO_PATH)
-    if resp.status_code != 200:
-        raise ValueError(f"{url}{INFO_PATH} answered {resp.status_code} (is it a pagedkv serve "
-                         f"replica of this version?)")  # fmt: skip
-    return ReplicaInfo.from_json(url, resp.json())
+    with client.stream("GET", url + INFO_PATH) as resp:
+        if resp.status_code != 200:
+            raise ValueError(f"{url}{INFO_PATH} answered {resp.status_code} (is it a pagedkv "
+                             "serve replica of this version?)")  # fmt: skip
+        body = bytearray()
+        for chunk in resp.iter_bytes():
+            body += chunk
+            if len(body) > MAX_INFO_BYTES:  # refused by parse_info without reading the rest
+                break
+    return parse_info(url, bytes(body))
 
 
 def fetch_all_infos(

@@ -10,6 +10,10 @@ and ``/metrics``.
   as that instance lives (logged once, counted in ``pagedkv_router_replica_refused_total``,
   ``replica_up`` 0); a later restart with the right format is taken back.
 * Its load: ``pagedkv_requests_in_flight + pagedkv_requests_queued`` from its ``/metrics``.
+
+A replica is a peer: its answers are read up to a bound (``MAX_INFO_BYTES``,
+``MAX_METRICS_BYTES``) and parsed with limits (``untrusted.py``); a bad answer takes it out with
+the reason, never ends the loop.
 """
 
 from __future__ import annotations
@@ -21,7 +25,14 @@ from dataclasses import replace
 
 import httpx
 
-from pagedkv.router.handshake import INFO_PATH, ReplicaInfo, first_difference
+from pagedkv import untrusted as u
+from pagedkv.router.handshake import (
+    INFO_PATH,
+    MAX_INFO_BYTES,
+    ReplicaInfo,
+    first_difference,
+    parse_info,
+)
 from pagedkv.router.metrics import RouterMetrics
 from pagedkv.router.replicas import IndexFeed, ReplicaState
 
@@ -31,6 +42,7 @@ LOAD_METRICS = ("pagedkv_requests_in_flight", "pagedkv_requests_queued")
 
 
 MAX_SCRAPED_REQUESTS = 10**9  # beyond this a replica's count is not a count
+MAX_METRICS_BYTES = 4 << 20  # a replica's whole /metrics (ours: ~20 KB); past it: no load read
 
 
 def scraped_requests(metrics_text: str) -> int:
@@ -42,11 +54,10 @@ def scraped_requests(metrics_text: str) -> int:
         name, _, value = line.partition(" ")
         if name in LOAD_METRICS:
             try:
-                number = float(value)
-            except ValueError:
+                number = u.as_float(float(value), name, lo=0, hi=MAX_SCRAPED_REQUESTS)
+            except ValueError:  # not a number, or NaN, an infinity, out of range
                 continue
-            if 0 <= number <= MAX_SCRAPED_REQUESTS:  # False for NaN and the infinities
-                total += int(number)
+            total += int(number)
     return min(total, MAX_SCRAPED_REQUESTS)
 
 
@@ -107,28 +118,37 @@ class HealthMonitor:
 
     async def check(self, r: ReplicaState) -> None:
         try:
-            resp = await self.client.get(r.url + INFO_PATH, timeout=self.timeout_s)
-            resp.raise_for_status()
-            info = ReplicaInfo.from_json(r.url, resp.json())
-            health = await self.client.get(r.url + "/health", timeout=self.timeout_s)
-            scrape = await self.client.get(r.url + "/metrics", timeout=self.timeout_s)
+            status, body = await self._get(r.url + INFO_PATH, MAX_INFO_BYTES)
+            if status != 200:
+                raise ValueError(f"{INFO_PATH} answered {status}")
+            info = parse_info(r.url, body)  # UntrustedInput: a ValueError naming the field
+            health, _ = await self._get(r.url + "/health", 64 << 10)  # read: keeps the connection
+            scrape, text = await self._get(r.url + "/metrics", MAX_METRICS_BYTES)
         except (httpx.HTTPError, ValueError) as exc:
             self.take_out(r, f"{type(exc).__name__}: {exc}"[:300])
-            return
-        except RecursionError:  # JSON nested 100k deep: no replica of ours sends that
-            self.take_out(r, "a malformed /pagedkv/info (nested too deep)")
             return
         if info.instance_id != r.info.instance_id:
             await self._restarted(r, info)
         if r.refused is not None:
             return
-        if scrape.status_code == 200:
-            r.scraped_requests = scraped_requests(scrape.text)
-        if health.status_code != 200:
-            self.take_out(r, f"/health answered {health.status_code}")
+        if scrape == 200 and len(text) <= MAX_METRICS_BYTES:
+            r.scraped_requests = scraped_requests(text.decode("utf-8", "replace"))
+        if health != 200:
+            self.take_out(r, f"/health answered {health}")
         elif not r.up:
             log.warning("replica %s is back", r.url)
             r.up = True
+
+    async def _get(self, url: str, max_bytes: int) -> tuple[int, bytes]:
+        """The status and at most ``max_bytes + 1`` bytes of the body (more than
+        ``max_bytes``: over the bound; the rest is never read)."""
+        async with self.client.stream("GET", url, timeout=self.timeout_s) as resp:
+            body = bytearray()
+            async for chunk in resp.aiter_bytes():
+                body += chunk
+                if len(body) > max_bytes:
+                    break
+            return resp.status_code, bytes(body[: max_bytes + 1])
 
     def take_out(self, r: ReplicaState, why: str) -> None:
         if r.up:

@@ -43,6 +43,16 @@ class _ReplicaCollector(Collector):
         restarts = CounterMetricFamily(f"{P}_replica_restarts",
                                        "times the replica came back with a new instance id",
                                        labels=["replica"])  # fmt: skip
+        counters = {
+            "kv_event_malformed": "KV event stream entries skipped: not a batch this version "
+                                  "wrote, or over the caps (size, nesting, numbers, hashes)",
+            "kv_event_stream_resets": "times the replica's KV event stream was found reset "
+                                      "and read again from its start",
+            "index_evicted_blocks": "prefix index entries of the replica dropped by the "
+                                    "index's memory bound (largest replica first)",
+        }  # fmt: skip
+        more = {k: CounterMetricFamily(f"{P}_{k}", h, labels=["replica"])
+                for k, h in counters.items()}  # fmt: skip
         for r in self._replicas:
             reader = self._feed.reader(r.url)
             fams["replica_up"].add_metric([r.url], float(r.routable))
@@ -53,9 +63,13 @@ class _ReplicaCollector(Collector):
             fams["kv_events_connected"].add_metric([r.url], float(connected))
             batches.add_metric([r.url], getattr(reader, "num_batches", 0))
             restarts.add_metric([r.url], r.num_restarts)
+            more["kv_event_malformed"].add_metric([r.url], getattr(reader, "num_malformed", 0))
+            more["kv_event_stream_resets"].add_metric([r.url], getattr(reader, "num_resets", 0))
+            more["index_evicted_blocks"].add_metric([r.url], self._feed.num_evicted(r.url))
         yield from fams.values()
         yield batches
         yield restarts
+        yield from more.values()
 
 
 class RouterMetrics:

@@ -92,6 +92,11 @@ class IndexFeed:
         with self._lock:
             return self._index.num_blocks(replica)
 
+    def num_evicted(self, replica: str) -> int:
+        """Index entries of ``replica`` evicted by the index's memory bound (monotonic)."""
+        with self._lock:
+            return self._index.evicted.get(replica, 0)
+
     def reader(self, replica: str):
         return self._readers.get(replica)
 

@@ -6,10 +6,21 @@ A block counts for a replica when any of its media (device, host) holds it. The 
 hint, not a lock: events arrive a step (or a network hop) late, so a replica may have evicted
 a block the index still lists; the cost of a wrong hint is one recomputed prefix, never a
 wrong answer (the replica matches on its own cache).
+
+Memory is bounded: at most ``max_entries`` (hash, replica) entries, whatever the replicas (or
+anyone writing to their event streams) report. Past it, the replica holding the most entries
+loses its least recently stored ones (``num_evicted``, per replica in ``evicted``). Chosen over
+a fixed quota per replica because replicas' caches differ (a host tier holds far more than a
+GPU) and a quota would leave the bound unused; and over one global LRU because that would let
+one replica's flood push out every other replica's view. With the largest-first rule a replica
+holding at most ``max_entries / num_replicas`` entries is never evicted from: while the total
+is over the bound, the largest holds more than that share. An evicted entry is a missed hint,
+never a wrong answer.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
 from pagedkv.kvcache.events import BlockRemoved, BlockStored, KVEvent
@@ -40,49 +51,70 @@ def prompt_block_hashes(
     )
 
 
+DEFAULT_MAX_ENTRIES = 1 << 20  # (hash, replica) entries: ~1M, ~0.2 GiB (measured: docs/routing.md)
+_MAX_INTERNED_MEDIA = 64  # distinct media sets shared between entries (past it: not shared)
+
+
 class PrefixIndex:
     """Replica name -> the hashes its prefix cache holds, and hash -> the replicas holding it.
 
     ``apply`` events of one replica in the order it emitted them. Mutated only by ``apply`` and
-    ``drop_replica``; not thread-safe (the router applies events on its event loop)."""
+    ``drop_replica``; not thread-safe (the router applies events under the feed's lock)."""
 
-    def __init__(self) -> None:
-        # replica -> medium -> hashes held there
-        self._held: dict[str, dict[str, set[BlockHash]]] = {}
-        # hash -> replica -> number of media of that replica holding it (>= 1)
-        self._holders: dict[BlockHash, dict[str, int]] = {}
+    def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
+        if max_entries < 1:
+            raise ValueError(f"max_entries must be >= 1, got {max_entries}")
+        self.max_entries = max_entries
+        # replica -> hash -> the media holding it there; least recently stored first
+        self._held: dict[str, OrderedDict[BlockHash, frozenset[str]]] = {}
+        # hash -> the replica holding it, or the set of them when several do (one name, not a
+        # set, for the common unshared hash: a set would double an entry's bytes)
+        self._holders: dict[BlockHash, str | set[str]] = {}
+        self._media: dict[frozenset[str], frozenset[str]] = {}
+        self.num_entries = 0
         self.num_events = 0
+        self.num_evicted = 0
+        self.evicted: dict[str, int] = {}  # replica -> entries evicted from it (monotonic)
 
     def replicas(self) -> list[str]:
         return list(self._held)
 
     def num_blocks(self, replica: str) -> int:
         """Distinct hashes ``replica`` holds (over all media)."""
-        return len(self.holds(replica))
+        return len(self._held.get(replica, ()))
 
     def holds(self, replica: str) -> set[BlockHash]:
         """Every hash ``replica`` holds, over all media (a fresh set)."""
-        return set().union(*self._held.get(replica, {}).values())
+        return set(self._held.get(replica, ()))
 
     def apply(self, replica: str, events: Iterable[KVEvent]) -> None:
-        media = self._held.setdefault(replica, {})
-        holders = self._holders
+        held = self._held.setdefault(replica, OrderedDict())
         for ev in events:
             self.num_events += 1
             if isinstance(ev, BlockStored):
-                held = media.setdefault(ev.medium, set())
                 for h in ev.block_hashes:
-                    if h not in held:
-                        held.add(h)
-                        per = holders.setdefault(h, {})
-                        per[replica] = per.get(replica, 0) + 1
+                    media = held.get(h)
+                    if media is None:
+                        held[h] = self._interned(frozenset((ev.medium,)))
+                        self._hold(h, replica)
+                        self.num_entries += 1
+                        if self.num_entries > self.max_entries:
+                            self._evict()
+                    else:
+                        if ev.medium not in media:
+                            held[h] = self._interned(media | {ev.medium})
+                        held.move_to_end(h)  # stored again: recently updated
             elif isinstance(ev, BlockRemoved):
-                medium = media.get(ev.medium)  # None: nothing of that medium held yet
-                if medium:
-                    for h in ev.block_hashes:
-                        if h in medium:
-                            medium.discard(h)
-                            self._unhold(h, replica)
+                for h in ev.block_hashes:
+                    media = held.get(h)
+                    if media is None or ev.medium not in media:
+                        continue  # unknown (or evicted) here: nothing to forget
+                    if len(media) > 1:
+                        held[h] = self._interned(media - {ev.medium})
+                    else:
+                        del held[h]
+                        self._unhold(h, replica)
+                        self.num_entries -= 1
             else:  # AllBlocksCleared
                 self._clear(replica)
 
@@ -92,20 +124,45 @@ class PrefixIndex:
         self._held.pop(replica, None)
 
     def _clear(self, replica: str) -> None:
-        for held in self._held.get(replica, {}).values():
+        held = self._held.get(replica)
+        if held:
             for h in held:
                 self._unhold(h, replica)
+            self.num_entries -= len(held)
             held.clear()
+
+    def _hold(self, h: BlockHash, replica: str) -> None:
+        per = self._holders.get(h)
+        if per is None:
+            self._holders[h] = replica
+        elif isinstance(per, str):
+            self._holders[h] = {per, replica}
+        else:
+            per.add(replica)
 
     def _unhold(self, h: BlockHash, replica: str) -> None:
         per = self._holders[h]
-        n = per[replica] - 1
-        if n:
-            per[replica] = n
-        else:
-            del per[replica]
-            if not per:
-                del self._holders[h]
+        if isinstance(per, str):
+            del self._holders[h]
+            return
+        per.discard(replica)
+        if len(per) == 1:
+            (self._holders[h],) = per
+
+    def _evict(self) -> None:
+        """Drop the least recently stored entry of the replica holding the most."""
+        victim = max(self._held, key=lambda r: len(self._held[r]))
+        h, _ = self._held[victim].popitem(last=False)
+        self._unhold(h, victim)
+        self.num_entries -= 1
+        self.num_evicted += 1
+        self.evicted[victim] = self.evicted.get(victim, 0) + 1
+
+    def _interned(self, media: frozenset[str]) -> frozenset[str]:
+        """One shared object per set of media (an entry's value), for the first few sets."""
+        if len(self._media) < _MAX_INTERNED_MEDIA:
+            return self._media.setdefault(media, media)
+        return self._media.get(media, media)
 
     def match(self, block_hashes: Sequence[BlockHash]) -> dict[str, int]:
         """Replica -> how many leading blocks of ``block_hashes`` it holds (replicas holding
@@ -118,7 +175,9 @@ class PrefixIndex:
             if per is None:
                 alive_now: set[str] = set()
             elif alive is None:
-                alive_now = set(per)
+                alive_now = {per} if isinstance(per, str) else set(per)
+            elif isinstance(per, str):
+                alive_now = {per} if per in alive else set()
             else:
                 alive_now = alive.intersection(per)
             if alive is not None:
