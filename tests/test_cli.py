@@ -134,3 +134,70 @@ def test_a_misspelled_flag_is_the_commands_error_with_its_usage(capsys) -> None:
     assert err.startswith("usage: pagedkv generate ")
     assert err.endswith("pagedkv generate: error: unrecognized arguments: --max-token\n")
     assert "usage: pagedkv [-h]" not in err
+
+
+# Issue 27's CLI cases: a malformed URL (IPv6 included) is one line and exit 2, never a
+# traceback (they were "internal error: ValueError: Invalid IPv6 URL", exit 1).
+DECODE = ["serve", "--role", "decode", "--kv-store", "redis://127.0.0.1:1"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["route", "--replica", "http://[::1"], "--replica 'http://[::1' is not an http(s)"),
+        (["route", "--replica", "http://[::1]:0"], "the port must be in 1..65535"),
+        (["route", "--replica", "http://a:1", "--kv-events", "redis://[::1"],
+         "--kv-events 'redis://[::1' is not a redis://HOST:PORT URL: Invalid IPv6 URL"),
+        (["route", "--replica", "http://a:1", "--kv-events", "redis://a:99999"], "out of range"),
+        ([*DECODE, "--prefill-url", "http://[::1"], "--prefill-url 'http://[::1' is not an"),
+        ([*DECODE, "--prefill-url", "http://127.0.0.1:99999"], "out of range 0-65535"),
+        ([*DECODE, "--prefill-url", "http://127.0.0.1:0"], "the port must be in 1..65535"),
+        ([*DECODE, "--prefill-url", "http://127.0.0.1:"], "a ':' without a port"),
+        ([*DECODE, "--prefill-url", "ftp://h:1"], "is not an http(s)://HOST:PORT URL"),
+        ([*DECODE, "--prefill-url", "http://u:p@h:1"], "credentials"),
+        ([*DECODE, "--prefill-url", "http://h:1/generate"], "no path"),
+        ([*DECODE, "--prefill-url", "http://h:1", "--prefill-breaker-failures", "0"],
+         "--prefill-breaker-failures must be an integer >= 1"),
+        ([*DECODE, "--prefill-url", "http://h:1", "--prefill-breaker-backoff", "nan"],
+         "--prefill-breaker-backoff must be a finite number > 0"),
+        (["serve", "--kv-events", "redis://[::1"], "Invalid IPv6 URL"),
+        (["serve", "--kv-store", "redis://h:0"], "the port must be in 1..65535"),
+    ],
+)  # fmt: skip
+def test_malformed_urls_are_one_line_and_exit_2(no_model_load, capsys, argv, words):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"pagedkv {argv[0]}: error: ") and words in err, err
+    assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize("quick", [["--quick"], []], ids=["quick", "full"])
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--block-sizes", "0"], "--block-sizes: every value must be >= 1"),
+        (["--batch-sizes", "x"], "--batch-sizes: expected comma-separated integers"),
+        (["--steps", "0"], "--steps must be >= 1"),
+        (["--max-num-batched-tokens", "-5"], "--max-num-batched-tokens must be >= 1"),
+    ],
+)
+def test_profile_refuses_invalid_grid_flags_with_or_without_quick(
+    no_model_load, capsys, tmp_path, quick, flags, words
+):
+    """``profile --quick --block-sizes 0`` exited 0: --quick replaced the explicit value."""
+    argv = ["profile", *quick, *flags, "-o", str(tmp_path / "p.json")]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pagedkv profile: error: ") and words in err and err.count("\n") == 1
+
+
+def test_profile_quick_never_overrides_a_flag_the_user_gave():
+    from pagedkv.commands.profile import DEFAULT_GRID, QUICK_GRID, _plan
+
+    parse = cli.build_parser().parse_args
+    plan = _plan(parse(["profile", "--quick", "--block-sizes", "32,8", "--steps", "5"]))
+    assert plan.block_sizes == (8, 32) and plan.steps_per_point == 5  # given: kept
+    assert plan.batch_sizes == (1, 2) and QUICK_GRID["batch_sizes"] == "1,2"  # not given: quick
+    full = _plan(parse(["profile", "--steps", "4"]))
+    assert full.steps_per_point == 4 and full.block_sizes == (16, 64)
+    assert DEFAULT_GRID["block_sizes"] == "16,64"

@@ -12,6 +12,8 @@ CORE_PACKAGES = [
     "pagedkv.errors",
     "pagedkv.units",
     "pagedkv.untrusted",
+    "pagedkv.breaker",
+    "pagedkv.urls",
     "pagedkv.pages",
     "pagedkv.traces",
     "pagedkv.kvcache",
@@ -157,7 +159,7 @@ def test_the_circle_check_sees_real_imports_and_finds_circles():
 # below its own (never a sibling). ``pagedkv`` is the root package (``__version__`` only).
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("pagedkv", "errors"),
-    ("units", "background", "lazy", "untrusted"),
+    ("units", "background", "lazy", "breaker", "urls", "untrusted"),
     ("traces", "kvcache", "pages"),
     ("routing", "sched", "planner"),
     ("sim", "kvstore"),

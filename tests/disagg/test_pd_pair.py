@@ -16,26 +16,10 @@ import httpx
 import pytest
 
 from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
-from tests.kvstore.redis_server import RedisServer, free_port
+from tests.kvstore.redis_server import free_port
 
 START_TIMEOUT_S = 90.0
 PROMPT = [(7 * i + 3) % 250 + 10 for i in range(60)]  # 3 full blocks of 16 + 12 tokens
-
-
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory):
-    from tests.model.tiny import make_tiny_model
-
-    folder = tmp_path_factory.mktemp("tiny-pd")
-    make_tiny_model("llama", folder)
-    return folder
-
-
-@pytest.fixture
-def redis(tmp_path):
-    server = RedisServer(tmp_path).start()
-    yield server
-    server.stop()
 
 
 def _serve(folder, port: int, *flags: str) -> subprocess.Popen:

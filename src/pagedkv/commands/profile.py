@@ -51,21 +51,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    g = DEFAULT_GRID
+    g, q = DEFAULT_GRID, QUICK_GRID
     add = p.add_argument
     add("--model", help="GGUF file or Hugging Face folder (default: the embedded SmolLM2)")
     add("--dtype", default="float32", choices=ENGINE_DTYPES, help="(default %(default)s)")
     add("-o", "--output", default="cost-profile.json", help="JSON to write (%(default)s)")
-    add("--block-sizes", default=g["block_sizes"], help="one engine each (%(default)s)")
-    add("--batch-sizes", default=g["batch_sizes"], help="decode batch sizes (%(default)s)")
-    add("--context-lens", default=g["context_lens"], help="mean decode contexts (%(default)s)")
-    add("--prefill-lens", default=g["prefill_lens"], help="single prompts (%(default)s)")
-    add("--steps", type=int, default=g["steps"], help="timed steps per decode point (%(default)s)")
+    # Grid flags default to None: the grid (DEFAULT_GRID, or QUICK_GRID with --quick) fills
+    # only what the user did not give, so --quick never overrides an explicit value.
+    add("--block-sizes", help=f"one engine each ({g['block_sizes']}; --quick {q['block_sizes']})")
+    add(
+        "--batch-sizes", help=f"decode batch sizes ({g['batch_sizes']}; --quick {q['batch_sizes']})"
+    )
+    add("--context-lens",
+        help=f"mean decode contexts ({g['context_lens']}; --quick {q['context_lens']})")  # fmt: skip
+    add("--prefill-lens",
+        help=f"single prompts ({g['prefill_lens']}; --quick {q['prefill_lens']})")  # fmt: skip
+    add(
+        "--steps",
+        type=int,
+        help=f"timed steps per decode point ({g['steps']}; --quick {q['steps']})",
+    )
     add(
         "--max-num-batched-tokens",
         type=int,
-        default=g["max_num_batched_tokens"],
-        help="token budget per step: longer prompts run in chunks (%(default)s)",
+        help=f"token budget per step: longer prompts run in chunks ({g['max_num_batched_tokens']})",
     )
     add("--threads", type=int, help="torch intra-op threads (default: torch's own)")
     add(
@@ -76,7 +85,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "out other processes on a shared machine (needs --threads 1)",
     )
     add("--seed", type=int, default=0, help="seed of the random prompt token ids")
-    add("--quick", action="store_true", help="a tiny grid in seconds (tests, a first look)")
+    add("--quick", action="store_true",
+        help="a tiny grid in seconds (tests, a first look); grid flags given still apply")  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -98,12 +108,14 @@ def grid_plan(grid: dict | None = None, **flags):
 def _plan(args: argparse.Namespace):
     from pagedkv.engine.profiling import ProfilePlan
 
-    if getattr(args, "quick", False):
-        for key, value in QUICK_GRID.items():
+    grid = QUICK_GRID if getattr(args, "quick", False) else DEFAULT_GRID
+    for key, value in grid.items():
+        if getattr(args, key, None) is None:  # given flags win, --quick or not
             setattr(args, key, value)
     for name in ("steps", "max_num_batched_tokens"):
         if getattr(args, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be >= 1", name)
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}",
+                             name)  # fmt: skip
     return ProfilePlan(
         block_sizes=_ints("--block-sizes", args.block_sizes),
         batch_sizes=_ints("--batch-sizes", args.batch_sizes),

@@ -62,6 +62,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _add_pd_args(p: argparse.ArgumentParser) -> None:
     from pagedkv.disagg.config import (
+        DEFAULT_BREAKER_BACKOFF_S,
+        DEFAULT_BREAKER_FAILURES,
         DEFAULT_PEER_WAIT_S,
         DEFAULT_PREFILL_TIMEOUT_S,
         KV_IMPORT_MODES,
@@ -91,6 +93,14 @@ def _add_pd_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--prefill-timeout", type=float, default=DEFAULT_PREFILL_TIMEOUT_S,
                    help="seconds to wait for one prefill call before computing the prompt "
                    f"here (default {DEFAULT_PREFILL_TIMEOUT_S:g})")  # fmt: skip
+    g.add_argument("--prefill-breaker-failures", type=int, default=DEFAULT_BREAKER_FAILURES,
+                   metavar="N", help="consecutive failed or timed-out prefill calls after which "
+                   "prompts are computed here without asking the prefill instance, for the "
+                   f"back-off (default {DEFAULT_BREAKER_FAILURES})")  # fmt: skip
+    g.add_argument("--prefill-breaker-backoff", type=float, default=DEFAULT_BREAKER_BACKOFF_S,
+                   metavar="S", help="seconds before one request probes the prefill instance "
+                   "again; doubled after each failed probe, up to a minute "
+                   f"(default {DEFAULT_BREAKER_BACKOFF_S:g})")  # fmt: skip
 
 
 def engine_kv_store(args: argparse.Namespace) -> str | None:
@@ -108,6 +118,8 @@ def pd_config(args: argparse.Namespace):
         peer_wait_s=args.pd_wait,
         prefill_timeout_s=args.prefill_timeout,
         kv_store=engine_kv_store(args),
+        breaker_failures=args.prefill_breaker_failures,
+        breaker_backoff_s=args.prefill_breaker_backoff,
     )
 
 
@@ -181,7 +193,7 @@ def _pair_up(pd_cfg, engine, config):
 
     # The store's own notion of "the same model" (a digest of the weights), not a name.
     model = engine.parts.model_identity
-    peer = pair_up(pd_cfg, engine.parts.page_format, model)
+    peer = pair_up(pd_cfg, engine.parts.page_format, model, api_key=config.api_key)
     print(f"pagedkv: P/D role {pd_cfg.role}, group {pd_cfg.group!r}, store {pd_cfg.kv_store}"
           + (f"; prefill instance {pd_cfg.prefill_url} (pid {peer.pid} on {peer.host}, "
              f"block_size={peer.page_format.block_size}, kv import {pd_cfg.kv_import})"
@@ -189,7 +201,7 @@ def _pair_up(pd_cfg, engine, config):
           file=sys.stderr)  # fmt: skip
     if peer is None:
         return None
-    from pagedkv.disagg.prefill_client import PrefillClient
+    from pagedkv.disagg.prefill_client import prefill_client
     from pagedkv.server.pd_front import PDFront
 
     importer = None
@@ -197,5 +209,4 @@ def _pair_up(pd_cfg, engine, config):
         from pagedkv.disagg.relayout import RelayoutImporter
 
         importer = RelayoutImporter.for_engine(engine, peer, pd_cfg.kv_store, model)
-    client = PrefillClient(pd_cfg.prefill_url, pd_cfg.prefill_timeout_s, config.api_key)
-    return PDFront(client, importer)
+    return PDFront(prefill_client(pd_cfg, config.api_key), importer)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 from pagedkv.errors import UsageError
+from pagedkv.urls import http_base_url
 
 ROLES = ("both", "prefill", "decode")
 # strict: the decode side reads only pages of its own format; relayout: it also re-pages the
@@ -13,6 +14,12 @@ ROLES = ("both", "prefill", "decode")
 KV_IMPORT_MODES = ("strict", "relayout")
 DEFAULT_PEER_WAIT_S = 30.0
 DEFAULT_PREFILL_TIMEOUT_S = 120.0
+# The prefill client's circuit breaker (``pagedkv.breaker``): after this many consecutive failed
+# or timed-out calls no request asks the prefill instance for the back-off, then one probes; a
+# failed probe doubles the back-off, up to the cap.
+DEFAULT_BREAKER_FAILURES = 3
+DEFAULT_BREAKER_BACKOFF_S = 5.0
+MAX_BREAKER_BACKOFF_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -22,7 +29,11 @@ class PDConfig:
     ``decode`` also needs ``prefill_url``, the prefill instance's HTTP base URL.
     ``peer_wait_s``: how long a decode instance waits at start-up for a prefill instance's
     page format to appear in the store. ``group``: instances pair only within one group (one
-    store may serve several pairs). Invalid values raise ``UsageError`` naming the flag."""
+    store may serve several pairs). ``breaker_failures`` / ``breaker_backoff_s``: the prefill
+    client's circuit breaker (consecutive failures that open it; its first back-off, doubled
+    after each failed probe up to ``max(MAX_BREAKER_BACKOFF_S, breaker_backoff_s)``).
+    ``prefill_url`` is kept normalized (no trailing ``/`` or ``/v1``). Invalid values raise
+    ``UsageError`` naming the flag."""
 
     role: str = "both"
     prefill_url: str | None = None
@@ -31,6 +42,8 @@ class PDConfig:
     peer_wait_s: float = DEFAULT_PEER_WAIT_S
     prefill_timeout_s: float = DEFAULT_PREFILL_TIMEOUT_S
     kv_store: str | None = None
+    breaker_failures: int = DEFAULT_BREAKER_FAILURES
+    breaker_backoff_s: float = DEFAULT_BREAKER_BACKOFF_S
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -46,9 +59,15 @@ class PDConfig:
                 "group",
             )
         for name, value in (("--pd-wait", self.peer_wait_s),
-                            ("--prefill-timeout", self.prefill_timeout_s)):  # fmt: skip
-            if not value > 0:
-                raise UsageError(f"{name} must be > 0 seconds, got {value!r}", name[2:])
+                            ("--prefill-timeout", self.prefill_timeout_s),
+                            ("--prefill-breaker-backoff", self.breaker_backoff_s)):  # fmt: skip
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise UsageError(f"{name} must be a finite number > 0 seconds, got {value!r}",
+                                 name[2:].replace("-", "_"))  # fmt: skip
+        n = self.breaker_failures
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise UsageError(f"--prefill-breaker-failures must be an integer >= 1, got {n!r}",
+                             "prefill_breaker_failures")  # fmt: skip
         if self.role == "both":
             if self.prefill_url is not None:
                 raise UsageError("--prefill-url is only used with --role decode", "prefill_url")
@@ -72,13 +91,14 @@ class PDConfig:
                     "--role decode needs --prefill-url http://HOST:PORT (the prefill instance)",
                     "prefill_url",
                 )
-            parts = urlsplit(self.prefill_url)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise UsageError(
-                    f"--prefill-url must be an http(s)://HOST:PORT URL, got {self.prefill_url!r}",
-                    "prefill_url",
-                )
+            object.__setattr__(
+                self, "prefill_url", http_base_url(self.prefill_url, "--prefill-url")
+            )
 
     @property
     def is_pair(self) -> bool:
         return self.role != "both"
+
+    @property
+    def breaker_max_backoff_s(self) -> float:
+        return max(MAX_BREAKER_BACKOFF_S, self.breaker_backoff_s)

@@ -14,7 +14,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from pagedkv import untrusted as u
@@ -81,13 +81,33 @@ def differences(ours: PeerRecord, theirs: PeerRecord, kv_import: str) -> list[st
     """Every field that stops ``ours`` from reading ``theirs``' pages, both values named:
     ``"block_size 32 (decode) vs 16 (prefill)"``. Empty when they are compatible."""
     bridged = RELAYOUT_BRIDGES if kv_import == "relayout" else frozenset()
+    return _named_differences(
+        (ours.model, ours.page_format.to_dict(), ours.role),
+        (theirs.model, theirs.page_format.to_dict(), theirs.role),
+        bridged,
+    )
+
+
+def _named_differences(
+    mine: tuple[str | None, Mapping[str, object], str],
+    theirs: tuple[str | None, Mapping[str, object], str],
+    bridged: frozenset[str] = frozenset(),
+) -> list[str]:
+    """``(model, page format mapping, label)`` of each side -> ``"NAME MINE (LABEL) vs THEIRS
+    (LABEL)"`` for the model and every page-format field (``format_differences``) that differ."""
+    (my_model, my_pages, me), (their_model, their_pages, them) = mine, theirs
     diffs = []
-    if ours.model != theirs.model:
-        diffs.append(f"model {ours.model!r} ({ours.role}) vs {theirs.model!r} ({theirs.role})")
-    pages = format_differences(ours.page_format.to_dict(), theirs.page_format.to_dict(), bridged)
-    for name, mine, other in pages:
-        diffs.append(f"{name} {mine} ({ours.role}) vs {other} ({theirs.role})")
+    if my_model != their_model:
+        diffs.append(f"model {my_model!r} ({me}) vs {their_model!r} ({them})")
+    for name, a, b in format_differences(my_pages, their_pages, bridged):
+        diffs.append(f"{name} {a} ({me}) vs {b} ({them})")
     return diffs
+
+
+def _hint(kv_import: str, diffs: list[str]) -> str:
+    return "start both with the same model, --dtype and --block-size" + (
+        "" if kv_import == "relayout" or diffs[0].startswith("model") else
+        ", or the decode side with --kv-import relayout if only the block size differs")  # fmt: skip
 
 
 def check_peer(ours: PeerRecord, theirs: PeerRecord, kv_import: str, group: str) -> None:
@@ -95,16 +115,47 @@ def check_peer(ours: PeerRecord, theirs: PeerRecord, kv_import: str, group: str)
     diffs = differences(ours, theirs, kv_import)
     if not diffs:
         return
-    hint = (
-        "start both with the same model, --dtype and --block-size"
-        + ("" if kv_import == "relayout" or diffs[0].startswith("model") else
-           ", or the decode side with --kv-import relayout if only the block size differs")
-    )  # fmt: skip
     raise UsageError(
-        f"KV page format mismatch in P/D group {group!r}: {'; '.join(diffs)} ({hint})",
+        f"KV page format mismatch in P/D group {group!r}: {'; '.join(diffs)} "
+        f"({_hint(kv_import, diffs)})",
         "page_format",
         code="page_format_mismatch",
     )
+
+
+def check_live(
+    ours: PeerRecord,
+    record: PeerRecord,
+    live: tuple[str | None, Mapping[str, object]],
+    kv_import: str,
+    group: str,
+) -> None:
+    """The prefill instance's own answer now (``live``: its model identity and page format,
+    from ``GET /pagedkv/info``) against this instance and against the store's ``record`` of
+    it. UsageError (one line, both values of each field named) when this instance cannot read
+    the live instance's pages, or when the record is stale (differs from the live instance in
+    anything: it was left by an instance restarted with other flags, or by another prefill
+    instance of the group). The live answer is the truth this instance is checked against;
+    without a stale record the message is ``check_peer``'s."""
+    now = (live[0], live[1], "prefill")
+    theirs = _named_differences(
+        (ours.model, ours.page_format.to_dict(), ours.role), now,
+        RELAYOUT_BRIDGES if kv_import == "relayout" else frozenset(),
+    )  # fmt: skip
+    stale = _named_differences((record.model, record.page_format.to_dict(), "store record"), now)
+    if not theirs and not stale:
+        return
+    key = record_key(group, record.role)
+    parts = [f"KV page format mismatch in P/D group {group!r}"]
+    if theirs:
+        parts.append(": " + "; ".join(theirs))
+    if stale:
+        parts.append(("; " if theirs else ": ") + f"the store's record {key} is stale ("
+                     + "; ".join(stale) + "): restart the prefill instance, which publishes it "
+                     "anew, and check that no other prefill instance shares --pd-group")  # fmt: skip
+    if theirs:
+        parts.append(f" ({_hint(kv_import, theirs)})")
+    raise UsageError("".join(parts), "page_format", code="page_format_mismatch")
 
 
 class Handshake:

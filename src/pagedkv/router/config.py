@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 from pagedkv.errors import UsageError
+from pagedkv.kvstore.address import parse_store_url
 from pagedkv.routing import ROUTING_POLICIES, build_policy
+from pagedkv.urls import http_base_url
 
 DEFAULT_PORT = 8080
 DEFAULT_HEALTH_INTERVAL_S = 1.0
@@ -16,16 +17,18 @@ DEFAULT_CONNECT_TIMEOUT_S = 5.0
 
 def normalize_replica_url(url: str) -> str:
     """``http(s)://HOST:PORT`` without a trailing ``/`` or ``/v1`` (the router appends the
-    routes); ``UsageError`` for anything else."""
-    text = url.strip().rstrip("/")
-    if text.endswith("/v1"):
-        text = text[: -len("/v1")]
-    parts = urlsplit(text)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UsageError(f"--replica {url!r} is not an http(s)://HOST:PORT URL", "replica")
-    if parts.path or parts.query or parts.fragment:
-        raise UsageError(f"--replica {url!r}: give the base URL only (no path)", "replica")
-    return text
+    routes); ``UsageError`` for anything else (``urls.http_base_url``'s rule)."""
+    return http_base_url(url, "--replica")
+
+
+def check_kv_events_url(url: str) -> None:
+    """``--kv-events``: the store's ``redis://`` rule (``kvstore/address.py``), this flag named."""
+    try:
+        parse_store_url(url)
+    except UsageError as exc:  # its message names --kv-store; keep only the reason
+        reason = str(exc).partition(f"got {url!r}")[2].lstrip(": ")
+        raise UsageError(f"--kv-events {url!r} is not a redis://HOST:PORT URL"
+                         + (f": {reason}" if reason else ""), "kv_events") from None  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -64,9 +67,8 @@ class RouterConfig:
             raise UsageError(f"unknown --policy {self.policy!r}; choose one of "
                              f"{', '.join(ROUTING_POLICIES)}", "policy")  # fmt: skip
         build_policy(self.policy, balance_abs=self.balance_abs, balance_rel=self.balance_rel)
-        if self.kv_events_url is not None and urlsplit(self.kv_events_url).scheme != "redis":
-            raise UsageError(f"--kv-events {self.kv_events_url!r} is not a redis://HOST:PORT URL",
-                             "kv_events")  # fmt: skip
+        if self.kv_events_url is not None:
+            check_kv_events_url(self.kv_events_url)
         if not 0 <= self.port <= 65535:
             raise UsageError(f"--port must be in 0..65535, got {self.port}", "port")
         for flag, value in (("--health-interval", self.health_interval_s),

@@ -5,7 +5,7 @@ whose store tier writes their full blocks to the shared store; with ``--kv-impor
 the blocks are then re-paged into this instance's block size (``disagg.relayout``). The engine
 then admits the request as usual and its store tier finds the prompt's blocks. Nothing here is
 needed for correctness: if the prefill instance or the import fails, the engine computes the
-prompt itself (counted in ``/metrics``).
+prompt itself (counted in ``/metrics`` by reason, with the prefill client's circuit breaker).
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ import asyncio
 import logging
 from collections.abc import Iterator, Sequence
 
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from pagedkv.breaker import STATES
 from pagedkv.disagg.prefill_client import PrefillClient
 
 log = logging.getLogger("pagedkv.disagg")
@@ -64,6 +65,29 @@ class _PDCollector(Collector):
         )
         yield CounterMetricFamily("pagedkv_pd_prefill_prompt_tokens",
                                   "prompt tokens the prefill instance computed", value=p.prompt_tokens)  # fmt: skip
+        local = CounterMetricFamily("pagedkv_pd_local_prefills",
+                                    "requests whose prompt was computed here instead of by the "
+                                    "prefill instance, by reason", labels=["reason"])  # fmt: skip
+        for reason, count in sorted(p.local_prefills.items()):
+            local.add_metric([reason], count)
+        yield local
+        b = p.breaker.counts()
+        state = GaugeMetricFamily("pagedkv_pd_prefill_breaker_state",
+                                  "the prefill client's circuit breaker: 1 for its state",
+                                  labels=["state"])  # fmt: skip
+        for name in STATES:
+            state.add_metric([name], 1.0 if b.state == name else 0.0)
+        yield state
+        yield CounterMetricFamily("pagedkv_pd_prefill_breaker_opens",
+                                  "times the breaker opened (prefill calls stopped)", value=b.num_opens)  # fmt: skip
+        yield CounterMetricFamily("pagedkv_pd_prefill_breaker_probes",
+                                  "calls let through to probe an open breaker's peer",
+                                  value=b.num_probes)  # fmt: skip
+        yield CounterMetricFamily("pagedkv_pd_prefill_breaker_short_circuits",
+                                  "requests not sent to the prefill instance (breaker open)",
+                                  value=b.num_short_circuits)  # fmt: skip
+        yield GaugeMetricFamily("pagedkv_pd_prefill_breaker_backoff_seconds",
+                                "the breaker's current (or next) open period", value=b.backoff_s)  # fmt: skip
         imp = self._front.importer
         if imp is not None:
             yield CounterMetricFamily("pagedkv_pd_relayout_blocks",
