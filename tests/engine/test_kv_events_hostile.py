@@ -68,19 +68,27 @@ def _run(engine: LLMEngine, prompts) -> None:
             assert out.error is None
 
 
-def _assert_synced(engine: LLMEngine, feed: IndexFeed) -> None:
+def _holds(feed: IndexFeed) -> set[bytes]:
+    with feed._lock:
+        return feed._index.holds(REPLICA)
+
+
+def _assert_synced(engine: LLMEngine, feed: IndexFeed, client: redis.Redis) -> None:
     """Publish what the engine owes (a snapshot it was asked for: the engine is idle, so the
-    test drains as the server's idle loop would), then wait for the router's index."""
+    test drains as the server's idle loop would), wait until the reader has read the stream's
+    newest entry, then compare the router's index with the engine's cache."""
     kv = engine.parts.kv_events
     assert kv.publisher.flush(5)
     while kv.publisher.snapshot_wanted():
         kv.after_step()
         assert kv.publisher.flush(5)
-    (device,) = [hashes for medium, hashes in held_hashes(engine.allocator)]
-    with contextlib.suppress(AssertionError):  # the assertion below says what differs
-        _wait(lambda: feed.match(device) == ({REPLICA: len(device)} if device else {}))
-    with feed._lock:
-        assert feed._index.holds(REPLICA) == set(device)
+    (newest,) = [entry_id.decode() for entry_id, _ in client.xrevrange(kv.stream, count=1)]
+    (device,) = [set(hashes) for medium, hashes in held_hashes(engine.allocator)]
+    reader = feed.reader(REPLICA)
+    with contextlib.suppress(AssertionError):  # the assertions below say what differs
+        _wait(lambda: reader.last_id == newest and _holds(feed) == device)
+    assert reader.last_id == newest
+    assert _holds(feed) == device
     assert device  # the cache holds something, and the router knows exactly that
 
 
@@ -95,19 +103,19 @@ def test_the_stream_survives_a_third_party(tiny, redis_server):
     third_party = redis.Redis.from_url(redis_server.url)
     try:
         _run(engine, PROMPTS[:3])
-        _assert_synced(engine, feed)
+        _assert_synced(engine, feed, third_party)
         for text in BAD:  # each bad entry, then the engine's next batches
             third_party.xadd(kv.stream, {"batch": text})
             _run(engine, PROMPTS[3:5])
-            _assert_synced(engine, feed)
+            _assert_synced(engine, feed, third_party)
         assert reader.num_malformed == len(BAD) and reader._thread.is_alive()
         third_party.xadd(kv.stream, {"batch": "x"}, id=MAX_ID)
         _wait(lambda: reader.last_id == MAX_ID)  # read (and skipped) before the reset
         _run(engine, PROMPTS[5:])  # its XADDs are refused: the stream is reset
-        _assert_synced(engine, feed)  # the snapshot, read from the new stream's start
+        _assert_synced(engine, feed, third_party)  # the snapshot, read from the new stream's start
         assert kv.publisher.counts.stream_resets == 1 and reader.num_resets == 1
         _run(engine, PROMPTS[:2])  # and deltas flow again
-        _assert_synced(engine, feed)
+        _assert_synced(engine, feed, third_party)
         assert kv.publisher.counts.stream_resets == 1
     finally:
         third_party.close()

@@ -34,7 +34,7 @@ def _stored(**fields) -> str:
 
 # what a third party XADDs -> the kind the reader counts it as
 BAD_ENTRIES: list[tuple[dict, str]] = [
-    ({"batch": _stored(block_size=1).replace('"block_size": 1,', '"block_size": 1e400,')},
+    ({"batch": _stored(block_size=1).replace('"block_size": 1', '"block_size": 1e400')},
      "not_json"),
     ({"batch": "[" * 100_000 + "]" * 100_000}, "too_deep"),
     ({"batch": _stored(block_hashes=["0a"] * 300_000)}, "too_many_hashes"),
@@ -45,6 +45,7 @@ BAD_ENTRIES: list[tuple[dict, str]] = [
     ({"batch": b"\xff\xfe\x00"}, "not_json"),
     ({"other": "field"}, "no_batch_field"),
 ]  # fmt: skip
+assert "1e400" in BAD_ENTRIES[0][0]["batch"]
 
 
 @pytest.fixture
