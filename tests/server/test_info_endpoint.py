@@ -63,6 +63,7 @@ def test_info_names_the_event_stream_and_metrics_count(tiny_loaded, tmp_path):
         assert published >= 2  # the opening AllBlocksCleared, then the prompt's two blocks
         assert _value(text, "pagedkv_kv_event_batches_total") >= 2
         assert _value(text, "pagedkv_kv_events_dropped_total") == 0
+        assert _value(text, "pagedkv_kv_event_stream_resets_total") == 0  # nobody spoiled it
     finally:
         redis.stop()
 

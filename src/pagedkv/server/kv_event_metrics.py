@@ -20,6 +20,9 @@ _COUNTERS = (
      "publish_errors"),
     ("kv_event_snapshots", "snapshot batches published (after an outage, or periodically)",
      "snapshots_published"),
+    ("kv_event_stream_resets", "times the stream was deleted and started again with a snapshot "
+     "because Redis refused appends to it for good (another writer spoiled it)",
+     "stream_resets"),
 )  # fmt: skip
 
 
