@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 
+import anyio
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -22,14 +23,14 @@ from starlette.types import Receive, Scope, Send
 from pagedkv.model.tokenizer import Tokenizer
 from pagedkv.router.config import RouterConfig
 from pagedkv.router.edge import Edge, RoutedKind
-from pagedkv.router.forward import Forwarder, ReplicaTimeout, StreamRelay
+from pagedkv.router.forward import AnswerTooLarge, Forwarder, Opened, ReplicaTimeout, StreamRelay
 from pagedkv.router.handshake import ReplicaInfo
 from pagedkv.router.health import HealthMonitor
 from pagedkv.router.metrics import NO_REPLICA, RouterMetrics
 from pagedkv.router.replicas import Chooser, IndexFeed, ReplicaState
 from pagedkv.server import protocol as p
 from pagedkv.server.errors import APIError, install_error_handlers
-from pagedkv.server.http_edge import CONTENT_TYPE, BearerAuth, read_body
+from pagedkv.server.http_edge import CLIENT_CLOSED_REQUEST, CONTENT_TYPE, BearerAuth, read_body
 from pagedkv.server.tokenize_routes import TokenizerFacts, install_tokenizer_routes
 
 
@@ -48,7 +49,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                               kv_events_url=cfg.kv_events_url,
                               read_events=st.chooser.policy.uses_prefix_index)  # fmt: skip
     st.forwarder = Forwarder(st.chooser, st.metrics, st.client, st.health.take_out,
-                             api_key=cfg.api_key, request_timeout_s=cfg.request_timeout_s)  # fmt: skip
+                             api_key=cfg.api_key, request_timeout_s=cfg.request_timeout_s,
+                             max_event_bytes=cfg.max_event_bytes,
+                             max_answer_bytes=cfg.max_answer_bytes)  # fmt: skip
     for r in st.replicas:
         st.health.follow_events(r)
     task = asyncio.create_task(st.health.run())
@@ -137,8 +140,8 @@ async def _route(request: Request, kind: RoutedKind, path: str) -> Response:
         req = st.edge.parse(body, kind)
         key = await asyncio.to_thread(st.edge.route_key, req)
         metrics.observe_edge(time.perf_counter() - started_s)
-        opened = await st.forwarder.open(path, body, key)
-    except ReplicaTimeout as exc:
+        opened = await _unless_client_leaves(request, st.forwarder.open(path, body, key))
+    except (ReplicaTimeout, AnswerTooLarge) as exc:
         metrics.count_request(exc.replica, "failed")
         raise
     except APIError as exc:
@@ -151,6 +154,9 @@ async def _route(request: Request, kind: RoutedKind, path: str) -> Response:
     except Exception:  # a bug: the client gets serve's 500, the request is still counted
         metrics.count_request(NO_REPLICA, "failed")
         raise
+    if opened is None:
+        metrics.count_request(NO_REPLICA, "aborted")
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
     replica = opened.replica
     if opened.chunks is None:  # a whole answer (or a replica's error status)
         replica.in_flight -= 1
@@ -170,9 +176,36 @@ async def _route(request: Request, kind: RoutedKind, path: str) -> Response:
     return _RelayResponse(relay.events(), on_close, opened.headers())
 
 
+async def _unless_client_leaves(request: Request, opening: Awaitable[Opened]) -> Opened | None:
+    """What ``opening`` returns or raises, or None when the client disconnects first: then
+    ``opening`` is cancelled, which closes the replica's response (the replica aborts the
+    request) and releases its in-flight count, before this returns."""
+    work = asyncio.ensure_future(opening)
+    gone = asyncio.ensure_future(_disconnected(request.receive))
+    try:
+        done, _ = await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+        if gone in done and gone.exception() is not None:  # no word of the client: wait on
+            await asyncio.wait((work,))
+    finally:
+        gone.cancel()
+        if not work.done():  # the client left first (or the router is stopping)
+            work.cancel()
+    if not work.done():
+        await asyncio.wait((work,))  # its clean-up: the replica's answer closed
+    return None if work.cancelled() else work.result()  # the answer wins a tie
+
+
+async def _disconnected(receive: Receive) -> None:
+    """Returns once the client has gone (the body was read already: nothing else arrives)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
 class _RelayResponse(StreamingResponse):
     """A relayed stream that runs ``on_close`` however it ends: finished, cut, cancelled by
-    the client leaving, or never started."""
+    the client leaving, or never started. It watches for the client leaving itself: under
+    ASGI spec 2.4 Starlette stops doing so, and uvicorn's ``send`` to a gone client just
+    returns, so a relay would read its replica until the replica stops."""
 
     def __init__(self, events: AsyncIterator[bytes], on_close: Callable[[], Awaitable[None]],
                  headers: dict[str, str]) -> None:  # fmt: skip
@@ -182,6 +215,14 @@ class _RelayResponse(StreamingResponse):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            await super().__call__(scope, receive, send)
+            async with anyio.create_task_group() as group:
+
+                async def until_gone() -> None:
+                    await _disconnected(receive)
+                    group.cancel_scope.cancel()  # closes the relay: the replica's answer too
+
+                group.start_soon(until_gone)
+                await super().__call__(scope, receive, send)
+                group.cancel_scope.cancel()
         finally:
             await self._on_close()

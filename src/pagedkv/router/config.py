@@ -13,6 +13,11 @@ DEFAULT_PORT = 8080
 DEFAULT_HEALTH_INTERVAL_S = 1.0
 DEFAULT_REQUEST_TIMEOUT_S = 600.0
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
+# Caps on what the router holds of one replica's answer (docs/routing.md): one server-sent event
+# (a token's chunk is ~100 bytes; with top_logprobs 20, a few KiB) and one non-streaming body
+# (n x max_tokens with logprobs can be large; past this, stream it).
+DEFAULT_MAX_EVENT_BYTES = 8 << 20
+DEFAULT_MAX_ANSWER_BYTES = 64 << 20
 
 
 def normalize_replica_url(url: str) -> str:
@@ -38,6 +43,8 @@ class RouterConfig:
     ``/pagedkv/info`` says). ``model``: the tokenizer's model path (None: the embedded model).
     ``api_key``: what clients must send, and what the router sends to the replicas.
     ``wait_s``: how long start-up waits for every replica to answer ``/pagedkv/info``.
+    ``max_event_bytes`` / ``max_answer_bytes``: the most the router holds of one event of a
+    replica's stream / of one non-streaming answer (past it: an error event / a 502).
     Invalid values raise ``UsageError`` naming the flag."""
 
     replica_urls: tuple[str, ...]
@@ -54,6 +61,8 @@ class RouterConfig:
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
     wait_s: float = 0.0
     log_level: str = "info"
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
+    max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES
 
     def __post_init__(self) -> None:
         if not self.replica_urls:
@@ -78,6 +87,10 @@ class RouterConfig:
                 raise UsageError(f"{flag} must be > 0 seconds, got {value}", flag[2:])
         if not self.wait_s >= 0:
             raise UsageError(f"--wait must be >= 0 seconds, got {self.wait_s}", "wait")
+        for name, cap in (("max_event_bytes", self.max_event_bytes),
+                          ("max_answer_bytes", self.max_answer_bytes)):  # fmt: skip
+            if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1024:
+                raise UsageError(f"{name} must be an integer >= 1024, got {cap!r}", name)
 
     def make_policy(self):
         """A fresh routing policy (``pagedkv.routing``), as configured."""

@@ -13,6 +13,13 @@ Failure rules (docs/routing.md):
 * a stream whose replica dies after events went out: an OpenAI-style error event
   (``code: "replica_failed"``) and ``data: [DONE]`` end the stream, so a client never mistakes
   a cut for a finished answer. Only whole events are relayed: a half-received one is dropped.
+* an answer over the router's caps (``RouterConfig.max_answer_bytes`` for a body,
+  ``max_event_bytes`` for one event; ``router/bounded.py``): before anything was sent, a 502
+  ``replica_answer_too_large``; in a stream, the error event above with that code. The replica
+  connection is closed; the replica is not taken out (it answered; the answer was too big).
+* the client leaving: the replica's response is closed at once (``StreamRelay.events`` when
+  its generator is closed or cancelled; ``app._route`` while the answer is awaited), so the
+  replica sees its client gone and aborts the request.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from pagedkv.router.bounded import EventTooLarge, SSESplitter, read_at_most, read_head
+from pagedkv.router.config import DEFAULT_MAX_ANSWER_BYTES, DEFAULT_MAX_EVENT_BYTES
 from pagedkv.router.edge import RouteKey
 from pagedkv.router.metrics import RouterMetrics
 from pagedkv.router.replicas import Chooser, ReplicaState
@@ -32,6 +41,8 @@ DONE_EVENT = b"data: [DONE]\n\n"
 _ERROR_EVENT_START = b'data: {"error"'
 # Response headers passed through from the replica (the rest are the router's own).
 _PASSED_HEADERS = ("content-type", "cache-control")
+# How much of a replica's 503 body its failure message quotes (the rest is not read).
+_QUOTED_BYTES = 200
 
 
 class ReplicaFailed(Exception):
@@ -45,16 +56,16 @@ class ReplicaTimeout(APIError):
         self.replica = replica
 
 
-class SSESplitter:
-    """Bytes in, whole server-sent events out (each ends with a blank line)."""
+class AnswerTooLarge(APIError):
+    """A replica's answer over a cap of the router, refused before anything reached the
+    client: a 502 naming the cap."""
 
-    def __init__(self) -> None:
-        self._pending = b""
+    CODE = "replica_answer_too_large"
 
-    def feed(self, chunk: bytes) -> list[bytes]:
-        data = self._pending + chunk
-        *events, self._pending = data.split(b"\n\n")
-        return [e + b"\n\n" for e in events]
+    def __init__(self, replica: str, what: str) -> None:
+        super().__init__(f"the replica {replica} sent {what}, more than the router relays; "
+                         "the answer is dropped", 502, code=self.CODE)  # fmt: skip
+        self.replica = replica
 
 
 @dataclass
@@ -83,10 +94,14 @@ class Forwarder:
 
     def __init__(self, chooser: Chooser, metrics: RouterMetrics, client: httpx.AsyncClient,
                  take_out: Callable[[ReplicaState, str], None], *, api_key: str | None,
-                 request_timeout_s: float) -> None:  # fmt: skip
+                 request_timeout_s: float, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+                 max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES) -> None:  # fmt: skip
         self.chooser, self.metrics, self.client, self.take_out = chooser, metrics, client, take_out
         self.request_timeout_s = request_timeout_s
-        self._headers = {"Content-Type": "application/json"}
+        self.max_event_bytes, self.max_answer_bytes = max_event_bytes, max_answer_bytes
+        # identity: the caps count the bytes that arrive (no decompression bomb behind them),
+        # and a stream's raw bytes are its events.
+        self._headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
 
@@ -127,17 +142,25 @@ class Forwarder:
         try:
             resp = await self.client.send(request, stream=True)
             if resp.status_code == 503:  # the replica's engine is gone (or shutting down)
-                text = (await resp.aread()).decode(errors="replace")[:200]
+                text = (await read_head(resp, _QUOTED_BYTES)).decode(errors="replace")
                 raise ReplicaFailed(f"answered 503: {text}")
             opened = Opened(replica, decision, resp)
             if not (stream and resp.status_code == 200):
-                opened.body = await resp.aread()
+                answer = await read_at_most(resp, self.max_answer_bytes)
+                if answer is None:
+                    raise AnswerTooLarge(replica.url, f"an answer of more than "
+                                         f"{self.max_answer_bytes} bytes")  # fmt: skip
+                opened.body = answer
                 await resp.aclose()
                 return opened
-            opened.chunks, opened.splitter = resp.aiter_raw(), SSESplitter()
+            opened.chunks = resp.aiter_raw()
+            opened.splitter = SSESplitter(self.max_event_bytes)
             while not opened.first:
                 opened.first = opened.splitter.feed(await anext(opened.chunks))
             return opened
+        except EventTooLarge as exc:
+            await _close(resp)
+            raise AnswerTooLarge(replica.url, str(exc)) from None
         except StopAsyncIteration:
             await _close(resp)
             raise ReplicaFailed("closed the stream before its first event") from None
@@ -165,42 +188,55 @@ async def _close(resp: httpx.Response | None) -> None:
 
 class StreamRelay:
     """Relays an opened stream to the client, whole events only. ``outcome`` is what it
-    reached (``aborted`` until it ends); ``cut`` says why a replica's stream broke."""
+    reached (``aborted`` until it ends); ``cut`` says why a replica's stream broke (the caller
+    takes the replica out), ``too_large`` why its answer was refused (it stays in). However
+    the generator ends -- finished, cut, refused, closed or cancelled because the client
+    left -- the replica's response is closed before it returns: nothing more is read."""
 
     def __init__(self, opened: Opened, request_timeout_s: float) -> None:
         self.opened, self.request_timeout_s = opened, request_timeout_s
         self.outcome = "aborted"
         self.cut: str | None = None
+        self.too_large: str | None = None
 
     async def events(self) -> AsyncIterator[bytes]:
         o = self.opened
         assert o.chunks is not None and o.splitter is not None
-        done = failed = False
+        failed = False
         try:
-            pending = list(o.first)
-            while True:
+            pending, done = list(o.first), False
+            while not done:
                 for event in pending:
-                    done = done or event == DONE_EVENT
                     failed = failed or event.startswith(_ERROR_EVENT_START)
                     yield event
-                if done:
-                    break
-                try:
-                    pending = o.splitter.feed(await anext(o.chunks))
-                except StopAsyncIteration:
-                    raise ReplicaFailed("closed the stream before data: [DONE]") from None
+                    if done := event == DONE_EVENT:
+                        break  # nothing after it is relayed
+                else:
+                    try:
+                        pending = o.splitter.feed(await anext(o.chunks))
+                    except StopAsyncIteration:
+                        raise ReplicaFailed("closed the stream before data: [DONE]") from None
+        except EventTooLarge as exc:
+            self.too_large = str(exc)
         except httpx.TimeoutException:
             self.cut = f"no event within {self.request_timeout_s:g} s (--request-timeout)"
         except (httpx.HTTPError, ReplicaFailed) as exc:
             self.cut = f"{type(exc).__name__}: {exc}"
-        if self.cut is not None:
-            self.outcome = "failed"
-            message = (f"the replica {o.replica.url} serving this stream failed after part of "
-                       f"the answer was sent ({self.cut}); the answer is incomplete")  # fmt: skip
-            error = APIError(message, 503, code="replica_failed")
-            yield b"data: " + _json(error.body()) + b"\n\n" + DONE_EVENT
+        finally:  # also when the client left: the generator is closed or cancelled here
+            await o.response.aclose()
+        if self.cut is None and self.too_large is None:
+            self.outcome = "failed" if failed else "finished"
             return
-        self.outcome = "failed" if failed else "finished"
+        self.outcome = "failed"
+        if self.cut is not None:
+            error = APIError(f"the replica {o.replica.url} serving this stream failed after "
+                             f"part of the answer was sent ({self.cut}); the answer is "
+                             "incomplete", 503, code="replica_failed")  # fmt: skip
+        else:
+            error = APIError(f"the replica {o.replica.url} sent {self.too_large}, more than "
+                             "the router relays; the answer is incomplete", 502,
+                             code=AnswerTooLarge.CODE)  # fmt: skip
+        yield b"data: " + _json(error.body()) + b"\n\n" + DONE_EVENT
 
 
 def _json(body: dict) -> bytes:

@@ -24,7 +24,9 @@ _TYPES = {
     405: "invalid_request_error",
     413: "invalid_request_error",
     500: "server_error",
+    502: "server_error",
     503: "server_error",
+    504: "server_error",
 }
 
 

@@ -13,6 +13,8 @@ from pagedkv.server.errors import APIError
 
 MAX_BODY_BYTES = 8 << 20
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # Prometheus text format 0.0.4
+# Sent instead of a response to a client that already left (nginx's convention).
+CLIENT_CLOSED_REQUEST = 499
 # Probes answer without the key: a load balancer or Prometheus must not need it.
 OPEN_PATHS = frozenset({"/health", "/metrics"})
 

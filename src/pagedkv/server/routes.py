@@ -20,15 +20,12 @@ from starlette.types import Receive, Scope, Send
 from pagedkv.server import protocol as p
 from pagedkv.server.echo import Echo
 from pagedkv.server.errors import APIError, from_validation
-from pagedkv.server.http_edge import CONTENT_TYPE, read_body
+from pagedkv.server.http_edge import CLIENT_CLOSED_REQUEST, CONTENT_TYPE, read_body
 from pagedkv.server.render import ResponseHeader, StreamRenderer, full_response
 from pagedkv.server.request_params import engine_inputs
 from pagedkv.server.request_run import ClientGone, RequestRun
 from pagedkv.server.unknown_fields import ignored_header, sort_extra_fields
 
-# Sent instead of a response to a client that already left (nginx's convention).
-CLIENT_CLOSED_REQUEST = 499
-# Far above any prompt that fits a context of 128k tokens as JSON (token ids or text).
 v1 = APIRouter(prefix="/v1")
 
 
