@@ -4,7 +4,8 @@ This module translates; it decides no rule the engine owns. Sampling values are 
 ``SamplingParams``, prompts against the vocabulary, the context and the KV pool by
 ``engine.check_request``; their ``UsageError`` becomes a 400 whose ``param`` is the request's
 field. What is left here is the HTTP edge's own: OpenAI fields we do not implement, the chat
-template, and the cap on prompts x ``n`` of one request.
+template, the cap on prompts x ``n`` of one request, and a text too long to tokenize
+(``prompt_limits``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pagedkv.errors import UsageError
 from pagedkv.model.tokenizer import Tokenizer
 from pagedkv.server.echo import NO_ECHO, Echo
 from pagedkv.server.errors import APIError, from_usage
+from pagedkv.server.prompt_limits import check_prompt_chars
 from pagedkv.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 from pagedkv.server.structured_params import structured_output
 from pagedkv.server.tools import ToolUse, tool_messages, tool_use
@@ -104,6 +106,7 @@ def engine_inputs(
     """Tokenize and judge a request; raise ``APIError`` naming the field. Slow for long
     prompts (tokenizing, scanning ids): call it off the event loop."""
     check_unsupported(req)
+    check_prompt_chars(req, tokenizer, engine.info.max_model_len)  # before any tokenizing
     use, calls_grammar = tool_use(req) if isinstance(req, ChatCompletionRequest) else (None, None)
     if isinstance(req, ChatCompletionRequest):
         prompts = [chat_prompt(req.messages, tokenizer, True, use)]
