@@ -24,6 +24,7 @@ Exit status 1 when a check fails. Results: ``--out`` (JSON, with the machine's l
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import signal
 import tempfile
@@ -37,48 +38,67 @@ import httpx
 from common import finish_meta, machine_line, machine_meta, write_json
 from soak_cluster import REPLICAS, Cluster
 
-PREFIXES = [f"topic {k}: " + " ".join(f"w{k}{i}" for i in range(40)) for k in range(8)]
+PREFIXES = [f"topic {k}: " + " ".join(f"w{k}{i}" for i in range(24)) for k in range(8)]
+MODEL = ["?"]  # the served model's name, read from the router's /v1/models at start
 FAULTS = ("stop_replica", "kill_replica", "kill_redis", "stop_prefill", "kill_prefill")
 
 
-def one_request(client: httpx.Client, url: str, rng: random.Random) -> str:
-    """Send one request; its outcome: answered, refused, abandoned or lost."""
+def one_request(
+    client: httpx.Client, url: str, rng: random.Random, reasons: Counter | None = None
+) -> str:
+    """Send one request; its outcome: answered, refused, abandoned or lost (a refusal's error
+    code, or a loss's cause, is counted in ``reasons``)."""
+    reasons = Counter() if reasons is None else reasons
     prompt = rng.choice(PREFIXES) + " " + " ".join(str(rng.randrange(999)) for _ in range(8))
-    body = {"model": "m", "prompt": prompt, "max_tokens": rng.randrange(4, 24),
+    body = {"model": MODEL[0], "prompt": prompt, "max_tokens": rng.randrange(4, 24),
             "temperature": 0, "stream": rng.random() < 0.5}  # fmt: skip
     try:
         if not body["stream"]:
             resp = client.post(f"{url}/v1/completions", json=body)
             if resp.status_code == 200:
                 return "answered" if resp.json().get("choices") else "lost"
-            return "refused" if "error" in resp.json() else "lost"
+            return _refused(resp.status_code, resp.json(), reasons)
         leave_after = rng.randrange(1, 4) if rng.random() < 0.2 else None
         with client.stream("POST", f"{url}/v1/completions", json=body) as resp:
             if resp.status_code != 200:
                 resp.read()
-                return "refused" if "error" in resp.json() else "lost"
+                return _refused(resp.status_code, resp.json(), reasons)
             events = 0
             for line in resp.iter_lines():
                 if not line.startswith("data: "):
                     continue
                 if line == "data: [DONE]":
                     return "answered"
-                if '"error"' in line:
-                    return "refused"  # the stream ends with an error event: clean
+                if '"error"' in line:  # the stream ends with an error event: clean
+                    reasons[f"stream {json.loads(line[6:])['error'].get('code')}"] += 1
+                    return "refused"
                 events += 1
                 if leave_after is not None and events >= leave_after:
                     return "abandoned"
-            return "lost"  # cut without [DONE] or an error event
-    except (httpx.HTTPError, ValueError):
+            reasons["lost: stream cut without [DONE] or an error event"] += 1
+            return "lost"
+    except (httpx.HTTPError, ValueError) as exc:
+        reasons[f"lost: {type(exc).__name__}"] += 1
         return "lost"
 
 
-def clients(url: str, num_clients: int, seed: int, stop: threading.Event, out: Counter) -> list:
+def _refused(status: int, body: object, reasons: Counter) -> str:
+    """A clean refusal is an HTTP error with an OpenAI-style JSON error body."""
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        reasons[f"{status} {body['error'].get('code') or body['error'].get('type')}"] += 1
+        return "refused"
+    reasons[f"lost: {status} without a JSON error"] += 1
+    return "lost"
+
+
+def clients(
+    url: str, num_clients: int, seed: int, stop: threading.Event, out: Counter, reasons: Counter
+) -> list:
     def loop(i: int) -> None:
         rng = random.Random(seed * 1000 + i)
         with httpx.Client(timeout=90.0) as client:
             while not stop.is_set():
-                outcome = one_request(client, url, rng)
+                outcome = one_request(client, url, rng, reasons)
                 out[outcome] += 1  # Counter += is one bytecode op per key under the GIL: fine
 
     threads = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(num_clients)]
@@ -164,9 +184,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="pagedkv-soak-") as tmp:
         cluster = Cluster(Path(tmp)).start()
         try:
-            outcomes, faults, rss = Counter(), Counter(), []
+            models = httpx.get(f"{cluster.router.url}/v1/models", timeout=30).json()
+            MODEL[0] = models["data"][0]["id"]
+            outcomes, faults, reasons, rss = Counter(), Counter(), Counter(), []
             stop = threading.Event()
-            threads = clients(cluster.router.url, args.clients, args.seed, stop, outcomes)
+            threads = clients(cluster.router.url, args.clients, args.seed, stop, outcomes, reasons)
             threads.append(threading.Thread(target=chaos, daemon=True,
                                             args=(cluster, args.fault_every, args.seed, stop,
                                                   faults)))  # fmt: skip
@@ -187,7 +209,8 @@ def main() -> int:
             cluster.stop()
     sent = sum(outcomes.values())
     result = {"meta": finish_meta(meta), "sent": sent, **{k: outcomes.get(k, 0) for k in
-              ("answered", "refused", "abandoned", "lost")}, "faults": dict(faults),
+              ("answered", "refused", "abandoned", "lost")}, "reasons": dict(reasons),
+              "faults": dict(faults),
               "router_rss_mib": {"start": rss[0] / 2**20, "end": rss[-1] / 2**20,
                                  "max": max(rss) / 2**20}, **checks}  # fmt: skip
     write_json(args.out, result)

@@ -38,7 +38,7 @@ def build_tiny_model(folder: Path) -> Path:
     from tests.model.tiny import make_tiny_model
 
     if not (folder / "config.json").exists():
-        make_tiny_model("llama", folder)
+        make_tiny_model("llama", folder, context_len=1024)  # room for a prompt and its answer
     return folder
 
 
