@@ -2,7 +2,8 @@
 router's retry, stream-error and 503 logic without engines. A fake replica answers
 ``/pagedkv/info``, ``/health``, ``/metrics`` and both generation routes; ``mode`` makes it
 fail: ``down`` (connection refused), ``reset`` (closes before answering), ``503``, ``cut``
-(a stream breaks after ``CUT_AFTER_EVENTS`` events), ``slow`` (a second between events)."""
+(a stream breaks after ``CUT_AFTER_EVENTS`` events), ``slow`` (a second between events),
+``timeout`` (every generation request times out, as on a SIGSTOPped replica)."""
 
 from __future__ import annotations
 
@@ -57,6 +58,8 @@ class FakeReplica:
         self.bodies.append(body)
         if self.mode == "reset":
             raise httpx.RemoteProtocolError("Server disconnected", request=request)
+        if self.mode == "timeout":  # a stopped process: the read times out (no real waiting)
+            raise httpx.ReadTimeout("timed out", request=request)
         if self.mode == "503":
             err = {"error": {"message": "the engine is not running", "type": "server_error"}}
             return httpx.Response(503, json=err)

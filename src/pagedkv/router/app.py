@@ -78,7 +78,7 @@ def create_router_app(
     app = FastAPI(title="pagedkv route", lifespan=_lifespan, docs_url=None, redoc_url=None)
     st = app.state
     st.config, st.transport, st.started_s = config, transport, int(time.time())
-    st.replicas = [ReplicaState(i.url, i) for i in infos]
+    st.replicas = [ReplicaState(i.url, i, breaker=config.make_breaker()) for i in infos]
     st.feed = IndexFeed(reader_factory)
     st.chooser = Chooser(st.replicas, config.make_policy(), st.feed)
     st.metrics = RouterMetrics(st.replicas, st.feed, config.policy)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pagedkv.breaker import CircuitBreaker
 from pagedkv.errors import UsageError
 from pagedkv.kvstore.address import parse_store_url
 from pagedkv.routing import ROUTING_POLICIES, build_policy
@@ -63,6 +64,15 @@ class RouterConfig:
     log_level: str = "info"
     max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
     max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES
+    # Per replica (``breaker.py``): this many consecutive failures or timeouts before answering
+    # stop the router sending to it for ``breaker_backoff_s`` (doubling per failed probe).
+    breaker_failures: int = 3
+    breaker_backoff_s: float = 5.0
+
+    def make_breaker(self) -> CircuitBreaker:
+        """A fresh breaker for one replica (max back-off: 12 x the first)."""
+        return CircuitBreaker(self.breaker_failures, self.breaker_backoff_s,
+                              12 * self.breaker_backoff_s)  # fmt: skip
 
     def __post_init__(self) -> None:
         if not self.replica_urls:
@@ -91,6 +101,8 @@ class RouterConfig:
                           ("max_answer_bytes", self.max_answer_bytes)):  # fmt: skip
             if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1024:
                 raise UsageError(f"{name} must be an integer >= 1024, got {cap!r}", name)
+
+        self.make_breaker()  # its own checks name the bad value
 
     def make_policy(self):
         """A fresh routing policy (``pagedkv.routing``), as configured."""

@@ -17,6 +17,10 @@ Failure rules (docs/routing.md):
   ``max_event_bytes`` for one event; ``router/bounded.py``): before anything was sent, a 502
   ``replica_answer_too_large``; in a stream, the error event above with that code. The replica
   connection is closed; the replica is not taken out (it answered; the answer was too big).
+* a replica whose circuit breaker is open (``RouterConfig.breaker_failures`` consecutive
+  failures or timeouts before answering; ``breaker.py``) is skipped as if tried, until its
+  back-off has passed and one probe request answers; a 504 therefore costs at most that many
+  requests their full ``--request-timeout`` before the router stops sending there.
 * the client leaving: the replica's response is closed at once (``StreamRelay.events`` when
   its generator is closed or cancelled; ``app._route`` while the answer is awaited), so the
   replica sees its client gone and aborts the request.
@@ -118,21 +122,39 @@ class Forwarder:
                 raise APIError("no healthy replica: every replica is down or refused (see the "
                                "router's /metrics)", 503, code="no_replica")  # fmt: skip
             replica, decision = pick
+            if not replica.breaker.allow():  # open: skipped, like a replica that failed
+                tried.add(replica.url)
+                failures.append(f"{replica.url} (circuit open: failed "
+                                f"{replica.breaker.failure_threshold} times in a row)")  # fmt: skip
+                continue
             if failed_url is not None:
                 self.metrics.count_retry(failed_url)
             self.metrics.count_decision(decision, len(key.block_hashes))
             tried.add(replica.url)
             replica.in_flight += 1
             try:
-                return await self._send(replica, decision, path, body, key.stream)
+                opened = await self._send(replica, decision, path, body, key.stream)
             except ReplicaFailed as exc:
                 replica.in_flight -= 1
+                replica.breaker.record_failure()
                 self.take_out(replica, str(exc))
                 failures.append(f"{replica.url} ({exc})")
                 failed_url = replica.url
-            except BaseException:
+                continue
+            except ReplicaTimeout:
                 replica.in_flight -= 1
+                replica.breaker.record_failure()
                 raise
+            except AnswerTooLarge:  # it answered: healthy, the answer was too big
+                replica.in_flight -= 1
+                replica.breaker.record_success()
+                raise
+            except BaseException:  # cancelled (the client left): no verdict on the replica
+                replica.in_flight -= 1
+                replica.breaker.release()
+                raise
+            replica.breaker.record_success()
+            return opened
 
     async def _send(self, replica: ReplicaState, decision: RouteDecision, path: str,
                     body: bytes, stream: bool) -> Opened:  # fmt: skip

@@ -36,6 +36,8 @@ class _ReplicaCollector(Collector):
             "replica_load": "the load the policy sees: max(scraped in flight + queued, own)",
             "replica_index_blocks": "blocks the prefix index says the replica's cache holds",
             "kv_events_connected": "1 while the replica's KV event stream is being read",
+            "replica_breaker_open": "1 while the replica's circuit breaker is open or half open "
+            "(skipped until a probe answers)",
         }
         fams = {k: GaugeMetricFamily(f"{P}_{k}", h, labels=["replica"]) for k, h in gauges.items()}
         batches = CounterMetricFamily(f"{P}_kv_event_batches", "KV event batches applied",
@@ -50,6 +52,9 @@ class _ReplicaCollector(Collector):
                                       "and read again from its start",
             "index_evicted_blocks": "prefix index entries of the replica dropped by the "
                                     "index's memory bound (largest replica first)",
+            "replica_breaker_opens": "times the replica's circuit breaker opened",
+            "replica_breaker_short_circuits": "requests that skipped the replica because its "
+                                              "circuit breaker was open",
         }  # fmt: skip
         more = {k: CounterMetricFamily(f"{P}_{k}", h, labels=["replica"])
                 for k, h in counters.items()}  # fmt: skip
@@ -66,6 +71,10 @@ class _ReplicaCollector(Collector):
             more["kv_event_malformed"].add_metric([r.url], getattr(reader, "num_malformed", 0))
             more["kv_event_stream_resets"].add_metric([r.url], getattr(reader, "num_resets", 0))
             more["index_evicted_blocks"].add_metric([r.url], self._feed.num_evicted(r.url))
+            breaker = r.breaker.counts()
+            fams["replica_breaker_open"].add_metric([r.url], float(r.breaker.state != "closed"))
+            more["replica_breaker_opens"].add_metric([r.url], breaker.num_opens)
+            more["replica_breaker_short_circuits"].add_metric([r.url], breaker.num_short_circuits)
         yield from fams.values()
         yield batches
         yield restarts

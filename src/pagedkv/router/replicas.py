@@ -10,8 +10,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from pagedkv.breaker import CircuitBreaker
 from pagedkv.kvcache.events import KVEventBatch
 from pagedkv.kvcache.hashing import BlockHash
 from pagedkv.router.handshake import ReplicaInfo
@@ -35,6 +36,10 @@ class ReplicaState:
     scraped_requests: int = 0
     in_flight: int = 0
     num_restarts: int = 0  # times it came back with a new instance id
+    # Consecutive failures or timeouts before answering open it: the replica is skipped (not
+    # taken out: a SIGSTOPped replica still passes nothing, a slow one may pass health checks)
+    # until a probe answers. ``app`` gives each replica the configured one.
+    breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
 
     @property
     def load(self) -> int:
