@@ -102,6 +102,26 @@ def root_hash(extra: HashExtraKeys, hash_fn: HashFn = _sha256) -> BlockHash:
     return hash_fn(seed)
 
 
+class RootHashes:
+    """``root_hash`` by extra keys, cached: one hash per tenant salt and LoRA id, recomputed
+    only after the cache (bounded: a server with per-user salts meets many) was cleared."""
+
+    def __init__(self, hash_fn: HashFn = _sha256, max_entries: int = 4096) -> None:
+        self._hash_fn, self._max_entries = hash_fn, max_entries
+        self._roots: dict[HashExtraKeys, BlockHash] = {}
+
+    def __len__(self) -> int:
+        return len(self._roots)
+
+    def __call__(self, extra: HashExtraKeys) -> BlockHash:
+        root = self._roots.get(extra)
+        if root is None:
+            if len(self._roots) >= self._max_entries:
+                self._roots.clear()
+            root = self._roots[extra] = root_hash(extra, self._hash_fn)
+        return root
+
+
 def mm_span_bytes(spans: tuple[MMSpan, ...], start: int, end: int) -> bytes:
     """The spans overlapping token positions ``[start, end)``, as bytes (empty if none)."""
     parts = [

@@ -4,8 +4,8 @@ Any block size >= 1. Full blocks are registered in the pool's hash index when th
 sequence reuses the longest chain of cached full blocks (never its last token, so that logits
 exist). Freed full blocks keep their hash and are evicted lazily: a new block is an empty one
 while any is left, else the least recently freed cached one (see ``block_pool.py``). With
-lower tiers (``set_tiers``, ``tiers/contract.py``) a match continues where the device chain breaks, and
-evicted blocks are offered to the host tier.
+lower tiers (``set_tiers``, ``kvcache/tiers/``) a match continues where the device chain
+breaks, and evicted blocks are offered to the host tier.
 """
 
 from __future__ import annotations
@@ -19,16 +19,13 @@ from pagedkv.kvcache.hashing import (
     DEFAULT_HASH_ALGORITHM,
     BlockHash,
     HashExtraKeys,
+    RootHashes,
     get_hash_fn,
     hash_blocks,
-    root_hash,
 )
 from pagedkv.kvcache.protocol import KVCacheStats, SeqLike
 from pagedkv.kvcache.tiers.chain import TierChain
 from pagedkv.kvcache.tiers.contract import NO_TIER_ORDERS, KVTier, TierOrders
-
-# Root hashes are a cache (one sha256 to recompute); a server with per-user salts meets many.
-_MAX_CACHED_ROOTS = 4096
 
 
 class PagedAllocator(BlockTableAllocator):
@@ -45,7 +42,7 @@ class PagedAllocator(BlockTableAllocator):
         super().__init__(block_size)
         self.prefix_caching = prefix_caching
         self._hash_fn = get_hash_fn(hash_algorithm)
-        self._roots: dict[HashExtraKeys, BlockHash] = {}
+        self._roots = RootHashes(self._hash_fn)  # the parent hash of block 0, per tenant
         # The hashes computed by the last match_prefix, reused by the admission right after it.
         self._last_match: tuple[int, int, HashExtraKeys, list[BlockHash]] | None = None
         self.tiers: TierChain | None = None  # lower tiers (``kvcache/tiers/``); None = none
@@ -58,7 +55,8 @@ class PagedAllocator(BlockTableAllocator):
             raise ValueError("lower KV tiers need prefix caching (they are keyed by block hash)")
         self.tiers = TierChain(tiers)
         self.pool.on_evict = self.tiers.evicted
-        self._enable_tier_events()
+        if self.events is not None:
+            self.tiers.enable_events(self.events, self._block_size)
 
     def drain_tier_orders(self) -> TierOrders:
         return self.tiers.drain() if self.tiers is not None else NO_TIER_ORDERS
@@ -70,17 +68,8 @@ class PagedAllocator(BlockTableAllocator):
         log.cleared()
         for h in self.pool.index:  # a snapshot: one run per block, parents unknown
             log.stored([h], None, self._block_size)
-        self._enable_tier_events()
-
-    def _enable_tier_events(self) -> None:
-        """Lower tiers that keep their own blocks (the host tier) report them too; a shared
-        store is no replica's cache and reports nothing."""
-        log = self.events
-        if log is None:
-            return
-        for tier in self.lower_tiers():
-            if tier.event_medium is not None:
-                tier.enable_events(log, self._block_size)
+        if self.tiers is not None:
+            self.tiers.enable_events(log, self._block_size)
 
     def lower_tiers(self) -> tuple[KVTier, ...]:
         return self.tiers.tiers if self.tiers is not None else ()
@@ -110,14 +99,6 @@ class PagedAllocator(BlockTableAllocator):
 
     # -- prefix cache ----------------------------------------------------------------------
 
-    def _root(self, extra: HashExtraKeys) -> BlockHash:
-        root = self._roots.get(extra)
-        if root is None:
-            if len(self._roots) >= _MAX_CACHED_ROOTS:  # one per tenant salt: keep it bounded
-                self._roots.clear()
-            root = self._roots[extra] = root_hash(extra, self._hash_fn)
-        return root
-
     def _prompt_hashes(self, seq: SeqLike) -> list[BlockHash]:
         """Chain hashes of every full block of ``seq.token_ids`` (cached for one sequence)."""
         n = len(seq.token_ids)
@@ -126,7 +107,7 @@ class PagedAllocator(BlockTableAllocator):
         if last is not None and last[0] == seq.seq_id and last[1] == n and last[2] == extra:
             return last[3]
         hashes = hash_blocks(
-            seq.token_ids, self._block_size, self._root(extra), extra=extra, hash_fn=self._hash_fn
+            seq.token_ids, self._block_size, self._roots(extra), extra=extra, hash_fn=self._hash_fn
         )
         self._last_match = (seq.seq_id, n, extra, hashes)
         return hashes
@@ -239,7 +220,7 @@ class PagedAllocator(BlockTableAllocator):
         if known is not None and len(known) >= num_full:
             new = known[first:num_full]
         else:
-            parent = st.block_hashes[-1] if st.block_hashes else self._root(seq.extra_keys)
+            parent = st.block_hashes[-1] if st.block_hashes else self._roots(seq.extra_keys)
             new = hash_blocks(
                 seq.token_ids,
                 self._block_size,

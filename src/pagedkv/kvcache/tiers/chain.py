@@ -12,6 +12,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import replace
 
+from pagedkv.kvcache.events import KVEventLog
 from pagedkv.kvcache.hashing import BlockHash
 from pagedkv.kvcache.protocol import KVCacheStats
 from pagedkv.kvcache.tiers.contract import TIER_DEVICE, BlockLoad, KVTier, TierOrders
@@ -38,6 +39,13 @@ class TierChain:
         self._loads: list[BlockLoad] = []
         self._saves: list[tuple[int, BlockHash]] = []
         self._failed: set[str] = set()  # tiers whose match raised (logged once each)
+
+    def enable_events(self, log: KVEventLog, block_size: int) -> None:
+        """Tiers that keep their own blocks (the host tier) report them to ``log`` too; a
+        shared store is no replica's cache and reports nothing."""
+        for tier in self.tiers:
+            if tier.event_medium is not None:
+                tier.enable_events(log, block_size)
 
     def match(self, seq_id: int, num_tokens: int, first: int, rest: Sequence[BlockHash]) -> int:
         """Blocks of ``rest`` (the chain from block ``first`` on, where the device stopped)
