@@ -112,17 +112,25 @@ def chaos(cluster: Cluster, every_s: float, seed: int, stop: threading.Event, fa
     while not stop.wait(every_s):
         kind = rng.choice(FAULTS)
         faults[kind] += 1
-        if kind == "stop_replica" or kind == "stop_prefill":
-            proc = cluster.procs["prefill" if kind == "stop_prefill" else rng.choice(REPLICAS)]
-            proc.signal(signal.SIGSTOP)
-            stop.wait(rng.uniform(2.0, 6.0))
-            proc.signal(signal.SIGCONT)
-        elif kind == "kill_replica":
-            cluster.restart(rng.choice(REPLICAS))
-        elif kind == "kill_prefill":
-            cluster.restart("prefill")
-        else:
-            cluster.restart("redis")
+        try:
+            _inject(cluster, kind, rng, stop)
+        except Exception as exc:  # noqa: BLE001 - a fault that cannot be undone is a finding
+            faults[f"{kind} failed: {exc}"[:200]] += 1
+
+
+def _inject(cluster: Cluster, kind: str, rng: random.Random, stop: threading.Event) -> None:
+    """One fault of ``kind``; a stopped process is continued, a killed one restarted."""
+    if kind == "stop_replica" or kind == "stop_prefill":
+        proc = cluster.procs["prefill" if kind == "stop_prefill" else rng.choice(REPLICAS)]
+        proc.signal(signal.SIGSTOP)
+        stop.wait(rng.uniform(2.0, 6.0))
+        proc.signal(signal.SIGCONT)
+    elif kind == "kill_replica":
+        cluster.restart(rng.choice(REPLICAS))
+    elif kind == "kill_prefill":
+        cluster.restart("prefill")
+    else:
+        cluster.restart("redis")
 
 
 def metric(url: str, name: str) -> dict[str, float]:

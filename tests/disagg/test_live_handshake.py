@@ -115,3 +115,29 @@ def test_pair_up_asks_the_live_instance_with_our_key():
         pair_up(cfg, ours, "m", lambda url: client, api_key="k", live_info=live_info)
     assert asked == [(URL, "k")]
     assert record_key("g", "decode") not in client.data  # refused before publishing ours
+
+
+def test_a_decode_pairs_with_the_live_instance_when_the_store_lost_the_record():
+    """Redis restarted (emptied) since the prefill instance published: the decode instance
+    restarting now pairs with what the live instance says, and publishes its own record."""
+    client = DictClient()  # no prefill record in it
+
+    def live_info(url, api_key, wait_s):
+        return LiveInfo(url, "m", FMT.to_dict())
+
+    cfg = PDConfig(role="decode", kv_store="redis://x", prefill_url=URL, group="g")
+    theirs = pair_up(cfg, FMT, "m", lambda url: client, live_info=live_info)
+    assert theirs is not None and theirs.role == "prefill" and theirs.page_format == FMT
+    assert record_key("g", "decode") in client.data
+
+
+def test_without_a_record_a_live_mismatch_is_still_refused():
+    client = DictClient()
+
+    def live_info(url, api_key, wait_s):
+        return LiveInfo(url, "m", FMT.to_dict())  # runs 16
+
+    cfg = PDConfig(role="decode", kv_store="redis://x", prefill_url=URL, group="g")
+    ours = rec("decode", block_size=32).page_format
+    with pytest.raises(UsageError, match="block_size 32 \\(decode\\) vs 16 \\(prefill\\)"):
+        pair_up(cfg, ours, "m", lambda url: client, live_info=live_info)

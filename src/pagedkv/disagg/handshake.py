@@ -173,6 +173,23 @@ class Handshake:
             raise UsageError(f"cannot publish the page format to {self._url}: {exc}",
                              "kv_store") from None  # fmt: skip
 
+    def read(self, role: str) -> PeerRecord | None:
+        """The ``role`` instance's record now, or None when there is none (a Redis restarted
+        since it was published); ``UsageError`` when the store cannot be read or the record is
+        not one (the store's data is untrusted)."""
+        key = record_key(self._group, role)
+        try:
+            raw = self._client.get(key)
+        except Exception as exc:  # noqa: BLE001 - any client error means: no store
+            raise UsageError(f"cannot read the {role} instance's page format from "
+                             f"{self._url}: {exc}", "kv_store") from None  # fmt: skip
+        if raw is None:
+            return None
+        try:
+            return PeerRecord.from_json(raw)
+        except ValueError as exc:
+            raise UsageError(f"{key} in {self._url}: {exc}", "kv_store") from None
+
     def wait_for(self, role: str, wait_s: float,
                  clock: Callable[[], float] = time.monotonic) -> PeerRecord:  # fmt: skip
         """The ``role`` instance's record; UsageError if none appears within ``wait_s``."""

@@ -2,20 +2,25 @@
 
 Called by ``pagedkv serve`` once the engine is built (the page format depends on the resolved
 block size). The prefill side publishes and is ready. The decode side waits for the prefill
-side's record in the store, asks the prefill instance at ``--prefill-url`` what it runs *now*
-(``GET /pagedkv/info``: a record can be stale), and raises ``UsageError`` (exit 2, one line
-naming both sides' values) when it cannot read the live instance's pages or when the record
-disagrees with it; then it publishes its own record.
+instance at ``--prefill-url`` to say what it runs *now* (``GET /pagedkv/info``: the truth),
+reads the prefill side's record in the store (a record can be stale; it can also be gone: a
+Redis restarted since holds none, and then the live answer stands in for it), and raises
+``UsageError`` (exit 2, one line naming both sides' values) when it cannot read the live
+instance's pages or when the record disagrees with it; then it publishes its own record.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
 from pagedkv.disagg.config import PDConfig
 from pagedkv.disagg.handshake import Handshake, PeerRecord, check_live, own_record
 from pagedkv.disagg.prefill_info import LiveInfo, wait_for_info
 from pagedkv.pages.page_format import PageFormat
+
+log = logging.getLogger("pagedkv.disagg")
 
 # Short: a store that does not answer within this is down, and a pair cannot start without it.
 STORE_TIMEOUT_S = 2.0
@@ -45,9 +50,15 @@ def pair_up(
     if cfg.role == "prefill":
         handshake.publish(ours)
         return None
-    theirs = handshake.wait_for("prefill", cfg.peer_wait_s)
     assert cfg.prefill_url is not None
-    live = live_info(cfg.prefill_url, api_key, cfg.peer_wait_s)
+    live = live_info(cfg.prefill_url, api_key, cfg.peer_wait_s)  # the truth (waits for it)
+    theirs = handshake.read("prefill")
+    if theirs is None:  # the store lost it (Redis restarted, emptied): the live answer serves
+        log.warning("P/D group %r: no prefill record in %s; pairing with what %s says it runs",
+                    cfg.group, cfg.kv_store, live.url)  # fmt: skip
+        theirs = PeerRecord("prefill", live.model_identity or "",
+                            PageFormat.from_dict(dict(live.page_format)), 0,
+                            urlsplit(live.url).hostname or "")  # fmt: skip
     check_live(ours, theirs, (live.model_identity, live.page_format), cfg.kv_import, cfg.group)
     handshake.publish(ours)
     return theirs
