@@ -56,6 +56,21 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
+def _refused_decode(folder, store_url: str, prefill_port: int, *flags: str) -> str:
+    """Start a decode instance paired with the prefill instance on ``prefill_port``; it must
+    exit 2 with one ``error:`` line, which is returned."""
+    decode = _serve(folder, free_port(), "--role", "decode", "--kv-store", store_url,
+                    "--prefill-url", f"http://127.0.0.1:{prefill_port}", *flags)  # fmt: skip
+    try:
+        _, err = decode.communicate(timeout=START_TIMEOUT_S)
+    finally:
+        _stop(decode)
+    assert decode.returncode == 2, err
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert len(errors) == 1, err
+    return errors[0]
+
+
 def _metric(text: str, name: str, label: str) -> float:
     for line in text.splitlines():
         if line.startswith(name) and label in line:
@@ -109,16 +124,8 @@ def test_a_decode_instance_with_another_block_size_refuses_to_start(tiny_folder,
     prefill = _serve(tiny_folder, p_port, "--role", "prefill", "--kv-store", redis.url)
     try:
         _wait_healthy(prefill, p_port)
-        decode = _serve(tiny_folder, free_port(), "--role", "decode", "--kv-store", redis.url,
-                        "--prefill-url", f"http://127.0.0.1:{p_port}", "--block-size", "32")  # fmt: skip
-        try:
-            _, err = decode.communicate(timeout=START_TIMEOUT_S)
-        finally:
-            _stop(decode)
-        assert decode.returncode == 2, err
-        errors = [line for line in err.splitlines() if "error:" in line]
-        assert len(errors) == 1, err
-        assert "block_size 32 (decode) vs 16 (prefill)" in errors[0]
+        error = _refused_decode(tiny_folder, redis.url, p_port, "--block-size", "32")
+        assert "block_size 32 (decode) vs 16 (prefill)" in error
     finally:
         _stop(prefill)
 

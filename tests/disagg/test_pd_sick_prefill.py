@@ -15,7 +15,13 @@ import httpx
 import pytest
 
 from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
-from tests.disagg.test_pd_pair import START_TIMEOUT_S, _metric, _serve, _stop, _wait_healthy
+from tests.disagg.test_pd_pair import (
+    _metric,
+    _refused_decode,
+    _serve,
+    _stop,
+    _wait_healthy,
+)
 from tests.kvstore.redis_server import free_port
 
 N_FAILURES = 2  # --prefill-breaker-failures
@@ -114,17 +120,9 @@ def test_a_stale_handshake_record_is_refused_at_start_up(tiny_folder, redis):
         assert record["page_format"]["block_size"] == 16
         record["page_format"]["block_size"] = 32
         store.set(key, json.dumps(record))
-        decode = _serve(tiny_folder, free_port(), "--role", "decode", "--kv-store", redis.url,
-                        "--prefill-url", f"http://127.0.0.1:{p_port}", "--block-size", "32")  # fmt: skip
-        try:
-            _, err = decode.communicate(timeout=START_TIMEOUT_S)
-        finally:
-            _stop(decode)
-        assert decode.returncode == 2, err
-        errors = [line for line in err.splitlines() if "error:" in line]
-        assert len(errors) == 1, err
-        assert "block_size 32 (decode) vs 16 (prefill)" in errors[0]
-        assert f"{key} is stale (block_size 32 (store record) vs 16 (prefill))" in errors[0]
+        error = _refused_decode(tiny_folder, redis.url, p_port, "--block-size", "32")
+        assert "block_size 32 (decode) vs 16 (prefill)" in error
+        assert f"{key} is stale (block_size 32 (store record) vs 16 (prefill))" in error
     finally:
         _stop(prefill)
 

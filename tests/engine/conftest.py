@@ -26,3 +26,24 @@ def assert_no_leaks(engine: LLMEngine) -> None:
     stats = engine.allocator.stats()
     assert stats.num_used_blocks == 0 and stats.num_seqs == 0, stats
     assert not engine.scheduler.has_unfinished()
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    """``(config, model, tokenizer)`` of a tiny random Llama (``tests/model/tiny.py``)."""
+    from pagedkv.model import load_model
+    from tests.model.tiny import make_tiny_model
+
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    make_tiny_model("llama", folder)
+    return load_model(folder, progress=False)
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    """A real redis-server on a free loopback port, killed by its PID afterwards."""
+    from tests.kvstore.redis_server import RedisServer
+
+    server = RedisServer(tmp_path).start()
+    yield server
+    server.stop()

@@ -1,4 +1,4 @@
-"""KV events of a real engine (tiny model), published to a real redis-server and read back with
+"""KV events of a real engine (a tiny model), published to a real redis-server and read back with
 the router's ``KVEventReader``: after every step the replayed set equals what the allocator
 holds; greedy tokens do not change; a Redis outage costs events, never a request, and the
 snapshot after it makes the reader right again."""
@@ -20,7 +20,6 @@ from pagedkv.engine.startup import build_parts
 from pagedkv.kvcache.events import MEDIUM_DEVICE, MEDIUM_HOST, KVEventBatch, replay
 from pagedkv.kvstore import redis_policy
 from pagedkv.router.event_reader import KVEventReader
-from tests.kvstore.redis_server import RedisServer
 
 # The shared Redis policy with a short back-off, so that a test sees a recovery within 0.2 s.
 FAST_RETRY = redis_policy.RedisPolicy(first_backoff_s=0.1, max_backoff_s=0.2)
@@ -29,23 +28,6 @@ SYSTEM = [(5 * i + 11) % 240 + 10 for i in range(40)]  # a shared prefix of 2.5 
 PROMPTS = [SYSTEM + [(i * 13 + j) % 240 + 10 for j in range(6 + 3 * i)] for i in range(6)]
 PROMPTS += [[(i * 31 + j * 7) % 240 + 10 for j in range(50)] for i in range(3)]  # no sharing
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from pagedkv.model import load_model
-    from tests.model.tiny import make_tiny_model
-
-    folder = tmp_path_factory.mktemp("tiny-events")
-    make_tiny_model("llama", folder)
-    return load_model(folder, progress=False)
-
-
-@pytest.fixture
-def redis_server(tmp_path):
-    server = RedisServer(tmp_path).start()
-    yield server
-    server.stop()
 
 
 class View:
@@ -59,12 +41,12 @@ class View:
             replay(batch.events, held, medium)
 
 
-def _engine(tiny, **overrides) -> LLMEngine:
+def _engine(tiny_llama, **overrides) -> LLMEngine:
     # 12 blocks of 16 tokens: the prompts below evict each other's cached blocks.
     overrides = {"log_startup": False, "max_model_len": 128, "kv_cache_memory_bytes": 12 * 8192,
                  "max_num_seqs": 2, **overrides}  # fmt: skip
     config = EngineConfig(**overrides)
-    return LLMEngine(config, parts=build_parts(config, tiny))
+    return LLMEngine(config, parts=build_parts(config, tiny_llama))
 
 
 def _wait(predicate, timeout_s: float = 10.0) -> None:
@@ -115,9 +97,9 @@ def _run(engine: LLMEngine, prompts, check=None) -> list[list[int]]:
     ],
     ids=["paged16", "radix4", "paged16+host"],
 )
-def test_replayed_stream_equals_the_cache_after_every_step(tiny, redis_server, overrides):
-    reference = _run(_engine(tiny, **overrides), PROMPTS)  # events off
-    engine = _engine(tiny, kv_events_url=redis_server.url, **overrides)
+def test_replayed_stream_equals_the_cache_after_every_step(tiny_llama, redis_server, overrides):
+    reference = _run(_engine(tiny_llama, **overrides), PROMPTS)  # events off
+    engine = _engine(tiny_llama, kv_events_url=redis_server.url, **overrides)
     view = View()
     reader = KVEventReader.from_info(
         {"url": redis_server.url, "stream": engine.parts.kv_events.stream}, view, block_ms=20
@@ -136,9 +118,9 @@ def test_replayed_stream_equals_the_cache_after_every_step(tiny, redis_server, o
         engine.parts.kv_events.close()
 
 
-def test_redis_outage_costs_events_not_requests(tiny, redis_server, monkeypatch, caplog):
+def test_redis_outage_costs_events_not_requests(tiny_llama, redis_server, monkeypatch, caplog):
     monkeypatch.setattr(redis_policy, "REDIS_POLICY", FAST_RETRY)
-    engine = _engine(tiny, kv_events_url=redis_server.url)
+    engine = _engine(tiny_llama, kv_events_url=redis_server.url)
     view = View()
     reader = KVEventReader(redis_server.url, engine.parts.kv_events.stream, view, block_ms=20)
     reader.start()
@@ -165,9 +147,9 @@ def test_redis_outage_costs_events_not_requests(tiny, redis_server, monkeypatch,
         engine.parts.kv_events.close()
 
 
-def test_a_hung_redis_never_slows_a_step(tiny, redis_server, monkeypatch):
+def test_a_hung_redis_never_slows_a_step(tiny_llama, redis_server, monkeypatch):
     monkeypatch.setattr(redis_policy, "REDIS_POLICY", FAST_RETRY)
-    engine = _engine(tiny, kv_events_url=redis_server.url)
+    engine = _engine(tiny_llama, kv_events_url=redis_server.url)
     publisher = engine.parts.kv_events.publisher
     assert publisher.flush(5)
     os.kill(redis_server.proc.pid, signal.SIGSTOP)  # accepts connections, answers nothing
@@ -207,14 +189,14 @@ def test_a_hung_redis_never_slows_a_step(tiny, redis_server, monkeypatch):
         engine.parts.kv_events.close()
 
 
-def test_an_idle_server_publishes_the_snapshot_it_owes(tiny, redis_server, monkeypatch):
+def test_an_idle_server_publishes_the_snapshot_it_owes(tiny_llama, redis_server, monkeypatch):
     """Redis comes back while no request is running: the server's idle loop, not the next
     request, sends the snapshot that makes a router's view right again."""
     from pagedkv.server import engine_loop
 
     monkeypatch.setattr(redis_policy, "REDIS_POLICY", FAST_RETRY)
     monkeypatch.setattr(engine_loop, "IDLE_WAKE_S", 0.05)
-    engine = _engine(tiny, kv_events_url=redis_server.url)
+    engine = _engine(tiny_llama, kv_events_url=redis_server.url)
     publisher = engine.parts.kv_events.publisher
     _run(engine, PROMPTS[:3])
     redis_server.stop()

@@ -11,7 +11,6 @@ import contextlib
 import json
 import time
 
-import pytest
 import redis
 
 from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
@@ -19,7 +18,6 @@ from pagedkv.engine.kv.events import held_hashes
 from pagedkv.engine.startup import build_parts
 from pagedkv.router.event_reader import KVEventReader
 from pagedkv.router.replicas import IndexFeed
-from tests.kvstore.redis_server import RedisServer
 
 MAX_ID = "18446744073709551615-18446744073709551615"
 GREEDY = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
@@ -34,23 +32,6 @@ BAD = [
     "not json",
 ]
 REPLICA = "http://replica:1"
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from pagedkv.model import load_model
-    from tests.model.tiny import make_tiny_model
-
-    folder = tmp_path_factory.mktemp("tiny-hostile-events")
-    make_tiny_model("llama", folder)
-    return load_model(folder, progress=False)
-
-
-@pytest.fixture
-def redis_server(tmp_path):
-    server = RedisServer(tmp_path).start()
-    yield server
-    server.stop()
 
 
 def _wait(predicate, timeout_s: float = 20.0) -> None:
@@ -92,10 +73,10 @@ def _assert_synced(engine: LLMEngine, feed: IndexFeed, client: redis.Redis) -> N
     assert device  # the cache holds something, and the router knows exactly that
 
 
-def test_the_stream_survives_a_third_party(tiny, redis_server):
+def test_the_stream_survives_a_third_party(tiny_llama, redis_server):
     config = EngineConfig(log_startup=False, max_model_len=128, kv_cache_memory_bytes=12 * 8192,
                           max_num_seqs=2, kv_events_url=redis_server.url)  # fmt: skip
-    engine = LLMEngine(config, parts=build_parts(config, tiny))
+    engine = LLMEngine(config, parts=build_parts(config, tiny_llama))
     kv = engine.parts.kv_events
     feed = IndexFeed(lambda url, stream, cb: KVEventReader(url, stream, cb, block_ms=20))
     feed.follow(REPLICA, redis_server.url, kv.stream)
