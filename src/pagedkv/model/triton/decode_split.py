@@ -1,0 +1,236 @@
+"""Split-K ("flash-decoding") paged decode: the context of each sequence is cut into
+``num_splits`` ranges of blocks, one program per (sequence, KV head, split) computes a partial
+softmax-attention over its range, and a reduction kernel combines the partials.
+
+Why: decode has one query token per sequence, so the one-pass kernel launches only
+``num_seqs * num_kv_heads`` programs. A small batch with long contexts leaves most SMs idle
+while a few programs walk thousands of blocks; splitting the context multiplies the programs.
+
+Combining (log-sum-exp): split i stores its normalised output o_i and lse_i = log2(sum of its
+exp2 scores) (base 2, as the kernels' scores). With M = max_i lse_i and w_i = 2^(lse_i - M),
+the full output is sum_i w_i o_i / sum_i w_i; subtracting M keeps every 2^x <= 1. A split that
+gets no block stores lse = -inf and o = 0, so its weight is 0; a padding row (context 0) has
+only such splits and its output is 0.
+
+``decode_splits`` is the rule choosing ``num_splits`` (pure integer math, no torch).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from pagedkv.model.triton.decode import (
+    LOG2_E,
+    attend_blocks,
+    dot_precision,
+    group_rows,
+    num_warps_for,
+    upcast_dots,
+)
+
+PROGRAMS_PER_SM = 2  # below this many resident programs per SM, memory latency goes unhidden
+MIN_BLOCKS_PER_SPLIT = 4  # a shorter split costs more in its partial's write and reduce
+MAX_SPLITS = 64  # the reduction holds [splits, D] partials in one tile
+
+
+def decode_splits(
+    num_seqs: int, num_kv_heads: int, max_context_len: int, block_size: int, num_sms: int
+) -> int:
+    """How many splits a decode step should use (1 = the one-pass kernel).
+
+    Split only when the one-pass grid, ``num_seqs * num_kv_heads`` programs, would leave the SMs
+    under-filled (fewer than ``PROGRAMS_PER_SM`` programs per SM) and the longest context is
+    long enough: then choose the splits so that programs * splits ~= PROGRAMS_PER_SM * num_sms
+    (rounded down, never more programs than that), capped so that each split of the longest
+    context still spans ``MIN_BLOCKS_PER_SPLIT`` blocks, and at ``MAX_SPLITS``. Splitting
+    costs a second launch and a write + read of fp32 partials, which only pays when programs
+    would otherwise idle and each split has enough blocks to amortise its partial.
+
+    E.g. 1 sequence x 8 KV heads, 4096 tokens in blocks of 16 (256 blocks), 132 SMs:
+    264 // 8 = 33 splits, 256 // 4 = 64 allow it: 33.
+    """
+    programs = num_seqs * num_kv_heads
+    target_programs = PROGRAMS_PER_SM * num_sms
+    if programs <= 0 or programs >= target_programs or block_size <= 0:
+        return 1
+    num_blocks = -(-max_context_len // block_size)
+    splits = min(target_programs // programs, num_blocks // MIN_BLOCKS_PER_SPLIT, MAX_SPLITS)
+    return max(1, splits)
+
+
+@triton.jit
+def _split_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    bt_ptr,
+    cl_ptr,
+    part_out_ptr,  # [S, Hq, num_splits, D] fp32, contiguous
+    part_lse_ptr,  # [S, Hq, num_splits] fp32, contiguous
+    qk_scale,
+    num_splits,
+    stride_qs,
+    stride_qh,
+    stride_kb,
+    stride_kt,
+    stride_kh,
+    stride_vb,
+    stride_vt,
+    stride_vh,
+    stride_bts,
+    G: tl.constexpr,
+    G_PAD: tl.constexpr,
+    B: tl.constexpr,
+    D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST_DOTS: tl.constexpr,
+):
+    seq = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    context_len = tl.load(cl_ptr + seq)
+    # Each sequence's blocks are shared out evenly among the splits, so a split's length
+    # follows its own sequence, not the batch's longest; trailing splits may get none.
+    num_blocks = tl.cdiv(context_len, B)
+    blocks_per_split = tl.cdiv(num_blocks, num_splits)
+    block_start = split * blocks_per_split
+    block_end = tl.minimum(block_start + blocks_per_split, num_blocks)
+    rows = tl.arange(0, G_PAD)
+    offs_d = tl.arange(0, D)
+    row_ok = rows < G
+    heads = kv_head * G + rows
+    q = tl.load(
+        q_ptr + seq * stride_qs + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=row_ok[:, None],
+        other=0.0,
+    ).to(k_ptr.dtype.element_ty)
+    if UPCAST_DOTS:
+        q = q.to(tl.float32)
+    acc, row_max, row_sum = attend_blocks(
+        q,
+        k_ptr + kv_head * stride_kh,
+        v_ptr + kv_head * stride_vh,
+        bt_ptr + seq * stride_bts,
+        context_len,
+        block_start,
+        block_end,
+        qk_scale,
+        stride_kb,
+        stride_kt,
+        stride_vb,
+        stride_vt,
+        G_PAD,
+        B,
+        D,
+        DOT_PRECISION,
+        UPCAST_DOTS,
+    )
+    has_blocks = row_sum > 0
+    part_out = acc / tl.where(has_blocks, row_sum, 1.0)[:, None]
+    lse = tl.where(has_blocks, row_max + tl.log2(tl.where(has_blocks, row_sum, 1.0)), float("-inf"))
+    # Row (seq, head, split) of the partials: ((seq * Hq + head) * num_splits + split).
+    part_row = (seq * (tl.num_programs(1) * G) + heads) * num_splits + split
+    tl.store(part_lse_ptr + part_row, lse, mask=row_ok)
+    tl.store(part_out_ptr + part_row[:, None] * D + offs_d[None, :], part_out, mask=row_ok[:, None])
+
+
+@triton.jit
+def _reduce_kernel(
+    part_out_ptr,
+    part_lse_ptr,
+    out_ptr,
+    num_splits,
+    stride_os,
+    stride_oh,
+    SPLITS_PAD: tl.constexpr,
+    D: tl.constexpr,
+):
+    seq = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    offs_split = tl.arange(0, SPLITS_PAD)
+    offs_d = tl.arange(0, D)
+    split_ok = offs_split < num_splits
+    first_row = (seq * tl.num_programs(1) + head) * num_splits
+    lse = tl.load(part_lse_ptr + first_row + offs_split, mask=split_ok, other=float("-inf"))
+    part = tl.load(
+        part_out_ptr + (first_row + offs_split)[:, None] * D + offs_d[None, :],
+        mask=split_ok[:, None],
+        other=0.0,
+    )
+    top = tl.max(lse, 0)
+    # All splits empty (context 0): top is -inf; use 0 so every weight is 2^-inf = 0.
+    top = tl.where(top == float("-inf"), 0.0, top)
+    weights = tl.exp2(lse - top)
+    total = tl.sum(weights, 0)
+    out = tl.sum(weights[:, None] * part, 0) / tl.where(total > 0, total, 1.0)
+    tl.store(
+        out_ptr + seq * stride_os + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty)
+    )
+
+
+def launch_split(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    num_splits: int,
+    out: torch.Tensor,
+) -> None:
+    """Writes the split-K decode attention into ``out`` [S, Hq, D]. Called by
+    decode.paged_decode after its checks (same contracts); callers use paged_decode.
+
+    The fp32 partials (S * Hq * num_splits * (D + 1) floats) are allocated per call: the torch
+    caching allocator makes that cheap, and under CUDA-graph capture they come from the graph's
+    own pool, so replays reuse them.
+    """
+    num_seqs, num_q_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    num_splits = min(num_splits, MAX_SPLITS)
+    group_size = num_q_heads // num_kv_heads
+    part_out = torch.empty(
+        (num_seqs, num_q_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
+    )
+    part_lse = torch.empty(
+        (num_seqs, num_q_heads, num_splits), dtype=torch.float32, device=q.device
+    )
+    _split_kernel[(num_seqs, num_kv_heads, num_splits)](
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        context_lens,
+        part_out,
+        part_lse,
+        scale * LOG2_E,
+        num_splits,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        block_tables.stride(0),
+        G=group_size,
+        G_PAD=group_rows(group_size),
+        B=block_size,
+        D=head_dim,
+        DOT_PRECISION=dot_precision(k_cache.dtype),
+        UPCAST_DOTS=upcast_dots(k_cache.dtype),
+        num_warps=num_warps_for(block_size, head_dim),
+    )
+    _reduce_kernel[(num_seqs, num_q_heads)](
+        part_out,
+        part_lse,
+        out,
+        num_splits,
+        out.stride(0),
+        out.stride(1),
+        SPLITS_PAD=triton.next_power_of_2(num_splits),
+        D=head_dim,
+    )
