@@ -1,0 +1,217 @@
+"""Paged prefill attention: a batch of query chunks of any lengths against the KV pool.
+
+Every sequence of the batch brings ``q_len`` new tokens (a whole prompt, a chunk on top of a
+cached prefix, or a single decode row); their K/V are already in the pool. New token ``i`` sits
+at position ``context_len - q_len + i`` and attends keys ``0..position`` (causal, aligned to the
+bottom right), so a prefix hit or an earlier chunk is read straight through the block table:
+nothing is gathered into a contiguous copy.
+
+Grid: one program per (query tile, query head). A tile is ``block_m`` consecutive new tokens of
+one sequence (``prefill_tiles`` lists them on the host, so tiles never straddle two sequences).
+Why per query head and not per KV head with the GQA group folded into rows: the tile's rows are
+then always exactly ``block_m`` (no padding of odd groups such as 3 up to a power of two), and
+the group's programs read the same K/V blocks close together in time, so the repeat loads are
+served from L2. A program walks the sequence's keys through the block table only up to the last
+position its last row may see; blocks beyond it are never loaded.
+
+The keys come in K/V tiles of ``BLOCK_N`` rows: the whole block when a [B, D] tile is small
+enough (``key_tile``), else a power-of-two part of it, so that a large block (up to 256) with a
+large head dim still fits a program's shared memory with the loads pipelined.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from pagedkv.pages.triton_rules import PREFILL
+
+RULE = PREFILL  # block size and head dim: powers of two in [16, 256]
+LOG2E = 1.4426950408889634  # softmax in base 2: exp(x) == exp2(x * log2(e))
+# Bytes of one K (or V) tile: K and V of ~3 pipelined iterations stay near 96 KiB of an SM's
+# 228 KiB of shared memory.
+KEY_TILE_BYTES = 16 * 1024
+
+
+def prefill_tiles(query_start_loc: list[int], block_m: int) -> list[tuple[int, int]]:
+    """(sequence index, first query row of the tile within that sequence) for every
+    ``block_m``-row tile of queries, sequence by sequence: pure Python, host side (the caller
+    makes an int32 [num_tiles, 2] tensor of it). A sequence with no new token has no tile."""
+    tiles = []
+    for seq in range(len(query_start_loc) - 1):
+        q_len = query_start_loc[seq + 1] - query_start_loc[seq]
+        tiles.extend((seq, row) for row in range(0, q_len, block_m))
+    return tiles
+
+
+def key_tile(block_size: int, head_dim: int, element_bytes: int) -> int:
+    """Keys per K/V tile: the whole block when it fits ``KEY_TILE_BYTES``, else the largest
+    power of two that does, never under 16 (tl.dot's smallest tile). Divides the block size,
+    since both are powers of two."""
+    tile = block_size
+    while tile > 16 and tile * head_dim * element_bytes > KEY_TILE_BYTES:
+        tile //= 2
+    return tile
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    out_ptr,
+    block_tables_ptr,
+    context_lens_ptr,
+    query_start_loc_ptr,
+    tiles_ptr,
+    scale_log2,  # softmax scale times log2(e)
+    stride_qt,
+    stride_qh,
+    stride_kn,
+    stride_kb,
+    stride_kh,
+    stride_vn,
+    stride_vb,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    stride_table,
+    GROUP: tl.constexpr,  # query heads per KV head
+    BLOCK_M: tl.constexpr,  # query rows per tile
+    BLOCK_SIZE: tl.constexpr,  # tokens per KV block
+    BLOCK_N: tl.constexpr,  # keys per K/V tile: BLOCK_SIZE or a power-of-two part of it
+    HEAD_DIM: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 (TF32 breaks greedy equality)
+):
+    tile = tl.program_id(0)
+    head = tl.program_id(1)
+    kv_head = head // GROUP
+    seq = tl.load(tiles_ptr + tile * 2)
+    first_row = tl.load(tiles_ptr + tile * 2 + 1)
+    q_start = tl.load(query_start_loc_ptr + seq).to(tl.int64)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - tl.load(query_start_loc_ptr + seq)
+    context_len = tl.load(context_lens_ptr + seq)
+    past_len = context_len - q_len  # keys before the first new token (cached prefix)
+
+    rows = first_row + tl.arange(0, BLOCK_M)
+    row_ok = rows < q_len
+    positions = past_len + rows  # each row's own position: the last key it sees
+    dims = tl.arange(0, HEAD_DIM)
+    offs_in_tile = tl.arange(0, BLOCK_N)
+
+    q_offs = (q_start + rows.to(tl.int64))[:, None] * stride_qt + head * stride_qh + dims[None, :]
+    q = tl.load(q_ptr + q_offs, mask=row_ok[:, None], other=0.0)
+    q = q.to(k_ptr.dtype.element_ty)  # both dot operands in the cache dtype
+
+    # The tile's last valid row sees the most keys; rows past q_len are never stored.
+    last_row = tl.minimum(first_row + BLOCK_M, q_len) - 1
+    num_key_tiles = (past_len + last_row) // BLOCK_N + 1
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running max (base-2 scores)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running softmax denominator
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    table_row = block_tables_ptr + seq.to(tl.int64) * stride_table
+    for j in range(0, num_key_tiles):
+        first_key = j * BLOCK_N  # a tile never straddles two blocks: BLOCK_N divides B
+        # int64: block id times the block stride overflows int32 on a large pool.
+        block = tl.load(table_row + first_key // BLOCK_SIZE).to(tl.int64)
+        offs_in_block = first_key % BLOCK_SIZE + offs_in_tile
+        keys = first_key + offs_in_tile
+        key_ok = keys < context_len
+        # Slots past the context hold stale or uninitialised data (maybe NaN): load zeros there,
+        # since a masked score still multiplies V in the P@V dot (0 * NaN is NaN).
+        k_offs = block * stride_kn + offs_in_block[:, None] * stride_kb + kv_head * stride_kh
+        k = tl.load(k_ptr + k_offs + dims[None, :], mask=key_ok[:, None], other=0.0)
+        v_offs = block * stride_vn + offs_in_block[:, None] * stride_vb + kv_head * stride_vh
+        v = tl.load(v_ptr + v_offs + dims[None, :], mask=key_ok[:, None], other=0.0)
+
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
+        visible = (keys[None, :] <= positions[:, None]) & key_ok[None, :]
+        scores = tl.where(visible, scores, float("-inf"))
+        # Tile 0 always shows key 0 to every row (positions >= 0), so m_new is finite from
+        # the first tile on and exp2 never sees -inf - -inf.
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None]
+        acc += tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    out = acc / l_i[:, None]
+    o_offs = (q_start + rows.to(tl.int64))[:, None] * stride_ot + head * stride_oh + dims[None, :]
+    tl.store(out_ptr + o_offs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+def paged_prefill(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    tiles: torch.Tensor,
+    scale: float,
+    *,
+    block_m: int = 16,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Varlen paged attention of a batch of chunks.
+
+    q [T, Hq, D]: the new tokens of every sequence, concatenated in batch order as
+    ``query_start_loc`` int32 [S+1] says. k_cache / v_cache [N, B, Hkv, D] already hold the new
+    tokens' K/V. block_tables int32 [S, W]; context_lens int32 [S]: each sequence's total
+    context including its new tokens; tiles int32 [num_tiles, 2] from ``prefill_tiles`` with
+    the same ``block_m``. New token i of sequence s attends keys 0..context_lens[s] - q_len + i.
+
+    Returns ``out`` [T, Hq, D] in q's dtype (written in place when given). Raises UsageError
+    when the pool's block size or head dim is not one the kernel accepts (``PREFILL``). Reads
+    only tensor shapes on the host, never values: usable inside CUDA-graph capture.
+    """
+    num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
+    RULE.check(block_size, head_dim)
+    num_tokens, num_q_heads, q_head_dim = q.shape
+    if q_head_dim != head_dim or v_cache.shape != k_cache.shape:
+        raise ValueError(f"q {tuple(q.shape)} / v {tuple(v_cache.shape)} do not match the pool")
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"{num_q_heads} query heads are not a multiple of {num_kv_heads}")
+    if block_m < 16 or block_m & (block_m - 1):
+        raise ValueError(f"block_m {block_m} is not a power of two >= 16 (tl.dot's tile)")
+    if out is None:
+        out = torch.empty_like(q)
+    if any(t.stride(-1) != 1 for t in (q, k_cache, v_cache, out)):
+        raise ValueError("the head dim of q, out and the caches must be contiguous")
+    if tiles.shape[0] == 0:
+        return out
+    grid = (tiles.shape[0], num_q_heads)
+    _prefill_kernel[grid](
+        q,
+        k_cache,
+        v_cache,
+        out,
+        block_tables,
+        context_lens,
+        query_start_loc,
+        tiles,
+        scale * LOG2E,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        out.stride(0),
+        out.stride(1),
+        block_tables.stride(0),
+        GROUP=num_q_heads // num_kv_heads,
+        BLOCK_M=block_m,
+        BLOCK_SIZE=block_size,
+        BLOCK_N=key_tile(block_size, head_dim, k_cache.element_size()),
+        HEAD_DIM=head_dim,
+        # fp32: exact products; other dtypes: "tf32" is the default and changes nothing there.
+        DOT_PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32",
+    )
+    return out
