@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import os
 
-import pytest
-import torch
+# Triton's kernels run in its interpreter on this suite's CPU tensors. triton fixes the mode
+# when it is first imported (transformers imports it too, before any kernel), so it is set
+# here, before anything; setdefault: a GPU run may export TRITON_INTERPRET=0.
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from pagedkv.model import load_model
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from pagedkv.model import load_model  # noqa: E402
 
 # The start-up warning about a busy machine (commands/busy_machine.py) would be a second stderr
 # line in every test that checks a one-line error whenever the suite itself keeps the cores

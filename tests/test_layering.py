@@ -14,6 +14,7 @@ CORE_PACKAGES = [
     "pagedkv.untrusted",
     "pagedkv.breaker",
     "pagedkv.urls",
+    "pagedkv.placement",
     "pagedkv.pages",
     "pagedkv.traces",
     "pagedkv.kvcache",
@@ -159,7 +160,7 @@ def test_the_circle_check_sees_real_imports_and_finds_circles():
 # below its own (never a sibling). ``pagedkv`` is the root package (``__version__`` only).
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("pagedkv", "errors"),
-    ("units", "background", "lazy", "breaker", "urls", "untrusted"),
+    ("units", "background", "lazy", "breaker", "urls", "untrusted", "placement"),
     ("traces", "kvcache", "pages"),
     ("routing", "sched", "planner"),
     ("sim", "kvstore"),

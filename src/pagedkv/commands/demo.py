@@ -52,16 +52,21 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from pagedkv.engine import LLMEngine, SamplingParams
-    from pagedkv.engine.startup import build_parts
+    from pagedkv.engine.startup import build_parts, engine_placement
     from pagedkv.model.loader import load_model
 
     if not 1 <= args.num_requests <= len(QUESTIONS):
         raise UsageError(f"--num-requests must be in [1, {len(QUESTIONS)}]", "--num-requests")
     console = Console(stderr=True)
     params = SamplingParams(max_tokens=args.max_tokens)  # flags checked before the load
-    configs = {policy: engine_config(args, policy=policy) for policy in (args.policy, "reserved")}
+    # The reserved baseline's one max_model_len block is no Triton tile: torch attention there.
+    configs = {
+        args.policy: engine_config(args),
+        "reserved": engine_config(args, policy="reserved", attention_backend="torch"),
+    }
+    placement = engine_placement(configs[args.policy])
     warn_if_busy("demo")
-    loaded = load_model(args.model, args.dtype, weights=args.weights)
+    loaded = load_model(args.model, placement.dtype, weights=args.weights, device=placement.device)
     results = {}
     for policy, config in configs.items():
         engine = LLMEngine(config, parts=build_parts(config, loaded))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from pagedkv.pages.kv_dtypes import ENGINE_DTYPES
+from pagedkv.placement import ATTENTION_BACKENDS
 from pagedkv.sched.config import SchedulerConfig
 from pagedkv.sched.preemption import PREEMPTION_MODES
 from pagedkv.units import parse_bytes
@@ -19,7 +20,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     """Model and KV cache options shared by the commands that run the engine."""
     g = p.add_argument_group("model and KV cache")
     g.add_argument("--model", help="GGUF file or Hugging Face folder (default: embedded SmolLM2)")
-    g.add_argument("--dtype", default="float32", choices=ENGINE_DTYPES)
+    add_placement_args(g)
+    g.add_argument(
+        "--cuda-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="replay decode steps from CUDA graphs captured per batch-size bucket (CUDA "
+        "only; off by default until benchmarks/gpu_check.py shows they pay)",
+    )
     g.add_argument(
         "--weights",
         default="float",
@@ -73,6 +81,28 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     add_swap_args(g)
 
 
+def add_placement_args(g: argparse._ArgumentGroup | argparse.ArgumentParser) -> None:
+    """``--device``, ``--dtype`` and ``--attention-backend``: where and how the model runs."""
+    g.add_argument(
+        "--device",
+        default="auto",
+        metavar="auto|cpu|cuda[:N]",
+        help="auto (default): a GPU when torch sees one, else the CPU",
+    )
+    g.add_argument(
+        "--dtype",
+        choices=ENGINE_DTYPES,
+        help="activations, weights and KV (default: float32 on the CPU, bfloat16 on a GPU)",
+    )
+    g.add_argument(
+        "--attention-backend",
+        choices=ATTENTION_BACKENDS,
+        help="triton: pagedkv's Triton kernels (the GPU default; on the CPU Triton's "
+        "interpreter, for tests); torch: pagedkv's C kernels on the CPU (its default), "
+        "torch SDPA over gathered K/V on a GPU (the reference)",
+    )
+
+
 def add_swap_args(g: argparse._ArgumentGroup) -> None:
     """``--preemption-mode`` and ``--swap-space``: the engine's and the simulator's."""
     g.add_argument(
@@ -115,6 +145,9 @@ def engine_config(args: argparse.Namespace, **overrides):
     fields = dict(
         model=args.model,
         dtype=args.dtype,
+        device=args.device,
+        attention_backend=args.attention_backend,
+        cuda_graphs=args.cuda_graphs,
         weights=args.weights,
         policy=args.policy,
         block_size=args.block_size,

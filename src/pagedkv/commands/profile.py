@@ -20,9 +20,9 @@ import argparse
 from pathlib import Path
 
 from pagedkv.commands.busy_machine import warn_if_busy
+from pagedkv.commands.engine_flags import add_placement_args
 from pagedkv.commands.progress import ProgressLines
 from pagedkv.errors import UsageError
-from pagedkv.pages.kv_dtypes import ENGINE_DTYPES
 
 # The grid: every size of the replays the simulator is checked against (decode batches up to
 # 16, contexts of tens to hundreds of tokens, prefill chunks up to the 512-token budget).
@@ -54,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g, q = DEFAULT_GRID, QUICK_GRID
     add = p.add_argument
     add("--model", help="GGUF file or Hugging Face folder (default: the embedded SmolLM2)")
-    add("--dtype", default="float32", choices=ENGINE_DTYPES, help="(default %(default)s)")
+    add_placement_args(p)
     add("-o", "--output", default="cost-profile.json", help="JSON to write (%(default)s)")
     # Grid flags default to None: the grid (DEFAULT_GRID, or QUICK_GRID with --quick) fills
     # only what the user did not give, so --quick never overrides an explicit value.
@@ -137,7 +137,13 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--clock cpu needs --threads 1 (CPU time adds up over threads)", "clock")
     from pagedkv.engine import EngineConfig
 
-    base = EngineConfig(model=args.model, dtype=args.dtype, log_startup=False)
+    base = EngineConfig(
+        model=args.model,
+        dtype=args.dtype,
+        device=args.device,
+        attention_backend=args.attention_backend,
+        log_startup=False,
+    )
     if args.clock == "wall":  # CPU time leaves other processes out already
         warn_if_busy("profile", args.threads, "--threads 1 --clock cpu",
                      "timed steps include the wait for the CPU; --clock cpu leaves it out")  # fmt: skip
@@ -163,13 +169,15 @@ def measure(
     import torch
 
     from pagedkv.engine.profiling import machine_meta, profile_engine
+    from pagedkv.engine.startup import engine_placement
     from pagedkv.model import load_model
     from pagedkv.sim.profile_fit import build_profile
 
     if threads is not None:
         torch.set_num_threads(threads)
+    placement = engine_placement(base)
     if loaded is None:
-        loaded = load_model(base.model, base.dtype, progress=progress)
+        loaded = load_model(base.model, placement.dtype, progress=progress, device=placement.device)
     columns = (
         *rich.progress.Progress.get_default_columns(),
         rich.progress.TextColumn("{task.fields[what]}"),
@@ -190,7 +198,8 @@ def measure(
         samples = profile_engine(loaded, base, plan, on_point, seed, clock)
     meta = {
         "model": base.model or "embedded SmolLM2-135M-Instruct",
-        "dtype": base.dtype,
+        "dtype": placement.dtype,
+        "device": placement.describe(),
         **machine_meta(torch.get_num_threads()),
         "clock": clock,
         "block_sizes": list(plan.block_sizes),

@@ -8,6 +8,7 @@ from pagedkv.errors import UsageError
 from pagedkv.kvcache.policies import get_policy
 from pagedkv.kvstore.address import parse_store_url
 from pagedkv.pages.kv_dtypes import ENGINE_DTYPES
+from pagedkv.placement import check_attention_backend, check_device_name
 from pagedkv.sched.config import SchedulerConfig
 from pagedkv.sched.limits import check_limits, check_preemption, check_swap_space
 from pagedkv.units import check_block_size
@@ -21,10 +22,17 @@ WEIGHT_FORMATS = ("float", "int8", "int4")
 class EngineConfig:
     """``model`` None = the embedded SmolLM2-135M-Instruct. ``block_size`` None = the policy's.
     ``max_model_len`` None = min(the model's context, 2048). The scheduler's limits and the
-    preemption settings take ``SchedulerConfig``'s defaults and rules (``sched/limits.py``)."""
+    preemption settings take ``SchedulerConfig``'s defaults and rules (``sched/limits.py``).
+    ``device``/``dtype``/``attention_backend``: resolved at start-up (``model/device.py``):
+    auto = a GPU when torch sees one; dtype None = float32 on the CPU, bfloat16 on a GPU;
+    backend None = torch on the CPU, triton on a GPU."""
 
     model: str | None = None
-    dtype: str = "float32"
+    dtype: str | None = None
+    device: str = "auto"
+    attention_backend: str | None = None
+    # Decode steps replayed from CUDA graphs captured per batch-size bucket (CUDA only).
+    cuda_graphs: bool = False
     weights: str = "float"  # "int8" / "int4": weight-only quantized (model/quant.py)
     policy: str = "vllm"
     block_size: int | None = None
@@ -48,7 +56,9 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         """Every check raises ``UsageError`` naming the field (these are the user's flags)."""
-        if self.dtype not in ENGINE_DTYPES:
+        check_device_name(self.device)
+        check_attention_backend(self.attention_backend)
+        if self.dtype is not None and self.dtype not in ENGINE_DTYPES:
             raise UsageError(f"dtype must be one of {ENGINE_DTYPES}, got {self.dtype!r}", "dtype")
         if self.weights not in WEIGHT_FORMATS:
             raise UsageError(

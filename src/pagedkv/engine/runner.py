@@ -20,6 +20,9 @@ from pagedkv.model.attention_metadata import AttentionMetadata
 from pagedkv.model.config import ModelConfig
 from pagedkv.model.kv_pool import KVCache, allocate_kv_caches
 from pagedkv.model.llama import CausalLM
+from pagedkv.model.triton.attention import TritonPlan
+from pagedkv.model.triton.graphs import DecodeGraphs
+from pagedkv.model.triton.kernels import TritonKernels
 from pagedkv.sched.batch import ScheduledBatch
 
 
@@ -53,7 +56,8 @@ class StepOutput(NamedTuple):
 
 class ModelRunner:
     """Holds the model and its KV pools ``[num_blocks, block_size, kv_heads, head_dim]`` per
-    layer. ``execute`` mutates the pools (new K/V, copy-on-write copies) and nothing else."""
+    layer, on the model's device. ``execute`` mutates the pools (new K/V, copy-on-write copies)
+    and nothing else. The step's tensors are made on the host; the model moves them."""
 
     def __init__(
         self,
@@ -63,13 +67,17 @@ class ModelRunner:
         block_size: int,
         kv_dtype: torch.dtype = torch.float32,
         num_host_blocks: int = 0,
+        triton: TritonKernels | None = None,
     ) -> None:
         """``num_host_blocks`` > 0 adds a host swap pool of that many blocks (swap
-        preemption; the scheduler's ``SwapSpace`` hands out its block ids)."""
+        preemption; the scheduler's ``SwapSpace`` hands out its block ids). ``triton``: the
+        attention backend's kernels (``model/triton/``); None = torch attention."""
+        self.triton = triton
         self.model = model
         self.config = config
         self.block_size = block_size
         self.num_blocks = num_blocks  # physical blocks, the null block included
+        self.device = model.device
         self.kv_caches: list[KVCache] = allocate_kv_caches(
             config.num_layers,
             num_blocks,
@@ -77,6 +85,7 @@ class ModelRunner:
             config.num_kv_heads,
             config.head_dim,
             kv_dtype,
+            self.device,
         )
         swap_pool = None
         if num_host_blocks:
@@ -87,9 +96,28 @@ class ModelRunner:
                 config.num_kv_heads,
                 config.head_dim,
                 kv_dtype,
+                self.device,
             )
-        # Every KV copy of a step (swap, copy-on-write, lower tiers, which start-up attaches).
-        self.mover = KVMover(self.kv_caches, swap_pool)
+        # Every KV copy of a step (swap, copy-on-write, lower tiers, which start-up attaches);
+        # copy-on-write on the Triton backend's block-copy kernel when it runs.
+        copy_blocks = None if triton is None else triton.copy_blocks
+        self.mover = KVMover(self.kv_caches, swap_pool, copy_blocks)
+        self.graphs: DecodeGraphs | None = None  # ``capture_graphs``: CUDA graphs of decode
+
+    def capture_graphs(self, max_num_seqs: int, max_model_len: int, graph_factory=None) -> str:
+        """Record the decode steps' CUDA graphs (Triton backend; ``graph_factory`` for tests);
+        returns the start-up line."""
+        max_blocks = -(-max_model_len // self.block_size)
+        if self.triton is None:
+            raise ValueError("CUDA graphs need the triton attention backend")
+        graphs = DecodeGraphs(
+            self.model, self.triton, self.kv_caches, self.block_size, max_num_seqs, max_blocks,
+            graph_factory,
+        )  # fmt: skip
+        graphs.capture()
+        self.graphs = graphs
+        sizes = ",".join(map(str, graphs.buckets))
+        return f"CUDA graphs of decode steps captured for batch sizes {sizes}"
 
     @property
     def swap_pool(self) -> HostSwapPool | None:
@@ -151,8 +179,22 @@ class ModelRunner:
         self.mover.before_forward(batch)
         if inputs is None:
             return StepOutput(torch.empty(0, self.config.vocab_size), [])
+        meta = inputs.metadata
+        if (
+            self.graphs is not None
+            and inputs.logit_rows.numel() == meta.num_tokens == meta.num_seqs
+        ):
+            # A decode step (every row one sequence's new token, each needing its logits).
+            logits = self.graphs.run(inputs.input_ids, inputs.positions, meta)
+            if logits is not None:
+                self.mover.after_forward(batch)
+                return StepOutput(logits, [])
+        plan = None
+        if self.triton is not None:
+            cfg = self.config
+            plan = TritonPlan(meta, self.block_size, cfg.num_kv_heads, self.device, self.triton)
         hidden = self.model(
-            inputs.input_ids, inputs.positions, self.kv_caches, inputs.metadata, self.block_size
+            inputs.input_ids, inputs.positions, self.kv_caches, meta, self.block_size, plan
         )
         self.mover.after_forward(batch)
         prompt = []

@@ -73,15 +73,19 @@ def sample(
     greedy = [p.greedy for p in params]
     chosen = processed.argmax(dim=-1)
     if not all(greedy):
-        temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params])
-        top_k = torch.tensor([min(p.top_k, vocab) for p in params])
-        top_p = torch.tensor([p.top_p for p in params], dtype=logits.dtype)
-        min_p = torch.tensor([p.min_p for p in params], dtype=logits.dtype)
+        dev = logits.device  # the logits' device: a GPU's stay there
+        temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=dev)
+        top_k = torch.tensor([min(p.top_k, vocab) for p in params], device=dev)
+        top_p = torch.tensor([p.top_p for p in params], dtype=logits.dtype, device=dev)
+        min_p = torch.tensor([p.min_p for p in params], dtype=logits.dtype, device=dev)
         scaled = processed / temps.unsqueeze(-1)
         probs = _truncate(scaled, top_k, top_p, min_p).softmax(dim=-1)
         for i in range(rows):
             if not greedy[i]:
-                chosen[i] = torch.multinomial(probs[i], 1, generator=generators[i])[0]
+                row, gen = probs[i], generators[i]
+                if gen is not None and gen.device != row.device:  # seeds are host generators
+                    row = row.cpu()
+                chosen[i] = torch.multinomial(row, 1, generator=gen)[0]
     token_ids = chosen.tolist()
     want = [p.logprobs for p in params]
     logprobs: list[float | None] = [None] * rows

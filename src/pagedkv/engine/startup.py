@@ -17,9 +17,11 @@ from pagedkv.kvcache.policies import Policy, build_allocator, get_policy
 from pagedkv.kvcache.protocol import KVAllocator
 from pagedkv.kvstore.tier import StoreTier
 from pagedkv.model.config import ModelConfig
+from pagedkv.model.device import Placement, resolve_placement
 from pagedkv.model.llama import CausalLM
 from pagedkv.model.loader import TORCH_DTYPES, load_model, read_model_shape
 from pagedkv.model.tokenizer import Tokenizer
+from pagedkv.model.triton.kernels import load_kernels
 from pagedkv.pages.kv_dtypes import get_kv_dtype
 from pagedkv.pages.layout import KVLayout, layout_from_shape
 from pagedkv.pages.page_format import PageFormat
@@ -49,6 +51,7 @@ class EngineParts:
     kv_events: EngineKVEvents | None = None
     instance_id: str = field(default_factory=new_instance_id)  # fresh per engine
     kv_store: StoreTier | None = None  # the shared store tier (``--kv-store``; None = off)
+    placement: Placement | None = None  # device, dtype and attention backend (start-up's)
 
     @property
     def model_identity(self) -> str:
@@ -88,6 +91,7 @@ def build_parts(
     decided and checked *before* the 10-25 s weight load: a ``max_model_len`` beyond the
     model's context or a ``kv_cache_memory`` too small for the pool is a ``UsageError`` at once.
     """
+    placement = engine_placement(config)
     model_config = loaded[0] if loaded else ModelConfig.from_shape(read_model_shape(config.model))
     max_model_len = config.max_model_len or min(
         model_config.max_position_embeddings, DEFAULT_MAX_MODEL_LEN
@@ -99,12 +103,20 @@ def build_parts(
             param="max_model_len",
         )
     policy = get_policy(config.policy)
-    layout = layout_from_shape(model_config.model_shape(), get_kv_dtype(config.dtype).name)
+    layout = layout_from_shape(model_config.model_shape(), get_kv_dtype(placement.dtype).name)
+    triton = placement.attention_backend == "triton"
     if policy.allocator == "reserved":
+        if triton:  # a max_model_len block is no tile of the kernels
+            raise UsageError(
+                "policy reserved (one max_model_len block per sequence) runs on the torch "
+                "attention backend only: give --attention-backend torch",
+                param="attention_backend",
+            )
         # One region of max_model_len slots per sequence is the whole point of this baseline.
         requested, backend = max_model_len, "torch-sdpa-reserved"
     else:
-        requested, backend = config.block_size or policy.block_size, "torch-sdpa"
+        requested = config.block_size or policy.block_size
+        backend = "triton" if triton else "torch-sdpa"
     resolution = resolve_block_size(requested, backend, layout)
     block_size = resolution.block_size
     num_blocks = config.kv_cache_memory_bytes // layout.block_bytes(block_size)
@@ -125,13 +137,28 @@ def build_parts(
     # The scheduler's SwapSpace hands out host block ids: the host pool has exactly its blocks.
     num_host_blocks = scheduler.swap_space.num_blocks if scheduler.swap_space else 0
     if loaded is None:
-        loaded = load_model(config.model, config.dtype, weights=config.weights)
+        loaded = load_model(
+            config.model, placement.dtype, weights=config.weights, device=placement.device
+        )
     _, model, tokenizer = loaded
+    if model.device != placement.device:
+        raise UsageError(f"the model is on {model.device}, the engine on {placement.device}")
+    kernels = load_kernels(placement.device) if triton else None
     runner = ModelRunner(
-        model, model_config, num_blocks, block_size, TORCH_DTYPES[config.dtype], num_host_blocks
-    )
+        model, model_config, num_blocks, block_size, TORCH_DTYPES[placement.dtype],
+        num_host_blocks, kernels,
+    )  # fmt: skip
+    if config.cuda_graphs:
+        graphs_line = runner.capture_graphs(config.max_num_seqs, max_model_len)
     page_format = PageFormat.from_layout(layout, block_size)
     report = startup_report(policy, resolution, allocator, runner, layout, max_model_len)
+    report += f"\npagedkv: {placement.describe()}" + (
+        " (Triton's interpreter on the CPU: for tests, slow)"
+        if kernels is not None and kernels.interpreted
+        else ""
+    )
+    if config.cuda_graphs:
+        report += f"\npagedkv: {graphs_line}"
     store = store_tiers(config, page_format, model, runner.kv_caches)
     for line in attach_tiers(allocator, runner, num_host_kv_blocks, store):
         report += f"\npagedkv: {line}"
@@ -162,7 +189,22 @@ def build_parts(
         kv_events,
         instance_id,
         store[0][0] if store else None,
+        placement,
     )
+
+
+def engine_placement(config: EngineConfig) -> Placement:
+    """The engine's device, dtype and attention backend (``UsageError``: no such device, or
+    CUDA graphs without a GPU and the Triton backend)."""
+    placement = resolve_placement(config.device, config.dtype, config.attention_backend)
+    if config.cuda_graphs and (
+        placement.device.type != "cuda" or placement.attention_backend != "triton"
+    ):
+        raise UsageError(
+            "--cuda-graphs needs --device cuda and the triton attention backend",
+            param="cuda_graphs",
+        )
+    return placement
 
 
 def startup_report(

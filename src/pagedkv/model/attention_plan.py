@@ -5,7 +5,7 @@ kernel), the padding and causal masks, and scratch buffers the layers reuse."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -67,10 +67,18 @@ class AttentionPlan:
         block_size: int,
         dtype: torch.dtype = torch.float32,
         kernels=None,
+        device: torch.device | None = None,
     ) -> None:
         """``dtype``: the queries' (masks are built in it: attention takes no other).
         ``kernels``: ``native.kernels()`` when queries and caches are fp32 and the head size a
-        multiple of 8 (the caller checks): decode attention then runs on the paged kernel."""
+        multiple of 8 (the caller checks): decode attention then runs on the paged kernel.
+        ``device``: where the caches are (a GPU: the plan is made on the host, then moved;
+        this is the reference path there, ``model/triton/`` the fast one)."""
+        self.device = torch.device("cpu") if device is None else device
+        if meta.slot_mapping.device.type != "cpu":  # the plan reads it on the host
+            meta = AttentionMetadata(*(t.cpu() for t in (
+                meta.slot_mapping, meta.block_tables, meta.context_lens, meta.query_start_loc
+            )))  # fmt: skip
         self.kernels = kernels
         self.block_size = block_size
         self.slot_mapping = meta.slot_mapping.to(torch.int64).contiguous()
@@ -95,6 +103,10 @@ class AttentionPlan:
             )
             for i in (q_lens > 1).nonzero().flatten().tolist()
         ]
+        if self.device.type != "cpu":
+            self.slot_mapping = self.slot_mapping.to(self.device)
+            self.decode = _moved(self.decode, self.device)
+            self.prefills = [_moved(p, self.device) for p in self.prefills]
         self._scratch: dict[str, torch.Tensor] = {}
         # Every row a decode token read by the paged kernel: a layer may run as one native call.
         self.native_decode_only = (
@@ -109,8 +121,20 @@ class AttentionPlan:
         memory (a fresh 40 MB gather per layer cost 4x the copy itself, in page faults)."""
         buf = self._scratch.get(name)
         if buf is None or buf.shape != shape or buf.dtype != dtype:
-            buf = self._scratch[name] = torch.empty(shape, dtype=dtype)
+            buf = self._scratch[name] = torch.empty(shape, dtype=dtype, device=self.device)
         return buf
+
+
+def _moved(group, device: torch.device):
+    """``group`` (a frozen plan record, or None) with its tensors on ``device``."""
+    if group is None:
+        return None
+    moved = {
+        f.name: getattr(group, f.name).to(device)
+        for f in fields(group)
+        if isinstance(getattr(group, f.name), torch.Tensor)
+    }
+    return replace(group, **moved)
 
 
 def _validate(

@@ -17,6 +17,7 @@ from pagedkv.model.layers import RMSNorm, SwiGLU, apply_rotary
 from pagedkv.model.native_projection import NativeProjection
 from pagedkv.model.native_quant import NativeQuantProjection
 from pagedkv.model.projection import Projection
+from pagedkv.model.triton.attention import TritonPlan
 
 
 class DecoderLayer(nn.Module):
@@ -45,8 +46,11 @@ class DecoderLayer(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         kv_cache: KVCache,
-        plan: AttentionPlan,
+        plan: AttentionPlan | TritonPlan,
     ) -> torch.Tensor:
+        if isinstance(plan, TritonPlan):  # the GPU backend: its kernels write K/V themselves
+            q, k, v = self.attention_inputs(hidden, cos, sin)
+            return self.attention_outputs(hidden, plan.attend(q, k, v, kv_cache, self.scale))
         if plan.native_decode_only and self.fused_decode and hidden.is_contiguous():
             return self._decode_in_one_call(hidden, cos, sin, kv_cache, plan)
         qkv = self.qkv_proj(self.input_norm(hidden))

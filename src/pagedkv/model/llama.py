@@ -30,6 +30,7 @@ from pagedkv.model.kv_pool import KVCache
 from pagedkv.model.layers import RMSNorm, RotaryEmbedding
 from pagedkv.model.native_projection import NativeProjection, native_factory
 from pagedkv.model.projection import Projection, ProjectionBase, projection_from_pieces
+from pagedkv.model.triton.attention import TritonPlan
 
 # A layer's projections → the canonical pieces their weight (and bias) concatenate, by rows.
 PROJECTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -76,6 +77,11 @@ class CausalLM(nn.Module):
         self.requires_grad_(False)
 
     @property
+    def device(self) -> torch.device:
+        """Where the weights and activations live (``load_weights``'s ``device``)."""
+        return self.norm.weight.device
+
+    @property
     def dtype(self) -> torch.dtype:
         """The dtype of activations (and of the KV written by the model)."""
         return self.norm.weight.dtype
@@ -97,6 +103,7 @@ class CausalLM(nn.Module):
         kv_caches: list[KVCache],
         attn_metadata: AttentionMetadata,
         block_size: int | None = None,
+        plan: TritonPlan | None = None,
     ) -> torch.Tensor:
         """Run the new tokens of one step; returns the final-normed hidden states ``[T, H]``.
 
@@ -104,7 +111,9 @@ class CausalLM(nn.Module):
         position of new token i of a sequence must be ``context_len - new_tokens + i`` (RoPE
         reads ``positions``, the causal mask reads the metadata; they must agree).
         ``kv_caches``: one ``(k, v)`` pair per layer; the new tokens' K/V are written into their
-        slots (mutated in place). ``block_size`` defaults to the caches' dimension 1.
+        slots (mutated in place). ``block_size`` defaults to the caches' dimension 1. ``plan``:
+        the Triton backend's for this step (``triton/attention.py``; the runner makes it, or a
+        CUDA graph over its buffers); None = torch attention (pagedkv's C kernels on the CPU).
         """
         if len(kv_caches) != self.config.num_layers:
             raise ValueError(f"need {self.config.num_layers} KV caches, got {len(kv_caches)}")
@@ -121,15 +130,24 @@ class CausalLM(nn.Module):
                 f"must both be [{num_tokens}] (one per slot_mapping entry)"
             )
         block_size = block_size or kv_caches[0][0].shape[1]
-        kernels = self._attention_kernels(kv_caches)
-        if kernels is not None:  # C writes and reads where the slots say: check them first
-            _check_slots(attn_metadata, kv_caches[0][0].shape[0], block_size)
-        plan = AttentionPlan(attn_metadata, block_size, self.dtype, kernels)
+        step_plan = plan if plan is not None else self.plan(attn_metadata, kv_caches, block_size)
+        device = self.device
+        input_ids = input_ids.to(device, non_blocking=True)
+        positions = positions.to(device, non_blocking=True)
         cos, sin = self.rotary.cos_sin(positions, self.dtype)
         hidden = self.embed(input_ids)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden = layer(hidden, cos, sin, kv_cache, plan)
+            hidden = layer(hidden, cos, sin, kv_cache, step_plan)
         return self.norm(hidden)
+
+    def plan(
+        self, meta: AttentionMetadata, kv_caches: list[KVCache], block_size: int
+    ) -> AttentionPlan:
+        """The step's torch attention plan (``meta`` on the host)."""
+        kernels = self._attention_kernels(kv_caches)
+        if kernels is not None:  # C writes and reads where the slots say: check them first
+            _check_slots(meta, kv_caches[0][0].shape[0], block_size)
+        return AttentionPlan(meta, block_size, self.dtype, kernels, self.device)
 
     def _attention_kernels(self, kv_caches: list[KVCache]):
         """The native kernels where decode attention may use them: fp32 queries and caches,
@@ -156,8 +174,10 @@ class CausalLM(nn.Module):
         weights: Mapping[str, torch.Tensor],
         dtype: torch.dtype,
         make_projection: ProjectionFactory | None = None,
+        device: torch.device | str = "cpu",
     ) -> None:
-        """Set every parameter from canonical-named tensors (converted to ``dtype``).
+        """Set every parameter from canonical-named tensors (converted to ``dtype``, moved to
+        ``device``: pagedkv's C kernels are CPU-only, a GPU computes with torch ops).
 
         Works on a model built on the ``meta`` device (``build_model``): modules and parameters
         are replaced, not copied into. Raises ``ValueError`` naming missing, unexpected or
@@ -166,7 +186,16 @@ class CausalLM(nn.Module):
         on pagedkv's compiled kernels where they load (``native.py``), else ``Projection``. The
         caller hands the tensors over (they may be kept or freed).
         """
-        kernels = self.kernels = native.kernels() if dtype == torch.float32 else None
+        device = torch.device(device)
+        on_cpu = device.type == "cpu"
+        kernels = self.kernels = native.kernels() if dtype == torch.float32 and on_cpu else None
+        if not on_cpu:  # on the device in the model dtype (4x less to move than fp32 for bf16)
+            if make_projection is not None:
+                raise ValueError("quantized weights run on the CPU only")
+            weights = {
+                k: v if k == "rope_freqs.weight" else v.to(device=device, dtype=dtype)
+                for k, v in weights.items()
+            }
         if make_projection is None and kernels is not None:
             make_projection = native_factory()
         expected = _canonical_names(self.config)
@@ -215,6 +244,7 @@ class CausalLM(nn.Module):
             layer.prepare_fused_decode()
         if "rope_freqs.weight" in weights:
             self.rotary.scale_frequencies(weights["rope_freqs.weight"])
+        self.rotary.to(device)
 
 
 def _check_slots(meta: AttentionMetadata, num_blocks: int, block_size: int) -> None:

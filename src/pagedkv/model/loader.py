@@ -108,6 +108,7 @@ def load_model(
     dtype: str = "float32",
     progress: bool = True,
     weights: str = "float",
+    device: torch.device | str = "cpu",
 ) -> tuple[ModelConfig, CausalLM, Tokenizer]:
     """Load a model for inference (eval mode, no grads, activations in ``dtype``).
 
@@ -115,6 +116,8 @@ def load_model(
     ``weights``: "float" (in ``dtype``, the reference), "int8" or "int4" (weight-only, kernels
     chosen per shape at load, ``quant.py``; the choice is kept in ``model.weights_report``).
     The load time is printed when ``progress``; the engine's start-up report prints the choice.
+    ``device``: where the weights go (read on the host, converted, moved); quantized weights
+    run on the CPU only.
     Progress goes to stderr when ``progress``. Errors: ``FileNotFoundError`` for a missing
     path, ``UsageError`` for anything unreadable or unsupported (e.g. the architecture).
     """
@@ -123,6 +126,8 @@ def load_model(
     if weights not in ("float", "int8", "int4"):  # EngineConfig.weights, checked there first
         raise UsageError(f"weights must be float, int8 or int4, got {weights!r}")
     torch_dtype = TORCH_DTYPES[dtype]
+    if weights != "float" and torch.device(device).type != "cpu":
+        raise UsageError(f"--weights {weights} runs on the CPU only (its kernels are pagedkv's C)")
     factory = QuantizingFactory(weights, torch_dtype) if weights != "float" else None
     resolved = resolve_model_path(path)
     config = ModelConfig.from_shape(read_model_shape(resolved))
@@ -138,7 +143,7 @@ def load_model(
             del reader  # releases the memory map: every tensor is a copy now
         model = build_model(config)
         try:
-            model.load_weights(tensors, torch_dtype, factory)
+            model.load_weights(tensors, torch_dtype, factory, device)
         except ValueError as exc:  # the file's tensors do not fit its own config
             raise UsageError(f"{resolved}: {exc}") from None
         del tensors
@@ -147,7 +152,8 @@ def load_model(
         model.weights_report = factory.report()
     else:
         model.weights_report = f"weights {dtype}, {model.lm_head.describe()}"
-        if dtype == "float32" and native.kernels() is None:
+        on_cpu = torch.device(device).type == "cpu"
+        if dtype == "float32" and on_cpu and native.kernels() is None:
             model.weights_report += f" (native kernels off: {native.unavailable_reason()})"
     status.finish(
         f"loaded {config.architecture} ({config.num_layers} layers, hidden {config.hidden_size}, "

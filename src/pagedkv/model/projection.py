@@ -84,6 +84,7 @@ class Projection(ProjectionBase):
         threads = torch.get_num_threads()
         if (
             threads == 1
+            or not x.is_cpu  # a GPU's GEMM spreads over its own cores
             or x.shape[0] > SHARDED_MAX_ROWS
             or self.out_features % threads
             or torch.compiler.is_compiling()
@@ -111,6 +112,8 @@ class Projection(ProjectionBase):
 
     def describe(self) -> str:
         dtype = str(self.weight_t.dtype).removeprefix("torch.")
+        if not self.weight_t.is_cpu:
+            return f"{dtype} matmuls on {self.weight_t.device} (torch / cuBLAS)"
         return (
             f"{dtype} matmuls; up to {SHARDED_MAX_ROWS} rows as one bmm over a column shard "
             "per torch thread (when there are several)"
@@ -167,7 +170,7 @@ def projection_from_pieces(
     out_features = sum(p.shape[0] for p in pieces)
     module = Projection(in_features, out_features, bias=bias is not None)
     # Each piece is written transposed straight into its columns: one copy, no fused temporary.
-    weight_t = torch.empty(in_features, out_features, dtype=dtype)
+    weight_t = torch.empty(in_features, out_features, dtype=dtype, device=pieces[0].device)
     col = 0
     for piece in pieces:
         _copy_transposed(weight_t[:, col : col + piece.shape[0]], piece.to(dtype))
@@ -182,7 +185,7 @@ def _copy_transposed(dst: torch.Tensor, src: torch.Tensor, rows_per_block: int =
     """``dst[:] = src.T`` by blocks of source rows: a whole-matrix strided copy thrashes the
     cache (the 49k x 576 lm_head: 110 ms in torch, 40 ms in 256-row blocks; numpy's copy of a
     transposed block is ~2.5x torch's on this CPU; bf16, which numpy lacks, stays in torch)."""
-    numpy_ok = src.dtype in (torch.float32, torch.float16, torch.float64)
+    numpy_ok = dst.is_cpu and src.dtype in (torch.float32, torch.float16, torch.float64)
     for start in range(0, src.shape[0], rows_per_block):
         block = src[start : start + rows_per_block]
         if numpy_ok:

@@ -9,9 +9,11 @@ travels with exported KV lives in ``pages/page_format.py``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pagedkv.errors import UsageError
+from pagedkv.pages import triton_rules
 from pagedkv.pages.layout import KVLayout, int32_max_pool_blocks, is_aligned
 from pagedkv.units import check_block_size
 
@@ -26,6 +28,9 @@ class Backend:
     request is rewritten to; ``layouts`` are the attention kinds the kernel reads ("explicit"
     layouts, known only by record bytes, are always admitted); ``alignment_bytes`` applies to
     each layer's block base; ``int32_offsets`` says the kernel forms byte offsets in int32.
+    ``kernel_problems`` (block size, head dim or None) -> reasons: a backend whose kernels are
+    pagedkv's own states *why* a size is refused, in the kernels' own words
+    (``pages/triton_rules.py``); its ``allowed_block_sizes`` are read from the same rules.
     """
 
     name: str
@@ -36,6 +41,7 @@ class Backend:
     alignment_bytes: int = 1
     int32_offsets: bool = False
     note: str = ""
+    kernel_problems: Callable[[int, int | None], list[str]] | None = None
 
     def allows(self, block_size: int) -> bool:
         """Whether the kernel accepts this block size (alignment and offsets not included)."""
@@ -63,6 +69,15 @@ BACKENDS: dict[str, Backend] = {
         Backend(
             "deepinfer", 128, (128,), 128, alignment_bytes=128, note="fixed 128, 128 B aligned"
         ),
+        Backend(
+            "triton",
+            triton_rules.DEFAULT_BLOCK_SIZE,
+            triton_rules.allowed_block_sizes(),
+            triton_rules.DEFAULT_BLOCK_SIZE,
+            ("mha",),
+            note="pagedkv's Triton kernels (GPU): the block is a tl.arange/tl.dot tile",
+            kernel_problems=triton_rules.block_size_problems,
+        ),
     )
 }
 
@@ -79,7 +94,10 @@ def constraint_violations(
 ) -> list[str]:
     """Why ``block_size`` breaks a hard constraint (empty list: it is allowed)."""
     reasons: list[str] = []
-    if not backend.allows(block_size):
+    if backend.kernel_problems is not None:
+        head_dim = layout.head_dim if layout.attention == "mha" else None
+        reasons.extend(backend.kernel_problems(block_size, head_dim))
+    elif not backend.allows(block_size):
         sizes = "/".join(map(str, backend.allowed_block_sizes)) or "any >= 1"
         reasons.append(f"{backend.name} supports block sizes {sizes} only")
     if layout.attention != "explicit" and layout.attention not in backend.layouts:
@@ -131,10 +149,20 @@ def resolve_block_size(
     if block_size is None:
         block_size = spec.default_block_size
         rewrites.append((None, block_size, f"no block size given: {backend} default"))
+    # A head dim the kernels refuse cannot be cured by any block size.
+    head_dim = layout.head_dim if layout.attention == "mha" else None
+    found = []
+    if spec.kernel_problems is not None and head_dim is not None:  # at a size it accepts
+        found = spec.kernel_problems(spec.default_block_size, head_dim)
+    if found:
+        raise UsageError(f"backend {backend} cannot run this model: {'; '.join(found)}")
     if not spec.allows(block_size):
         target = spec.fallback_block_size or spec.default_block_size
         sizes = "/".join(map(str, spec.allowed_block_sizes))
-        rewrites.append((block_size, target, f"{backend} only supports {sizes}"))
+        why = f"{backend} only supports {sizes}"
+        if spec.kernel_problems is not None:  # the kernel's own reason, as vLLM prints its
+            why = "; ".join(spec.kernel_problems(block_size, None)) + f" ({why})"
+        rewrites.append((block_size, target, why))
         block_size = target
     if constraint_violations(block_size, spec, layout, num_blocks):
         # Alignment or offsets: take the smallest larger block size that satisfies everything.

@@ -21,8 +21,10 @@ blocks and bytes per tier (``counts``). Engine thread only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
+
+import torch
 
 from pagedkv.engine.kv.block_copy import copy_rows
 from pagedkv.engine.kv.swap_pool import HostSwapPool
@@ -81,9 +83,17 @@ class KVMover:
     """The device pool's copies: swap (``swap_pool``, or None), copy-on-write, and the lower
     tiers ``attach``-ed at start-up. Mutates the pools and ``counts`` only."""
 
-    def __init__(self, kv_caches: list[KVCache], swap_pool: HostSwapPool | None = None) -> None:
+    def __init__(
+        self,
+        kv_caches: list[KVCache],
+        swap_pool: HostSwapPool | None = None,
+        copy_blocks: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None] | None = None,
+    ) -> None:
+        """``copy_blocks(pool, src, dst)``: a device kernel for the copy-on-write copies (the
+        Triton backend's, one launch per pool tensor); None = ``copy_rows``."""
         self.kv_caches = kv_caches
         self.swap_pool = swap_pool
+        self.copy_blocks = copy_blocks
         self.counts = TierCounts()
         self._executors: dict[str, TierExecutor] = {}
         self._offload: tuple[str, OffloadExecutor] | None = None
@@ -124,7 +134,15 @@ class KVMover:
             raise RuntimeError("the batch swaps KV blocks but this runner has no host swap pool")
         if batch.block_copies:
             srcs, dsts = zip(*batch.block_copies, strict=True)
-            copy_rows(kv, dsts, kv, srcs)
+            if self.copy_blocks is None:
+                copy_rows(kv, dsts, kv, srcs)
+            else:
+                device = kv[0][0].device
+                src = torch.tensor(srcs, dtype=torch.int64).to(device, non_blocking=True)
+                dst = torch.tensor(dsts, dtype=torch.int64).to(device, non_blocking=True)
+                for pair in kv:
+                    for pool in pair:
+                        self.copy_blocks(pool, src, dst)
         by_tier: dict[str, tuple[list[BlockHash], list[int]]] = {}
         for tier, block_hash, device_block in batch.block_loads:
             hashes, blocks = by_tier.setdefault(tier, ([], []))

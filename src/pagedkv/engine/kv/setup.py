@@ -68,6 +68,7 @@ def attach_tiers(
             cfg.num_kv_heads,
             cfg.head_dim,
             k.dtype,
+            k.device,  # pinned host memory when the pool is on a GPU
         )
         tiers.append((host.index, host))
     tiers.extend(extra)

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedkv.model.triton.decode import (
+from pagedkv.model.triton.decode_blocks import (
     LOG2_E,
     attend_blocks,
     dot_precision,

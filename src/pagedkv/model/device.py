@@ -1,0 +1,65 @@
+"""Where the model runs: ``--device auto|cpu|cuda`` resolved once, at start-up, with the dtype
+and the attention backend that go with it.
+
+On the CPU pagedkv runs its own C kernels in fp32 (torch ops for bf16); on a GPU its Triton
+kernels, in bf16 unless told otherwise (fp32 is allowed: the equality tests against the CPU path
+need it). Torch SDPA over gathered K/V (``attention.py``) runs on either and stays the reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pagedkv.errors import UsageError
+from pagedkv.placement import check_attention_backend, check_device_name
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The device, activation dtype and attention backend of one engine."""
+
+    device: torch.device
+    dtype: str  # an ENGINE_DTYPES name
+    attention_backend: str
+
+    def describe(self) -> str:
+        """The start-up line's words: ``cuda:0 (NVIDIA H200), bfloat16, attention triton``."""
+        where = str(self.device)
+        if self.device.type == "cuda":
+            where += f" ({torch.cuda.get_device_name(self.device)})"
+        return f"device {where}, {self.dtype}, attention {self.attention_backend}"
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto``: the first GPU when torch sees one, else the CPU. ``UsageError`` (one line) for
+    ``cuda`` on a machine without a CUDA device, or an unknown name."""
+    check_device_name(name)
+    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        build = f"torch {torch.__version__}" + (
+            "" if torch.version.cuda else ", a build without CUDA"
+        )
+        raise UsageError(f"no CUDA device is visible ({build}): use --device cpu", "device")
+    device = torch.device("cuda" if name == "auto" else name)
+    index = device.index or 0
+    if index >= torch.cuda.device_count():
+        raise UsageError(f"no CUDA device {index}: {torch.cuda.device_count()} visible", "device")
+    return torch.device("cuda", index)
+
+
+def resolve_placement(
+    device_name: str, dtype: str | None, attention_backend: str | None
+) -> Placement:
+    """The device, then the dtype (given, or fp32 on the CPU and bf16 on a GPU) and the backend
+    (given, or ``triton`` on a GPU and ``torch`` on the CPU)."""
+    device = resolve_device(device_name)
+    on_gpu = device.type == "cuda"
+    check_attention_backend(attention_backend)
+    return Placement(
+        device,
+        dtype or ("bfloat16" if on_gpu else "float32"),
+        attention_backend or ("triton" if on_gpu else "torch"),
+    )

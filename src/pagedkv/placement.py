@@ -1,0 +1,28 @@
+"""The names of where an engine runs, torch-free so that flags are checked before torch loads:
+``--device`` and ``--attention-backend`` (``model/device.py`` resolves them on torch)."""
+
+from __future__ import annotations
+
+from pagedkv.errors import UsageError
+
+DEVICES = ("auto", "cpu", "cuda")  # "cuda:N" names one GPU of several
+# torch: pagedkv's C kernels on the CPU, torch SDPA over gathered K/V elsewhere (the reference);
+# triton: pagedkv's Triton kernels (model/triton/), the GPU default.
+ATTENTION_BACKENDS = ("torch", "triton")
+
+
+def check_device_name(name: str) -> None:
+    """``UsageError`` naming ``device`` unless ``name`` is auto, cpu, cuda or cuda:N."""
+    index = name.removeprefix("cuda:")
+    if name in DEVICES or (index != name and index.isdigit()):
+        return
+    raise UsageError(f"device must be auto, cpu, cuda or cuda:N, got {name!r}", "device")
+
+
+def check_attention_backend(name: str | None) -> None:
+    """``UsageError`` naming ``attention_backend`` unless None (the device's default) or known."""
+    if name is not None and name not in ATTENTION_BACKENDS:
+        raise UsageError(
+            f"attention backend must be one of {', '.join(ATTENTION_BACKENDS)}, got {name!r}",
+            "attention_backend",
+        )

@@ -1,0 +1,140 @@
+"""The whole engine on the Triton backend (interpreted on the CPU) against the native CPU path:
+the same greedy tokens through prefill, chunked prefill, prefix hits, decode and copy-on-write
+forks; the start-up report names what runs; CUDA-graph replays (a CPU stand-in for the graph
+object) give the eager step's logits and write nothing for their padding rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
+from pagedkv.engine.startup import build_parts
+from pagedkv.model.attention_metadata import AttentionMetadata
+from pagedkv.model.triton.attention import TritonPlan
+from tests.engine.conftest import assert_no_leaks
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from pagedkv.model import load_model
+    from tests.model.tiny import make_tiny_model
+
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    make_tiny_model("llama", folder)
+    return load_model(folder, progress=False)
+
+
+def _engine(tiny, **overrides) -> LLMEngine:
+    overrides.setdefault("log_startup", False)
+    config = EngineConfig(max_model_len=128, kv_cache_memory_bytes=1 << 20, **overrides)
+    return LLMEngine(config, parts=build_parts(config, tiny))
+
+
+SYSTEM = list(range(40, 76))  # 36 tokens: two full blocks of 16 shared, then a partial one
+PROMPTS = [
+    [7] * 15,  # B - 1
+    [8] * 16,  # B
+    [9] * 17,  # B + 1
+    SYSTEM + [3, 4, 5],
+    SYSTEM + [6],  # a prefix hit on the first two blocks once the one above is cached
+]
+
+
+def _tokens(engine: LLMEngine, prompts, n: int = 1) -> list[list[list[int]]]:
+    params = SamplingParams(max_tokens=6, ignore_eos=True, n=n)
+    outs = engine.generate(prompts, params)
+    return [[c.token_ids for c in o.outputs] for o in outs]
+
+
+def test_greedy_tokens_equal_the_native_cpu_path(tiny):
+    # A 20-token budget chunks the 39-token prompt; the two rounds run the shared prefix cold,
+    # then as a prefix hit (chunked prefill over cached blocks read through the table).
+    native = _engine(tiny, block_size=16, max_num_batched_tokens=20)
+    triton = _engine(tiny, block_size=16, max_num_batched_tokens=20, attention_backend="triton")
+    for round_prompts in (PROMPTS[:4], PROMPTS[3:]):
+        want = _tokens(native, round_prompts)
+        assert _tokens(triton, round_prompts) == want
+    assert triton.stats().prefix_hit_tokens >= 32  # SYSTEM's two full blocks, read as cached
+    assert_no_leaks(triton)
+
+
+def test_forked_samples_copy_their_shared_block_on_the_triton_kernel(tiny):
+    # n = 2 forks after the prompt: the partial last block is shared, then copied on write.
+    native = _engine(tiny, block_size=16)
+    triton = _engine(tiny, block_size=16, attention_backend="triton")
+    want = _tokens(native, [SYSTEM + [1, 2]], n=2)
+    assert _tokens(triton, [SYSTEM + [1, 2]], n=2) == want
+    assert_no_leaks(triton)
+
+
+def test_the_start_up_report_names_the_backend_and_the_kernels_block_size(tiny):
+    engine = _engine(tiny, block_size=12, attention_backend="triton", device="cpu")
+    report = engine.parts.startup_report
+    assert (
+        "block_size=16 tokens (backend triton; 12 -> 16: block size 12 is not a power of two"
+        in report
+    )
+    assert "device cpu, float32, attention triton (Triton's interpreter" in report
+    assert engine.allocator.block_size == 16
+    native = _engine(tiny, block_size=12)
+    assert "attention torch" in native.parts.startup_report
+    assert native.allocator.block_size == 12
+
+
+def test_the_reserved_policy_is_refused_on_the_triton_backend(tiny):
+    from pagedkv.errors import UsageError
+
+    with pytest.raises(UsageError, match="runs on the torch attention backend only"):
+        _engine(tiny, policy="reserved", attention_backend="triton")
+
+
+class _Replayed:
+    """A CPU stand-in for ``torch.cuda.CUDAGraph``: ``record`` runs the function once and keeps
+    it; ``replay`` runs it again into the recorded output, as a graph replay rewrites it."""
+
+    def record(self, fn):
+        self.fn, self.out = fn, fn()
+        return self.out
+
+    def replay(self):
+        with torch.inference_mode():  # the recorded output is the forward's inference tensor
+            self.out.copy_(self.fn())
+
+
+def test_decode_graph_replays_equal_the_eager_step_and_padding_writes_nothing(tiny):
+    engine = _engine(tiny, block_size=16, attention_backend="triton", max_num_seqs=6)
+    runner = engine.parts.runner
+    line = runner.capture_graphs(6, 128, graph_factory=_Replayed)
+    assert line.endswith("batch sizes 1,2,4,6")
+    graphs = runner.graphs
+    # Three sequences of 5, 17 and 30 tokens already cached in shuffled blocks.
+    tables = torch.tensor([[9, 0], [3, 12], [20, 7]], dtype=torch.int32)
+    ctx = torch.tensor([6, 18, 31], dtype=torch.int32)
+    pos = (ctx - 1).to(torch.int64)
+    slots = tables[torch.arange(3), pos // 16].to(torch.int64) * 16 + pos % 16
+    meta = AttentionMetadata(slots, tables, ctx, torch.arange(4, dtype=torch.int32))
+    ids = torch.tensor([11, 22, 33])
+    gen = torch.Generator().manual_seed(0)
+    for k, v in runner.kv_caches:
+        k.copy_(torch.randn(k.shape, generator=gen))
+        v.copy_(torch.randn(v.shape, generator=gen))
+    before = [(k.clone(), v.clone()) for k, v in runner.kv_caches]
+    replayed = graphs.run(ids, pos, meta)  # bucket 4: one padding row
+    assert graphs.replays == 1 and replayed.shape == (3, tiny[0].vocab_size)
+    after_replay = [(k.clone(), v.clone()) for k, v in runner.kv_caches]
+    for (k0, v0), (k1, v1) in zip(before, after_replay, strict=True):
+        k0.view(-1, *k0.shape[2:])[slots] = k1.view(-1, *k1.shape[2:])[slots]
+        v0.view(-1, *v0.shape[2:])[slots] = v1.view(-1, *v1.shape[2:])[slots]
+        assert torch.equal(k0, k1) and torch.equal(v0, v1)  # only the 3 real slots changed
+    # The eager steps on the same pool state (their K/V writes are the same values again): on
+    # the Triton kernels, and on the native C path.
+    plan = TritonPlan(meta, 16, tiny[0].num_kv_heads, torch.device("cpu"), runner.triton)
+    eager = runner.model.compute_logits(runner.model(ids, pos, runner.kv_caches, meta, 16, plan))
+    torch.testing.assert_close(replayed, eager, rtol=0, atol=1e-6)
+    hidden = runner.model(ids, pos, runner.kv_caches, meta, 16, None)
+    torch.testing.assert_close(replayed, runner.model.compute_logits(hidden), rtol=0, atol=1e-5)
+    assert graphs.run(torch.tensor([1, 2]), torch.tensor([3, 4]), AttentionMetadata(
+        torch.tensor([1, 2]), tables[:1], torch.tensor([5], dtype=torch.int32),
+        torch.tensor([0, 2], dtype=torch.int32),
+    )) is None  # a prefill chunk is no graph's step  # fmt: skip
