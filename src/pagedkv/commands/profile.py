@@ -164,6 +164,8 @@ def measure(
 ):
     """Load the model (unless ``loaded``), time ``plan`` on ``clock`` and fit: the
     ``CostProfile`` (not yet written)."""
+    import dataclasses
+
     import rich.console
     import rich.progress
     import torch
@@ -176,6 +178,7 @@ def measure(
     if threads is not None:
         torch.set_num_threads(threads)
     placement = engine_placement(base)
+    base = dataclasses.replace(base, dtype=placement.dtype)  # the KV record size reads it
     if loaded is None:
         loaded = load_model(base.model, placement.dtype, progress=progress, device=placement.device)
     columns = (

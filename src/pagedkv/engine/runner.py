@@ -77,7 +77,7 @@ class ModelRunner:
         self.config = config
         self.block_size = block_size
         self.num_blocks = num_blocks  # physical blocks, the null block included
-        self.device = model.device
+        self.device = torch.device("cpu") if model is None else model.device  # None: layout tests
         self.kv_caches: list[KVCache] = allocate_kv_caches(
             config.num_layers,
             num_blocks,
