@@ -179,6 +179,7 @@ def measure(
         torch.set_num_threads(threads)
     placement = engine_placement(base)
     base = dataclasses.replace(base, dtype=placement.dtype)  # the KV record size reads it
+    given = loaded  # a model the caller built (no path to name it by)
     if loaded is None:
         loaded = load_model(base.model, placement.dtype, progress=progress, device=placement.device)
     columns = (
@@ -200,7 +201,8 @@ def measure(
 
         samples = profile_engine(loaded, base, plan, on_point, seed, clock)
     meta = {
-        "model": base.model or "embedded SmolLM2-135M-Instruct",
+        "model": base.model
+        or ("embedded SmolLM2-135M-Instruct" if given is None else _shape_name(loaded[0])),
         "dtype": placement.dtype,
         "device": placement.describe(),
         **machine_meta(torch.get_num_threads()),
@@ -233,3 +235,11 @@ def _report(profile, output: Path) -> None:
         f"{fit.max_abs_rel_error:.1%}; summed time {fit.total_rel_error:+.1%}"
     )
     console.print(f"wrote {output} (use: pagedkv simulate --cost-profile {output} ...)")
+
+
+def _shape_name(config) -> str:
+    """A model given without a path, named by its shape (``ModelConfig``)."""
+    return (
+        f"{config.architecture} ({config.num_layers} layers, hidden {config.hidden_size}, "
+        f"{config.num_heads} heads / {config.num_kv_heads} KV heads)"
+    )

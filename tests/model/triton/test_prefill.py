@@ -7,9 +7,6 @@ sizes, GQA ratios and head dims, not their cross product.
 
 from __future__ import annotations
 
-import os
-
-import numpy as np
 import pytest
 import torch
 
@@ -117,31 +114,6 @@ def test_tile_boundary(block_m):
     assert run_and_compare(16, 1, 2, 64, seqs, block_m=block_m) < FP32_TOL
 
 
-@pytest.fixture
-def interpreter_bf16_dot(monkeypatch):
-    """Triton 3.9's interpreter keeps bf16 as raw uint16 bits (numpy has no bf16) and its
-    tl.dot multiplies those bits as integers. Widen bf16 dot operands to fp32 first (exact) so
-    the kernel's bf16 path is checked on CPU; a compiled kernel never meets this patch."""
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        return
-    import triton.language as tl
-    from triton.runtime import interpreter
-
-    def widen(handle):
-        if handle.dtype.scalar != tl.bfloat16:
-            return handle
-        bits = handle.data.astype(np.uint32) << 16  # bf16 is the top half of an fp32
-        return interpreter.TensorHandle(bits.view(np.float32), tl.float32)
-
-    original = interpreter.InterpreterBuilder.create_dot
-
-    def create_dot(self, a, b, d, *args):
-        return original(self, widen(a), widen(b), d, *args)
-
-    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", create_dot)
-
-
-@pytest.mark.usefixtures("interpreter_bf16_dot")
 def test_bf16():
     seqs = [(20, 20), (37, 7), (19, 1)]
     assert run_and_compare(16, 1, 4, 64, seqs, dtype=torch.bfloat16) < BF16_TOL

@@ -25,10 +25,10 @@ import torch
 import triton
 import triton.language as tl
 
+from pagedkv.model.triton.decode_blocks import LOG2_E, dot_precision, upcast_dots
 from pagedkv.pages.triton_rules import PREFILL
 
 RULE = PREFILL  # block size and head dim: powers of two in [16, 256]
-LOG2E = 1.4426950408889634  # softmax in base 2: exp(x) == exp2(x * log2(e))
 # Bytes of one K (or V) tile: K and V of ~3 pipelined iterations stay near 96 KiB of an SM's
 # 228 KiB of shared memory.
 KEY_TILE_BYTES = 16 * 1024
@@ -83,6 +83,7 @@ def _prefill_kernel(
     BLOCK_N: tl.constexpr,  # keys per K/V tile: BLOCK_SIZE or a power-of-two part of it
     HEAD_DIM: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 (TF32 breaks greedy equality)
+    UPCAST_DOTS: tl.constexpr,  # decode_blocks.upcast_dots: the interpreter's 16-bit dots
 ):
     tile = tl.program_id(0)
     head = tl.program_id(1)
@@ -103,6 +104,8 @@ def _prefill_kernel(
     q_offs = (q_start + rows.to(tl.int64))[:, None] * stride_qt + head * stride_qh + dims[None, :]
     q = tl.load(q_ptr + q_offs, mask=row_ok[:, None], other=0.0)
     q = q.to(k_ptr.dtype.element_ty)  # both dot operands in the cache dtype
+    if UPCAST_DOTS:
+        q = q.to(tl.float32)
 
     # The tile's last valid row sees the most keys; rows past q_len are never stored.
     last_row = tl.minimum(first_row + BLOCK_M, q_len) - 1
@@ -125,6 +128,10 @@ def _prefill_kernel(
         k = tl.load(k_ptr + k_offs + dims[None, :], mask=key_ok[:, None], other=0.0)
         v_offs = block * stride_vn + offs_in_block[:, None] * stride_vb + kv_head * stride_vh
         v = tl.load(v_ptr + v_offs + dims[None, :], mask=key_ok[:, None], other=0.0)
+        p_dtype = v.dtype  # the probabilities are rounded to V's dtype, as a 16-bit dot takes
+        if UPCAST_DOTS:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
 
         scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
         visible = (keys[None, :] <= positions[:, None]) & key_ok[None, :]
@@ -136,7 +143,7 @@ def _prefill_kernel(
         p = tl.exp2(scores - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None]
-        acc += tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc += tl.dot(p.to(p_dtype).to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
     out = acc / l_i[:, None]
@@ -194,7 +201,7 @@ def paged_prefill(
         context_lens,
         query_start_loc,
         tiles,
-        scale * LOG2E,
+        scale * LOG2_E,
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),
@@ -211,7 +218,7 @@ def paged_prefill(
         BLOCK_SIZE=block_size,
         BLOCK_N=key_tile(block_size, head_dim, k_cache.element_size()),
         HEAD_DIM=head_dim,
-        # fp32: exact products; other dtypes: "tf32" is the default and changes nothing there.
-        DOT_PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32",
+        DOT_PRECISION=dot_precision(k_cache.dtype),
+        UPCAST_DOTS=upcast_dots(k_cache.dtype),
     )
     return out
