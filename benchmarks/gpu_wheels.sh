@@ -44,7 +44,7 @@ for python in 3.10 3.11 3.12; do
         --platform manylinux1_x86_64 -d wheels "${specs[@]}"
 done
 
-"$PY" benchmarks/gpu_check_parts.py small-gguf wheels/SmolLM2-135M-Instruct-6layers.gguf \
+"$PY" benchmarks/gpu_check_gguf.py small-gguf wheels/SmolLM2-135M-Instruct-6layers.gguf \
     --layers 6
 
 trace=$("$PY" -c "from pagedkv.traces import require_shared_trace as r; \

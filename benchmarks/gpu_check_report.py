@@ -1,0 +1,111 @@
+"""The record and the summary of a device check: the versions a run depends on, and the run as
+markdown (a header per section, then its table)."""
+
+from __future__ import annotations
+
+import torch
+
+# -- the record and the summary -------------------------------------------------------------------
+
+
+def versions() -> dict:
+    """The versions a device run depends on (None: not installed)."""
+    import importlib.metadata as md
+
+    out = {"torch": torch.__version__, "cuda": torch.version.cuda}
+    for package in ("triton", "transformers", "tokenizers", "gguf", "accelerate"):
+        try:
+            out[package] = md.version(package)
+        except md.PackageNotFoundError:
+            out[package] = None
+    return out
+
+
+def summary_markdown(results: dict) -> str:
+    """The run as markdown: a header per section (its error when it failed), then its table."""
+    meta, v = results["meta"], results["meta"]["versions"]
+    lines = [
+        f"# gpu_check on {meta['device_name']}" + (" (dry run)" if meta["dry_run"] else ""),
+        "",
+        f"{meta['started_utc']}, torch {v['torch']} (CUDA {v['cuda']}), triton {v['triton']}, "
+        f"transformers {v['transformers']}; load {meta['load_avg_before']}; "
+        f"{meta.get('wall_s', '?')} s in all",
+    ]
+    for name, entry in results["sections"].items():
+        lines += ["", f"## {name} ({entry['wall_s']} s)", ""]
+        if not entry["ok"]:
+            lines.append(f"error: {entry['error']}")
+            continue
+        lines += _RENDER[name](entry["result"])
+    return "\n".join(lines)
+
+
+def _table(header: list[str], rows: list[list]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return out + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+
+
+def _kernels(r: dict) -> list[str]:
+    passed = sum(c["ok"] for c in r["cases"])
+    rows = [[c["kernel"], c["dtype"], c["block_size"],
+             c.get("error") or f"{c['max_abs_error']:.2e}", f"{c['tolerance']:g}",
+             "ok" if c["ok"] else "**FAIL**"] for c in r["cases"]]  # fmt: skip
+    return [f"{passed}/{len(rows)} cases pass (GQA {r['num_q_heads']}/{r['num_kv_heads']}, "
+            f"head dim {r['head_dim']})", "",
+            *_table(["kernel", "dtype", "B", "max abs error", "tolerance", ""], rows)]  # fmt: skip
+
+
+def _greedy(r: dict) -> list[str]:
+    rows = [[name, f"{c['identical']}/{r['prompts']}", c["first_divergence"]]
+            for name, c in r["comparisons"].items()]  # fmt: skip
+    out = [f"{r['model']}, {r['prompts']} prompts x {r['tokens_per_prompt']} tokens, fp32, "
+           f"against {r['reference']}", "",
+           *_table(["run", "identical", "first divergence per prompt"], rows)]  # fmt: skip
+    return out + [f"- {name} failed: {error}" for name, error in r["errors"].items()]
+
+
+def _ledger(r: dict) -> list[str]:
+    rows, refused = [], set()
+    for row in r["rows"]:
+        where = [row["block_size"], row["context_len"], row["batch"]]
+        if "refused" in row:
+            refused.add(f"B={row['block_size']}: {'; '.join(row['refused'])}")
+        elif "median_ms" not in row:
+            rows.append([*where, "-", "-", "-", row.get("skipped") or row.get("error")])
+        else:
+            rows.append([*where, f"{row['variant']} ({row['num_splits']})",
+                         f"{row['median_ms']:.3f}", f"{row['gb_s']:.0f}",
+                         f"{row['of_copy_bw']:.0%}"])  # fmt: skip
+    s = r["shape"]
+    return [f"decode attention, {s['num_q_heads']}/{s['num_kv_heads']} heads of {s['head_dim']}"
+            f", {s['dtype']}; device-to-device copy {r['copy_gb_s']:.0f} GB/s", "",
+            *_table(["B", "context", "batch", "splits", "ms", "GB/s", "of copy"], rows),
+            "", *sorted(refused)]  # fmt: skip
+
+
+def _engine(r: dict) -> list[str]:
+    ratios = r.get("ratio_vs_transformers", {})
+    rows = [[f"pagedkv {k}", f"{v['tokens_per_s']:.0f}", f"{v['seconds']:.1f}", v["steps"],
+             v["graph_replays"], v["preemptions"], f"{ratios[k]:.2f}x" if k in ratios else "-"]
+            for k, v in r["pagedkv"].items()]  # fmt: skip
+    if t := r.get("transformers"):
+        rows.append([f"transformers generate (batches of {t['batch_size']}, {t['requests_run']}"
+                     " requests)", f"{t['tokens_per_s']:.0f}", f"{t['seconds']:.1f}", "-", "-",
+                     "-", "1x"])  # fmt: skip
+    speedup = r.get("cuda_graphs_speedup")
+    return [f"{r['model']}, {r['requests']} requests, {r['prompt_tokens']} prompt and "
+            f"{r['output_tokens']} output tokens"
+            + (f"; CUDA graphs {speedup:.2f}x eager" if speedup else ""), "",
+            *_table(["run", "output tok/s", "s", "steps", "graph replays", "preemptions",
+                     "vs transformers"], rows),
+            *[f"- {name} failed: {error}" for name, error in r["errors"].items()]]  # fmt: skip
+
+
+def _profile_sim(r: dict) -> list[str]:
+    return [r["profile"], "",
+            f"measured {r['measured_s']:.2f} s, simulator {r['predicted_s']:.2f} s: "
+            f"{r['rel_error']:+.1%}; steps {r['steps']}, preemptions {r['preemptions']}"]  # fmt: skip
+
+
+_RENDER = {"kernels": _kernels, "greedy": _greedy, "ledger": _ledger, "engine": _engine,
+           "profile_sim": _profile_sim}  # fmt: skip
