@@ -69,7 +69,6 @@ from gpu_check_kernels import (  # noqa: E402
     KERNEL_HEADS,
     TOLERANCE,
     kernel_cases,
-    patch_interpreter_bf16_dot,
 )
 from gpu_check_profile import check_profile_sim  # noqa: E402
 from gpu_check_report import summary_markdown, versions  # noqa: E402
@@ -273,8 +272,6 @@ def main(argv: list[str] | None = None) -> int:
         dry_run=args.dry_run, argv=sys.argv[1:], versions=versions(),
         device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         tf32_matmul=torch.backends.cuda.matmul.allow_tf32,
-        # The interpreter's bf16 dot multiplies raw bits: widened, as the tests' fixture does.
-        interpreter_bf16_dot_patch=args.dry_run and patch_interpreter_bf16_dot(),
     ), "sections": {}}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as scratch:
         run = Run(args, DRY_SIZES if args.dry_run else DEVICE_SIZES, device, Path(scratch),

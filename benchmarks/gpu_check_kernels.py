@@ -165,27 +165,3 @@ def max_abs_error(got: torch.Tensor, want: torch.Tensor) -> float:
     """Largest |got - want| (NaN anywhere: inf, so it never passes a tolerance)."""
     diff = (got.cpu().double() - want.cpu().double()).abs()
     return float("inf") if torch.isnan(diff).any() else float(diff.max()) if diff.numel() else 0.0
-
-
-def patch_interpreter_bf16_dot() -> bool:
-    """Triton's interpreter keeps bf16 as raw uint16 bits (numpy has no bf16) and its tl.dot
-    multiplies those bits as integers; widen bf16 dot operands to fp32 (exact) so the kernels'
-    bf16 paths compute under the interpreter what a GPU computes. Only for the dry run (the
-    tests' fixture does the same); a compiled kernel never meets it. True when patched."""
-    import numpy as np
-    import triton.language as tl
-    from triton.runtime import interpreter
-
-    def widen(handle):
-        if handle.dtype.scalar != tl.bfloat16:
-            return handle
-        bits = handle.data.astype(np.uint32) << 16  # bf16 is the top half of an fp32
-        return interpreter.TensorHandle(bits.view(np.float32), tl.float32)
-
-    original = interpreter.InterpreterBuilder.create_dot
-
-    def create_dot(self, a, b, d, *args):
-        return original(self, widen(a), widen(b), d, *args)
-
-    interpreter.InterpreterBuilder.create_dot = create_dot
-    return True
