@@ -1,5 +1,6 @@
-"""The names of where an engine runs, torch-free so that flags are checked before torch loads:
-``--device`` and ``--attention-backend`` (``model/device.py`` resolves them on torch)."""
+"""The names of where and how an engine runs, torch-free so that flags are checked before
+torch loads: ``--device`` and ``--attention-backend`` (``model/device.py`` resolves them on
+torch) and ``--weights`` (``model/quant.py`` builds the quantized ones)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ DEVICES = ("auto", "cpu", "cuda")  # "cuda:N" names one GPU of several
 # torch: pagedkv's C kernels on the CPU, torch SDPA over gathered K/V elsewhere (the reference);
 # triton: pagedkv's Triton kernels (model/triton/), the GPU default.
 ATTENTION_BACKENDS = ("torch", "triton")
+# float: in --dtype, the reference. int4 / int8: exact on pagedkv's block kernels where they
+# load. *-bf16: torch's int kernels with bf16 activations, rounding differently.
+WEIGHT_FORMATS = ("float", "int8", "int4", "int8-bf16", "int4-bf16")
 
 
 def check_device_name(name: str) -> None:

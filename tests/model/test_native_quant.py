@@ -132,13 +132,10 @@ def _round_to_blocks(hf_model, tied: bool) -> None:
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])  # tied head + q/k/v bias; untied head
 def test_int4_on_block_exact_weights_is_the_fp32_model_bit_for_bit(arch, tmp_path, monkeypatch):
-    import functools
 
-    import pagedkv.model.loader as loader
     from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
     from pagedkv.engine.startup import build_parts
     from pagedkv.model import load_model
-    from pagedkv.model.quant import QuantizingFactory
     from tests.model.helpers import Chunk, run_steps
     from tests.model.tiny import make_tiny_model
 
@@ -146,8 +143,6 @@ def test_int4_on_block_exact_weights_is_the_fp32_model_bit_for_bit(arch, tmp_pat
     _round_to_blocks(hf, tied=hf.config.tie_word_embeddings)
     hf.save_pretrained(tmp_path, safe_serialization=True)
     reference = load_model(tmp_path, progress=False)
-    monkeypatch.setattr(loader, "QuantizingFactory",
-                        functools.partial(QuantizingFactory, force="native"))  # fmt: skip
     quantized = load_model(tmp_path, progress=False, weights="int4")
     report = quantized[1].weights_report
     assert report.count("q4_1 blocks") >= 3 and "q8_0 blocks" in report, report
@@ -167,13 +162,12 @@ def test_int4_on_block_exact_weights_is_the_fp32_model_bit_for_bit(arch, tmp_pat
     assert tokens[0] == tokens[1]
 
 
-def test_without_the_kernels_no_native_candidate_is_offered(monkeypatch):
-    from pagedkv.model.quant import QuantizingFactory
+def test_without_the_kernels_torchs_int_kernel_takes_the_models_activations(monkeypatch):
+    from pagedkv.model.quant import QuantizingFactory, QuantProjection
 
     monkeypatch.setattr(native, "_state", {"off": True})
     factory = QuantizingFactory("int4", torch.float32)
     _, w = _block_exact("q4_1", 32, 64)
     module = factory("layers.0.mlp.down_proj", w, None)
-    assert not isinstance(module, NativeQuantProjection)
-    ((_, timings),) = factory.choices.values()
-    assert "native" not in timings and {"plain", "bfloat16"} <= timings.keys()
+    assert isinstance(module, QuantProjection) and module.act_dtype == torch.float32
+    assert list(factory.choices.values()) == ["float32"]

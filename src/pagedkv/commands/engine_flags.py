@@ -31,10 +31,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--weights",
         default="float",
-        help="float (in --dtype, the reference; default), int8 or int4: weight-only quantized "
-        "(GGUF Q8_0 / Q4_1 blocks on pagedkv's kernels, or torch's int kernels), the kernel per "
-        "shape timed at load and printed; int4 of a Q4_1 GGUF on pagedkv's kernels computes the fp32 "
-        "model exactly",
+        help="float (in --dtype, the reference; default); int8 / int4: weight-only quantized, "
+        "GGUF Q8_0 / Q4_1 blocks on pagedkv's kernels (int4 of a Q4_1 GGUF computes the fp32 "
+        "model exactly), torch's int kernels where those do not load; int8-bf16 / int4-bf16: "
+        "torch's int kernels with bf16 activations (fast with AMX or AVX512-BF16, rounding "
+        "differently). The kernel is chosen by rule, the same on every start, and printed",
     )
     g.add_argument(
         "--policy",

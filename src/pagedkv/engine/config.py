@@ -8,14 +8,12 @@ from pagedkv.errors import UsageError
 from pagedkv.kvcache.policies import get_policy
 from pagedkv.kvstore.address import parse_store_url
 from pagedkv.pages.kv_dtypes import ENGINE_DTYPES
-from pagedkv.placement import check_attention_backend, check_device_name
+from pagedkv.placement import WEIGHT_FORMATS, check_attention_backend, check_device_name
 from pagedkv.sched.config import SchedulerConfig
 from pagedkv.sched.limits import check_limits, check_preemption, check_swap_space
 from pagedkv.units import check_block_size
 
 MIB = 1 << 20
-# Weight formats the loader knows (model/quant.py implements the quantized two).
-WEIGHT_FORMATS = ("float", "int8", "int4")
 
 
 @dataclass(frozen=True)

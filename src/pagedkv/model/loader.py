@@ -27,6 +27,7 @@ from pagedkv.model.tokenizer import (
 from pagedkv.pages.kv_dtypes import ENGINE_DTYPES
 from pagedkv.pages.shape import ModelShape
 from pagedkv.pages.sources import load_shape, shape_from_gguf
+from pagedkv.placement import WEIGHT_FORMATS
 
 # The engine's dtype names (pages/kv_dtypes.py owns them) → torch's.
 TORCH_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in ENGINE_DTYPES}
@@ -113,8 +114,9 @@ def load_model(
     """Load a model for inference (eval mode, no grads, activations in ``dtype``).
 
     ``path``: None (embedded SmolLM2-135M-Instruct), a GGUF file, or a Hugging Face folder.
-    ``weights``: "float" (in ``dtype``, the reference), "int8" or "int4" (weight-only, kernels
-    chosen per shape at load, ``quant.py``; the choice is kept in ``model.weights_report``).
+    ``weights``: "float" (in ``dtype``, the reference) or a quantized option of
+    ``placement.WEIGHT_FORMATS`` (weight-only, the kernel per shape by ``quant.py``'s rule; the
+    choice is kept in ``model.weights_report``).
     The load time is printed when ``progress``; the engine's start-up report prints the choice.
     ``device``: where the weights go (read on the host, converted, moved); quantized weights
     run on the CPU only.
@@ -123,8 +125,8 @@ def load_model(
     """
     if dtype not in TORCH_DTYPES:
         raise UsageError(f"unsupported dtype {dtype!r} (supported: {sorted(TORCH_DTYPES)})")
-    if weights not in ("float", "int8", "int4"):  # EngineConfig.weights, checked there first
-        raise UsageError(f"weights must be float, int8 or int4, got {weights!r}")
+    if weights not in WEIGHT_FORMATS:  # EngineConfig.weights, checked there first
+        raise UsageError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {weights!r}")
     torch_dtype = TORCH_DTYPES[dtype]
     if weights != "float" and torch.device(device).type != "cpu":
         raise UsageError(f"--weights {weights} runs on the CPU only (its kernels are pagedkv's C)")

@@ -1,7 +1,7 @@
-"""Weight-only quantized projections (``weights="int4"|"int8"``), the kernel chosen per shape
-at load among pagedkv's block kernels and torch's int kernels.
+"""Weight-only quantized projections (``--weights int4|int8|int4-bf16|int8-bf16``), the
+kernel of each projection decided by a rule at load, never by a clock.
 
-Candidates for each projection:
+The kernels:
 - "native" (``native_quant.py``): GGUF's Q4_1 blocks for int4 (Q8_0 for int8 and for int4's
   lm_head) on pagedkv's kernels, fp32 activations. On weights decoded from such blocks (a
   Q4_1 GGUF) the products are the fp32 kernel's, bit for bit.
@@ -9,24 +9,19 @@ Candidates for each projection:
   32 weights with a scale and a minimum, Q4_1's numbers; it computes ``(q - 8) * scale +
   zero``, so zero = minimum + 8 * scale) or ``_weight_int8pack_mm`` (int8 per output
   channel), with activations in that dtype.
-- "plain": what ``weights="float"`` builds (pagedkv's fp32 kernel where it loads, else torch's
-  matmul), kept only where it is clearly faster (``PLAIN_MARGIN``).
+- "plain": what ``weights="float"`` builds, where no int kernel applies (an int4 input width
+  that is no multiple of 32, or a CPU build without torch's int kernels).
 
-Each distinct shape is timed at one row (batch-1 decode, what the option is for), the
-candidates taking turns, each call with its weights evicted from the cache as a decode step
-streams them. On this AVX2 CPU the native blocks win every shape; on an AVX-512 machine
-torch's bf16-activation kernels beat torch's fp32 matmul by 2-5x at one row, and with fp32
-activations were 3-6x *slower*: the order differs by CPU, hence the measurement. The choices
-are printed at start-up. fp32 stays the default and the reference of the greedy-equality
-tests.
+The rule: ``int4`` and ``int8`` take the native blocks wherever pagedkv's kernels load (an fp32
+model, every CPU they build on: the exact path), else torch's int kernel with the model's own
+activations. ``int4-bf16`` and ``int8-bf16`` take torch's int kernel with bf16 activations for
+every shape: faster on CPUs with AVX512-BF16 or AMX, but rounding differently, so a separate,
+named choice. An earlier load timed the candidates per shape and kept the fastest: on an
+AVX-512 CPU the choice for one shape changed from one start to the next, and with it the
+tokens (issue 28). Speed is measured in ``benchmarks/bench_weights.py`` instead.
 """
 
 from __future__ import annotations
-
-import contextlib
-import time
-from collections.abc import Callable
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -36,11 +31,15 @@ from pagedkv.model.native_quant import NativeQuantProjection
 from pagedkv.model.projection import ProjectionBase, projection_from_pieces
 
 GROUP = 32
+TORCH_INT4_OUTPUTS = 16  # _convert_weight_to_int4pack_for_cpu: N a multiple of 16
 NATIVE_FORMATS = {"int4": "q4_1", "int8": "q8_0"}  # --weights -> the GGUF blocks kept natively
-# The float path is kept for a shape only where it beats the int kernel by more than this:
-# the user asked for quantized weights, and a near tie at one row (timings move 10-20 % run to
-# run here) must not flip what a load keeps, nor its memory.
-PLAIN_MARGIN = 1.1
+# --weights -> (bits, the int kernel's activations; None = the rule: native, else the model's)
+WEIGHT_OPTIONS: dict[str, tuple[str, str | None]] = {
+    "int4": ("int4", None),
+    "int8": ("int8", None),
+    "int4-bf16": ("int4", "bfloat16"),
+    "int8-bf16": ("int8", "bfloat16"),
+}
 
 
 class QuantProjection(ProjectionBase):
@@ -91,80 +90,25 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.contiguous(), scale
 
 
-def pick_kernel(timings_us: dict[str, float]) -> str:
-    """The fastest quantized candidate ("native", "float32", "bfloat16"), or "plain" where the
-    float path beats it by more than ``PLAIN_MARGIN`` (or no quantized candidate ran)."""
-    ints = [c for c in timings_us if c != "plain"]
-    if not ints:
-        return "plain"
-    best = min(ints, key=timings_us.__getitem__)
-    return "plain" if timings_us["plain"] * PLAIN_MARGIN < timings_us[best] else best
-
-
-def largest_cache_bytes() -> int:
-    """The CPU's largest cache (Linux sysfs ``cpu0/cache/index*/size``), 32 MiB if unreadable."""
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    sizes = []
-    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
-        with contextlib.suppress(OSError, ValueError):
-            text = path.read_text().strip()
-            sizes.append(int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text))
-    return max(sizes, default=32 << 20)
-
-
-def _time_us(
-    candidates: dict[str, Callable[[], object]], evict: Callable[[], object], reps: int = 7
-) -> dict[str, float]:
-    """Best microseconds of each candidate over ``reps`` rounds, the candidates taking turns
-    (so that a stall of this shared machine hits them alike), each call after ``evict()``
-    pushed its weights out of the cache: a decode step streams every weight from memory (538
-    MB for the embedded model), and one matrix timed hot (a few MB, in L3) hides exactly the
-    bytes that int4 saves. Timed hot, fp32 won every shape here; cold, int4 did, and a whole
-    decode step agreed (bench_weights.py). A candidate whose warm-up call raises
-    ``RuntimeError`` (a kernel this CPU build lacks) is left out."""
-    runnable = {}
-    for name, fn in candidates.items():
-        with contextlib.suppress(RuntimeError):
-            fn()
-            runnable[name] = fn
-    best = dict.fromkeys(runnable, float("inf"))
-    for _ in range(reps):
-        for name, fn in runnable.items():
-            evict()
-            t0 = time.perf_counter()
-            fn()
-            best[name] = min(best[name], time.perf_counter() - t0)
-    return {name: seconds * 1e6 for name, seconds in best.items()}
-
-
 class QuantizingFactory:
-    """A ``ProjectionFactory`` for ``llama.load_weights``: quantizes each projection and picks
-    its kernel by a one-row timing per distinct shape (cached). ``report()`` says what won.
+    """A ``ProjectionFactory`` for ``llama.load_weights``: quantizes each projection and builds
+    it on the kernel the module docstring's rule names (the same on every start).
+    ``report()`` says what runs, per shape."""
 
-    Candidates: "native" (GGUF blocks on pagedkv's kernels, ``native_quant.py``: Q4_1 for
-    int4, Q8_0 for int8; fp32 models where the kernels load), torch's int kernel with
-    "float32" or "bfloat16" activations, and "plain" (what ``weights="float"`` builds)."""
-
-    def __init__(
-        self,
-        kind: str,
-        dtype: torch.dtype,
-        threads: int | None = None,
-        force: str | None = None,
-    ) -> None:
-        """``threads``: what the kernels will run with (the loader decodes on one thread).
-        ``force``: None measures; "native", "float32" or "bfloat16" takes that int kernel for
-        every shape where it runs, however it times (the quality tests: on a CPU where another
-        candidate wins, the one under test would otherwise never run)."""
-        if kind not in ("int8", "int4"):
-            raise ValueError(f"quantized weights are int8 or int4, not {kind!r}")
+    def __init__(self, option: str, dtype: torch.dtype, force: str | None = None) -> None:
+        """``option``: a ``WEIGHT_OPTIONS`` name. ``force``: "native", "float32" or
+        "bfloat16" takes that kernel for every shape where it applies (the quality tests and
+        benchmarks compare kernels on one CPU)."""
+        if option not in WEIGHT_OPTIONS:
+            raise ValueError(f"quantized weights are one of {list(WEIGHT_OPTIONS)}, not {option!r}")
         if force not in (None, "native", "float32", "bfloat16"):
             raise ValueError(f"force is native, float32 or bfloat16, not {force!r}")
-        self.kind, self.dtype, self.force = kind, dtype, force
+        self.option, self.dtype = option, dtype
+        self.kind, activations = WEIGHT_OPTIONS[option]
+        self.force = force or activations
         self._make_native = native_factory() if dtype == torch.float32 else None
-        self.threads = threads or torch.get_num_threads()
-        # (kind, in, out) -> (the winner, microseconds per candidate at one row)
-        self.choices: dict[tuple[str, int, int], tuple[str, dict[str, float]]] = {}
+        self._torch_int_runs: dict[str, bool] = {}  # kind -> whether this build has the kernel
+        self.choices: dict[tuple[str, int, int], str] = {}  # (kind, in, out) -> kernel
         self.counts: dict[tuple[str, int, int], int] = {}
 
     def __call__(
@@ -174,27 +118,39 @@ class QuantizingFactory:
         # The output projection stays 8-bit, as GGUF files keep it (the embedded model's
         # token_embd is Q8_0): int4 there cost 15 % perplexity, int8 nothing measurable.
         kind = "int8" if name == "lm_head" else self.kind
-        if kind == "int4" and k % GROUP:
-            return self._build("plain", kind, name, weight, bias)
         key = (kind, k, n)
         self.counts[key] = self.counts.get(key, 0) + 1
-        if key in self.choices:
-            return self._build(self.choices[key][0], kind, name, weight, bias)
-        names = ["plain", "float32", "bfloat16"]
-        if self._make_native is not None and k % GROUP == 0:
-            names.insert(1, "native")
-        torch_tensors = quantize_int4(weight) if kind == "int4" else quantize_int8(weight)
-        built = {c: self._build(c, kind, name, weight, bias, torch_tensors) for c in names}
-        timings = self._time(built, k)
-        choice = self.force if self.force in timings else pick_kernel(timings)
-        self.choices[key] = (choice, timings)
-        return built[choice]
+        choice = self.choices.get(key) or self._rule(kind, k, n)
+        self.choices[key] = choice
+        return self._build(choice, kind, name, weight, bias)
 
-    def _build(
-        self, choice: str, kind: str, name: str, weight, bias, torch_tensors=None
-    ) -> ProjectionBase:
-        """The projection of ``choice`` for ``weight``; ``torch_tensors``: its torch int
-        quantization when already made (shared by the two activation dtypes)."""
+    def _rule(self, kind: str, k: int, n: int) -> str:
+        """The kernel of a ``kind`` projection of ``k`` inputs and ``n`` outputs (see the
+        module docstring)."""
+        if k % GROUP:  # neither Q4_1/Q8_0 blocks nor torch's int4 groups fit the rows
+            return "plain"
+        native = self._make_native is not None
+        if self.force == "native" or (self.force is None and native):
+            return "native" if native else "plain"
+        activations = self.force or str(self.dtype).removeprefix("torch.")
+        # torch packs int4 weights by 16 output channels.
+        fits = kind == "int8" or n % TORCH_INT4_OUTPUTS == 0
+        return activations if fits and self._torch_int_kernel_runs(kind) else "plain"
+
+    def _torch_int_kernel_runs(self, kind: str) -> bool:
+        """Whether this torch build has its int ``kind`` CPU kernel (one tiny call, once)."""
+        if kind not in self._torch_int_runs:
+            weight = torch.ones(TORCH_INT4_OUTPUTS, 2 * GROUP)
+            module = self._build("bfloat16", kind, "probe", weight, None)
+            try:
+                module(torch.ones(1, 2 * GROUP))
+                self._torch_int_runs[kind] = True
+            except RuntimeError:
+                self._torch_int_runs[kind] = False
+        return self._torch_int_runs[kind]
+
+    def _build(self, choice: str, kind: str, name: str, weight, bias) -> ProjectionBase:
+        """The projection of ``choice`` for ``weight``."""
         if choice == "plain":  # what weights="float" builds for this tensor
             biases = [] if bias is None else [bias]
             return projection_from_pieces(name, [weight], biases, self.dtype, self._make_native)
@@ -202,31 +158,18 @@ class QuantizingFactory:
             return NativeQuantProjection(NATIVE_FORMATS[kind], weight, bias)
         n, k = weight.shape
         act = getattr(torch, choice)
-        tensors = torch_tensors
-        if tensors is None:
-            tensors = quantize_int4(weight) if kind == "int4" else quantize_int8(weight)
+        tensors = quantize_int4(weight) if kind == "int4" else quantize_int8(weight)
         b = None if bias is None else nn.Parameter(bias.to(self.dtype), requires_grad=False)
         return QuantProjection(kind, k, n, (tensors[0], tensors[1].to(act)), act, b)
 
-    def _time(self, built: dict[str, ProjectionBase], k: int) -> dict[str, float]:
-        x = torch.randn(1, k, dtype=self.dtype)
-        flood = torch.ones(2 * largest_cache_bytes() // 4)  # read through: evicts the weights
-        before = torch.get_num_threads()
-        torch.set_num_threads(self.threads)
-        try:
-            return _time_us({c: lambda m=m: m(x) for c, m in built.items()}, flood.sum)
-        finally:
-            torch.set_num_threads(before)
-
     def report(self) -> str:
-        """One line per shape: ``[in x out] xN: <kernel> (us at 1 row per candidate)``."""
+        """One line per shape: ``[in x out] xN: <kernel>``."""
         cpu = torch.backends.cpu.get_cpu_capability()
-        lines = [f"weights {self.kind}, kernel per shape timed at 1 row, cache cold (cpu {cpu}):"]
-        for (kind, k, n), (choice, timings) in self.choices.items():
+        lines = [f"weights {self.option}, kernel per shape by rule (cpu {cpu}):"]
+        for (kind, k, n), choice in self.choices.items():
             what = {
-                "plain": "fp32",
+                "plain": "fp32" if self.dtype == torch.float32 else "bf16, unquantized",
                 "native": f"{NATIVE_FORMATS[kind]} blocks, pagedkv's kernel",
             }.get(choice, f"{kind} kernel, {choice} activations")
-            times = ", ".join(f"{c} {us:.0f} us" for c, us in timings.items())
-            lines.append(f"  [{k} x {n}] x{self.counts[(kind, k, n)]}: {what} ({times})")
+            lines.append(f"  [{k} x {n}] x{self.counts[(kind, k, n)]}: {what}")
         return "\n".join(lines)
