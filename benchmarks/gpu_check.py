@@ -106,7 +106,8 @@ def check_kernels(run: Run) -> dict:
 
 
 def check_greedy(run: Run) -> dict:
-    """Greedy tokens on the device (pagedkv Triton eager and graphs, transformers) against
+    """Greedy tokens on the device (pagedkv Triton eager and graphs, pagedkv's torch SDPA
+    path, transformers) against
     pagedkv's CPU path (its C kernels), all fp32, the same prompt ids."""
     from pagedkv.model import load_model, native
 
@@ -120,6 +121,10 @@ def check_greedy(run: Run) -> dict:
         tokens[label] = attempt(errors, label, pagedkv_greedy, loaded, prompts, new_tokens,
                                 "triton", graphs)  # fmt: skip
         run.log(f"  {label}: {errors.get(label, 'done')}")
+    # The reference path on the device too: torch SDPA over K/V gathered by the plan.
+    label = "pagedkv torch sdpa"
+    tokens[label] = attempt(errors, label, pagedkv_greedy, loaded, prompts, new_tokens, "torch",
+                            False)  # fmt: skip
     del loaded
     cpu = load_model(path, "float32", progress=False, device="cpu")
     tokens["pagedkv cpu"] = pagedkv_greedy(cpu, prompts, new_tokens, "torch", False)

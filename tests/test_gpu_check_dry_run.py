@@ -63,7 +63,7 @@ def test_greedy_tokens_equal_on_every_path(dry_run):
     greedy = dry_run[0]["sections"]["greedy"]["result"]
     assert greedy["errors"] == {}
     assert set(greedy["comparisons"]) == {
-        "pagedkv triton", "pagedkv triton + cuda graphs", "transformers"
+        "pagedkv triton", "pagedkv triton + cuda graphs", "pagedkv torch sdpa", "transformers"
     }  # fmt: skip
     for name, comparison in greedy["comparisons"].items():
         assert comparison["identical"] == greedy["prompts"], name

@@ -182,6 +182,7 @@ class ModelRunner:
         meta = inputs.metadata
         if (
             self.graphs is not None
+            and not inputs.prompt_spans
             and inputs.logit_rows.numel() == meta.num_tokens == meta.num_seqs
         ):
             # A decode step (every row one sequence's new token, each needing its logits).
