@@ -131,11 +131,9 @@ class CausalLM(nn.Module):
             )
         block_size = block_size or kv_caches[0][0].shape[1]
         step_plan = plan if plan is not None else self.plan(attn_metadata, kv_caches, block_size)
-        device = self.device
-        input_ids = input_ids.to(device, non_blocking=True)
-        positions = positions.to(device, non_blocking=True)
+        positions = positions.to(self.device, non_blocking=True)  # host tensors cross once
         cos, sin = self.rotary.cos_sin(positions, self.dtype)
-        hidden = self.embed(input_ids)
+        hidden = self.embed(input_ids.to(self.device, non_blocking=True))
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden = layer(hidden, cos, sin, kv_cache, step_plan)
         return self.norm(hidden)

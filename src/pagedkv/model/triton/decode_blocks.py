@@ -107,3 +107,24 @@ def upcast_dots(cache_dtype: torch.dtype) -> bool:
     products as a 16-bit tensor-core dot with fp32 accumulation. Compiled kernels never upcast.
     """
     return _INTERPRETED and cache_dtype != torch.float32
+
+
+def pool_strides(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, ...]:
+    """The (block, token, KV head) strides of the K pool, then the V pool: how every kernel
+    addresses ``[num_blocks, block_size, num_kv_heads, head_dim]`` pools."""
+    return (*k_cache.stride()[:3], *v_cache.stride()[:3])
+
+
+def decode_constants(
+    group_size: int, block_size: int, head_dim: int, cache_dtype: torch.dtype
+) -> dict[str, object]:
+    """The compile-time constants and warp count both decode kernels launch with."""
+    return {
+        "G": group_size,
+        "G_PAD": group_rows(group_size),
+        "B": block_size,
+        "D": head_dim,
+        "DOT_PRECISION": dot_precision(cache_dtype),
+        "UPCAST_DOTS": upcast_dots(cache_dtype),
+        "num_warps": num_warps_for(block_size, head_dim),
+    }

@@ -24,10 +24,8 @@ import triton.language as tl
 from pagedkv.model.triton.decode_blocks import (
     LOG2_E,
     attend_blocks,
-    dot_precision,
-    group_rows,
-    num_warps_for,
-    upcast_dots,
+    decode_constants,
+    pool_strides,
 )
 
 PROGRAMS_PER_SM = 2  # below this many resident programs per SM, memory latency goes unhidden
@@ -209,20 +207,9 @@ def launch_split(
         num_splits,
         q.stride(0),
         q.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
+        *pool_strides(k_cache, v_cache),
         block_tables.stride(0),
-        G=group_size,
-        G_PAD=group_rows(group_size),
-        B=block_size,
-        D=head_dim,
-        DOT_PRECISION=dot_precision(k_cache.dtype),
-        UPCAST_DOTS=upcast_dots(k_cache.dtype),
-        num_warps=num_warps_for(block_size, head_dim),
+        **decode_constants(group_size, block_size, head_dim, k_cache.dtype),
     )
     _reduce_kernel[(num_seqs, num_q_heads)](
         part_out,

@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from pagedkv.model.triton.decode_blocks import pool_strides
 from pagedkv.pages.triton_rules import KV_WRITE
 
 RULE = KV_WRITE  # any block size; head dim a power of two <= 256 (one tl.arange row)
@@ -86,12 +87,7 @@ def write_kv(
         k.stride(1),
         v.stride(0),
         v.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
+        *pool_strides(k_cache, v_cache),
         BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim,
     )

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedkv.model.triton.decode_blocks import LOG2_E, dot_precision, upcast_dots
+from pagedkv.model.triton.decode_blocks import LOG2_E, dot_precision, pool_strides, upcast_dots
 from pagedkv.pages.triton_rules import PREFILL
 
 RULE = PREFILL  # block size and head dim: powers of two in [16, 256]
@@ -204,12 +204,7 @@ def paged_prefill(
         scale * LOG2_E,
         q.stride(0),
         q.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
+        *pool_strides(k_cache, v_cache),
         out.stride(0),
         out.stride(1),
         block_tables.stride(0),
