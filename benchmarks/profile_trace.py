@@ -5,6 +5,7 @@ decode-only steps, with their batch sizes and longest context. ``--ops`` adds th
 profiler's top operators over the whole run. Nothing is asserted; docs/latency.md quotes it.
 
     python benchmarks/profile_trace.py [--requests 64] [--threads 2] [--ops]
+        [--dtype float32|bfloat16] [--weights float|int4|...]
 """
 
 from __future__ import annotations
@@ -25,18 +26,20 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--ops", action="store_true", help="also the torch profiler's top ops")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--weights", default="float", help="a --weights option (default float)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    loaded = load_model(None, progress=False)
+    loaded = load_model(None, args.dtype, weights=args.weights, progress=False)
     ids, outs = azure_workload(args.requests, loaded[2].vocab_size)
-    engine = engine_on(loaded)
+    engine = engine_on(loaded, dtype=args.dtype)
     model = loaded[1]
     steps: list[tuple[float, int, int, int, int]] = []  # s, prefills, tokens, decodes, max ctx
     forward = model.forward
 
-    def timed_forward(input_ids, positions, kv_caches, meta, block_size=None):
+    def timed_forward(input_ids, positions, kv_caches, meta, *args, **kwargs):
         t0 = time.perf_counter()
-        hidden = forward(input_ids, positions, kv_caches, meta, block_size)
+        hidden = forward(input_ids, positions, kv_caches, meta, *args, **kwargs)
         q_lens = meta.query_start_loc[1:] - meta.query_start_loc[:-1]
         steps.append((time.perf_counter() - t0, int((q_lens > 1).sum()), int(q_lens.sum()),
                       int((q_lens == 1).sum()), int(meta.context_lens.max())))  # fmt: skip

@@ -33,7 +33,7 @@ def _naive(q_new, k_all, v_all, ctx, scale):
 
 # B = 4: decode contexts gathered by whole blocks; B = 64: a block far longer than the
 # contexts (like a reserved region), gathered slot by slot.
-@pytest.mark.parametrize("kernels", ["torch", "native"])
+@pytest.mark.parametrize("kernels", ["torch", "native", "native-bf16"])
 @pytest.mark.parametrize("B", [4, 64])
 @pytest.mark.parametrize("consecutive", [True, False])
 @pytest.mark.parametrize(
@@ -59,14 +59,16 @@ def _naive(q_new, k_all, v_all, ctx, scale):
 )
 def test_fast_paths_match_the_naive_reference(ctx_and_new, consecutive, B, kernels):
     lib = None
-    if kernels == "native":  # decode attention read through the block tables, in C
+    # bf16: queries and caches in bf16, the reference on the same (rounded) values in fp64.
+    dtype = torch.bfloat16 if kernels.endswith("bf16") else torch.float32
+    if kernels.startswith("native"):  # decode attention read through the block tables, in C
         lib = native.kernels()
         if lib is None:
             pytest.skip(f"native kernels unavailable: {native.unavailable_reason()}")
     gen = torch.Generator().manual_seed(len(ctx_and_new))
     num_blocks = 32 if B == 4 else 8
-    k_cache = torch.zeros(num_blocks, B, HKV, D)
-    v_cache = torch.zeros(num_blocks, B, HKV, D)
+    k_cache = torch.zeros(num_blocks, B, HKV, D, dtype=dtype)
+    v_cache = torch.zeros(num_blocks, B, HKV, D, dtype=dtype)
     order = (
         list(range(1, num_blocks))
         if consecutive
@@ -78,14 +80,14 @@ def test_fast_paths_match_the_naive_reference(ctx_and_new, consecutive, B, kerne
         blocks = [order.pop(0) for _ in range(math.ceil(ctx / B))]
         tables.append(blocks)
         k_all, v_all = (
-            torch.randn(ctx, HKV, D, generator=gen),
-            torch.randn(ctx, HKV, D, generator=gen),
+            torch.randn(ctx, HKV, D, generator=gen).to(dtype),
+            torch.randn(ctx, HKV, D, generator=gen).to(dtype),
         )
         seq_slots = [blocks[p // B] * B + p % B for p in range(ctx)]
         # The cached prefix is already in the pool; the new tokens arrive with the step.
         k_cache.view(-1, HKV, D)[seq_slots[: ctx - new]] = k_all[: ctx - new]
         v_cache.view(-1, HKV, D)[seq_slots[: ctx - new]] = v_all[: ctx - new]
-        q_new = torch.randn(new, HQ, D, generator=gen)
+        q_new = torch.randn(new, HQ, D, generator=gen).to(dtype)
         slots += seq_slots[ctx - new :]
         qs.append(q_new)
         ks.append(k_all[ctx - new :])
@@ -98,11 +100,14 @@ def test_fast_paths_match_the_naive_reference(ctx_and_new, consecutive, B, kerne
         context_lens=torch.tensor([c for c, _ in ctx_and_new], dtype=torch.int32),
         query_start_loc=torch.tensor([0, *torch.tensor([n for _, n in ctx_and_new]).cumsum(0).tolist()], dtype=torch.int32),
     )  # fmt: skip
-    plan = AttentionPlan(meta, B, kernels=lib)
+    plan = AttentionPlan(meta, B, dtype, kernels=lib)
     out = paged_attention(
         torch.cat(qs), torch.cat(ks), torch.cat(vs), (k_cache, v_cache), plan, scale
     )
-    assert torch.allclose(out.double(), torch.cat(expected), atol=1e-5)
+    assert out.dtype == dtype
+    # bf16: the output's own rounding (2^-9 relative, |out| < 4) and bf16 SDPA for prefills.
+    atol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert torch.allclose(out.double(), torch.cat(expected), atol=atol)
     decodes = sum(new == 1 for _, new in ctx_and_new)
     if lib is not None:
         assert isinstance(plan.decode, NativeDecode) == (decodes > 0)
@@ -117,3 +122,32 @@ def test_fast_paths_match_the_naive_reference(ctx_and_new, consecutive, B, kerne
         assert gathered is not None
     if ctx_and_new == [(9, 9)]:
         assert plan.prefills[0].gather_slots is None
+
+
+def test_bf16_decode_kernel_is_the_fp32_kernel_rounded_once():
+    """bf16 decode attention widens its inputs exactly and runs the fp32 kernel's arithmetic:
+    its output is the fp32 kernel's on the widened values, rounded to bf16 by torch's rule."""
+    lib = native.kernels()
+    if lib is None:
+        pytest.skip(f"native kernels unavailable: {native.unavailable_reason()}")
+    gen = torch.Generator().manual_seed(3)
+    hq, hkv, d, block_size, num_blocks = 9, 3, 64, 16, 40
+    k_cache = torch.randn(num_blocks, block_size, hkv, d, generator=gen).to(torch.bfloat16)
+    v_cache = torch.randn(num_blocks, block_size, hkv, d, generator=gen).to(torch.bfloat16)
+    ctx_lens = torch.tensor([1, 37, 200, 16], dtype=torch.int64)
+    tables = torch.stack([torch.randperm(num_blocks, generator=gen)[:13] for _ in ctx_lens])
+    q = torch.randn(len(ctx_lens), hq, d, generator=gen).to(torch.bfloat16)
+    outs = {}
+    for name, dt in (
+        ("pk_decode_attention_bf16", torch.bfloat16),
+        ("pk_decode_attention", torch.float32),
+    ):
+        qq, kk, vv = q.to(dt), k_cache.to(dt), v_cache.to(dt)
+        out = torch.empty(len(ctx_lens), hq * d, dtype=dt)
+        getattr(lib, name)(
+            qq.data_ptr(), qq.stride(0), kk.data_ptr(), vv.data_ptr(), tables.data_ptr(),
+            tables.stride(0), ctx_lens.data_ptr(), out.data_ptr(), len(ctx_lens), hq, hkv, d,
+            block_size, d**-0.5, 2,
+        )  # fmt: skip
+        outs[dt] = out
+    assert torch.equal(outs[torch.bfloat16], outs[torch.float32].to(torch.bfloat16))

@@ -63,3 +63,29 @@ def test_quantized_weights_stay_close_to_fp32(embedded, kind):
     assert mean_err < 0.1 * float(ref.std())
     assert agree > 0.9  # near-ties may flip under bf16 activations or Q8_0 re-rounding
     assert abs(ppl / ppl_ref - 1) < 0.05
+
+
+def test_bf16_model_stays_close_to_fp32(embedded):
+    """``--dtype bfloat16`` on the CPU (weights, activations and KV in bf16; oneDNN's matmuls
+    and the bf16 paged decode kernel): teacher-forced as one prompt, and as 8 prompt tokens
+    then one token a step (every later logit from a decode step)."""
+    _, reference, tokenizer = embedded
+    ids = tokenizer.encode(HELD_TEXT)
+    ref = _teacher_forced(reference, ids)
+    _, model, _ = load_model(None, "bfloat16", progress=False)
+    stepped = [[Chunk(0, 0, 8)]] + [[Chunk(0, i, i + 1)] for i in range(8, len(ids))]
+    ways = {
+        "prompt": _teacher_forced(model, ids),
+        "decode": torch.cat(run_steps(model, [ids], stepped, block_size=16, max_len=len(ids))),
+    }
+    for way, got in ways.items():
+        mean_err = float((got - ref).abs().mean())
+        agree = float((got.argmax(-1) == ref.argmax(-1)).float().mean())
+        ppl_ref, ppl = _perplexity(ref, ids), _perplexity(got, ids)
+        print(f"\nbf16 model ({way}): {len(ids)} tokens, mean |logit error| {mean_err:.4f} "
+              f"(logit std {float(ref.std()):.2f}), top-1 agreement {agree:.3f}, "
+              f"perplexity {ppl:.3f} vs fp32 {ppl_ref:.3f}")  # fmt: skip
+        assert mean_err > 0
+        assert mean_err < 0.1 * float(ref.std())
+        assert agree > 0.9
+        assert abs(ppl / ppl_ref - 1) < 0.05

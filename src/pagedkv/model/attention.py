@@ -91,14 +91,18 @@ def paged_attention(
 def _native_decode(
     q: torch.Tensor, kv_cache: KVCache, g: NativeDecode, plan: AttentionPlan, scale: float
 ) -> torch.Tensor:
-    """``[S, Hq * D]`` from the paged kernel (fp32 queries and caches, checked by the caller)."""
+    """``[S, Hq * D]`` from the paged kernel (queries and caches both fp32 or both bf16,
+    checked by the caller)."""
     k_cache, v_cache = kv_cache
     queries = q if g.token_index is None else q.index_select(0, g.token_index)
     if queries.stride(2) != 1 or queries.stride(1) != queries.shape[2]:
         queries = queries.contiguous()
     seqs, num_heads, head_dim = queries.shape
-    out = torch.empty(seqs, num_heads * head_dim, dtype=torch.float32)
-    plan.kernels.pk_decode_attention(
+    out = torch.empty(seqs, num_heads * head_dim, dtype=queries.dtype)
+    kernel = plan.kernels.pk_decode_attention
+    if queries.dtype == torch.bfloat16:
+        kernel = plan.kernels.pk_decode_attention_bf16
+    kernel(
         queries.data_ptr(), queries.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
         g.tables.data_ptr(), g.tables.stride(0), g.ctx_lens.data_ptr(), out.data_ptr(),
         seqs, num_heads, k_cache.shape[2], head_dim, plan.block_size, scale,

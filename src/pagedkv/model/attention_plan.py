@@ -70,8 +70,9 @@ class AttentionPlan:
         device: torch.device | None = None,
     ) -> None:
         """``dtype``: the queries' (masks are built in it: attention takes no other).
-        ``kernels``: ``native.kernels()`` when queries and caches are fp32 and the head size a
-        multiple of 8 (the caller checks): decode attention then runs on the paged kernel.
+        ``kernels``: ``native.kernels()`` when queries and caches are both fp32 or both bf16 and
+        the head size a multiple of 8 (the caller checks): decode attention then runs on the
+        paged kernel.
         ``device``: where the caches are (a GPU: the plan is made on the host, then moved;
         this is the reference path there, ``model/triton/`` the fast one)."""
         self.device = torch.device("cpu") if device is None else device

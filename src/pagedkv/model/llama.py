@@ -45,9 +45,8 @@ LAYER_PARAMETERS: dict[str, str] = {
     "input_norm.weight": "input_layernorm.weight",
     "post_attention_norm.weight": "post_attention_layernorm.weight",
 }
-# Builds the module of one projection from its fused weight ``[out, in]`` and bias (or None);
-# the default is ``Projection`` in the model dtype, ``quant.py`` makes the quantized ones (all
-# ``ProjectionBase``: the layers also call ``added_to`` and ``halves``).
+# Builds one projection (a ``ProjectionBase``) from its fused weight ``[out, in]`` and bias or
+# None: by default ``Projection`` in the model dtype; ``quant.py`` makes the quantized ones.
 ProjectionFactory = Callable[[str, torch.Tensor, torch.Tensor | None], ProjectionBase]
 
 
@@ -57,9 +56,8 @@ class CausalLM(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        # None: the embedding rows are read from the (tied, fp32) lm_head's columns. Built
-        # around an empty weight: nn.Embedding's own random init, on the meta device, goes
-        # through torch's reference ops and imports torch._dynamo (1.6 s of a 3.4 s load).
+        # None: the embedding rows are read from the (tied) lm_head's columns. An empty weight:
+        # nn.Embedding's own init goes through torch._dynamo's import (1.6 s of a 3.4 s load).
         self.embed_tokens: nn.Embedding | None = nn.Embedding(
             config.vocab_size,
             config.hidden_size,
@@ -74,6 +72,7 @@ class CausalLM(nn.Module):
             self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
         self.weights_report = ""  # how the projections compute, set by the loader
         self.kernels = None  # native.kernels() when load_weights found them (fp32 only)
+        self.attention_kernels = None  # the same on the CPU: decode attention in fp32 or bf16
         self.requires_grad_(False)
 
     @property
@@ -148,15 +147,16 @@ class CausalLM(nn.Module):
         return AttentionPlan(meta, block_size, self.dtype, kernels, self.device)
 
     def _attention_kernels(self, kv_caches: list[KVCache]):
-        """The native kernels where decode attention may use them: fp32 queries and caches,
-        a head size of a multiple of 8, the model loaded with them."""
-        kernels = self.kernels
+        """The native kernels where decode attention may use them: queries and caches both fp32
+        or both bf16, contiguous caches, a head size of a multiple of 8 (and at most 256)."""
+        kernels, dtype, head_dim = self.attention_kernels, self.dtype, self.config.head_dim
         if (
             kernels is None
-            or self.dtype != torch.float32
-            or kv_caches[0][0].dtype != torch.float32
+            or dtype not in (torch.float32, torch.bfloat16)
+            or kv_caches[0][0].dtype != dtype
             or not all(k.is_contiguous() and v.is_contiguous() for k, v in kv_caches)
-            or self.config.head_dim % 8
+            or head_dim % 8
+            or head_dim > 256
             or torch.compiler.is_compiling()
         ):
             return None
@@ -187,6 +187,7 @@ class CausalLM(nn.Module):
         device = torch.device(device)
         on_cpu = device.type == "cpu"
         kernels = self.kernels = native.kernels() if dtype == torch.float32 and on_cpu else None
+        self.attention_kernels = native.kernels() if on_cpu else None
         if not on_cpu:  # on the device in the model dtype (4x less to move than fp32 for bf16)
             if make_projection is not None:
                 raise ValueError("quantized weights run on the CPU only")

@@ -47,6 +47,7 @@ _SIGNATURES = {
     "pk_rms_norm": [_P, _P, _P, _I64, _I64, _F, _INT],
     "pk_silu_mul": [_P, _I64, _P, _I64, _P, _I64, _I64, _INT],
     "pk_decode_attention": [_P, _I64, _P, _P, _P, _I64, _P, _P, *[_I64] * 5, _F, _INT],
+    "pk_decode_attention_bf16": [_P, _I64, _P, _P, _P, _I64, _P, _P, *[_I64] * 5, _F, _INT],
     "pk_rope_store": [_P, _I64, _P, _P, _P, _P, _P, *[_I64] * 4, _INT],
     "pk_decode_layer": [
         _P,
