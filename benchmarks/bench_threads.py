@@ -66,7 +66,9 @@ def main() -> None:
     parser.add_argument("--burner", choices=("both", "on", "off"), default="both")
     args = parser.parse_args()
     conditions = ["off", "on"] if args.burner == "both" else [args.burner]
-    results: dict[str, dict[str, list[float]]] = {c: {n: [] for n, _, _ in CONFIGS} for c in conditions}
+    results: dict[str, dict[str, list[float]]] = {
+        c: {n: [] for n, _, _ in CONFIGS} for c in conditions
+    }
     loads = []
     for condition in conditions:
         burner = None
@@ -93,7 +95,9 @@ def main() -> None:
         for name, _, _ in CONFIGS:
             med = statistics.median(results[condition][name])
             print(f"| {condition} | {name} | {med:.1f} | {med / base:.2f}x |")
-    print("\nload averages after each run:", [(c, n, [round(x, 1) for x in la]) for c, n, la in loads])
+    print(
+        "\nload averages after each run:", [(c, n, [round(x, 1) for x in la]) for c, n, la in loads]
+    )
 
 
 if __name__ == "__main__":
