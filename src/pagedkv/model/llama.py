@@ -156,7 +156,7 @@ class CausalLM(nn.Module):
             or kv_caches[0][0].dtype != dtype
             or not all(k.is_contiguous() and v.is_contiguous() for k, v in kv_caches)
             or head_dim % 8
-            or head_dim > 256
+            or (dtype == torch.bfloat16 and head_dim > native.BF16_MAX_HEAD_DIM)
             or torch.compiler.is_compiling()
         ):
             return None

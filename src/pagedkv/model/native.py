@@ -36,6 +36,8 @@ FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
 # Up to this many rows the kernels' projections beat torch's (bench_native.py): 1.2-1.6x at
 # 1-24 rows, even at 48-64, behind from ~96, where torch's blocked GEMM reuses each weight.
 MAX_ROWS = 64
+# The bf16 decode attention accumulates a head in a float[256] on the stack (native_kernels.c).
+BF16_MAX_HEAD_DIM = 256
 
 _state: dict[str, object] = {}
 _P, _I64, _INT, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float

@@ -124,7 +124,7 @@ static inline void decode_attention(const void *q, int64_t q_stride, const void 
         int64_t s = item / hq, h = item % hq, kvh = h / group, ctx = ctx_lens[s];
         int64_t q_at = s * q_stride + h * d, out_at = s * hq * d + h * d;
         const int64_t *table = tables + s * table_stride;
-        float acc[256];
+        float acc[256];  /* native.BF16_MAX_HEAD_DIM: the caller checks d */
         float *o = bf16 ? acc : (float *)out + out_at;
         for (int64_t i = 0; i < d; i++) o[i] = 0.0f;
         float m = -INFINITY, l = 0.0f;
