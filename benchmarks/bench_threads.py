@@ -18,8 +18,9 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from common import cpu_burner
 
 HERE = Path(__file__).resolve().parent
 # (name, threads, extra environment): libgomp's default spins ~300k rounds before sleeping.
@@ -71,10 +72,7 @@ def main() -> None:
     }
     loads = []
     for condition in conditions:
-        burner = None
-        if condition == "on":
-            burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-        try:
+        with cpu_burner(condition == "on"):
             for r in range(args.repeats):
                 order = CONFIGS if r % 2 == 0 else CONFIGS[::-1]
                 for name, threads, env in order:
@@ -82,11 +80,6 @@ def main() -> None:
                     loads.append((condition, name, os.getloadavg()))
                     print(f"burner {condition}, {name}: {results[condition][name][-1]:.1f} tok/s",
                           file=sys.stderr)  # fmt: skip
-        finally:
-            if burner is not None:
-                burner.kill()
-                burner.wait()
-                time.sleep(5)
     print(f"\n{args.requests} trace requests, fp32, {args.repeats} rounds, {os.cpu_count()} CPUs")
     print("| burner | configuration | output tok/s (median) | vs libgomp default, 2 threads |")
     print("|---|---|---:|---:|")

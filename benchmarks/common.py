@@ -67,6 +67,23 @@ def gc_paused() -> Iterator[None]:
         gc.enable()
 
 
+@contextmanager
+def cpu_burner(on: bool = True) -> Iterator[None]:
+    """One process spinning on a CPU inside the block (``on``), killed by its PID after: the
+    "another busy process" condition, started the same way by every benchmark that measures
+    it. The 5 s after the kill let the load average fall before the next condition runs."""
+    if not on:
+        yield
+        return
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield
+    finally:
+        burner.kill()
+        burner.wait()
+        time.sleep(5)
+
+
 def samples_s(
     fn: Callable[[], object], repeats: int, *, warmup: bool = True, clock=time.perf_counter
 ) -> list[float]:

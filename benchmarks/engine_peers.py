@@ -63,13 +63,14 @@ def _pagedkv_job(job: dict) -> dict:
 
     torch.set_num_threads(int(job["threads"]))
     t0 = time.perf_counter()
-    loaded = load_model(None, progress=False, weights=job.get("weights", "float"))
+    dtype = job.get("dtype", "float32")
+    loaded = load_model(None, dtype, progress=False, weights=job.get("weights", "float"))
     startup_s = time.perf_counter() - t0
     sections = {}
     for name, sec in job["sections"].items():
         ids, outs = sec["prompts"], sec["max_tokens"]
-        warm_s, _ = run_pagedkv_tokens(loaded, ids[:1], [min(2, outs[0])])
-        secs, token_ids = run_pagedkv_tokens(loaded, ids, outs)
+        warm_s, _ = run_pagedkv_tokens(loaded, ids[:1], [min(2, outs[0])], dtype=dtype)
+        secs, token_ids = run_pagedkv_tokens(loaded, ids, outs, dtype=dtype)
         sections[name] = {"seconds": secs, "warmup_seconds": warm_s, "token_ids": token_ids}
     return {"startup_s": startup_s, "sections": sections}
 

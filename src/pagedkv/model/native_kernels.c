@@ -19,6 +19,11 @@
 
 #include "native_linear.h"
 
+int pk_avx512 = 0;
+
+/* linear_block4's form for this process: 1 AVX-512 (the caller checked the CPU), 0 AVX2. */
+void pk_set_isa(int avx512) { pk_avx512 = avx512; }
+
 /* y[r, :] = x[r, :] @ w.T (+ bias) (+ residual[r, :]) for r < rows.
  * x [rows, k], w [n, k], bias [n] or NULL, residual [rows, n] or NULL, y [rows, n]: contiguous
  * fp32; k % 8 == 0. y may be residual (each element is read before it is written). */
@@ -51,27 +56,6 @@ void pk_rms_norm(const float *x, const float *weight, float *y, int64_t rows, in
     }
 }
 
-/* exp(x) for 8 floats: x = n ln2 + r, |r| <= ln2 / 2, a degree-6 polynomial for exp(r)
- * (Cephes' expf coefficients), times 2^n built in the exponent bits; x clamped to the range
- * where 2^n is a normal float (exp(-87.3) ~ 1e-38, exp(88.3) ~ 2e38). About 1 ulp; the scalar
- * expf of libm made silu * up 2.4x slower than torch's at 256 rows. */
-static inline __m256 exp8(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);  /* ln2, in two parts */
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-
 /* out[r, :] = silu(gate[r, :]) * up[r, :] for rows of ``half`` floats; row r of gate at
  * gate + r * gate_stride (of up likewise); out [rows, half] contiguous. Gate and up are the two
  * halves of one [rows, 2 * half] product (strides 2 * half) or two shards (strides half). */
@@ -92,91 +76,11 @@ void pk_silu_mul(const float *gate, int64_t gate_stride, const float *up, int64_
     }
 }
 
-/* Eight floats from p[i..i+8): fp32, or bf16 widened (a bf16 is the top half of an fp32). */
-static inline __m256 load8(const void *p, int64_t i, int bf16) {
-    if (!bf16) return _mm256_loadu_ps((const float *)p + i);
-    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
-/* fp32 -> bf16, rounded to nearest even as torch rounds (NaN stays a quiet NaN). */
-static inline uint16_t to_bf16(float f) {
-    union { float f; uint32_t u; } v = {f};
-    if ((v.u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-    return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
-}
-
-/* Decode attention straight from the paged cache: one query per sequence, its keys and values
- * found through its block table (slot = table[t / B] * B + t % B), nothing gathered.
- * q: row s of the batch at q + s * q_stride, [Hq, D]; caches [num_blocks, B, Hkv, D];
- * tables [S, table_stride] and ctx_lens [S] int64; out [S, Hq * D]. Query head h reads KV head
- * h / (Hq / Hkv). Softmax in one pass (running maximum), fp32; D % 8 == 0. bf16: queries,
- * caches and out are bf16 (D <= 256), the arithmetic the same fp32, out rounded once.
- * Each (sequence, head) is computed alone, in the same order whatever the batch. */
-static inline void decode_attention(const void *q, int64_t q_stride, const void *k_cache,
-                                    const void *v_cache, const int64_t *tables,
-                                    int64_t table_stride, const int64_t *ctx_lens, void *out,
-                                    int64_t seqs, int64_t hq, int64_t hkv, int64_t d,
-                                    int64_t block_size, float scale, int threads, int bf16) {
-    int64_t group = hq / hkv, work = seqs * hq, row = hkv * d;
-    #pragma omp parallel for schedule(static) num_threads(threads) if(threads > 1 && work > 1)
-    for (int64_t item = 0; item < work; item++) {
-        int64_t s = item / hq, h = item % hq, kvh = h / group, ctx = ctx_lens[s];
-        int64_t q_at = s * q_stride + h * d, out_at = s * hq * d + h * d;
-        const int64_t *table = tables + s * table_stride;
-        float acc[256];  /* native.BF16_MAX_HEAD_DIM: the caller checks d */
-        float *o = bf16 ? acc : (float *)out + out_at;
-        for (int64_t i = 0; i < d; i++) o[i] = 0.0f;
-        float m = -INFINITY, l = 0.0f;
-        for (int64_t t = 0; t < ctx; t++) {
-            int64_t at = (table[t / block_size] * block_size + t % block_size) * row + kvh * d;
-            __m256 a = _mm256_setzero_ps();
-            for (int64_t i = 0; i < d; i += 8)
-                a = _mm256_fmadd_ps(load8(q, q_at + i, bf16), load8(k_cache, at + i, bf16), a);
-            float score = hsum(a) * scale;
-            float p;
-            if (score > m) {  /* a new maximum: what was summed so far shrinks by exp(m - score) */
-                float shrink = expf(m - score);
-                __m256 sv = _mm256_set1_ps(shrink);
-                for (int64_t i = 0; i < d; i += 8)
-                    _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_loadu_ps(o + i), sv));
-                l *= shrink;
-                m = score;
-                p = 1.0f;
-            } else {
-                p = expf(score - m);
-            }
-            l += p;
-            __m256 pv = _mm256_set1_ps(p);
-            for (int64_t i = 0; i < d; i += 8)
-                _mm256_storeu_ps(o + i, _mm256_fmadd_ps(pv, load8(v_cache, at + i, bf16),
-                                                        _mm256_loadu_ps(o + i)));
-        }
-        __m256 inv = _mm256_set1_ps(1.0f / l);
-        for (int64_t i = 0; i < d; i += 8)
-            _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_loadu_ps(o + i), inv));
-        if (bf16)
-            for (int64_t i = 0; i < d; i++) ((uint16_t *)out)[out_at + i] = to_bf16(acc[i]);
-    }
-}
-
+/* native_attention.c */
 void pk_decode_attention(const float *q, int64_t q_stride, const float *k_cache,
                          const float *v_cache, const int64_t *tables, int64_t table_stride,
                          const int64_t *ctx_lens, float *out, int64_t seqs, int64_t hq,
-                         int64_t hkv, int64_t d, int64_t block_size, float scale, int threads) {
-    decode_attention(q, q_stride, k_cache, v_cache, tables, table_stride, ctx_lens, out, seqs,
-                     hq, hkv, d, block_size, scale, threads, 0);
-}
-
-/* pk_decode_attention on bf16 queries, caches and out (uint16 bits), D <= 256. */
-void pk_decode_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *k_cache,
-                              const uint16_t *v_cache, const int64_t *tables,
-                              int64_t table_stride, const int64_t *ctx_lens, uint16_t *out,
-                              int64_t seqs, int64_t hq, int64_t hkv, int64_t d,
-                              int64_t block_size, float scale, int threads) {
-    decode_attention(q, q_stride, k_cache, v_cache, tables, table_stride, ctx_lens, out, seqs,
-                     hq, hkv, d, block_size, scale, threads, 1);
-}
+                         int64_t hkv, int64_t d, int64_t block_size, float scale, int threads);
 
 /* RoPE and the KV write of one layer, in place, for rows of qkv = [q heads | k heads | v heads]
  * (row r at qkv + r * row_stride, heads of d floats): every q and k head rotated as

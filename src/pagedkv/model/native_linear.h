@@ -12,12 +12,7 @@
 #include <immintrin.h>
 #include <stdint.h>
 
-static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+#include "native_simd.h"
 
 /* The epilogue of one output element: dot (+ bias[n]) (+ residual[r, n]), in that order, as
  * torch computes residual + (x @ W.T + b). */
@@ -48,11 +43,70 @@ static inline void linear_column(const float *x, const float *wn, const float *b
     }
 }
 
+/* linear_block4's AVX-512 form, chosen once per process by pk_set_isa (native.py: by the CPU's
+ * capability, PAGEDKV_NATIVE_ISA=avx2 forces the other). Four rows share each weight load and
+ * four columns each row load (16 accumulators of 16 lanes); an output element is 16 lane
+ * partial sums in k order (the last 8 masked when k % 16 == 8), then one fixed reduction:
+ * the same operations in the four-row tile and in the one-row tail, so still batch-invariant,
+ * but not the AVX2 form's bits (8 lanes): the ISA is part of what a run computes. */
+extern int pk_avx512;
+
+#define PK_AVX512 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,fma")))
+#define PK_ROWS_STEP(R, LOAD)                                                         \
+    do {                                                                              \
+        __m512 u[4] = {LOAD(w0), LOAD(w1), LOAD(w2), LOAD(w3)};                       \
+        for (int ri = 0; ri < (R); ri++) {                                            \
+            __m512 xv = LOAD(xr[ri]);                                                 \
+            for (int j = 0; j < 4; j++) a[ri][j] = _mm512_fmadd_ps(xv, u[j], a[ri][j]); \
+        }                                                                             \
+    } while (0)
+#define PK_FULL(p) _mm512_loadu_ps((p) + i)
+#define PK_TAIL(p) _mm512_maskz_loadu_ps(tail, (p) + i)
+#define PK_ROWS_KERNEL(NAME, R)                                                                 \
+    PK_AVX512 static void NAME(const float *x, const float *w0, const float *bias,           \
+                               const float *res, float *y, int64_t r, int64_t k, int64_t n,  \
+                               int64_t c, int prefetch) {                                     \
+        const float *w1 = w0 + k, *w2 = w1 + k, *w3 = w2 + k, *xr[4];                         \
+        __m512 a[4][4];                                                                       \
+        for (int ri = 0; ri < (R); ri++) {                                                    \
+            xr[ri] = x + (r + ri) * k;                                                        \
+            for (int j = 0; j < 4; j++) a[ri][j] = _mm512_setzero_ps();                       \
+        }                                                                                     \
+        int64_t i = 0;                                                                        \
+        for (; i + 16 <= k; i += 16) {                                                        \
+            if (prefetch) PREFETCH_NEXT_BLOCK(w0, k, i);                                      \
+            PK_ROWS_STEP(R, PK_FULL);                                                         \
+        }                                                                                     \
+        if (i < k) {                                                                          \
+            __mmask16 tail = (__mmask16)((1u << (k - i)) - 1u);                               \
+            PK_ROWS_STEP(R, PK_TAIL);                                                         \
+        }                                                                                     \
+        for (int ri = 0; ri < (R); ri++)                                                      \
+            for (int j = 0; j < 4; j++) {                                                     \
+                int64_t at = (r + ri) * n + c + j;                                            \
+                y[at] = finish(_mm512_reduce_add_ps(a[ri][j]), bias, res, at, c + j);         \
+            }                                                                                 \
+    }
+PK_ROWS_KERNEL(linear_rows4_avx512, 4)
+PK_ROWS_KERNEL(linear_row1_avx512, 1)
+
+PK_AVX512 static void linear_block4_avx512(const float *x, const float *w0, const float *bias,
+                                           const float *res, float *y, int64_t rows, int64_t k,
+                                           int64_t n, int64_t c, int prefetch) {
+    int64_t r = 0;
+    for (; r + 4 <= rows; r += 4) linear_rows4_avx512(x, w0, bias, res, y, r, k, n, c, prefetch);
+    for (; r < rows; r++) linear_row1_avx512(x, w0, bias, res, y, r, k, n, c, prefetch);
+}
+
 /* Output columns c..c+3 for rows [0, rows): their weight rows are w0 .. w0 + 3k (contiguous).
  * prefetch: whether the next block lies at w0 + 4k (a whole matrix) or not (a scratch block). */
 static inline void linear_block4(const float *x, const float *w0, const float *bias,
                                  const float *res, float *y, int64_t rows, int64_t k, int64_t n,
                                  int64_t c, int prefetch) {
+    if (pk_avx512) {
+        linear_block4_avx512(x, w0, bias, res, y, rows, k, n, c, prefetch);
+        return;
+    }
     const float *w1 = w0 + k, *w2 = w1 + k, *w3 = w2 + k;
     int64_t r = 0;
     for (; r + 2 <= rows; r += 2) {  /* two rows share each weight load */

@@ -87,7 +87,7 @@ class NativeProjection(ProjectionBase):
 
     def describe(self) -> str:
         return (
-            f"float32 matmuls: pagedkv's AVX2 kernel up to {native.MAX_ROWS} rows "
+            f"float32 matmuls: pagedkv's {native.isa().upper()} kernel up to {native.MAX_ROWS} rows "
             "(batch-invariant), above as one bmm over a row shard of the weight per torch thread"
         )
 
