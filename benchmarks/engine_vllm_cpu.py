@@ -58,8 +58,12 @@ def compare(
     job_sections = {name: {"prompts": ids, "max_tokens": outs}
                     for name, (ids, outs) in sections.items()}  # fmt: skip
     jobs = {
-        "pagedkv": {"threads": threads, "weights": weights, "dtype": dtype,
-                    "sections": job_sections},  # fmt: skip
+        "pagedkv": {
+            "threads": threads,
+            "weights": weights,
+            "dtype": dtype,
+            "sections": job_sections,
+        },  # fmt: skip
         "vllm-cpu": {
             "model": model_folder,
             "dtype": dtype,

@@ -151,7 +151,9 @@ def _load() -> ctypes.CDLL:
     for name, argtypes in _SIGNATURES.items():
         getattr(lib, name).argtypes = argtypes
         getattr(lib, name).restype = _INT if name in _RETURN_STATUS else None
-    chosen = os.environ.get("PAGEDKV_NATIVE_ISA") or ("avx512" if capability == "AVX512" else "avx2")
+    chosen = os.environ.get("PAGEDKV_NATIVE_ISA") or (
+        "avx512" if capability == "AVX512" else "avx2"
+    )
     if chosen not in ISAS or (chosen == "avx512" and capability != "AVX512"):
         raise _Unavailable(f"PAGEDKV_NATIVE_ISA={chosen}: choose avx2, or avx512 on a CPU with it")
     lib.pk_set_isa(int(chosen == "avx512"))
