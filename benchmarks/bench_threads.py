@@ -8,6 +8,7 @@ configurations; medians of output tok/s, the ratio to the default, and the load 
 Nothing is asserted; docs/latency.md quotes a run.
 
     python benchmarks/bench_threads.py [--requests 32] [--repeats 2] [--burner both|on|off]
+        [--only SUBSTRING]
 """
 
 from __future__ import annotations
@@ -32,6 +33,17 @@ CONFIGS = [
     ("GOMP_SPINCOUNT=10000, 2 threads", 2, {"GOMP_SPINCOUNT": "10000"}),
     ("GOMP_SPINCOUNT=1000, 2 threads", 2, {"GOMP_SPINCOUNT": "1000"}),
     ("libgomp default, 1 thread", 1, {}),
+    # Each thread pinned to its core, as vLLM-CPU pins its OpenMP threads (THREADS_BIND).
+    (
+        "GOMP_SPINCOUNT=10000, OMP_PROC_BIND=close, 2 threads",
+        2,
+        {"GOMP_SPINCOUNT": "10000", "OMP_PROC_BIND": "close", "OMP_PLACES": "cores"},
+    ),
+    (
+        "PASSIVE, OMP_PROC_BIND=close, 2 threads",
+        2,
+        {"OMP_WAIT_POLICY": "PASSIVE", "OMP_PROC_BIND": "close", "OMP_PLACES": "cores"},
+    ),
 ]
 
 
@@ -65,27 +77,29 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--burner", choices=("both", "on", "off"), default="both")
+    parser.add_argument("--only", default="", help="run the configurations whose name has this")
     args = parser.parse_args()
+    configs = [c for c in CONFIGS if args.only in c[0]]
     conditions = ["off", "on"] if args.burner == "both" else [args.burner]
     results: dict[str, dict[str, list[float]]] = {
-        c: {n: [] for n, _, _ in CONFIGS} for c in conditions
+        c: {n: [] for n, _, _ in configs} for c in conditions
     }
     loads = []
     for condition in conditions:
         with cpu_burner(condition == "on"):
             for r in range(args.repeats):
-                order = CONFIGS if r % 2 == 0 else CONFIGS[::-1]
+                order = configs if r % 2 == 0 else configs[::-1]
                 for name, threads, env in order:
                     results[condition][name].append(run_config(args.requests, threads, env))
                     loads.append((condition, name, os.getloadavg()))
                     print(f"burner {condition}, {name}: {results[condition][name][-1]:.1f} tok/s",
                           file=sys.stderr)  # fmt: skip
     print(f"\n{args.requests} trace requests, fp32, {args.repeats} rounds, {os.cpu_count()} CPUs")
-    print("| burner | configuration | output tok/s (median) | vs libgomp default, 2 threads |")
+    print(f"| burner | configuration | output tok/s (median) | vs {configs[0][0]} |")
     print("|---|---|---:|---:|")
     for condition in conditions:
-        base = statistics.median(results[condition][CONFIGS[0][0]])
-        for name, _, _ in CONFIGS:
+        base = statistics.median(results[condition][configs[0][0]])
+        for name, _, _ in configs:
             med = statistics.median(results[condition][name])
             print(f"| {condition} | {name} | {med:.1f} | {med / base:.2f}x |")
     print(

@@ -72,7 +72,8 @@ def _pagedkv_job(job: dict) -> dict:
         warm_s, _ = run_pagedkv_tokens(loaded, ids[:1], [min(2, outs[0])], dtype=dtype)
         secs, token_ids = run_pagedkv_tokens(loaded, ids, outs, dtype=dtype)
         sections[name] = {"seconds": secs, "warmup_seconds": warm_s, "token_ids": token_ids}
-    return {"startup_s": startup_s, "sections": sections}
+    return {"startup_s": startup_s, "sections": sections,
+            "weights_report": loaded[1].weights_report}  # fmt: skip
 
 
 def run_job_pagedkv(job: dict) -> dict:
