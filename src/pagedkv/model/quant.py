@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from pagedkv.model import native
 from pagedkv.model.native_projection import native_factory
 from pagedkv.model.native_quant import NativeQuantProjection
 from pagedkv.model.projection import ProjectionBase, projection_from_pieces
@@ -169,7 +170,7 @@ class QuantizingFactory:
         for (kind, k, n), choice in self.choices.items():
             what = {
                 "plain": "fp32" if self.dtype == torch.float32 else "bf16, unquantized",
-                "native": f"{NATIVE_FORMATS[kind]} blocks, pagedkv's kernel",
+                "native": f"{NATIVE_FORMATS[kind]} blocks, pagedkv's {native.isa().upper()} kernel",
             }.get(choice, f"{kind} kernel, {choice} activations")
             lines.append(f"  [{k} x {n}] x{self.counts[(kind, k, n)]}: {what}")
         return "\n".join(lines)
