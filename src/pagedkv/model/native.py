@@ -1,13 +1,16 @@
 """pagedkv's compiled CPU kernels (``native_kernels.c``, fp32; ``native_quant_kernels.c``,
-weights in GGUF's Q4_1/Q8_0 blocks; ``native_attention.c``, paged decode attention): built once with the system C compiler into one library,
-cached, loaded with ctypes, called on torch tensors' memory.
+weights in GGUF's Q4_1/Q8_0 blocks; ``native_attention.c``, paged decode attention): built
+once with the system C compiler into one library, cached, loaded with ctypes, called on torch
+tensors' memory. The projections' microkernel has an AVX-512 form beside the AVX2 one, chosen
+once per process by rule (``isa()``).
 
 ``kernels()`` returns the loaded library, or None with ``unavailable_reason()`` saying why
-(not x86-64, no AVX2/FMA, no compiler, a second OpenMP runtime, ``PAGEDKV_NATIVE=0``). Every
-caller keeps a torch path for None. The C code trusts its arguments: the callers
-(``native_projection``, ``native_quant``, ``layers.RMSNorm``/``SwiGLU``, ``decoder_layer``,
-``attention``) pass contiguous memory (fp32, or uint8 blocks) of the shapes the kernel comments
-state, and check it before each call. F16C (the blocks' fp16 scales) comes with every AVX2 CPU.
+(not x86-64, no AVX2/FMA, no compiler, a second OpenMP runtime, ``PAGEDKV_NATIVE=0``, a
+``PAGEDKV_NATIVE_ISA`` this CPU cannot run). Every caller keeps a torch path for None. The C
+code trusts its arguments: the callers (``native_projection``, ``native_quant``,
+``layers.RMSNorm``/``SwiGLU``, ``decoder_layer``, ``attention``) pass contiguous memory (fp32,
+or uint8 blocks) of the shapes the kernel comments state, and check it before each call. F16C
+(the blocks' fp16 scales) comes with every AVX2 CPU.
 
 The build: ``cc -O3 -mavx2 -mfma -mf16c -fopenmp`` into ``$XDG_CACHE_HOME/pagedkv/native/``
 under a name keyed by the sources, the compiler and the flags (~0.7 s, once); written to a
@@ -34,8 +37,9 @@ QUANT_SOURCE = Path(__file__).with_name("native_quant_kernels.c")
 ATTENTION_SOURCE = Path(__file__).with_name("native_attention.c")  # paged decode attention
 HEADERS = tuple(Path(__file__).with_name(h) for h in ("native_linear.h", "native_simd.h"))
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
-# Up to this many rows the kernels' projections beat torch's (bench_native.py): 1.2-1.6x at
-# 1-24 rows, even at 48-64, behind from ~96, where torch's blocked GEMM reuses each weight.
+# Up to this many rows the projections run on the kernels (batch-invariant): 1.2-1.6x torch's
+# at 1-24 rows, even at 48-64 on an AMX Xeon (AVX2 form); on a Xeon without AMX the AVX-512
+# form is 1.2-1.3x at 1-16 rows, even at 32 and 0.82x at 64 (bench_native.py, latency.md).
 MAX_ROWS = 64
 # The bf16 decode attention accumulates a head in a float[256] on the stack (native_attention.c).
 BF16_MAX_HEAD_DIM = 256

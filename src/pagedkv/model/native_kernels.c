@@ -7,8 +7,8 @@
  *
  * Contract shared by every kernel: every output element is computed by the same sequence of
  * float operations whatever the number of rows, the row's position in the batch and the number
- * of threads (8 lane partial sums in k order, then a fixed reduction). So a sequence decoded
- * alone and in a batch of up to 64 gets bit-identical logits.
+ * of threads (8 lane partial sums in k order, 16 in the AVX-512 form, then a fixed
+ * reduction). So a sequence decoded alone and in a batch of up to 64 gets bit-identical logits.
  *
  * The OpenMP runtime is the one torch already loaded (same soname): the kernels share torch's
  * thread team instead of fighting it for the cores. native.py checks that before using them.

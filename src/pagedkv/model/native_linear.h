@@ -2,10 +2,10 @@
  * (native_kernels.c: the rows of an fp32 matrix) and the quantized projections
  * (native_quant_kernels.c: rows dequantized into a thread's scratch buffer first). Both run
  * this one code, so an output element is the same float operations in both: 8 lane partial
- * sums in k order, then a fixed reduction, whatever the number of rows, the row's place in the
- * batch and the number of threads. A sequence gets bit-identical results alone and in any
- * batch, and a quantized matrix whose values are exactly an fp32 matrix's gives exactly its
- * products. */
+ * sums (16 in the AVX-512 form) in k order, then a fixed reduction, whatever the number of
+ * rows, the row's place in the batch and the number of threads. A sequence gets bit-identical
+ * results alone and in any batch, and a quantized matrix whose values are exactly an fp32
+ * matrix's gives exactly its products. */
 #ifndef PAGEDKV_NATIVE_LINEAR_H
 #define PAGEDKV_NATIVE_LINEAR_H
 
