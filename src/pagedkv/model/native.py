@@ -111,6 +111,11 @@ def set_isa(name: str) -> None:
     lib = kernels()
     if lib is None:
         raise ValueError(f"the native kernels are unavailable: {unavailable_reason()}")
+    _apply_isa(lib, name)
+
+
+def _apply_isa(lib: ctypes.CDLL, name: str) -> None:
+    """The one place the form is checked against the CPU and handed to the library."""
     if name not in ISAS:
         raise ValueError(f"ISA {name!r}: choose from {', '.join(ISAS)}")
     if name == "avx512" and torch.backends.cpu.get_cpu_capability() != "AVX512":
@@ -158,10 +163,12 @@ def _load() -> ctypes.CDLL:
     chosen = os.environ.get("PAGEDKV_NATIVE_ISA") or (
         "avx512" if capability == "AVX512" else "avx2"
     )
-    if chosen not in ISAS or (chosen == "avx512" and capability != "AVX512"):
-        raise _Unavailable(f"PAGEDKV_NATIVE_ISA={chosen}: choose avx2, or avx512 on a CPU with it")
-    lib.pk_set_isa(int(chosen == "avx512"))
-    _state["isa"] = chosen
+    try:
+        _apply_isa(lib, chosen)
+    except ValueError:
+        raise _Unavailable(
+            f"PAGEDKV_NATIVE_ISA={chosen}: choose avx2, or avx512 on a CPU with it"
+        ) from None
     runtimes = _openmp_runtimes()
     if len(runtimes) != 1:  # two thread pools spinning on the same cores: many times slower
         raise _Unavailable(f"a second OpenMP runtime was loaded: {sorted(runtimes)}")
