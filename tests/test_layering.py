@@ -160,7 +160,7 @@ def test_the_circle_check_sees_real_imports_and_finds_circles():
 # below its own (never a sibling). ``pagedkv`` is the root package (``__version__`` only).
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("pagedkv", "errors"),
-    ("units", "background", "lazy", "breaker", "urls", "untrusted", "placement"),
+    ("units", "background", "lazy", "breaker", "urls", "untrusted", "placement", "cpu_share"),
     ("traces", "kvcache", "pages"),
     ("routing", "sched", "planner"),
     ("sim", "kvstore"),

@@ -10,18 +10,12 @@ from __future__ import annotations
 import os
 import sys
 
+from pagedkv.cpu_share import usable_cores
+
 # The 1-minute load average of an idle machine is rarely 0 (a shell, cron, the kernel's own
 # threads): only a load at least this far above the cores left free counts as busy.
 IDLE_LOAD_NOISE = 0.5
 QUIET_ENV = "PAGEDKV_NO_BUSY_WARNING"
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity, which a container may narrow)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        return os.cpu_count() or 1
 
 
 def busy_warning(

@@ -29,6 +29,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "only; off by default until benchmarks/gpu_check.py shows they pay)",
     )
     g.add_argument(
+        "--fixed-threads",
+        action="store_true",
+        help="CPU: run torch's thread count (OMP_NUM_THREADS) in every step; by default a step "
+        "runs fewer while other processes keep cores busy (the tokens are the same either way)",
+    )
+    g.add_argument(
         "--weights",
         default="float",
         help="float (in --dtype, the reference; default); int8 / int4: weight-only quantized, "
@@ -149,6 +155,7 @@ def engine_config(args: argparse.Namespace, **overrides):
         device=args.device,
         attention_backend=args.attention_backend,
         cuda_graphs=args.cuda_graphs,
+        adapt_threads=not args.fixed_threads,
         weights=args.weights,
         policy=args.policy,
         block_size=args.block_size,

@@ -31,6 +31,9 @@ class EngineConfig:
     attention_backend: str | None = None
     # Decode steps replayed from CUDA graphs captured per batch-size bucket (CUDA only).
     cuda_graphs: bool = False
+    # CPU: before each step, run as many threads as the cores other processes left free
+    # (pagedkv/cpu_share.py), at most torch's count at start-up; False = that count always.
+    adapt_threads: bool = True
     weights: str = "float"  # "int8" / "int4": weight-only quantized (model/quant.py)
     policy: str = "vllm"
     block_size: int | None = None

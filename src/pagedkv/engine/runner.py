@@ -8,11 +8,14 @@ the paged, radix and reserved allocators drive the model through the same path.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 
+from pagedkv.cpu_share import CpuShare, usable_cores
 from pagedkv.engine.kv.mover import KVMover
 from pagedkv.engine.kv.swap_pool import HostSwapPool
 from pagedkv.kvcache.protocol import KVAllocator
@@ -20,6 +23,7 @@ from pagedkv.model.attention_metadata import AttentionMetadata
 from pagedkv.model.config import ModelConfig
 from pagedkv.model.kv_pool import KVCache, allocate_kv_caches
 from pagedkv.model.llama import CausalLM
+from pagedkv.model.projection import keep_shards
 from pagedkv.model.triton.attention import TritonPlan
 from pagedkv.model.triton.graphs import DecodeGraphs
 from pagedkv.model.triton.kernels import TritonKernels
@@ -103,6 +107,22 @@ class ModelRunner:
         copy_blocks = None if triton is None else triton.copy_blocks
         self.mover = KVMover(self.kv_caches, swap_pool, copy_blocks)
         self.graphs: DecodeGraphs | None = None  # ``capture_graphs``: CUDA graphs of decode
+        self.cpu_share: CpuShare | None = None  # ``share_cpu``: threads step by step
+
+    def share_cpu(self, adapt: bool) -> str:
+        """On the CPU, the threads of each step: with ``adapt``, as many as the cores other
+        processes left free (``pagedkv/cpu_share.py``), at most torch's count now, the
+        column shards of that count kept; else that count always. The start-up line."""
+        if self.device.type != "cpu":
+            return ""
+        ceiling = torch.get_num_threads()
+        if not adapt or ceiling == 1:
+            return f"threads: {ceiling} (torch's intra-op threads; pagedkv's kernels use them too)"
+        self.cpu_share = CpuShare(ceiling, usable_cores())
+        return (
+            f"threads: {ceiling}, fewer while other processes hold cores (the same tokens; "
+            "--fixed-threads: always the same count)"
+        )
 
     def capture_graphs(self, max_num_seqs: int, max_model_len: int, graph_factory=None) -> str:
         """Record the decode steps' CUDA graphs (Triton backend; ``graph_factory`` for tests);
@@ -175,6 +195,27 @@ class ModelRunner:
         fp32 logits ``[R, vocab]`` for the entries of ``batch.seqs`` that need logits, in batch
         order, plus the hidden states of the prompt positions to score
         (``engine/prompt_scoring.py`` turns them into logprobs)."""
+        with self._step_threads():
+            return self._execute(batch, allocator)
+
+    @contextmanager
+    def _step_threads(self) -> Iterator[None]:
+        """The step on ``cpu_share``'s thread count where it is below torch's, the column
+        shards of torch's count kept; torch's count (and the shards) restored after."""
+        full = torch.get_num_threads()
+        threads = full if self.cpu_share is None else self.cpu_share.threads()
+        if threads >= full:
+            yield
+            return
+        torch.set_num_threads(threads)
+        keep_shards(full)
+        try:
+            yield
+        finally:
+            keep_shards(1)
+            torch.set_num_threads(full)
+
+    def _execute(self, batch: ScheduledBatch, allocator: KVAllocator) -> StepOutput:
         inputs = self.prepare(batch, allocator) if batch.seqs else None
         self.mover.before_forward(batch)
         if inputs is None:

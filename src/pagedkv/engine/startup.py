@@ -150,6 +150,7 @@ def build_parts(
     )  # fmt: skip
     if config.cuda_graphs:
         graphs_line = runner.capture_graphs(config.max_num_seqs, max_model_len)
+    threads_line = runner.share_cpu(config.adapt_threads)
     page_format = PageFormat.from_layout(layout, block_size)
     report = startup_report(policy, resolution, allocator, runner, layout, max_model_len)
     report += f"\npagedkv: {placement.describe()}" + (
@@ -159,6 +160,8 @@ def build_parts(
     )
     if config.cuda_graphs:
         report += f"\npagedkv: {graphs_line}"
+    if threads_line:
+        report += f"\npagedkv: {threads_line}"
     store = store_tiers(config, page_format, model, runner.kv_caches)
     for line in attach_tiers(allocator, runner, num_host_kv_blocks, store):
         report += f"\npagedkv: {line}"

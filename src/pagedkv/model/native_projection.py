@@ -22,6 +22,7 @@ from pagedkv.model.projection import (
     column_halves,
     joined,
     projection_from_pieces,
+    shard_count,
     shard_halves,
     shards_added_to,
 )
@@ -120,7 +121,7 @@ def sharded_product(
     """``x @ weight.T (+ bias)`` as ``[threads, rows, out / threads]`` (one ``bmm`` over views
     of the weight's row shards), or None where one ``mm`` is the path: one thread, rows that do
     not split evenly, torch.compile. Not bit-identical to ``mm``."""
-    threads = torch.get_num_threads()
+    threads = shard_count()
     out_features, in_features = weight.shape
     if threads == 1 or out_features % threads or torch.compiler.is_compiling():
         return None

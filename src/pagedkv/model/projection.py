@@ -16,6 +16,24 @@ from torch import nn
 # thread busy itself (benchmarks/bench_projection.py, docs/latency.md).
 SHARDED_MAX_ROWS = 256
 
+# ``keep_shards``: the column shards while the engine's runner runs a step on fewer threads.
+_kept_shards = 1
+
+
+def keep_shards(count: int) -> None:
+    """Split sharded products into at least ``count`` column shards whatever torch's thread
+    count is now: the engine's runner keeps the shards of its full team for a step that
+    ``pagedkv/cpu_share.py`` has run on fewer threads, so the products keep their bits
+    (MKL's GEMM of a shard on 1 or 2 threads: bit-identical, tests/engine/test_cpu_share.py).
+    1 = follow the threads (the runner's reset after the step)."""
+    global _kept_shards
+    _kept_shards = max(1, count)
+
+
+def shard_count() -> int:
+    """The column shards of a sharded product now: torch's threads, at least ``keep_shards``."""
+    return max(torch.get_num_threads(), _kept_shards)
+
 
 class ProjectionBase(nn.Module):
     """What the layers ask of a projection (``x @ W (+ bias)``, ``[rows, out]``) beyond the
@@ -83,7 +101,7 @@ class Projection(ProjectionBase):
         at 1 and 2 threads (one thread did the work) while ``bmm`` gives each shard a thread
         (30-31 GB/s; 1.1-1.6x at 1-64 rows). Every output column is the same dot product either
         way: the results were bit-identical (docs/latency.md)."""
-        threads = torch.get_num_threads()
+        threads = shard_count()
         if (
             threads == 1
             or not x.is_cpu  # a GPU's GEMM spreads over its own cores
