@@ -1,6 +1,9 @@
 """Threads on a shared machine (issue 28 item 3): the trace workload of ``bench_engine.py``
 (the first ``--requests`` Azure conversation requests, lengths / 4, at t = 0, fp32) with each
-OpenMP wait policy and thread count, on a quiet machine and beside one CPU-burning process.
+OpenMP wait policy and thread count, on a quiet machine and beside one CPU-burning process:
+every row at a fixed thread count (``EngineConfig.adapt_threads=False``) but the last, which is
+pagedkv's default (2 threads at most, fewer while other processes hold cores:
+``pagedkv/cpu_share.py``; spin count 10,000).
 
 libgomp reads ``OMP_WAIT_POLICY`` / ``GOMP_SPINCOUNT`` once, when it is loaded (at torch's
 import), so every configuration runs in a fresh child process. Rounds alternate the
@@ -24,6 +27,7 @@ from pathlib import Path
 from common import cpu_burner
 
 HERE = Path(__file__).resolve().parent
+ADAPTIVE = "GOMP_SPINCOUNT=10000, up to 2 threads, fewer beside busy cores (pagedkv's default)"
 # (name, threads, extra environment): libgomp's default spins ~300k rounds before sleeping.
 # The child imports torch before pagedkv, so pagedkv's own default (``pagedkv/__init__.py``)
 # never applies here: each row is exactly its environment.
@@ -44,11 +48,14 @@ CONFIGS = [
         2,
         {"OMP_WAIT_POLICY": "PASSIVE", "OMP_PROC_BIND": "close", "OMP_PLACES": "cores"},
     ),
+    # pagedkv's default: its spin count and the thread count step by step.
+    (ADAPTIVE, 2, {"GOMP_SPINCOUNT": "10000"}),
 ]
 
 
-def child(requests: int, threads: int) -> None:
-    """In a fresh process: load, one warm-up of 4 requests, then the timed trace."""
+def child(requests: int, threads: int, adapt: bool) -> None:
+    """In a fresh process: load, one warm-up of 4 requests, then the timed trace, the thread
+    count fixed unless ``adapt``."""
     import torch
 
     from engine_peers import run_pagedkv
@@ -58,15 +65,15 @@ def child(requests: int, threads: int) -> None:
     torch.set_num_threads(threads)
     loaded = load_model(None, progress=False)
     ids, outs = azure_workload(requests, loaded[2].vocab_size)
-    run_pagedkv(loaded, ids[:4], [4] * 4)
-    elapsed, tokens = run_pagedkv(loaded, ids, outs)
+    run_pagedkv(loaded, ids[:4], [4] * 4, adapt_threads=adapt)
+    elapsed, tokens = run_pagedkv(loaded, ids, outs, adapt_threads=adapt)
     print(json.dumps({"tok_s": tokens / elapsed, "s": elapsed}))
 
 
-def run_config(requests: int, threads: int, env: dict[str, str]) -> float:
+def run_config(requests: int, threads: int, env: dict[str, str], adapt: bool) -> float:
     full = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     full = {**full, **env, "OMP_NUM_THREADS": str(threads)}
-    code = f"import bench_threads; bench_threads.child({requests}, {threads})"
+    code = f"import bench_threads; bench_threads.child({requests}, {threads}, {adapt})"
     done = subprocess.run([sys.executable, "-c", code], cwd=HERE, env=full, capture_output=True,
                           text=True, check=True)  # fmt: skip
     return json.loads(done.stdout.strip().splitlines()[-1])["tok_s"]
@@ -90,7 +97,8 @@ def main() -> None:
             for r in range(args.repeats):
                 order = configs if r % 2 == 0 else configs[::-1]
                 for name, threads, env in order:
-                    results[condition][name].append(run_config(args.requests, threads, env))
+                    tok_s = run_config(args.requests, threads, env, name == ADAPTIVE)
+                    results[condition][name].append(tok_s)
                     loads.append((condition, name, os.getloadavg()))
                     print(f"burner {condition}, {name}: {results[condition][name][-1]:.1f} tok/s",
                           file=sys.stderr)  # fmt: skip

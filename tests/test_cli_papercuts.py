@@ -122,6 +122,15 @@ def test_a_busy_machine_is_told_once_at_start_up(monkeypatch, capsys, threads, l
         assert words in message and err == message + "\n"
 
 
+def test_the_warning_of_an_engine_that_adapts_its_threads_says_so():
+    message = busy_machine.busy_warning("serve", 2, 2, 1.0, "OMP_NUM_THREADS=1", adapts=True)
+    assert message == (
+        "pagedkv serve: warning: this machine is busy (1-minute load 1.0 on 2 cores) and pagedkv "
+        "runs 2 threads: its steps run on fewer threads while other processes hold cores"
+    )
+    assert busy_machine.busy_warning("serve", 2, 2, 0.2, "", adapts=True) is None
+
+
 def test_generate_warns_on_a_busy_machine_before_the_model_loads(tiny_folder, monkeypatch, capsys):
     monkeypatch.delenv(busy_machine.QUIET_ENV)
     monkeypatch.setattr(os, "getloadavg", lambda: (64.0, 0.0, 0.0))

@@ -19,14 +19,23 @@ QUIET_ENV = "PAGEDKV_NO_BUSY_WARNING"
 
 
 def busy_warning(
-    command: str, threads: int, cores: int, load_1min: float, fix: str, one_thread: str = ""
+    command: str,
+    threads: int,
+    cores: int,
+    load_1min: float,
+    fix: str,
+    one_thread: str = "",
+    adapts: bool = False,
 ) -> str | None:
     """The warning when the 1-minute load average (other processes' work: this one has not
     started yet) is above the ``cores - threads`` left free; None otherwise. ``fix`` says how
-    to run fewer threads; ``one_thread`` what to do when there is only one already."""
+    to run fewer threads; ``one_thread`` what to do when there is only one already; ``adapts``:
+    the engine's steps run fewer threads by themselves (``pagedkv/cpu_share.py``)."""
     if load_1min < cores - threads + IDLE_LOAD_NOISE:
         return None
-    if threads > 1:
+    if threads > 1 and adapts:
+        advice = "its steps run on fewer threads while other processes hold cores"
+    elif threads > 1:
         advice = (
             "threads that spin waiting for a busy core can make every step many times slower; "
             f"try {fix}"
@@ -40,7 +49,11 @@ def busy_warning(
 
 
 def warn_if_busy(
-    command: str, threads: int | None = None, fix: str = "OMP_NUM_THREADS=1", one_thread: str = ""
+    command: str,
+    threads: int | None = None,
+    fix: str = "OMP_NUM_THREADS=1",
+    one_thread: str = "",
+    adapts: bool = False,
 ) -> str | None:
     """Print ``busy_warning`` to stderr (and return it) for ``threads`` (default: torch's
     intra-op threads, which pagedkv's kernels use too); nothing where no load average exists
@@ -55,7 +68,7 @@ def warn_if_busy(
         import torch
 
         threads = torch.get_num_threads()
-    message = busy_warning(command, threads, usable_cores(), load_1min, fix, one_thread)
+    message = busy_warning(command, threads, usable_cores(), load_1min, fix, one_thread, adapts)
     if message is not None:
         print(message, file=sys.stderr)
     return message

@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         "reserved": engine_config(args, policy="reserved", attention_backend="torch"),
     }
     placement = engine_placement(configs[args.policy])
-    warn_if_busy("demo")
+    warn_if_busy("demo", adapts=not args.fixed_threads)
     loaded = load_model(args.model, placement.dtype, weights=args.weights, device=placement.device)
     results = {}
     for policy, config in configs.items():
