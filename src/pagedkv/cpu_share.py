@@ -3,8 +3,8 @@
 Why: every op of a step ends at a barrier of torch's OpenMP team (pagedkv's kernels run on the
 same count). When another process holds the core one of the threads needs, the whole step
 waits for that thread, so beside one CPU-burning process two threads ran the trace slower than
-one (docs/latency.md, eighth round). ``CpuShare`` looks at the machine's busy time in
-``/proc/stat`` minus this process's own CPU time (``os.times``: its threads' spinning counts
+one (docs/latency.md, eighth round). ``CpuShare`` looks at the busy time of the cores it may
+use in ``/proc/stat`` minus this process's own CPU time (``os.times``: its threads' spinning counts
 as its own) over a window of at least ``window_s``, and answers the cores left free, rounded,
 between 1 and the count the engine started with.
 
@@ -20,13 +20,14 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
-# Half a core of others' work takes a thread away (2 threads beside a burner: others ~0.7).
+# Long enough for /proc/stat's 10 ms ticks to average (25 a core), short enough to follow a
+# burner that starts or stops within a step or two of a decode.
 WINDOW_S = 0.25
 
 
 class Sample(NamedTuple):
-    """Cumulative seconds at one moment: the machine's busy time (all cores), this process's
-    CPU time, and the wall clock."""
+    """Cumulative seconds at one moment: the busy time of the cores this process may use,
+    its own CPU time, and the wall clock."""
 
     machine_busy_s: float
     own_s: float
@@ -35,29 +36,49 @@ class Sample(NamedTuple):
 
 def usable_cores() -> int:
     """The cores this process may run on (its CPU affinity, which a container may narrow)."""
+    return len(_affinity()) or os.cpu_count() or 1
+
+
+def _affinity() -> set[int]:
     try:
-        return len(os.sched_getaffinity(0))
+        return set(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not Linux
-        return os.cpu_count() or 1
+        return set()
+
+
+def busy_seconds(proc_stat: bytes, cpus: set[int], ticks_per_s: int) -> float | None:
+    """The busy time of ``cpus`` in a ``/proc/stat`` text: user, nice, system, irq and softirq
+    of their ``cpuN`` lines (idle, iowait and steal are no process holding a core). Only the
+    cores this process may use count: in a container narrowed to 2 of a host's 64 cores the
+    host's other 62 are not its business. None where no line of ``cpus`` parses."""
+    busy, seen = 0, False
+    for line in proc_stat.splitlines():
+        fields = line.split()
+        if len(fields) < 8 or not fields[0].startswith(b"cpu") or fields[0] == b"cpu":
+            continue
+        try:
+            cpu = int(fields[0][3:])
+            user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in fields[1:8])
+        except ValueError:
+            continue
+        if cpu in cpus:
+            busy, seen = busy + user + nice + system + irq + softirq, True
+    return busy / ticks_per_s if seen else None
 
 
 def read_sample() -> Sample | None:
-    """The machine's busy time from ``/proc/stat`` (user, nice, system, irq, softirq; idle,
-    iowait and steal are not another process holding a core), or None where there is none."""
+    """Now: the busy time of this process's cores (``busy_seconds``), its own CPU time and the
+    clock; None without ``/proc/stat`` (not Linux) or an affinity to read."""
+    cpus = _affinity()
     try:
         with open("/proc/stat", "rb") as f:
-            fields = f.readline().split()
+            text = f.read()
     except OSError:
         return None
-    if len(fields) < 8 or fields[0] != b"cpu":
+    busy_s = busy_seconds(text, cpus, os.sysconf("SC_CLK_TCK")) if cpus else None
+    if busy_s is None:
         return None
-    try:
-        user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in fields[1:8])
-    except ValueError:
-        return None
-    ticks = os.sysconf("SC_CLK_TCK")
     times = os.times()
-    busy_s = (user + nice + system + irq + softirq) / ticks
     return Sample(busy_s, times.user + times.system, time.monotonic())
 
 
@@ -68,6 +89,8 @@ def free_threads(before: Sample, now: Sample, cores: int, ceiling: int) -> int:
     if wall <= 0:
         return ceiling
     others = (now.machine_busy_s - before.machine_busy_s) - (now.own_s - before.own_s)
+    # Rounded: half a core of others' work takes a thread away (2 threads beside a burner:
+    # others ~0.7 of a core, as each of the 3 runnable threads gets 2/3 of one).
     left = cores - max(0.0, others) / wall
     return max(1, min(ceiling, int(left + 0.5)))
 

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from pagedkv.cpu_share import CpuShare, Sample, free_threads, read_sample
+from pagedkv.cpu_share import CpuShare, Sample, busy_seconds, free_threads, read_sample
 from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
 from pagedkv.engine.startup import build_parts
 from pagedkv.model.native_projection import sharded_product
@@ -39,6 +39,23 @@ def test_free_threads_counts_the_cores_others_kept_busy():
     assert free_threads(start, after(busy=4.0, own=0.0), cores=2, ceiling=2) == 1
     assert free_threads(start, after(busy=1.0, own=1.2), cores=2, ceiling=2) == 2
     assert free_threads(start, start, cores=2, ceiling=2) == 2  # no time passed
+
+
+PROC_STAT = b"""cpu  900 10 300 5000 20 5 5 7 0 0
+cpu0 400 0 100 2000 10 2 3 5 0 0
+cpu1 300 10 100 2500 5 1 1 2 0 0
+cpu2 200 0 100 500 5 2 1 0 0 0
+intr 12345 0 0
+ctxt 999
+"""
+
+
+def test_busy_seconds_sums_the_cores_this_process_may_use():
+    # user + nice + system + irq + softirq of cpu0 and cpu2, at 100 ticks a second.
+    assert busy_seconds(PROC_STAT, {0, 2}, 100) == pytest.approx((505 + 303) / 100)
+    assert busy_seconds(PROC_STAT, {1}, 100) == pytest.approx(4.12)
+    assert busy_seconds(PROC_STAT, {7}, 100) is None  # no line of its cores
+    assert busy_seconds(b"garbage\ncpu0 x y\n", {0}, 100) is None
 
 
 def test_cpu_share_answers_per_window_and_the_ceiling_without_proc_stat():
