@@ -4,7 +4,8 @@ the embedded SmolLM2-135M loaded twice, once with the kernels and once without
 contexts), runs alternating, medians.
 
 1. kernels: every projection matrix of the model (121, 538 MB) at ``--rows`` rows, both ways,
-   and the rate at which each reads the weights, beside a ``torch.sum`` of the same tensors;
+   and the rate at which each reads the weights (up to 64 rows, ``pk_linear``) or multiplies
+   (above, ``pk_gemm`` against MKL), beside a ``torch.sum`` of the same tensors;
 2. decode steps of the real engine at ``--batch-sizes`` (one token for each of B sequences);
 3. time to first token of a 256-token prompt.
 
@@ -48,8 +49,12 @@ def bench_kernels(ours, theirs, rows: int, repeats: int) -> str:
         repeats,
     )
     ms = {k: v * 1e3 for k, v in med.items()}
-    return (f"| {rows} | {ms['native']:.2f} ms ({mb / ms['native']:.1f} GB/s) | "
-            f"{ms['torch']:.2f} ms ({mb / ms['torch']:.1f} GB/s) | {ms['torch'] / ms['native']:.2f}x "
+    # Up to MAX_ROWS the products are memory-bound (GB/s of weights), above compute-bound.
+    gflop = 2 * rows * mb / 4 / 1e3
+    rate = (lambda t: f"{mb / t:.1f} GB/s") if rows <= native.MAX_ROWS else (
+        lambda t: f"{gflop / t * 1e3:.0f} GFLOPS")  # fmt: skip
+    return (f"| {rows} | {ms['native']:.2f} ms ({rate(ms['native'])}) | "
+            f"{ms['torch']:.2f} ms ({rate(ms['torch'])}) | {ms['torch'] / ms['native']:.2f}x "
             f"| {ms['sum']:.2f} ms ({mb / ms['sum']:.1f} GB/s) |")  # fmt: skip
 
 

@@ -5,7 +5,7 @@ decode-only steps, with their batch sizes and longest context. ``--ops`` adds th
 profiler's top operators over the whole run. Nothing is asserted; docs/latency.md quotes it.
 
     python benchmarks/profile_trace.py [--requests 64] [--threads 2] [--ops]
-        [--dtype float32|bfloat16] [--weights float|int4|...]
+        [--dtype float32|bfloat16] [--weights float|int4|...] [--mkl]
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from engine_peers import engine_on
 from engine_workloads import azure_workload
 from pagedkv.engine import SamplingParams
-from pagedkv.model import load_model
+from pagedkv.model import load_model, native
 
 
 def main() -> None:
@@ -28,8 +28,14 @@ def main() -> None:
     parser.add_argument("--ops", action="store_true", help="also the torch profiler's top ops")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--weights", default="float", help="a --weights option (default float)")
+    parser.add_argument(
+        "--mkl", action="store_true",
+        help="products of more than 64 rows on MKL, not pagedkv's GEMM (the A/B of the ninth "
+        "round in docs/latency.md)",
+    )  # fmt: skip
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    native.set_gemm(not args.mkl)
     loaded = load_model(None, args.dtype, weights=args.weights, progress=False)
     ids, outs = azure_workload(args.requests, loaded[2].vocab_size)
     engine = engine_on(loaded, dtype=args.dtype)

@@ -35,6 +35,7 @@ SOURCE = Path(__file__).with_name("native_kernels.c")
 # Built into the same library: the quantized projections, decode attention, the headers.
 QUANT_SOURCE = Path(__file__).with_name("native_quant_kernels.c")
 ATTENTION_SOURCE = Path(__file__).with_name("native_attention.c")  # paged decode attention
+GEMM_SOURCE = Path(__file__).with_name("native_gemm.c")  # the projections above MAX_ROWS
 HEADERS = tuple(Path(__file__).with_name(h) for h in ("native_linear.h", "native_simd.h"))
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
 # Up to this many rows the projections run on the kernels (batch-invariant): 1.2-1.6x torch's
@@ -48,6 +49,7 @@ _state: dict[str, object] = {}
 _P, _I64, _INT, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 _SIGNATURES = {
     "pk_linear": [_P, _P, _P, _P, _P, _I64, _I64, _I64, _INT],
+    "pk_gemm": [_P, _P, _P, _P, _P, _I64, _I64, _I64, _INT],  # returns 0, -1: no memory
     "pk_linear_q4_1": [_P, _P, _P, _P, _P, _I64, _I64, _I64, _INT],  # returns 0, -1: no memory
     "pk_linear_q8_0": [_P, _P, _P, _P, _P, _I64, _I64, _I64, _INT],
     "pk_dequantize": [_INT, _P, _P, _I64, _I64, _INT],
@@ -78,7 +80,7 @@ _SIGNATURES = {
 }
 
 
-_RETURN_STATUS = {"pk_linear_q4_1", "pk_linear_q8_0", "pk_decode_layer"}
+_RETURN_STATUS = {"pk_gemm", "pk_linear_q4_1", "pk_linear_q8_0", "pk_decode_layer"}
 
 
 def kernels() -> ctypes.CDLL | None:
@@ -122,6 +124,18 @@ def _apply_isa(lib: ctypes.CDLL, name: str) -> None:
         raise ValueError("ISA avx512: this CPU (or torch's view of it) has no AVX-512")
     lib.pk_set_isa(int(name == "avx512"))
     _state["isa"] = name
+
+
+def gemm_kernels() -> ctypes.CDLL | None:
+    """The library when ``pk_gemm`` multiplies the rows above ``MAX_ROWS`` (the default
+    wherever the kernels load), else None: MKL's GEMM does."""
+    return None if _state.get("gemm_off") else kernels()
+
+
+def set_gemm(enabled: bool) -> None:
+    """Multiply more than ``MAX_ROWS`` rows on ``pk_gemm`` (True) or MKL (False) from now on,
+    in this process: A/B benchmarks and tests. The choice changes the products' bits."""
+    _state["gemm_off"] = not enabled
 
 
 def unavailable_reason() -> str:
@@ -176,7 +190,7 @@ def _load() -> ctypes.CDLL:
 
 
 def _build(compiler: str) -> Path:
-    sources = (SOURCE, QUANT_SOURCE, ATTENTION_SOURCE)
+    sources = (SOURCE, QUANT_SOURCE, ATTENTION_SOURCE, GEMM_SOURCE)
     source = b"".join(p.read_bytes() for p in (*sources, *HEADERS))
     version = subprocess.run(
         [compiler, "--version"], capture_output=True, text=True, check=False

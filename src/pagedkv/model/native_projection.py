@@ -5,10 +5,12 @@ product is ``native.pk_linear``: each weight row streamed once, contiguously, a 
 range of output columns, at the bandwidth of a plain sum (the 121 matrices of the embedded
 model at one row: 18 ms against 22-24 ms for torch's sharded ``bmm``, bench_native.py).
 Every output element is the same float operations whatever the batch: a sequence gets
-bit-identical logits alone and in any batch of up to 64 rows. Above that (prompts), MKL's
-blocked GEMM, compute-bound, as one ``bmm`` over a shard of output rows per torch thread (views
-of the weight): 5-10 % faster than one ``mm`` at 128-256 rows on this CPU (30 layers at 256
-rows: 333 -> 316 ms), its consumers reading the shards where they lie (``layers.shard_*``).
+bit-identical logits alone and in any batch of up to 64 rows. Above that (prompts), the
+product is compute-bound: ``native.pk_gemm`` (``native_gemm.c``: one fused multiply-add chain
+per output element, batch-invariant at every row count above 64 and the same bits on AVX2 and
+AVX-512), or, where it is switched off (``native.set_gemm``) or the shapes do not fit, MKL's
+GEMM as one ``bmm`` over a shard of output rows per torch thread (views of the weight), its
+consumers reading the shards where they lie (``layers.shard_*``).
 """
 
 from __future__ import annotations
@@ -89,8 +91,15 @@ class NativeProjection(ProjectionBase):
     def describe(self) -> str:
         return (
             f"float32 matmuls: pagedkv's {native.isa().upper()} kernel up to {native.MAX_ROWS} rows "
-            "(batch-invariant), above as one bmm over a row shard of the weight per torch thread"
+            f"(batch-invariant), above {dense_path()}"
         )
+
+
+def dense_path() -> str:
+    """What multiplies more than ``native.MAX_ROWS`` rows in this process, for the reports."""
+    if native.gemm_kernels() is not None:
+        return "pagedkv's GEMM (one FMA chain an output, batch-invariant)"
+    return "MKL, one bmm over a row shard of the weight per torch thread"
 
 
 def fits_kernel(x: torch.Tensor, in_features: int) -> bool:
@@ -133,9 +142,48 @@ def sharded_product(
     return torch.baddbmm(bias.view(threads, 1, width), inputs, shards)
 
 
+def gemm_product(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor | None:
+    """``(residual +) x @ weight.T (+ bias)`` on ``native.pk_gemm``, or None where it is not
+    the path: switched off or unavailable, ``x`` not 2-D contiguous fp32 with ``in % 8 == 0``,
+    a weight that is not contiguous fp32 ``[out, in]``, a residual the epilogue cannot take,
+    torch.compile."""
+    lib = native.gemm_kernels()
+    out_features, in_features = weight.shape
+    if (
+        lib is None
+        or x.dim() != 2
+        or x.shape[1] != in_features
+        or in_features % 8
+        or x.dtype != torch.float32
+        or weight.dtype != torch.float32
+        or not (x.is_contiguous() and weight.is_contiguous())
+        or (bias is not None and not bias.is_contiguous())
+        or (residual is not None and not takes_residual(residual, x, out_features))
+        or torch.compiler.is_compiling()
+    ):
+        return None
+    rows = x.shape[0]
+    y = torch.empty(rows, out_features, dtype=torch.float32)
+    status = lib.pk_gemm(
+        x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(),
+        None if residual is None else residual.data_ptr(), y.data_ptr(), rows, in_features,
+        out_features, torch.get_num_threads(),
+    )  # fmt: skip
+    if status != 0:
+        raise MemoryError("pk_gemm: no memory for a thread's panel")
+    return y
+
+
 def dense_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
-    """``x @ weight.T (+ bias)`` on MKL, ``weight`` fp32 ``[out, in]``: the path above the
-    kernels' rows."""
+    """``x @ weight.T (+ bias)``, ``weight`` fp32 ``[out, in]``: the path above the kernels'
+    rows (``pk_gemm``, else MKL)."""
+    if (y := gemm_product(x, weight, bias)) is not None:
+        return y
     if (product := sharded_product(x, weight, bias)) is not None:
         return joined(product)
     if bias is None:
@@ -144,7 +192,10 @@ def dense_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 
 def dense_added_to(residual, x, weight, bias) -> torch.Tensor:
-    """``residual + dense_product(x, ...)``, reading a sharded product in place."""
+    """``residual + dense_product(x, ...)``: in pk_gemm's epilogue, or reading a sharded
+    product in place."""
+    if (y := gemm_product(x, weight, bias, residual)) is not None:
+        return y
     if (product := sharded_product(x, weight, bias)) is not None:
         return shards_added_to(residual, product)
     return residual + dense_product(x, weight, bias)
@@ -152,6 +203,8 @@ def dense_added_to(residual, x, weight, bias) -> torch.Tensor:
 
 def dense_halves(x, weight, bias) -> tuple[torch.Tensor, torch.Tensor]:
     """The two column halves of ``dense_product(x, ...)`` (views of a sharded product)."""
+    if (y := gemm_product(x, weight, bias)) is not None:
+        return column_halves(y)
     if (product := sharded_product(x, weight, bias)) is not None:
         return shard_halves(product)
     return column_halves(dense_product(x, weight, bias))

@@ -4,7 +4,7 @@ pagedkv's kernels (``native_quant_kernels.c``) with fp32 activations.
 Up to ``native.MAX_ROWS`` rows each thread dequantizes four weight rows into an L1 scratch and
 runs the fp32 kernel's own code on them, so a product reads 0.625 (Q4_1) or 1.06 (Q8_0) bytes
 a weight instead of 4, and is batch-invariant as the fp32 kernel is. Above that (prompts) the
-matrix is dequantized whole and multiplied by MKL, as fp32 prompts are.
+matrix is dequantized whole and multiplied as fp32 prompts are (``native_projection.dense_*``).
 
 The encoders below are GGUF's formats exactly: a group of 32 weights keeps d (and m) as fp16.
 Re-encoding weights that were decoded from such blocks gives back the same bytes (tested on
@@ -23,6 +23,7 @@ from pagedkv.model.gguf_quants import BLOCK_WEIGHTS
 from pagedkv.model.native_projection import (
     dense_added_to,
     dense_halves,
+    dense_path,
     dense_product,
     fits_kernel,
     takes_residual,
@@ -130,8 +131,8 @@ class NativeQuantProjection(ProjectionBase):
 
     def describe(self) -> str:
         return (
-            f"{self.fmt} blocks on pagedkv's AVX2 kernel, fp32 activations, up to "
-            f"{native.MAX_ROWS} rows; above, dequantized and one bmm"
+            f"{self.fmt} blocks on pagedkv's {native.isa().upper()} kernel, fp32 activations, "
+            f"up to {native.MAX_ROWS} rows; above, dequantized, then {dense_path()}"
         )
 
     @property
