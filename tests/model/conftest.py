@@ -19,6 +19,14 @@ def hf_embedded():
     return model.eval()
 
 
+@pytest.fixture
+def threads():
+    """Sets torch's thread count for one test (call it with the count) and restores it."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
 def _isa_params() -> list:
     """Each form of the native microkernel (``native.ISAS``) as a test parameter; the ones
     this machine cannot run are skipped, saying why (an AVX2-only CPU skips avx512)."""

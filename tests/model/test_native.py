@@ -24,13 +24,6 @@ needs_kernels = pytest.mark.skipif(
 )
 
 
-@pytest.fixture
-def threads():
-    before = torch.get_num_threads()
-    yield torch.set_num_threads
-    torch.set_num_threads(before)
-
-
 def _gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 

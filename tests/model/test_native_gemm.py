@@ -23,13 +23,6 @@ pytestmark = pytest.mark.skipif(
 AVX512 = torch.backends.cpu.get_cpu_capability() == "AVX512"
 
 
-@pytest.fixture
-def threads():
-    before = torch.get_num_threads()
-    yield torch.set_num_threads
-    torch.set_num_threads(before)
-
-
 def _gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 

@@ -35,13 +35,6 @@ def _block_exact(fmt: str, rows: int, cols: int, seed: int = 0) -> tuple[np.ndar
     return raw.reshape(rows, -1), torch.from_numpy(np.ascontiguousarray(decoded))
 
 
-@pytest.fixture
-def threads():
-    before = torch.get_num_threads()
-    yield torch.set_num_threads
-    torch.set_num_threads(before)
-
-
 @pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
 def test_decoded_blocks_are_encoded_back_to_the_same_bytes(fmt):
     raw, decoded = _block_exact(fmt, 48, 160, seed=1)

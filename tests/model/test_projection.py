@@ -11,14 +11,6 @@ from pagedkv.model import projection
 from pagedkv.model.projection import Projection
 
 
-@pytest.fixture
-def threads():
-    """Sets torch's thread count for one test and restores it."""
-    before = torch.get_num_threads()
-    yield torch.set_num_threads
-    torch.set_num_threads(before)
-
-
 def _projection(in_features: int, out_features: int, bias: bool, seed: int) -> Projection:
     gen = torch.Generator().manual_seed(seed)
     module = Projection(in_features, out_features, bias=bias)

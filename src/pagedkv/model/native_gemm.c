@@ -5,11 +5,12 @@
  * at 121-159 GFLOPS of the two cores' 215 (docs/latency.md, ninth round); the trace workload
  * spends most of its time there.
  *
- * The form: each thread takes a range of 16-row groups of x, transposes up to four of them at a
- * time into its own buffer ([k][16] each: sixteen rows' values at one k side by side), and
- * sweeps every weight row over them, six at a time: the weight value is broadcast, the rows
- * are a vector, so an accumulator lane is one output element and no horizontal sum is needed
- * (4 x 6 tiles of 16 lanes in the AVX-512 form, 2 x 6 of 8 in the AVX2 one).
+ * The form: each thread takes an even range of 16-row groups of x, transposes up to three of
+ * them at a time into its own buffer ([k][16] a group: sixteen rows' values at one k side by
+ * side), and sweeps every weight row over them: the weight value is broadcast, the rows are a
+ * vector, so an accumulator lane is one output element and no horizontal sum is needed
+ * (3 groups x 8 weight rows of 16 lanes in the AVX-512 form, 1 group x 6 weight rows of
+ * 2 x 8 lanes in the AVX2 one).
  *
  * Contract: every output element is ONE chain of fused multiply-adds in k order from 0, then
  * + bias, then residual +: the same operations whatever the tile, the ISA, the number of rows,
@@ -31,7 +32,7 @@
 #define TILE_COLS 6    /* weight rows swept over a group at a time in the AVX2 form */
 #define TILE512_COLS 8 /* ... and over a panel in the AVX-512 form */
 
-/* Each OpenMP thread's transposed panel, kept for the next call (a fresh 400 KB buffer per
+/* Each OpenMP thread's transposed panel, kept for the next call (a fresh 300 KB buffer per
  * call would be page faults every call); grown when k grows. */
 static __thread float *panel_buf;
 static __thread int64_t panel_floats;

@@ -104,7 +104,7 @@ def dense_path() -> str:
 
 def fits_kernel(x: torch.Tensor, in_features: int) -> bool:
     """Whether ``x`` goes to a native projection kernel: 2-D contiguous fp32, at most
-    ``native.MAX_ROWS`` rows (above, MKL's blocked GEMM is faster), outside torch.compile."""
+    ``native.MAX_ROWS`` rows (above, a compute-bound GEMM is faster), outside torch.compile."""
     return (
         x.dim() == 2
         and x.shape[0] <= native.MAX_ROWS
