@@ -16,7 +16,7 @@
  * + bias, then residual +: the same operations whatever the tile, the ISA, the number of rows,
  * the row's place in the batch and the number of threads. So a row gets bit-identical results
  * alone and in any batch, on AVX2 and AVX-512 alike (a scalar fmaf loop computes the same
- * bits, and runs the columns that do not fill a tile of six). These are not pk_linear's bits
+ * bits, and runs the columns that do not fill a tile: n % 8 or n % 6). These are not pk_linear's bits
  * (lane partial sums): the caller uses one kernel or the other by row count.
  */
 #include <immintrin.h>

@@ -102,17 +102,22 @@ def dense_path() -> str:
     return "MKL, one bmm over a row shard of the weight per torch thread"
 
 
-def fits_kernel(x: torch.Tensor, in_features: int) -> bool:
-    """Whether ``x`` goes to a native projection kernel: 2-D contiguous fp32, at most
-    ``native.MAX_ROWS`` rows (above, a compute-bound GEMM is faster), outside torch.compile."""
+def kernel_reads(x: torch.Tensor, in_features: int) -> bool:
+    """Whether a native kernel can read ``x`` as its input: 2-D contiguous fp32 ``[rows, in]``,
+    outside torch.compile (whatever the number of rows)."""
     return (
         x.dim() == 2
-        and x.shape[0] <= native.MAX_ROWS
         and x.shape[1] == in_features
         and x.dtype == torch.float32
         and x.is_contiguous()
         and not torch.compiler.is_compiling()
     )
+
+
+def fits_kernel(x: torch.Tensor, in_features: int) -> bool:
+    """Whether ``x`` goes to a native projection kernel: one it reads, at most
+    ``native.MAX_ROWS`` rows (above, a compute-bound GEMM is faster)."""
+    return x.shape[0] <= native.MAX_ROWS and kernel_reads(x, in_features)
 
 
 def takes_residual(residual: torch.Tensor, x: torch.Tensor, out_features: int) -> bool:
@@ -156,15 +161,12 @@ def gemm_product(
     out_features, in_features = weight.shape
     if (
         lib is None
-        or x.dim() != 2
-        or x.shape[1] != in_features
+        or not kernel_reads(x, in_features)
         or in_features % 8
-        or x.dtype != torch.float32
         or weight.dtype != torch.float32
-        or not (x.is_contiguous() and weight.is_contiguous())
+        or not weight.is_contiguous()
         or (bias is not None and not bias.is_contiguous())
         or (residual is not None and not takes_residual(residual, x, out_features))
-        or torch.compiler.is_compiling()
     ):
         return None
     rows = x.shape[0]
