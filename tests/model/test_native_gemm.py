@@ -128,13 +128,36 @@ def test_the_projections_take_it_above_64_rows_and_mkl_when_switched_off():
 
 
 def test_quantized_prompts_multiply_the_dequantized_weight_the_same_way():
-    """Above 64 rows a Q4_1 projection dequantizes and takes the same product: on weights that
-    are exactly block values, the fp32 projection's bits (what keeps int4 = fp32 on prompts)."""
+    """Above 64 rows a Q4_1 projection takes the same product on its blocks (decoded tile by
+    tile): on weights that are exactly block values, the fp32 projection's bits (what keeps
+    int4 = fp32 on prompts); with the GEMM off, MKL's on the matrix dequantized whole."""
     gen = _gen(13)
     module = NativeQuantProjection("q4_1", torch.randn(48, 64, generator=gen), None)
     exact = module.dense_weight()
     x = torch.randn(100, 64, generator=gen)
     assert torch.equal(module(x), NativeProjection(exact, None)(x))
+    assert "decoding the blocks" in module.describe()
+    try:
+        native.set_gemm(False)
+        assert torch.equal(module(x), x @ exact.t())
+        assert "dequantized, then MKL" in module.describe()
+    finally:
+        native.set_gemm(True)
+
+
+@pytest.mark.parametrize("span_kb", ["1", "19", "100000"])  # a panel a span, two, all rows
+def test_the_span_of_rows_transposed_at_once_does_not_change_the_bits(span_kb, monkeypatch, isa):
+    """The rows a thread transposes at once (set by the L2's size, here forced) change the
+    order of the loops, not the chain per element: exact on small integers, and the bits of
+    the default span on random values."""
+    x = torch.randn(400, 48, generator=_gen(14))
+    w = torch.randn(21, 48, generator=_gen(15))  # 21: tiles and scalar columns
+    xi = torch.randint(-8, 9, (400, 48), generator=_gen(16)).float()
+    wi = torch.randint(-8, 9, (21, 48), generator=_gen(17)).float()
+    whole = _gemm(x, w)
+    monkeypatch.setenv("PAGEDKV_GEMM_SPAN_KB", span_kb)
+    assert torch.equal(_gemm(x, w), whole)
+    assert torch.equal(_gemm(xi, wi).double(), xi.double() @ wi.double().t())
 
 
 def test_what_it_cannot_read_goes_to_mkl():

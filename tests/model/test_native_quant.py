@@ -36,7 +36,9 @@ def _block_exact(fmt: str, rows: int, cols: int, seed: int = 0) -> tuple[np.ndar
 
 
 @pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
-def test_decoded_blocks_are_encoded_back_to_the_same_bytes(fmt):
+def test_decoded_blocks_are_encoded_back_to_the_same_bytes(fmt, isa):
+    """Each decoder form (the AVX-512 one picks Q4_1 values from a table of a block's 16) gives
+    gguf's values."""
     raw, decoded = _block_exact(fmt, 48, 160, seed=1)
     assert np.array_equal(ENCODE[fmt](decoded).numpy(), raw)
     module = NativeQuantProjection(fmt, decoded, None)
@@ -73,8 +75,31 @@ def test_products_equal_the_fp32_kernel_on_the_decoded_weights(fmt, rows, thread
     residual = torch.randn(rows, 70)
     summed = ours.added_to(residual, x)
     assert (summed.double() - (want + residual.double())).abs().max() < 1e-4
-    if rows <= native.MAX_ROWS:  # the same kernel code: bit for bit
-        assert torch.equal(got, fp32(x)) and torch.equal(summed, fp32.added_to(residual, x))
+    # the same kernel code (pk_linear's, or above 64 rows pk_gemm's): bit for bit
+    assert torch.equal(got, fp32(x)) and torch.equal(summed, fp32.added_to(residual, x))
+
+
+@pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("span_kb", ["1", "100", "100000"])  # a panel a span, two, all rows
+def test_prompts_decode_tile_by_tile_to_the_fp32_gemms_bits(
+    fmt, span_kb, threads, isa, monkeypatch
+):
+    """Above 64 rows the blocks are decoded a tile's weight rows at a time, once per span of x
+    (its size set by the L2, here forced), never as a whole matrix: the fp32 GEMM's bits on
+    gguf's decoded weights whatever the span and the thread count, bias and residual too."""
+    monkeypatch.setenv("PAGEDKV_GEMM_SPAN_KB", span_kb)
+    _, w = _block_exact(fmt, 45, 256, seed=9)  # 45 outputs: tiles of 8 (or 6) and scalar ones
+    bias = torch.randn(45, generator=torch.Generator().manual_seed(10))
+    x = torch.randn(500, 256, generator=torch.Generator().manual_seed(11))
+    residual = torch.randn(500, 45, generator=torch.Generator().manual_seed(12))
+    ours, fp32 = NativeQuantProjection(fmt, w, bias), NativeProjection(w.clone(), bias)
+    ours.dense_weight = None  # the whole matrix is not what the prompts read
+    want = x.double() @ w.double().t() + bias.double()
+    assert (ours(x).double() - want).abs().max() < 1e-4
+    for count in (1, 2, 3):
+        threads(count)
+        assert torch.equal(ours(x), fp32(x)), count
+        assert torch.equal(ours.added_to(residual, x), fp32.added_to(residual, x)), count
 
 
 @pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])

@@ -36,7 +36,10 @@ SOURCE = Path(__file__).with_name("native_kernels.c")
 QUANT_SOURCE = Path(__file__).with_name("native_quant_kernels.c")
 ATTENTION_SOURCE = Path(__file__).with_name("native_attention.c")  # paged decode attention
 GEMM_SOURCE = Path(__file__).with_name("native_gemm.c")  # the projections above MAX_ROWS
-HEADERS = tuple(Path(__file__).with_name(h) for h in ("native_linear.h", "native_simd.h"))
+HEADERS = tuple(
+    Path(__file__).with_name(h)
+    for h in ("native_linear.h", "native_simd.h", "native_dequant.h", "native_gemm_tiles.h")
+)
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
 # Up to this many rows the projections run on the kernels (batch-invariant): 1.2-1.6x torch's
 # at 1-24 rows, even at 48-64 on an AMX Xeon (AVX2 form); on a Xeon without AMX the AVX-512
@@ -50,6 +53,7 @@ _P, _I64, _INT, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_flo
 _SIGNATURES = {
     "pk_linear": [_P, _P, _P, _P, _P, _I64, _I64, _I64, _INT],
     "pk_gemm": [_P, _P, _P, _P, _P, _I64, _I64, _I64, _INT],  # returns 0, -1: no memory
+    "pk_gemm_blocks": [_INT, _P, _P, _P, _P, _P, _I64, _I64, _I64, _INT],  # -2: bad format
     "pk_linear_q4_1": [_P, _P, _P, _P, _P, _I64, _I64, _I64, _INT],  # returns 0, -1: no memory
     "pk_linear_q8_0": [_P, _P, _P, _P, _P, _I64, _I64, _I64, _INT],
     "pk_dequantize": [_INT, _P, _P, _I64, _I64, _INT],
@@ -80,7 +84,13 @@ _SIGNATURES = {
 }
 
 
-_RETURN_STATUS = {"pk_gemm", "pk_linear_q4_1", "pk_linear_q8_0", "pk_decode_layer"}
+_RETURN_STATUS = {
+    "pk_gemm",
+    "pk_gemm_blocks",
+    "pk_linear_q4_1",
+    "pk_linear_q8_0",
+    "pk_decode_layer",
+}
 
 
 def kernels() -> ctypes.CDLL | None:

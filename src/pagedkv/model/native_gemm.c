@@ -5,215 +5,162 @@
  * at 121-159 GFLOPS of the two cores' 215 (docs/latency.md, ninth round); the trace workload
  * spends most of its time there.
  *
- * The form: each thread takes an even range of 16-row groups of x, transposes up to three of
- * them at a time into its own buffer ([k][16] a group: sixteen rows' values at one k side by
- * side), and sweeps every weight row over them: the weight value is broadcast, the rows are a
- * vector, so an accumulator lane is one output element and no horizontal sum is needed
- * (3 groups x 8 weight rows of 16 lanes in the AVX-512 form, 1 group x 6 weight rows of
- * 2 x 8 lanes in the AVX2 one).
+ * The form: each thread takes an even range of 16-row groups of x and transposes a span of them
+ * at a time (as many as fit in its L2; [k][16] a group: sixteen rows' values at one k side by
+ * side) into its own buffer, then sweeps every weight row over the span's panels of three
+ * groups: the weight value is broadcast, the rows are a vector, so an accumulator lane is one
+ * output element and no horizontal sum is needed (3 groups x 8 weight rows of 16 lanes in the
+ * AVX-512 form, 1 group x 6 weight rows of 2 x 8 lanes in the AVX2 one).
+ *
+ * Weights in GGUF blocks (pk_gemm_blocks: int4/int8 prompts) are decoded a tile's weight rows
+ * at a time into the thread's scratch, once per span (native_dequant.h's decoders, the values
+ * pk_dequantize writes), so the matrix is never written whole: about 5 % of a 256-row product
+ * on the Zen 4, where decoding the whole matrix first cost 6-10 %.
  *
  * Contract: every output element is ONE chain of fused multiply-adds in k order from 0, then
  * + bias, then residual +: the same operations whatever the tile, the ISA, the number of rows,
  * the row's place in the batch and the number of threads. So a row gets bit-identical results
  * alone and in any batch, on AVX2 and AVX-512 alike (a scalar fmaf loop computes the same
- * bits, and runs the columns that do not fill a tile: n % 8 or n % 6). These are not pk_linear's bits
- * (lane partial sums): the caller uses one kernel or the other by row count.
+ * bits, and runs the columns that do not fill a tile: n % 8 or n % 6). These are not
+ * pk_linear's bits (lane partial sums): the caller uses one kernel or the other by row count.
  */
 #include <immintrin.h>
-#include <math.h>
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <unistd.h>
 
-#include "native_linear.h"
+#include "native_gemm_tiles.h"
 
-#define GROUP_ROWS 16 /* rows of x transposed together */
-#define PANEL_GROUPS 3 /* groups transposed at a time: one AVX-512 tile's rows */
-#define TILE_COLS 6    /* weight rows swept over a group at a time in the AVX2 form */
-#define TILE512_COLS 8 /* ... and over a panel in the AVX-512 form */
+/* Each OpenMP thread's buffers, kept for the next call (fresh ones per call would be page
+ * faults every call) and grown when asked for more: the transposed rows of x, and the weight
+ * rows of one tile decoded from blocks. */
+typedef struct {
+    float *buf;
+    int64_t floats;
+} kept_buffer;
+static __thread kept_buffer panel_kept, scratch_kept;
 
-/* Each OpenMP thread's transposed panel, kept for the next call (a fresh 300 KB buffer per
- * call would be page faults every call); grown when k grows. */
-static __thread float *panel_buf;
-static __thread int64_t panel_floats;
-
-static float *panel(int64_t k) {
-    int64_t need = (int64_t)PANEL_GROUPS * GROUP_ROWS * k;
-    if (need > panel_floats) {
-        free(panel_buf);
-        panel_buf = aligned_alloc(64, (size_t)need * sizeof(float));
-        panel_floats = panel_buf ? need : 0;
+static float *kept(kept_buffer *b, int64_t floats) {
+    if (floats > b->floats) {
+        free(b->buf);
+        b->buf = aligned_alloc(64, (size_t)floats * sizeof(float));
+        b->floats = b->buf ? floats : 0;
     }
-    return panel_buf;
+    return b->buf;
 }
 
-/* The 8 x 8 block r (8 rows of 8 floats) transposed in place: r[j] becomes column j. */
-static inline void transpose8(__m256 r[8]) {
-    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
-    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
-    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
-    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
-    __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-    __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-    __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-    __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-    r[0] = _mm256_permute2f128_ps(s0, s4, 0x20); r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
-    r[2] = _mm256_permute2f128_ps(s2, s6, 0x20); r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
-    r[4] = _mm256_permute2f128_ps(s0, s4, 0x31); r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
-    r[6] = _mm256_permute2f128_ps(s2, s6, 0x31); r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+/* Where a tile's weight rows come from: an fp32 matrix [n, k] read in place (w), or GGUF
+ * blocks (wq, row_bytes a row) decoded into the thread's scratch, once per weight row and
+ * span of x; the decoded values are pk_dequantize's, so the products are the fp32 matrix's. */
+typedef struct {
+    const float *w;
+    const uint8_t *wq;
+    dequant_row_fn dequant;
+    int64_t row_bytes;
+} weight_source;
+
+static const float *weight_rows(const weight_source *src, float *scratch, int64_t c,
+                                int64_t count, int64_t k) {
+    if (src->w) return src->w + c * k;
+    for (int64_t j = 0; j < count; j++)
+        src->dequant(src->wq + (c + j) * src->row_bytes, scratch + j * k, k);
+    return scratch;
 }
 
-/* dst [k][16] = rows [row0, row0 + 16) of x [rows, k], transposed; rows past the end are 0
- * (their products are computed and never stored). k % 8 == 0. */
-static void pack_group(const float *x, float *dst, int64_t row0, int64_t rows, int64_t k) {
-    for (int half = 0; half < 2; half++) {
-        int64_t first = row0 + 8 * half;
-        for (int64_t i = 0; i < k; i += 8) {
-            __m256 r[8];
-            for (int j = 0; j < 8; j++)
-                r[j] = first + j < rows ? _mm256_loadu_ps(x + (first + j) * k + i)
-                                        : _mm256_setzero_ps();
-            transpose8(r);
-            for (int j = 0; j < 8; j++) _mm256_storeu_ps(dst + (i + j) * GROUP_ROWS + 8 * half, r[j]);
+/* Groups of x transposed at a time (a span): every weight row is read, or decoded, once per
+ * span and swept over its panels of PANEL_GROUPS groups, the span staying in the core's L2
+ * (three quarters of it, 512 KB where the size is unknown; PAGEDKV_GEMM_SPAN_KB sets another,
+ * for tests and A/B). Against a panel a span: on the Zen 4's 1 MB L2, 576 -> 3,072 at
+ * 256-2,048 rows 1.1-1.2x faster in fp32 (the 7 MB weight read a quarter as often), and
+ * blocks decoded 2-3x less often. The bits do not depend on it. */
+static int64_t span_groups(int64_t k) {
+    static int64_t l2_bytes;
+    if (!l2_bytes) {
+        long size = sysconf(_SC_LEVEL2_CACHE_SIZE);
+        l2_bytes = size > 0 ? size : 512 << 10;
+    }
+    const char *set = getenv("PAGEDKV_GEMM_SPAN_KB");
+    int64_t budget = set && atoll(set) > 0 ? atoll(set) << 10 : l2_bytes * 3 / 4;
+    int64_t panels = budget / ((int64_t)PANEL_GROUPS * GROUP_ROWS * k * (int64_t)sizeof(float));
+    return PANEL_GROUPS * (panels > 1 ? panels : 1);
+}
+
+/* The rows [row0, ...) of one span (count groups, transposed at xp) times every weight row. */
+static void span_product(const weight_source *src, float *scratch, const float *xp,
+                         const float *bias, const float *res, float *y, int64_t row0, int count,
+                         int64_t rows, int64_t k, int64_t n) {
+    int64_t c = 0;
+    if (pk_avx512) {
+        for (; c + TILE512_COLS <= n; c += TILE512_COLS) {
+            const float *wc = weight_rows(src, scratch, c, TILE512_COLS, k);
+            for (int p = 0; p < count; p += PANEL_GROUPS) {
+                const float *xq = xp + p * k * GROUP_ROWS;
+                int64_t r0 = row0 + p * GROUP_ROWS;
+                int left = count - p;
+                if (left >= 3) tile512_3(xq, wc, bias, res, y, r0, rows, k, n, c);
+                else if (left == 2) tile512_2(xq, wc, bias, res, y, r0, rows, k, n, c);
+                else tile512_1(xq, wc, bias, res, y, r0, rows, k, n, c);
+            }
+        }
+    } else {
+        for (; c + TILE_COLS <= n; c += TILE_COLS) {
+            const float *wc = weight_rows(src, scratch, c, TILE_COLS, k);
+            for (int g = 0; g < count; g++)
+                tile256(xp + g * k * GROUP_ROWS, wc, bias, res, y, row0 + g * GROUP_ROWS, rows,
+                        k, n, c);
         }
     }
-}
-
-/* The epilogue of 16 lanes of column c: rows row0 .. row0 + 15 that exist. */
-static inline void store_lanes(const float *lanes, const float *bias, const float *res, float *y,
-                               int64_t row0, int64_t rows, int64_t n, int64_t c) {
-    for (int l = 0; l < GROUP_ROWS && row0 + l < rows; l++) {
-        int64_t at = (row0 + l) * n + c;
-        y[at] = finish(lanes[l], bias, res, at, c);
+    for (; c < n; c++) {
+        const float *wc = weight_rows(src, scratch, c, 1, k);
+        for (int g = 0; g < count; g++)
+            column_scalar(xp + g * k * GROUP_ROWS, wc, bias, res, y, row0 + g * GROUP_ROWS, rows,
+                          k, n, c);
     }
 }
 
-/* The epilogue of a group's eight accumulators a[j] (column c + j, lane l: row row0 + l): two
- * 8 x 8 transposes give each row's eight columns in one vector, then + bias, then residual +,
- * stored; rows past the end are skipped. The same two roundings as store_lanes, so the same
- * bits; done lane by lane it took 10-20 % of the time, and a scatter (slow on Zen 4) 2x. */
-PK_AVX512 static inline void store512(const __m512 *a, const float *bias, const float *res,
-                                      float *y, int64_t row0, int64_t rows, int64_t n, int64_t c) {
-    __m256 half[2][8];
-    for (int j = 0; j < 8; j++) {
-        half[0][j] = _mm512_castps512_ps256(a[j]);
-        half[1][j] = _mm512_extractf32x8_ps(a[j], 1);
-    }
-    for (int h = 0; h < 2; h++) {
-        transpose8(half[h]);
-        for (int l = 0; l < 8; l++) {
-            int64_t row = row0 + 8 * h + l;
-            if (row >= rows) return;
-            __m256 v = half[h][l];
-            if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + c));
-            if (res) v = _mm256_add_ps(_mm256_loadu_ps(res + row * n + c), v);
-            _mm256_storeu_ps(y + row * n + c, v);
-        }
-    }
-}
-
-/* AVX-512: G groups (one zmm of 16 rows each) x 8 weight rows w[0..7] (stride k). */
-#define PK_GEMM_TILE512(G)                                                                     \
-    PK_AVX512 static void tile512_##G(const float *xp, const float *w, const float *bias,      \
-                                      const float *res, float *y, int64_t row0, int64_t rows,  \
-                                      int64_t k, int64_t n, int64_t c) {                      \
-        __m512 a[G][8];                                                                        \
-        for (int g = 0; g < (G); g++)                                                          \
-            for (int j = 0; j < 8; j++) a[g][j] = _mm512_setzero_ps();                         \
-        for (int64_t i = 0; i < k; i++) {                                                      \
-            __m512 xv[G];                                                                      \
-            for (int g = 0; g < (G); g++)                                                      \
-                xv[g] = _mm512_loadu_ps(xp + (g * k + i) * GROUP_ROWS);                        \
-            for (int j = 0; j < 8; j++) {                                                      \
-                __m512 b = _mm512_set1_ps(w[j * k + i]);                                       \
-                for (int g = 0; g < (G); g++) a[g][j] = _mm512_fmadd_ps(xv[g], b, a[g][j]);   \
-            }                                                                                  \
-        }                                                                                      \
-        for (int g = 0; g < (G); g++) store512(a[g], bias, res, y, row0 + g * GROUP_ROWS, rows, n, c); \
-    }
-PK_GEMM_TILE512(1)
-PK_GEMM_TILE512(2)
-PK_GEMM_TILE512(3)
-
-/* AVX2: one group (two ymm of 8 rows) x 6 weight rows: 12 accumulators of the 16 registers,
- * named one by one (as an array, gcc kept them on the stack: 2.5x slower). */
-#define PK_STEP256(j, lo, hi)                                  \
-    do {                                                       \
-        __m256 b = _mm256_broadcast_ss(w + (j) * k + i);       \
-        lo = _mm256_fmadd_ps(x0, b, lo);                       \
-        hi = _mm256_fmadd_ps(x1, b, hi);                       \
-    } while (0)
-static void tile256(const float *xp, const float *w, const float *bias, const float *res,
-                    float *y, int64_t row0, int64_t rows, int64_t k, int64_t n, int64_t c) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0;
-    __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0, b4 = a0, b5 = a0;
-    for (int64_t i = 0; i < k; i++) {
-        __m256 x0 = _mm256_loadu_ps(xp + i * GROUP_ROWS), x1 = _mm256_loadu_ps(xp + i * GROUP_ROWS + 8);
-        PK_STEP256(0, a0, b0); PK_STEP256(1, a1, b1); PK_STEP256(2, a2, b2);
-        PK_STEP256(3, a3, b3); PK_STEP256(4, a4, b4); PK_STEP256(5, a5, b5);
-    }
-    __m256 lo[TILE_COLS] = {a0, a1, a2, a3, a4, a5}, hi[TILE_COLS] = {b0, b1, b2, b3, b4, b5};
-    float lanes[GROUP_ROWS];
-    for (int j = 0; j < TILE_COLS; j++) {
-        _mm256_storeu_ps(lanes, lo[j]);
-        _mm256_storeu_ps(lanes + 8, hi[j]);
-        store_lanes(lanes, bias, res, y, row0, rows, n, c + j);
-    }
-}
-
-/* A column that does not fill a tile: the same chain per element, in scalar fmaf. */
-static void column_scalar(const float *xp, const float *wc, const float *bias, const float *res,
-                          float *y, int64_t row0, int64_t rows, int64_t k, int64_t n, int64_t c) {
-    float lanes[GROUP_ROWS];
-    for (int l = 0; l < GROUP_ROWS; l++) {
-        float acc = 0.0f;
-        for (int64_t i = 0; i < k; i++) acc = fmaf(xp[i * GROUP_ROWS + l], wc[i], acc);
-        lanes[l] = acc;
-    }
-    store_lanes(lanes, bias, res, y, row0, rows, n, c);
-}
-
-/* y [rows, n] = x [rows, k] @ w.T (+ bias [n]) (+ residual [rows, n]); w [n, k]; contiguous
- * fp32, k % 8 == 0; y may be residual. Returns 0, or -1 when a thread's panel could not be
- * allocated (y then incomplete). */
-int pk_gemm(const float *x, const float *w, const float *bias, const float *res, float *y,
-            int64_t rows, int64_t k, int64_t n, int threads) {
-    int64_t groups = (rows + GROUP_ROWS - 1) / GROUP_ROWS;
+static int gemm(const weight_source *src, const float *x, const float *bias, const float *res,
+                float *y, int64_t rows, int64_t k, int64_t n, int threads) {
+    int64_t groups = (rows + GROUP_ROWS - 1) / GROUP_ROWS, span = span_groups(k);
     int failed = 0;
     #pragma omp parallel num_threads(threads) if(threads > 1)
     {
         int64_t team = omp_get_num_threads(), t = omp_get_thread_num();
         int64_t first = groups * t / team, last = groups * (t + 1) / team;
-        float *xp = first < last ? panel(k) : NULL;
-        if (first < last && !xp) {
+        int64_t mine = last - first < span ? last - first : span;
+        float *xp = first < last ? kept(&panel_kept, mine * GROUP_ROWS * k) : NULL;
+        float *scratch = src->w || first == last ? NULL : kept(&scratch_kept, TILE512_COLS * k);
+        if (first < last && (!xp || (!src->w && !scratch))) {
             #pragma omp atomic write
             failed = 1;
             last = first;
         }
-        for (int64_t g0 = first; g0 < last; g0 += PANEL_GROUPS) {
-            int count = last - g0 < PANEL_GROUPS ? (int)(last - g0) : PANEL_GROUPS;
+        for (int64_t g0 = first; g0 < last; g0 += span) {
+            int count = last - g0 < span ? (int)(last - g0) : (int)span;
             int64_t row0 = g0 * GROUP_ROWS;
             for (int g = 0; g < count; g++)
                 pack_group(x, xp + g * k * GROUP_ROWS, row0 + g * GROUP_ROWS, rows, k);
-            int64_t c = 0;
-            if (pk_avx512) {
-                for (; c + TILE512_COLS <= n; c += TILE512_COLS) {
-                    const float *wc = w + c * k;
-                    if (count == 3) tile512_3(xp, wc, bias, res, y, row0, rows, k, n, c);
-                    else if (count == 2) tile512_2(xp, wc, bias, res, y, row0, rows, k, n, c);
-                    else tile512_1(xp, wc, bias, res, y, row0, rows, k, n, c);
-                }
-            } else {
-                for (; c + TILE_COLS <= n; c += TILE_COLS)
-                    for (int g = 0; g < count; g++)
-                        tile256(xp + g * k * GROUP_ROWS, w + c * k, bias, res, y,
-                                row0 + g * GROUP_ROWS, rows, k, n, c);
-            }
-            for (; c < n; c++)
-                for (int g = 0; g < count; g++)
-                    column_scalar(xp + g * k * GROUP_ROWS, w + c * k, bias, res, y,
-                                  row0 + g * GROUP_ROWS, rows, k, n, c);
+            span_product(src, scratch, xp, bias, res, y, row0, count, rows, k, n);
         }
     }
     return failed ? -1 : 0;
+}
+
+/* y [rows, n] = x [rows, k] @ w.T (+ bias [n]) (+ residual [rows, n]); w [n, k]; contiguous
+ * fp32, k % 8 == 0; y may be residual. Returns 0, or -1 when a thread's buffer could not be
+ * allocated (y then incomplete). */
+int pk_gemm(const float *x, const float *w, const float *bias, const float *res, float *y,
+            int64_t rows, int64_t k, int64_t n, int threads) {
+    weight_source src = {.w = w};
+    return gemm(&src, x, bias, res, y, rows, k, n, threads);
+}
+
+/* pk_gemm with w in GGUF blocks of format kind (PK_Q4_1 or PK_Q8_0; k % 32 == 0): the bits
+ * of pk_gemm on pk_dequantize's matrix, without writing that matrix. Returns 0, -1 (no
+ * memory), or -2 for another format. */
+int pk_gemm_blocks(int kind, const float *x, const uint8_t *wq, const float *bias,
+                   const float *res, float *y, int64_t rows, int64_t k, int64_t n, int threads) {
+    weight_source src = {.wq = wq};
+    if (!(src.dequant = dequant_for(kind, k, &src.row_bytes))) return -2;
+    return gemm(&src, x, bias, res, y, rows, k, n, threads);
 }

@@ -12,6 +12,7 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "native_dequant.h"
 #include "native_simd.h"
 
 /* The epilogue of one output element: dot (+ bias[n]) (+ residual[r, n]), in that order, as
@@ -49,9 +50,6 @@ static inline void linear_column(const float *x, const float *wn, const float *b
  * partial sums in k order (the last 8 masked when k % 16 == 8), then one fixed reduction:
  * the same operations in the four-row tile and in the one-row tail, so still batch-invariant,
  * but not the AVX2 form's bits (8 lanes): the ISA is part of what a run computes. */
-extern int pk_avx512;
-
-#define PK_AVX512 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,fma")))
 #define PK_ROWS_STEP(R, LOAD)                                                         \
     do {                                                                              \
         __m512 u[4] = {LOAD(w0), LOAD(w1), LOAD(w2), LOAD(w3)};                       \
@@ -159,10 +157,6 @@ int pk_linear_q4_1(const float *x, const uint8_t *wq, const float *bias, const f
                    float *y, int64_t rows, int64_t k, int64_t n, int threads);
 int pk_linear_q8_0(const float *x, const uint8_t *wq, const float *bias, const float *res,
                    float *y, int64_t rows, int64_t k, int64_t n, int threads);
-
-#define PK_FP32 0
-#define PK_Q4_1 4
-#define PK_Q8_0 8
 
 /* y = x @ W.T (+ bias) (+ residual) for W in format fmt; 0, or -1 (no scratch memory). */
 static inline int pk_project(int fmt, const float *x, const void *w, const float *bias,

@@ -15,6 +15,9 @@ consumers reading the shards where they lie (``layers.shard_*``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 import torch
 from torch import nn
 
@@ -147,45 +150,72 @@ def sharded_product(
     return torch.baddbmm(bias.view(threads, 1, width), inputs, shards)
 
 
+class BlockWeight(NamedTuple):
+    """A weight ``[out, in]`` kept in GGUF blocks: ``kind`` (4: Q4_1, 8: Q8_0, the kernels'
+    codes), the uint8 ``blocks``, and ``dense``, which gives the matrix dequantized to fp32 for
+    the paths that read one (MKL)."""
+
+    kind: int
+    blocks: torch.Tensor
+    shape: tuple[int, int]
+    dense: Callable[[], torch.Tensor]
+
+
+Weight = torch.Tensor | BlockWeight
+
+
 def gemm_product(
     x: torch.Tensor,
-    weight: torch.Tensor,
+    weight: Weight,
     bias: torch.Tensor | None,
     residual: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
-    """``(residual +) x @ weight.T (+ bias)`` on ``native.pk_gemm``, or None where it is not
-    the path: switched off or unavailable, ``x`` not 2-D contiguous fp32 with ``in % 8 == 0``,
-    a weight that is not contiguous fp32 ``[out, in]``, a residual the epilogue cannot take,
-    torch.compile."""
+    """``(residual +) x @ weight.T (+ bias)`` on ``native.pk_gemm`` (``pk_gemm_blocks`` for a
+    ``BlockWeight``: the same bits as on its dequantized matrix, decoded tile by tile), or None
+    where it is not the path: switched off or unavailable, ``x`` not 2-D contiguous fp32 with
+    ``in % 8 == 0``, a weight that is not contiguous fp32 ``[out, in]``, a residual the
+    epilogue cannot take, torch.compile."""
     lib = native.gemm_kernels()
     out_features, in_features = weight.shape
+    blocks = isinstance(weight, BlockWeight)
     if (
         lib is None
         or not kernel_reads(x, in_features)
         or in_features % 8
-        or weight.dtype != torch.float32
-        or not weight.is_contiguous()
+        or (not blocks and (weight.dtype != torch.float32 or not weight.is_contiguous()))
         or (bias is not None and not bias.is_contiguous())
         or (residual is not None and not takes_residual(residual, x, out_features))
     ):
         return None
     rows = x.shape[0]
     y = torch.empty(rows, out_features, dtype=torch.float32)
-    status = lib.pk_gemm(
-        x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(),
-        None if residual is None else residual.data_ptr(), y.data_ptr(), rows, in_features,
-        out_features, torch.get_num_threads(),
+    operands = (
+        None if bias is None else bias.data_ptr(),
+        None if residual is None else residual.data_ptr(),
+        y.data_ptr(), rows, in_features, out_features, torch.get_num_threads(),
     )  # fmt: skip
-    if status != 0:
+    if blocks:
+        status = lib.pk_gemm_blocks(weight.kind, x.data_ptr(), weight.blocks.data_ptr(), *operands)
+    else:
+        status = lib.pk_gemm(x.data_ptr(), weight.data_ptr(), *operands)
+    if status == -1:
         raise MemoryError("pk_gemm: no memory for a thread's panel")
+    if status != 0:
+        raise ValueError(f"pk_gemm_blocks: no weight format {weight.kind}")
     return y
 
 
-def dense_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
-    """``x @ weight.T (+ bias)``, ``weight`` fp32 ``[out, in]``: the path above the kernels'
-    rows (``pk_gemm``, else MKL)."""
+def dense(weight: Weight) -> torch.Tensor:
+    """The fp32 matrix of ``weight`` (dequantized if it is a ``BlockWeight``)."""
+    return weight.dense() if isinstance(weight, BlockWeight) else weight
+
+
+def dense_product(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None):
+    """``x @ weight.T (+ bias)``, ``weight`` fp32 ``[out, in]`` or in blocks: the path above the
+    kernels' rows (``pk_gemm``, else MKL)."""
     if (y := gemm_product(x, weight, bias)) is not None:
         return y
+    weight = dense(weight)
     if (product := sharded_product(x, weight, bias)) is not None:
         return joined(product)
     if bias is None:
@@ -193,20 +223,22 @@ def dense_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return torch.addmm(bias, x, weight.t())
 
 
-def dense_added_to(residual, x, weight, bias) -> torch.Tensor:
+def dense_added_to(residual, x, weight: Weight, bias) -> torch.Tensor:
     """``residual + dense_product(x, ...)``: in pk_gemm's epilogue, or reading a sharded
     product in place."""
     if (y := gemm_product(x, weight, bias, residual)) is not None:
         return y
+    weight = dense(weight)
     if (product := sharded_product(x, weight, bias)) is not None:
         return shards_added_to(residual, product)
     return residual + dense_product(x, weight, bias)
 
 
-def dense_halves(x, weight, bias) -> tuple[torch.Tensor, torch.Tensor]:
+def dense_halves(x, weight: Weight, bias) -> tuple[torch.Tensor, torch.Tensor]:
     """The two column halves of ``dense_product(x, ...)`` (views of a sharded product)."""
     if (y := gemm_product(x, weight, bias)) is not None:
         return column_halves(y)
+    weight = dense(weight)
     if (product := sharded_product(x, weight, bias)) is not None:
         return shard_halves(product)
     return column_halves(dense_product(x, weight, bias))

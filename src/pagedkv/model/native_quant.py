@@ -3,8 +3,11 @@ pagedkv's kernels (``native_quant_kernels.c``) with fp32 activations.
 
 Up to ``native.MAX_ROWS`` rows each thread dequantizes four weight rows into an L1 scratch and
 runs the fp32 kernel's own code on them, so a product reads 0.625 (Q4_1) or 1.06 (Q8_0) bytes
-a weight instead of 4, and is batch-invariant as the fp32 kernel is. Above that (prompts) the
-matrix is dequantized whole and multiplied as fp32 prompts are (``native_projection.dense_*``).
+a weight instead of 4, and is batch-invariant as the fp32 kernel is. Above that (prompts)
+``pk_gemm_blocks`` decodes the weight rows of each tile into a thread's scratch, once per span
+of a few hundred rows of x, and runs fp32 prompts' GEMM on them: the same bits as that GEMM on
+the dequantized matrix, which is never written (``native_projection.dense_*``; MKL, where the
+GEMM is switched off, gets the matrix dequantized whole).
 
 The encoders below are GGUF's formats exactly: a group of 32 weights keeps d (and m) as fp16.
 Re-encoding weights that were decoded from such blocks gives back the same bytes (tested on
@@ -21,6 +24,7 @@ from torch import nn
 from pagedkv.model import native
 from pagedkv.model.gguf_quants import BLOCK_WEIGHTS
 from pagedkv.model.native_projection import (
+    BlockWeight,
     dense_added_to,
     dense_halves,
     dense_path,
@@ -91,16 +95,16 @@ class NativeQuantProjection(ProjectionBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if fits_kernel(x, self.in_features):
             return self._run(x, None)
-        return dense_product(x, self.dense_weight(), self.bias)
+        return dense_product(x, self._block_weight(), self.bias)
 
     def added_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         if fits_kernel(x, self.in_features) and takes_residual(residual, x, self.out_features):
             return self._run(x, residual)
-        return dense_added_to(residual, x, self.dense_weight(), self.bias)
+        return dense_added_to(residual, x, self._block_weight(), self.bias)
 
     def halves(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if not fits_kernel(x, self.in_features):
-            return dense_halves(x, self.dense_weight(), self.bias)
+            return dense_halves(x, self._block_weight(), self.bias)
         return super().halves(x)
 
     def dense_weight(self) -> torch.Tensor:
@@ -111,6 +115,10 @@ class NativeQuantProjection(ProjectionBase):
             self.in_features, torch.get_num_threads(),
         )  # fmt: skip
         return weight
+
+    def _block_weight(self) -> BlockWeight:
+        shape = (self.out_features, self.in_features)
+        return BlockWeight(FORMATS[self.fmt], self.blocks, shape, self.dense_weight)
 
     def kernel_operand(self) -> tuple[int, int]:
         """``(format, address)`` of the blocks for ``pk_decode_layer`` (4: Q4_1, 8: Q8_0)."""
@@ -130,9 +138,14 @@ class NativeQuantProjection(ProjectionBase):
         return y
 
     def describe(self) -> str:
+        above = (
+            "pagedkv's GEMM decoding the blocks tile by tile"
+            if native.gemm_kernels() is not None
+            else f"dequantized, then {dense_path()}"
+        )
         return (
             f"{self.fmt} blocks on pagedkv's {native.isa().upper()} kernel, fp32 activations, "
-            f"up to {native.MAX_ROWS} rows; above, dequantized, then {dense_path()}"
+            f"up to {native.MAX_ROWS} rows; above, {above}"
         )
 
     @property

@@ -1,10 +1,18 @@
 /* AVX2 helpers shared by the kernels of native_kernels.c, native_quant_kernels.c and
- * native_attention.c: horizontal sums, a vector exp, bf16 <-> fp32. */
+ * native_attention.c: horizontal sums, a vector exp, bf16 <-> fp32; and the switch to the
+ * AVX-512 forms. */
 #ifndef PAGEDKV_NATIVE_SIMD_H
 #define PAGEDKV_NATIVE_SIMD_H
 
 #include <immintrin.h>
 #include <stdint.h>
+
+/* Whether the AVX-512 forms run: set once per process by pk_set_isa (native.py: by the CPU's
+ * capability, PAGEDKV_NATIVE_ISA=avx2 forces the AVX2 ones). The library is built for AVX2;
+ * an AVX-512 function carries PK_AVX512 and runs only when this is set. */
+extern int pk_avx512;
+
+#define PK_AVX512 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,fma")))
 
 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
