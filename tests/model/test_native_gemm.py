@@ -40,16 +40,20 @@ def _fma32(a: float, b: float, c: float) -> float:
     return float(np.float32(float(Fraction(a) * Fraction(b) + Fraction(c))))
 
 
-def test_each_element_is_one_fma_chain_in_k_order(isa):
+@pytest.mark.parametrize("rows", [3, 70])  # native_chain.c (pk_linear), native_gemm.c
+def test_each_element_is_one_fma_chain_in_k_order(rows, isa):
     """The contract that makes the bits independent of tiles, ISA and batch: acc = fma(x[k],
-    w[k], acc) from 0, then + bias, then residual +. A sum of lane partials (pk_linear) or
-    MKL's blocking would differ in some last bits of these 70 x 8 elements."""
-    rows, k, n = 70, 40, 8  # a tile of six columns and two scalar ones; 16-row groups and a tail
+    w[k], acc) from 0, then + bias, then residual +. A sum of lane partials or MKL's blocking
+    would differ in some last bits of these elements."""
+    k, n = 40, 20  # tiles of 6 or 8 columns, groups of 8 or 16, scalar columns; k % 16 == 8
     x = torch.randn(rows, k, generator=_gen(1))
     w = torch.randn(n, k, generator=_gen(2))
     bias = torch.randn(n, generator=_gen(3))
     residual = torch.randn(rows, n, generator=_gen(4))
-    got = _gemm(x, w, bias, residual)
+    if rows > native.MAX_ROWS:
+        got = _gemm(x, w, bias, residual)
+    else:
+        got = NativeProjection(w, bias).added_to(residual, x)
     xs, ws, bs, rs = x.tolist(), w.tolist(), bias.tolist(), residual.tolist()
     for r in range(rows):
         for c in range(n):
@@ -94,8 +98,7 @@ def test_a_row_has_the_same_bits_in_any_batch_at_any_thread_count(threads, num_t
 
 @pytest.mark.skipif(not AVX512, reason="needs an AVX-512 CPU")
 def test_avx2_and_avx512_give_the_same_bits():
-    """Unlike pk_linear's two forms (8 vs 16 lane partial sums), the chain per element is the
-    same instructions' arithmetic in both."""
+    """The chain per element is the same instructions' arithmetic in both forms."""
     x = torch.randn(150, 576, generator=_gen(9))
     w = torch.randn(66, 576, generator=_gen(10))
     bias = torch.randn(66, generator=_gen(11))

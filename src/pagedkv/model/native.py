@@ -1,5 +1,6 @@
-"""pagedkv's compiled CPU kernels (``native_kernels.c``, fp32; ``native_quant_kernels.c``,
-weights in GGUF's Q4_1/Q8_0 blocks; ``native_attention.c``, paged decode attention): built
+"""pagedkv's compiled CPU kernels (``native_chain.c`` and ``native_gemm.c``, the projections on
+fp32 rows or GGUF's Q4_1/Q8_0 blocks; ``native_kernels.c``, norms, activations and the
+one-call decode layer; ``native_attention.c``, paged decode attention): built
 once with the system C compiler into one library, cached, loaded with ctypes, called on torch
 tensors' memory. The projections' microkernel has an AVX-512 form beside the AVX2 one, chosen
 once per process by rule (``isa()``).
@@ -35,15 +36,16 @@ SOURCE = Path(__file__).with_name("native_kernels.c")
 # Built into the same library: the quantized projections, decode attention, the headers.
 QUANT_SOURCE = Path(__file__).with_name("native_quant_kernels.c")
 ATTENTION_SOURCE = Path(__file__).with_name("native_attention.c")  # paged decode attention
-GEMM_SOURCE = Path(__file__).with_name("native_gemm.c")  # the projections above MAX_ROWS
+GEMM_SOURCE = Path(__file__).with_name("native_gemm.c")  # the projections of 9 rows and more
+CHAIN_SOURCE = Path(__file__).with_name("native_chain.c")  # ... and of fewer
 HEADERS = tuple(
     Path(__file__).with_name(h)
     for h in ("native_linear.h", "native_simd.h", "native_dequant.h", "native_gemm_tiles.h")
 )
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
-# Up to this many rows the projections run on the kernels (batch-invariant): 1.2-1.6x torch's
-# at 1-24 rows, even at 48-64 on an AMX Xeon (AVX2 form); on a Xeon without AMX the AVX-512
-# form is 1.2-1.3x at 1-16 rows, even at 32 and 0.82x at 64 (bench_native.py, latency.md).
+# Up to this many rows a projection calls pk_linear (pk_decode_layer's entry points too: up to
+# 8 rows native_chain.c, from 9 the GEMM), above pk_gemm, or MKL where the GEMM is switched
+# off (native.set_gemm). Both sides compute the same bits (latency.md, tenth round).
 MAX_ROWS = 64
 # The bf16 decode attention accumulates a head in a float[256] on the stack (native_attention.c).
 BF16_MAX_HEAD_DIM = 256
@@ -51,7 +53,7 @@ BF16_MAX_HEAD_DIM = 256
 _state: dict[str, object] = {}
 _P, _I64, _INT, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 _SIGNATURES = {
-    "pk_linear": [_P, _P, _P, _P, _P, _I64, _I64, _I64, _INT],
+    "pk_linear": [_P, _P, _P, _P, _P, _I64, _I64, _I64, _INT],  # returns 0, -1: no memory
     "pk_gemm": [_P, _P, _P, _P, _P, _I64, _I64, _I64, _INT],  # returns 0, -1: no memory
     "pk_gemm_blocks": [_INT, _P, _P, _P, _P, _P, _I64, _I64, _I64, _INT],  # -2: bad format
     "pk_linear_q4_1": [_P, _P, _P, _P, _P, _I64, _I64, _I64, _INT],  # returns 0, -1: no memory
@@ -85,6 +87,7 @@ _SIGNATURES = {
 
 
 _RETURN_STATUS = {
+    "pk_linear",
     "pk_gemm",
     "pk_gemm_blocks",
     "pk_linear_q4_1",
@@ -112,8 +115,8 @@ def isa() -> str:
     """The form the projections' microkernel takes in this process ("avx2" or "avx512"; ""
     when the kernels are unavailable): chosen at load by rule, ``PAGEDKV_NATIVE_ISA`` if set,
     else "avx512" where torch reports the CPU capable of it (AVX512F/BW/VL/DQ), else "avx2".
-    The two round differently (8 vs 16 lane partial sums); each is batch-invariant and the
-    quantized kernels follow the same form, so the exact paths stay exact on either."""
+    Both compute every product element as one FMA chain in k order (``native_chain.c``,
+    ``native_gemm.c``), so they give the same bits: the ISA changes the speed, not the tokens."""
     return str(_state.get("isa", "")) if kernels() is not None else ""
 
 
@@ -200,7 +203,7 @@ def _load() -> ctypes.CDLL:
 
 
 def _build(compiler: str) -> Path:
-    sources = (SOURCE, QUANT_SOURCE, ATTENTION_SOURCE, GEMM_SOURCE)
+    sources = (SOURCE, QUANT_SOURCE, ATTENTION_SOURCE, GEMM_SOURCE, CHAIN_SOURCE)
     source = b"".join(p.read_bytes() for p in (*sources, *HEADERS))
     version = subprocess.run(
         [compiler, "--version"], capture_output=True, text=True, check=False

@@ -12,6 +12,7 @@
 
 #include <immintrin.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "native_simd.h"
@@ -95,6 +96,41 @@ static inline dequant_row_fn dequant_for(int kind, int64_t k, int64_t *row_bytes
     if (kind == PK_Q4_1) return pk_avx512 ? dequant_q4_1_row512 : dequant_q4_1_row;
     if (kind == PK_Q8_0) return pk_avx512 ? dequant_q8_0_row512 : dequant_q8_0_row;
     return NULL;
+}
+
+/* A buffer of an OpenMP thread's (a __thread variable of the file using it), kept for the next
+ * call (fresh ones per call would be page faults every call) and grown when asked for more. */
+typedef struct {
+    float *buf;
+    int64_t floats;
+} kept_buffer;
+
+static inline float *kept(kept_buffer *b, int64_t floats) {
+    if (floats > b->floats) {
+        free(b->buf);
+        b->buf = aligned_alloc(64, (size_t)floats * sizeof(float));
+        b->floats = b->buf ? floats : 0;
+    }
+    return b->buf;
+}
+
+/* Where a kernel's weight rows come from: an fp32 matrix [n, k] read in place (w), or GGUF
+ * blocks (wq, row_bytes a row) decoded into the thread's scratch; the decoded values are
+ * pk_dequantize's, so the products are the fp32 matrix's. weight_rows gives rows c .. c +
+ * count - 1 (stride k). */
+typedef struct {
+    const float *w;
+    const uint8_t *wq;
+    dequant_row_fn dequant;
+    int64_t row_bytes;
+} weight_source;
+
+static inline const float *weight_rows(const weight_source *src, float *scratch, int64_t c,
+                                int64_t count, int64_t k) {
+    if (src->w) return src->w + c * k;
+    for (int64_t j = 0; j < count; j++)
+        src->dequant(src->wq + (c + j) * src->row_bytes, scratch + j * k, k);
+    return scratch;
 }
 
 #endif

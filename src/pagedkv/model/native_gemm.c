@@ -21,8 +21,8 @@
  * + bias, then residual +: the same operations whatever the tile, the ISA, the number of rows,
  * the row's place in the batch and the number of threads. So a row gets bit-identical results
  * alone and in any batch, on AVX2 and AVX-512 alike (a scalar fmaf loop computes the same
- * bits, and runs the columns that do not fill a tile: n % 8 or n % 6). These are not
- * pk_linear's bits (lane partial sums): the caller uses one kernel or the other by row count.
+ * bits, and runs the columns that do not fill a tile: n % 8 or n % 6). Up to 8 rows run
+ * native_chain.c, which computes the same chain with columns in a vector: the same bits again.
  */
 #include <immintrin.h>
 #include <omp.h>
@@ -32,41 +32,7 @@
 
 #include "native_gemm_tiles.h"
 
-/* Each OpenMP thread's buffers, kept for the next call (fresh ones per call would be page
- * faults every call) and grown when asked for more: the transposed rows of x, and the weight
- * rows of one tile decoded from blocks. */
-typedef struct {
-    float *buf;
-    int64_t floats;
-} kept_buffer;
 static __thread kept_buffer panel_kept, scratch_kept;
-
-static float *kept(kept_buffer *b, int64_t floats) {
-    if (floats > b->floats) {
-        free(b->buf);
-        b->buf = aligned_alloc(64, (size_t)floats * sizeof(float));
-        b->floats = b->buf ? floats : 0;
-    }
-    return b->buf;
-}
-
-/* Where a tile's weight rows come from: an fp32 matrix [n, k] read in place (w), or GGUF
- * blocks (wq, row_bytes a row) decoded into the thread's scratch, once per weight row and
- * span of x; the decoded values are pk_dequantize's, so the products are the fp32 matrix's. */
-typedef struct {
-    const float *w;
-    const uint8_t *wq;
-    dequant_row_fn dequant;
-    int64_t row_bytes;
-} weight_source;
-
-static const float *weight_rows(const weight_source *src, float *scratch, int64_t c,
-                                int64_t count, int64_t k) {
-    if (src->w) return src->w + c * k;
-    for (int64_t j = 0; j < count; j++)
-        src->dequant(src->wq + (c + j) * src->row_bytes, scratch + j * k, k);
-    return scratch;
-}
 
 /* Groups of x transposed at a time (a span): every weight row is read, or decoded, once per
  * span and swept over its panels of PANEL_GROUPS groups, the span staying in the core's L2
@@ -86,13 +52,17 @@ static int64_t span_groups(int64_t k) {
     return PANEL_GROUPS * (panels > 1 ? panels : 1);
 }
 
-/* The rows [row0, ...) of one span (count groups, transposed at xp) times every weight row. */
+/* The rows [row0, ...) of one span (count groups, transposed at xp) times the weight rows of
+ * tiles [tile0, tile1) (TILE512_COLS or TILE_COLS columns a tile), and the columns past the
+ * last tile when tail is set. */
 static void span_product(const weight_source *src, float *scratch, const float *xp,
                          const float *bias, const float *res, float *y, int64_t row0, int count,
-                         int64_t rows, int64_t k, int64_t n) {
-    int64_t c = 0;
+                         int64_t rows, int64_t k, int64_t n, int64_t tile0, int64_t tile1,
+                         int tail) {
+    int64_t c = tile0 * (pk_avx512 ? TILE512_COLS : TILE_COLS);
+    int64_t end = tile1 * (pk_avx512 ? TILE512_COLS : TILE_COLS);
     if (pk_avx512) {
-        for (; c + TILE512_COLS <= n; c += TILE512_COLS) {
+        for (; c < end; c += TILE512_COLS) {
             const float *wc = weight_rows(src, scratch, c, TILE512_COLS, k);
             for (int p = 0; p < count; p += PANEL_GROUPS) {
                 const float *xq = xp + p * k * GROUP_ROWS;
@@ -104,14 +74,14 @@ static void span_product(const weight_source *src, float *scratch, const float *
             }
         }
     } else {
-        for (; c + TILE_COLS <= n; c += TILE_COLS) {
+        for (; c < end; c += TILE_COLS) {
             const float *wc = weight_rows(src, scratch, c, TILE_COLS, k);
             for (int g = 0; g < count; g++)
                 tile256(xp + g * k * GROUP_ROWS, wc, bias, res, y, row0 + g * GROUP_ROWS, rows,
                         k, n, c);
         }
     }
-    for (; c < n; c++) {
+    for (; tail && c < n; c++) {
         const float *wc = weight_rows(src, scratch, c, 1, k);
         for (int g = 0; g < count; g++)
             column_scalar(xp + g * k * GROUP_ROWS, wc, bias, res, y, row0 + g * GROUP_ROWS, rows,
@@ -119,14 +89,25 @@ static void span_product(const weight_source *src, float *scratch, const float *
     }
 }
 
-static int gemm(const weight_source *src, const float *x, const float *bias, const float *res,
-                float *y, int64_t rows, int64_t k, int64_t n, int threads) {
+/* The threads split the rows of x (groups of 16), or, where that would leave a thread less
+ * than a panel of them (fewer than 48 rows a thread: decode steps of 16-64 sequences), the
+ * columns, each thread then transposing all of x: with 16 rows, a split by rows left the
+ * second thread idle. Either way every element is the same chain. */
+int pk_gemm_source(const weight_source *src, const float *x, const float *bias, const float *res,
+                   float *y, int64_t rows, int64_t k, int64_t n, int threads) {
     int64_t groups = (rows + GROUP_ROWS - 1) / GROUP_ROWS, span = span_groups(k);
+    int64_t tiles = n / (pk_avx512 ? TILE512_COLS : TILE_COLS);
     int failed = 0;
     #pragma omp parallel num_threads(threads) if(threads > 1)
     {
         int64_t team = omp_get_num_threads(), t = omp_get_thread_num();
-        int64_t first = groups * t / team, last = groups * (t + 1) / team;
+        int by_columns = groups < PANEL_GROUPS * team;
+        int64_t first = by_columns ? 0 : groups * t / team;
+        int64_t last = by_columns ? groups : groups * (t + 1) / team;
+        int64_t tile0 = by_columns ? tiles * t / team : 0;
+        int64_t tile1 = by_columns ? tiles * (t + 1) / team : tiles;
+        int tail = !by_columns || t == team - 1;
+        if (by_columns && tile0 == tile1 && !tail) last = first; /* no columns of its own */
         int64_t mine = last - first < span ? last - first : span;
         float *xp = first < last ? kept(&panel_kept, mine * GROUP_ROWS * k) : NULL;
         float *scratch = src->w || first == last ? NULL : kept(&scratch_kept, TILE512_COLS * k);
@@ -140,7 +121,8 @@ static int gemm(const weight_source *src, const float *x, const float *bias, con
             int64_t row0 = g0 * GROUP_ROWS;
             for (int g = 0; g < count; g++)
                 pack_group(x, xp + g * k * GROUP_ROWS, row0 + g * GROUP_ROWS, rows, k);
-            span_product(src, scratch, xp, bias, res, y, row0, count, rows, k, n);
+            span_product(src, scratch, xp, bias, res, y, row0, count, rows, k, n, tile0, tile1,
+                         tail);
         }
     }
     return failed ? -1 : 0;
@@ -152,7 +134,7 @@ static int gemm(const weight_source *src, const float *x, const float *bias, con
 int pk_gemm(const float *x, const float *w, const float *bias, const float *res, float *y,
             int64_t rows, int64_t k, int64_t n, int threads) {
     weight_source src = {.w = w};
-    return gemm(&src, x, bias, res, y, rows, k, n, threads);
+    return pk_gemm_source(&src, x, bias, res, y, rows, k, n, threads);
 }
 
 /* pk_gemm with w in GGUF blocks of format kind (PK_Q4_1 or PK_Q8_0; k % 32 == 0): the bits
@@ -162,5 +144,5 @@ int pk_gemm_blocks(int kind, const float *x, const uint8_t *wq, const float *bia
                    const float *res, float *y, int64_t rows, int64_t k, int64_t n, int threads) {
     weight_source src = {.wq = wq};
     if (!(src.dequant = dequant_for(kind, k, &src.row_bytes))) return -2;
-    return gemm(&src, x, bias, res, y, rows, k, n, threads);
+    return pk_gemm_source(&src, x, bias, res, y, rows, k, n, threads);
 }

@@ -1,14 +1,11 @@
-/* pagedkv's fp32 CPU kernels for small batches (AVX2 + FMA, OpenMP), built by native.py with the
- * system gcc and called through ctypes on torch tensors' memory.
- *
- * Why: at 1-64 rows a decoder step is memory-bound, and torch's matmuls read an [out, in]
- * weight at ~20 GB/s where a sum reads ~29 GB/s (docs/latency.md, fifth round). Streaming each
- * weight row once, contiguously, a thread per range of rows, reads at the sum's speed.
+/* pagedkv's fp32 CPU kernels around the projections (AVX2 + FMA, OpenMP): RMSNorm, SiLU-and-mul,
+ * RoPE into the paged cache and the one-call decode layer, built by native.py with the system
+ * gcc and called through ctypes on torch tensors' memory. The projections are native_chain.c
+ * (up to 8 rows) and native_gemm.c.
  *
  * Contract shared by every kernel: every output element is computed by the same sequence of
  * float operations whatever the number of rows, the row's position in the batch and the number
- * of threads (8 lane partial sums in k order, 16 in the AVX-512 form, then a fixed
- * reduction). So a sequence decoded alone and in a batch of up to 64 gets bit-identical logits.
+ * of threads. So a sequence decoded alone and in any batch gets bit-identical logits.
  *
  * The OpenMP runtime is the one torch already loaded (same soname): the kernels share torch's
  * thread team instead of fighting it for the cores. native.py checks that before using them.
@@ -21,20 +18,8 @@
 
 int pk_avx512 = 0;
 
-/* linear_block4's form for this process: 1 AVX-512 (the caller checked the CPU), 0 AVX2. */
+/* The kernels' form for this process: 1 AVX-512 (the caller checked the CPU), 0 AVX2. */
 void pk_set_isa(int avx512) { pk_avx512 = avx512; }
-
-/* y[r, :] = x[r, :] @ w.T (+ bias) (+ residual[r, :]) for r < rows.
- * x [rows, k], w [n, k], bias [n] or NULL, residual [rows, n] or NULL, y [rows, n]: contiguous
- * fp32; k % 8 == 0. y may be residual (each element is read before it is written). */
-void pk_linear(const float *x, const float *w, const float *bias, const float *res, float *y,
-               int64_t rows, int64_t k, int64_t n, int threads) {
-    int64_t blocks = n / 4;
-    #pragma omp parallel for schedule(static) num_threads(threads) if(threads > 1)
-    for (int64_t g = 0; g < blocks; g++)
-        linear_block4(x, w + g * 4 * k, bias, res, y, rows, k, n, g * 4, 1);
-    for (int64_t c = blocks * 4; c < n; c++) linear_column(x, w + c * k, bias, res, y, rows, k, n, c);
-}
 
 /* y[r, :] = x[r, :] * weight / sqrt(mean(x[r, :]^2) + eps); h % 8 == 0; y may be x. */
 void pk_rms_norm(const float *x, const float *weight, float *y, int64_t rows, int64_t h,

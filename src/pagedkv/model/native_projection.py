@@ -1,16 +1,15 @@
 """``NativeProjection``: an fp32 projection that runs small batches on pagedkv's own kernel.
 
 Up to ``native.MAX_ROWS`` rows (every decode step of up to 64 sequences, short prompts) the
-product is ``native.pk_linear``: each weight row streamed once, contiguously, a thread per
-range of output columns, at the bandwidth of a plain sum (the 121 matrices of the embedded
-model at one row: 18 ms against 22-24 ms for torch's sharded ``bmm``, bench_native.py).
-Every output element is the same float operations whatever the batch: a sequence gets
-bit-identical logits alone and in any batch of up to 64 rows. Above that (prompts), the
-product is compute-bound: ``native.pk_gemm`` (``native_gemm.c``: one fused multiply-add chain
-per output element, batch-invariant at every row count above 64 and the same bits on AVX2 and
-AVX-512), or, where it is switched off (``native.set_gemm``) or the shapes do not fit, MKL's
-GEMM as one ``bmm`` over a shard of output rows per torch thread (views of the weight), its
-consumers reading the shards where they lie (``layers.shard_*``).
+product is ``native.pk_linear``: up to 8 rows ``native_chain.c`` (16 output columns a vector,
+the weights streamed once at the memory's bandwidth), from 9 rows pagedkv's GEMM. Above 64
+rows (prompts) the product is ``native.pk_gemm`` (``native_gemm.c``). Every one of them
+computes an output element as one fused multiply-add chain in k order, then + bias, then
+residual +, so a sequence gets bit-identical logits alone and in any batch, in a decode step
+and in a mixed one, on AVX2 and AVX-512. Where the GEMM is switched off
+(``native.set_gemm``) or the shapes do not fit, more than 64 rows go to MKL's GEMM as one
+``bmm`` over a shard of output rows per torch thread (views of the weight), its consumers
+reading the shards where they lie (``layers.shard_*``); those bits are MKL's.
 """
 
 from __future__ import annotations
@@ -83,18 +82,20 @@ class NativeProjection(ProjectionBase):
     def _run(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
         rows = x.shape[0]
         y = torch.empty(rows, self.out_features, dtype=torch.float32)
-        self._lib.pk_linear(
+        status = self._lib.pk_linear(
             x.data_ptr(), self.weight.data_ptr(),
             None if self.bias is None else self.bias.data_ptr(),
             None if residual is None else residual.data_ptr(),
             y.data_ptr(), rows, self.in_features, self.out_features, torch.get_num_threads(),
         )  # fmt: skip
+        if status != 0:
+            raise MemoryError("pk_linear: no memory for a thread's panel")
         return y
 
     def describe(self) -> str:
         return (
             f"float32 matmuls: pagedkv's {native.isa().upper()} kernel up to {native.MAX_ROWS} rows "
-            f"(batch-invariant), above {dense_path()}"
+            f"(one FMA chain an output), above {dense_path()}"
         )
 
 

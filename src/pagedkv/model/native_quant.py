@@ -1,13 +1,13 @@
 """``NativeQuantProjection``: weights kept in GGUF's Q4_1 or Q8_0 blocks, multiplied by
-pagedkv's kernels (``native_quant_kernels.c``) with fp32 activations.
+pagedkv's kernels (``native_chain.c``, ``native_gemm.c``) with fp32 activations.
 
-Up to ``native.MAX_ROWS`` rows each thread dequantizes four weight rows into an L1 scratch and
-runs the fp32 kernel's own code on them, so a product reads 0.625 (Q4_1) or 1.06 (Q8_0) bytes
-a weight instead of 4, and is batch-invariant as the fp32 kernel is. Above that (prompts)
-``pk_gemm_blocks`` decodes the weight rows of each tile into a thread's scratch, once per span
-of a few hundred rows of x, and runs fp32 prompts' GEMM on them: the same bits as that GEMM on
-the dequantized matrix, which is never written (``native_projection.dense_*``; MKL, where the
-GEMM is switched off, gets the matrix dequantized whole).
+Up to 8 rows each thread decodes 16 weight rows (8 on AVX2) at a time into its scratch and
+runs the fp32 kernel's own code on them (``native_chain.c``), so a product reads 0.625 (Q4_1)
+or 1.06 (Q8_0) bytes a weight instead of 4. From 9 rows (``pk_gemm_blocks`` above 64) the
+GEMM decodes the weight rows of each tile into a thread's scratch, once per span of a few
+hundred rows of x. Either way the bits are the fp32 kernels' on the dequantized matrix, which
+is never written (``native_projection.dense_*``; MKL, where the GEMM is switched off, gets the
+matrix dequantized whole).
 
 The encoders below are GGUF's formats exactly: a group of 32 weights keeps d (and m) as fp16.
 Re-encoding weights that were decoded from such blocks gives back the same bytes (tested on
