@@ -1,5 +1,5 @@
-"""Weights kept in GGUF blocks on pagedkv's kernels (``native_quant.py``,
-``native_quant_kernels.c``). References: the ``gguf`` package's own quantizer and decoder
+"""Weights kept in GGUF blocks on pagedkv's kernels (``native_quant.py``, ``native_dequant.h``,
+``native_chain.c``, ``native_gemm.c``). References: the ``gguf`` package's own quantizer and decoder
 (llama.cpp's formats, written by others), float64 products, and the fp32 kernel itself, which
 the block kernel must match bit for bit on weights that are exactly block values."""
 

@@ -1,6 +1,7 @@
-/* GGUF's Q4_1 and Q8_0 blocks decoded to fp32 rows, shared by the quantized projections
- * (native_quant_kernels.c: up to 64 rows) and pk_gemm_blocks (native_gemm.c: prompts), so a
- * weight has one decoded value wherever it is read.
+/* GGUF's Q4_1 and Q8_0 blocks decoded to fp32 rows, shared by every kernel that reads them
+ * (native_chain.c up to 8 rows, native_gemm.c from 9, pk_dequantize for the whole matrix), so
+ * a weight has one decoded value wherever it is read; and where a kernel's weight rows come
+ * from (weight_source).
  *
  * Q4_1: 32 weights in 20 bytes: d, m (fp16), then 16 bytes whose low nibble is weight j and
  * high nibble weight j + 16; w = d * q + m. Q8_0: 32 weights in 34 bytes: d (fp16), 32 int8;
@@ -126,7 +127,7 @@ typedef struct {
 } weight_source;
 
 static inline const float *weight_rows(const weight_source *src, float *scratch, int64_t c,
-                                int64_t count, int64_t k) {
+                                       int64_t count, int64_t k) {
     if (src->w) return src->w + c * k;
     for (int64_t j = 0; j < count; j++)
         src->dequant(src->wq + (c + j) * src->row_bytes, scratch + j * k, k);

@@ -1,4 +1,4 @@
-/* AVX2 helpers shared by the kernels of native_kernels.c, native_quant_kernels.c and
+/* AVX2 helpers shared by the kernels of native_kernels.c, native_chain.c, native_gemm.c and
  * native_attention.c: horizontal sums, a vector exp, bf16 <-> fp32; and the switch to the
  * AVX-512 forms. */
 #ifndef PAGEDKV_NATIVE_SIMD_H
