@@ -13,22 +13,21 @@ import torch
 from pagedkv.model import native
 from pagedkv.model.attention import AttentionPlan, paged_attention
 from pagedkv.model.attention_metadata import AttentionMetadata
-from pagedkv.model.attention_plan import NativeDecode
 
 HQ, HKV, D = 6, 2, 8
 
 
 def _naive(q_new, k_all, v_all, ctx, scale):
     """Attention of the last ``len(q_new)`` positions of a ``ctx``-token sequence."""
-    n = q_new.shape[0]
-    out = torch.empty(n, HQ, D, dtype=torch.float64)
-    for h in range(HQ):
-        kv_head = h // (HQ // HKV)
+    n, hq, d = q_new.shape
+    out = torch.empty(n, hq, d, dtype=torch.float64)
+    for h in range(hq):
+        kv_head = h // (hq // k_all.shape[1])
         for i in range(n):
             pos = ctx - n + i
             scores = (k_all[: pos + 1, kv_head].double() @ q_new[i, h].double()) * scale
             out[i, h] = scores.softmax(0) @ v_all[: pos + 1, kv_head].double()
-    return out.reshape(n, HQ * D)
+    return out.reshape(n, hq * d)
 
 
 # B = 4: decode contexts gathered by whole blocks; B = 64: a block far longer than the
@@ -109,8 +108,9 @@ def test_fast_paths_match_the_naive_reference(ctx_and_new, consecutive, B, kerne
     atol = 1e-5 if dtype == torch.float32 else 2e-2
     assert torch.allclose(out.double(), torch.cat(expected), atol=atol)
     decodes = sum(new == 1 for _, new in ctx_and_new)
-    if lib is not None:
-        assert isinstance(plan.decode, NativeDecode) == (decodes > 0)
+    if lib is not None:  # every sequence in one call of the paged kernel, no torch path
+        assert plan.native is not None and plan.decode is None and not plan.prefills
+        assert plan.native.decode_only == (decodes == len(ctx_and_new))
         return
     # The fast paths really ran: consecutive slots read as a view, a whole prompt by the
     # causal kernel over its own K/V (nothing gathered).
@@ -124,30 +124,88 @@ def test_fast_paths_match_the_naive_reference(ctx_and_new, consecutive, B, kerne
         assert plan.prefills[0].gather_slots is None
 
 
-def test_bf16_decode_kernel_is_the_fp32_kernel_rounded_once():
-    """bf16 decode attention widens its inputs exactly and runs the fp32 kernel's arithmetic:
-    its output is the fp32 kernel's on the widened values, rounded to bf16 by torch's rule."""
+def _kernel_or_skip():
     lib = native.kernels()
     if lib is None:
         pytest.skip(f"native kernels unavailable: {native.unavailable_reason()}")
+    return lib
+
+
+def _paged(lib, q, k_cache, v_cache, tables, ctx_lens, q_lens, threads=2):
+    """One call of ``pk_paged_attention`` (or its bf16 form) over sequences whose new tokens
+    are ``q_lens`` consecutive rows of ``q``."""
+    name = "pk_paged_attention_bf16" if q.dtype == torch.bfloat16 else "pk_paged_attention"
+    q_lens = torch.as_tensor(q_lens, dtype=torch.int64)
+    q_starts = torch.cat([torch.zeros(1, dtype=torch.int64), q_lens.cumsum(0)[:-1]])
+    ctx_lens = torch.as_tensor(ctx_lens, dtype=torch.int64)
+    tables = tables.contiguous()
+    hq, d = q.shape[1], q.shape[2]
+    out = torch.empty(q.shape[0], hq * d, dtype=q.dtype)
+    getattr(lib, name)(
+        q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
+        tables.stride(0), ctx_lens.data_ptr(), q_starts.data_ptr(), q_lens.data_ptr(),
+        out.data_ptr(), len(ctx_lens), hq, k_cache.shape[2], d, k_cache.shape[1], d**-0.5,
+        threads,
+    )  # fmt: skip
+    return out
+
+
+def _pool(gen, dtype, hkv=3, d=64, block_size=16, num_blocks=40):
+    k_cache = torch.randn(num_blocks, block_size, hkv, d, generator=gen).to(dtype)
+    v_cache = torch.randn(num_blocks, block_size, hkv, d, generator=gen).to(dtype)
+    return k_cache, v_cache
+
+
+def test_bf16_kernel_is_the_fp32_kernel_rounded_once():
+    """bf16 paged attention widens its inputs exactly and runs the fp32 kernel's arithmetic:
+    its output is the fp32 kernel's on the widened values, rounded to bf16 by torch's rule
+    (decode tokens and prompt chunks in one call)."""
+    lib = _kernel_or_skip()
     gen = torch.Generator().manual_seed(3)
-    hq, hkv, d, block_size, num_blocks = 9, 3, 64, 16, 40
-    k_cache = torch.randn(num_blocks, block_size, hkv, d, generator=gen).to(torch.bfloat16)
-    v_cache = torch.randn(num_blocks, block_size, hkv, d, generator=gen).to(torch.bfloat16)
-    ctx_lens = torch.tensor([1, 37, 200, 16], dtype=torch.int64)
-    tables = torch.stack([torch.randperm(num_blocks, generator=gen)[:13] for _ in ctx_lens])
-    q = torch.randn(len(ctx_lens), hq, d, generator=gen).to(torch.bfloat16)
-    outs = {}
-    for name, dt in (
-        ("pk_decode_attention_bf16", torch.bfloat16),
-        ("pk_decode_attention", torch.float32),
-    ):
-        qq, kk, vv = q.to(dt), k_cache.to(dt), v_cache.to(dt)
-        out = torch.empty(len(ctx_lens), hq * d, dtype=dt)
-        getattr(lib, name)(
-            qq.data_ptr(), qq.stride(0), kk.data_ptr(), vv.data_ptr(), tables.data_ptr(),
-            tables.stride(0), ctx_lens.data_ptr(), out.data_ptr(), len(ctx_lens), hq, hkv, d,
-            block_size, d**-0.5, 2,
-        )  # fmt: skip
-        outs[dt] = out
+    k_cache, v_cache = _pool(gen, torch.bfloat16)
+    ctx_lens, q_lens = [1, 37, 200, 16, 70], [1, 1, 1, 16, 30]
+    tables = torch.stack([torch.randperm(40, generator=gen)[:13] for _ in ctx_lens])
+    q = torch.randn(sum(q_lens), 9, 64, generator=gen).to(torch.bfloat16)
+    outs = {
+        dt: _paged(lib, q.to(dt), k_cache.to(dt), v_cache.to(dt), tables, ctx_lens, q_lens)
+        for dt in (torch.bfloat16, torch.float32)
+    }
     assert torch.equal(outs[torch.bfloat16], outs[torch.float32].to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_a_rows_bits_do_not_depend_on_batch_chunking_or_threads(threads):
+    """The kernel's contract: a query row gets the same bits whatever else is in the step, how
+    its prompt is chunked (a chunk on a cached prefix, a decode token as a chunk of one) and how
+    many threads run. Checked bit for bit against the prompt attended whole and alone, on one
+    thread; and that whole-prompt result against the fp64 reference."""
+    lib = _kernel_or_skip()
+    gen = torch.Generator().manual_seed(11)
+    hq, hkv, d = 9, 3, 64
+    k_cache, v_cache = _pool(gen, torch.float32, hkv, d)
+    ctx = 150  # a prompt of 150 tokens: 10 blocks of 16, scattered
+    table = torch.randperm(40, generator=gen)[:10]
+    other = torch.randperm(40, generator=gen)[:10]
+    q = torch.randn(ctx, hq, d, generator=gen)
+    whole = _paged(lib, q, k_cache, v_cache, table[None], [ctx], [ctx], threads=1)
+    flat_k = k_cache.view(-1, hkv, d)[[int(table[p // 16]) * 16 + p % 16 for p in range(ctx)]]
+    flat_v = v_cache.view(-1, hkv, d)[[int(table[p // 16]) * 16 + p % 16 for p in range(ctx)]]
+    assert torch.allclose(whole.double(), _naive(q, flat_k, flat_v, ctx, d**-0.5), atol=1e-5)
+    # The prompt in chunks of 1..70 rows, each beside other sequences' decode tokens and a
+    # second prompt's chunk, in varying order.
+    q_other = torch.randn(64, hq, d, generator=gen)
+    at = 0
+    for n, first in ((70, True), (1, False), (33, True), (45, False), (1, True)):
+        end = at + n
+        ours = q[at:end]
+        mine = [ours, q_other[:5], q_other[5:6]] if first else [q_other[:5], q_other[5:6], ours]
+        lens = [(n, end), (5, 40), (1, 90)] if first else [(5, 40), (1, 90), (n, end)]
+        tables = torch.stack([table if ln == (n, end) else other for ln in lens])
+        out = _paged(
+            lib, torch.cat(mine), k_cache, v_cache, tables, [c for _, c in lens],
+            [q for q, _ in lens], threads,
+        )  # fmt: skip
+        rows = out[:n] if first else out[6 : 6 + n]
+        assert torch.equal(rows, whole[at:end]), (n, first)
+        at = end
+    assert at == ctx

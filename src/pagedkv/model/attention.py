@@ -11,10 +11,12 @@ A step's batch is the concatenation of every scheduled sequence's *new* tokens: 
 Any ``block_size >= 1`` works, including one block of ``max_model_len`` slots per sequence (the
 reserved, contiguous baseline), because the reads only ever compute slots.
 
-Decode sequences (one new token) attend together, their contexts gathered and padded to the
-longest. Each prefill sequence attends on its own: padding twenty prompts to the longest one
-made a 2,048-token mixed step 3-6x slower than the same prompts one by one (the padded
-queries times the padded keys; docs/latency.md).
+On the CPU with pagedkv's kernels every sequence attends in one call of
+``native.pk_paged_attention``, straight from the block tables. The torch path (no kernels,
+other dtypes, the GPU's reference): decode sequences (one new token) attend together, their
+contexts gathered and padded to the longest; each prefill sequence attends on its own: padding
+twenty prompts to the longest one made a 2,048-token mixed step 3-6x slower than the same
+prompts one by one (the padded queries times the padded keys; docs/latency.md).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from pagedkv.model.attention_plan import AttentionPlan, DecodeGroup, NativeDecode
+from pagedkv.model.attention_plan import AttentionPlan, DecodeGroup
 from pagedkv.model.kv_pool import KVCache
 
 __all__ = ["AttentionPlan", "paged_attention"]
@@ -50,16 +52,12 @@ def paged_attention(
     if not written:
         k_flat.index_copy_(0, plan.slot_mapping, _as(k, k_cache.dtype))
         v_flat.index_copy_(0, plan.slot_mapping, _as(v, v_cache.dtype))
+    if plan.native is not None:
+        return _native(q, kv_cache, plan, scale)
     num_tokens, num_heads, _ = q.shape
     lone = plan.decode is None and len(plan.prefills) == 1  # the batch is one prefill: TTFT
     out = None if lone else q.new_empty(num_tokens, num_heads * head_dim)
-    if isinstance(g := plan.decode, NativeDecode):
-        attn = _native_decode(q, kv_cache, g, plan, scale)
-        if g.token_index is None:
-            out = attn
-        else:
-            out[g.token_index] = attn
-    elif g is not None:
+    if (g := plan.decode) is not None:
         keys = _read_decode(k_cache, g, plan, "k")
         values = _read_decode(v_cache, g, plan, "v")
         attn = _attend_decode(q, _as(keys, q.dtype), _as(values, q.dtype), g, scale)
@@ -88,25 +86,23 @@ def paged_attention(
     return out
 
 
-def _native_decode(
-    q: torch.Tensor, kv_cache: KVCache, g: NativeDecode, plan: AttentionPlan, scale: float
-) -> torch.Tensor:
-    """``[S, Hq * D]`` from the paged kernel (queries and caches both fp32 or both bf16,
-    checked by the caller)."""
+def _native(q: torch.Tensor, kv_cache: KVCache, plan: AttentionPlan, scale: float) -> torch.Tensor:
+    """``[T, Hq * D]`` from the paged kernel (queries and caches both fp32 or both bf16,
+    checked by the caller; the new K/V already in their slots)."""
     k_cache, v_cache = kv_cache
-    queries = q if g.token_index is None else q.index_select(0, g.token_index)
-    if queries.stride(2) != 1 or queries.stride(1) != queries.shape[2]:
-        queries = queries.contiguous()
-    seqs, num_heads, head_dim = queries.shape
-    out = torch.empty(seqs, num_heads * head_dim, dtype=queries.dtype)
-    kernel = plan.kernels.pk_decode_attention
-    if queries.dtype == torch.bfloat16:
-        kernel = plan.kernels.pk_decode_attention_bf16
+    if q.stride(2) != 1 or q.stride(1) != q.shape[2]:
+        q = q.contiguous()
+    num_tokens, num_heads, head_dim = q.shape
+    out = torch.empty(num_tokens, num_heads * head_dim, dtype=q.dtype)
+    n = plan.native
+    kernel = plan.kernels.pk_paged_attention
+    if q.dtype == torch.bfloat16:
+        kernel = plan.kernels.pk_paged_attention_bf16
     kernel(
-        queries.data_ptr(), queries.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
-        g.tables.data_ptr(), g.tables.stride(0), g.ctx_lens.data_ptr(), out.data_ptr(),
-        seqs, num_heads, k_cache.shape[2], head_dim, plan.block_size, scale,
-        torch.get_num_threads(),
+        q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
+        n.tables.data_ptr(), n.tables.stride(0), n.ctx_lens.data_ptr(), n.q_starts.data_ptr(),
+        n.q_lens.data_ptr(), out.data_ptr(), n.ctx_lens.numel(), num_heads, k_cache.shape[2],
+        head_dim, plan.block_size, scale, torch.get_num_threads(),
     )  # fmt: skip
     return out
 

@@ -48,13 +48,16 @@ class PrefillSeq:
 
 
 @dataclass(frozen=True)
-class NativeDecode:
-    """The sequences with one new token, for ``native.pk_decode_attention``: it reads their
-    keys and values through their block tables, nothing gathered or padded."""
+class NativeAttention:
+    """Every sequence of the step, for ``native.pk_paged_attention``: it reads their keys and
+    values through their block tables, decode tokens and prefill chunks in one call, nothing
+    gathered or padded."""
 
-    token_index: torch.Tensor | None  # as in ``DecodeGroup``
     tables: torch.Tensor  # int64 [S, blocks], contiguous
     ctx_lens: torch.Tensor  # int64 [S]
+    q_starts: torch.Tensor  # int64 [S]: each sequence's first row in the batch
+    q_lens: torch.Tensor  # int64 [S]: its new tokens
+    decode_only: bool  # every sequence one new token: row s is sequence s
 
 
 class AttentionPlan:
@@ -71,8 +74,8 @@ class AttentionPlan:
     ) -> None:
         """``dtype``: the queries' (masks are built in it: attention takes no other).
         ``kernels``: ``native.kernels()`` when queries and caches are both fp32 or both bf16 and
-        the head size a multiple of 8 (the caller checks): decode attention then runs on the
-        paged kernel.
+        the head size a multiple of 8 (the caller checks): every sequence's attention then runs
+        in one call of the paged kernel (``native``), and ``decode``/``prefills`` stay empty.
         ``device``: where the caches are (a GPU: the plan is made on the host, then moved;
         this is the reference path there, ``model/triton/`` the fast one)."""
         self.device = torch.device("cpu") if device is None else device
@@ -88,22 +91,31 @@ class AttentionPlan:
         ctx_lens = meta.context_lens.to(torch.int64)
         _validate(meta, q_lens, ctx_lens, block_size)
         tables = meta.block_tables.to(torch.int64)
-        decode_ids = (q_lens == 1).nonzero().flatten()
-        self.decode: DecodeGroup | NativeDecode | None = None
-        if decode_ids.numel():
+        self.native: NativeAttention | None = None
+        self.decode: DecodeGroup | None = None
+        self.prefills: list[PrefillSeq] = []
+        if kernels is not None:
+            self.native = NativeAttention(
+                tables.contiguous(), ctx_lens.contiguous(), starts[:-1].contiguous(),
+                q_lens.contiguous(), bool((q_lens == 1).all()),
+            )  # fmt: skip
+        elif (decode_ids := (q_lens == 1).nonzero().flatten()).numel():
             whole = decode_ids.numel() == meta.num_seqs  # then row i is sequence i
             rows = None if whole else starts[decode_ids]
             ctx, table = ctx_lens[decode_ids], tables[decode_ids]
-            if kernels is not None:
-                self.decode = NativeDecode(rows, table.contiguous(), ctx.contiguous())
-            else:
-                self.decode = _plan_decode(rows, ctx, table, block_size, dtype)
-        self.prefills = [
-            _plan_prefill(
-                int(starts[i]), int(q_lens[i]), int(ctx_lens[i]), tables[i], block_size, dtype
-            )
-            for i in (q_lens > 1).nonzero().flatten().tolist()
-        ]
+            self.decode = _plan_decode(rows, ctx, table, block_size, dtype)
+        if kernels is None:
+            self.prefills = [
+                _plan_prefill(
+                    int(starts[i]),
+                    int(q_lens[i]),
+                    int(ctx_lens[i]),
+                    tables[i],
+                    block_size,
+                    dtype,
+                )  # fmt: skip
+                for i in (q_lens > 1).nonzero().flatten().tolist()
+            ]
         if self.device.type != "cpu":
             self.slot_mapping = self.slot_mapping.to(self.device)
             self.decode = _moved(self.decode, self.device)
@@ -111,9 +123,8 @@ class AttentionPlan:
         self._scratch: dict[str, torch.Tensor] = {}
         # Every row a decode token read by the paged kernel: a layer may run as one native call.
         self.native_decode_only = (
-            isinstance(self.decode, NativeDecode)
-            and self.decode.token_index is None
-            and not self.prefills
+            self.native is not None
+            and self.native.decode_only
             and meta.num_tokens <= native_max_rows
         )
 

@@ -81,7 +81,7 @@ class DecoderLayer(nn.Module):
         forward's own residual stream) and returns it."""
         rows, width = hidden.shape
         k_cache, v_cache = kv_cache
-        g, inter = plan.decode, self.mlp.down_proj.in_features
+        g, inter = plan.native, self.mlp.down_proj.in_features
         size = rows * (width + self.qkv_proj.out_features + self.q_size + 3 * inter)
         work = plan.scratch("decode_layer", (size,), torch.float32)
         bias = self.qkv_proj.bias

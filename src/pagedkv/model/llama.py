@@ -147,8 +147,8 @@ class CausalLM(nn.Module):
         return AttentionPlan(meta, block_size, self.dtype, kernels, self.device)
 
     def _attention_kernels(self, kv_caches: list[KVCache]):
-        """The native kernels where decode attention may use them: queries and caches both fp32
-        or both bf16, contiguous caches, a head size of a multiple of 8 (and at most 256)."""
+        """The native kernels where attention may use them: queries and caches both fp32 or
+        both bf16, contiguous caches, a head size of a multiple of 8 and at most 256."""
         kernels, dtype, head_dim = self.attention_kernels, self.dtype, self.config.head_dim
         if (
             kernels is None
@@ -156,7 +156,7 @@ class CausalLM(nn.Module):
             or kv_caches[0][0].dtype != dtype
             or not all(k.is_contiguous() and v.is_contiguous() for k, v in kv_caches)
             or head_dim % 8
-            or (dtype == torch.bfloat16 and head_dim > native.BF16_MAX_HEAD_DIM)
+            or head_dim > native.MAX_HEAD_DIM
             or torch.compiler.is_compiling()
         ):
             return None

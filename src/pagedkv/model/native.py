@@ -1,6 +1,6 @@
 """pagedkv's compiled CPU kernels (``native_chain.c`` and ``native_gemm.c``, the projections on
 fp32 rows or GGUF's Q4_1/Q8_0 blocks; ``native_kernels.c``, norms, activations and the
-one-call decode layer; ``native_attention.c``, paged decode attention): built
+one-call decode layer; ``native_attention.c``, paged attention): built
 once with the system C compiler into one library, cached, loaded with ctypes, called on torch
 tensors' memory. The projections' microkernel has an AVX-512 form beside the AVX2 one, chosen
 once per process by rule (``isa()``).
@@ -35,7 +35,7 @@ import torch
 SOURCE = Path(__file__).with_name("native_kernels.c")
 # Built into the same library: the quantized projections, decode attention, the headers.
 QUANT_SOURCE = Path(__file__).with_name("native_quant_kernels.c")
-ATTENTION_SOURCE = Path(__file__).with_name("native_attention.c")  # paged decode attention
+ATTENTION_SOURCE = Path(__file__).with_name("native_attention.c")  # paged attention
 GEMM_SOURCE = Path(__file__).with_name("native_gemm.c")  # the projections of 9 rows and more
 CHAIN_SOURCE = Path(__file__).with_name("native_chain.c")  # ... and of fewer
 HEADERS = tuple(
@@ -47,8 +47,9 @@ FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
 # 8 rows native_chain.c, from 9 the GEMM), above pk_gemm, or MKL where the GEMM is switched
 # off (native.set_gemm). Both sides compute the same bits (latency.md, tenth round).
 MAX_ROWS = 64
-# The bf16 decode attention accumulates a head in a float[256] on the stack (native_attention.c).
-BF16_MAX_HEAD_DIM = 256
+# Paged attention keeps a work item's queries and outputs on the stack, sized for heads of up to
+# this many dims (native_attention.c's MAX_D).
+MAX_HEAD_DIM = 256
 
 _state: dict[str, object] = {}
 _P, _I64, _INT, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
@@ -61,8 +62,8 @@ _SIGNATURES = {
     "pk_dequantize": [_INT, _P, _P, _I64, _I64, _INT],
     "pk_rms_norm": [_P, _P, _P, _I64, _I64, _F, _INT],
     "pk_silu_mul": [_P, _I64, _P, _I64, _P, _I64, _I64, _INT],
-    "pk_decode_attention": [_P, _I64, _P, _P, _P, _I64, _P, _P, *[_I64] * 5, _F, _INT],
-    "pk_decode_attention_bf16": [_P, _I64, _P, _P, _P, _I64, _P, _P, *[_I64] * 5, _F, _INT],
+    "pk_paged_attention": [_P, _I64, _P, _P, _P, _I64, *[_P] * 4, *[_I64] * 5, _F, _INT],
+    "pk_paged_attention_bf16": [_P, _I64, _P, _P, _P, _I64, *[_P] * 4, *[_I64] * 5, _F, _INT],
     "pk_set_isa": [_INT],
     "pk_rope_store": [_P, _I64, _P, _P, _P, _P, _P, *[_I64] * 4, _INT],
     "pk_decode_layer": [
