@@ -4,6 +4,9 @@ tokens padded together, each prompt on its own through SDPA), in one process, al
 medians. The shapes are the embedded SmolLM2-135M's (9 query heads, 3 KV heads, 64 dims) in one
 layer's cache with blocks of 16 tokens, scattered.
 
+On an AVX-512 CPU a third side runs the kernel with its AVX2 form forced (``native.set_isa``):
+the native column is then the AVX-512 form, which prompt chunks take.
+
 Workloads:
   prompt-N   one whole prompt of N tokens (a TTFT step's attention)
   prompts    16 prompts of 64-1,024 tokens in one step (the trace's prompt steps)
@@ -59,13 +62,20 @@ def workload(ctx_and_new: list[tuple[int, int]], dtype: torch.dtype, seed: int =
     return (k_cache, v_cache), meta, qkv
 
 
-def side(kv_cache, meta, qkv, dtype, kernels):
+def side(kv_cache, meta, qkv, dtype, kernels, isa: str | None = None):
     """A call of one step's attention, planning included (the engine plans once a step and
-    runs 30 layers on the plan: the plan's cost is small beside 30 calls, but counted)."""
+    runs 30 layers on the plan: the plan's cost is small beside 30 calls, but counted);
+    ``isa``: the native kernel's form for this call, the process's own restored after."""
 
     def run() -> torch.Tensor:
-        plan = AttentionPlan(meta, B, dtype, kernels=kernels)
-        return paged_attention(*qkv, kv_cache, plan, D**-0.5)
+        before = native.isa()
+        if isa is not None:
+            native.set_isa(isa)
+        try:
+            plan = AttentionPlan(meta, B, dtype, kernels=kernels)
+            return paged_attention(*qkv, kv_cache, plan, D**-0.5)
+        finally:
+            native.set_isa(before)
 
     return run
 
@@ -97,19 +107,29 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     meta = machine_meta(threads=args.threads, dtype=args.dtype, repeats=args.repeats)
     print(machine_line(meta))
-    rows = {}
+    wide = native.isa() == "avx512"
     print(
-        f"{'workload':<12} {'native ms':>10} {'torch ms':>10} {'native faster':>14} {'max |diff|':>11}"
+        f"native form: {native.isa()}" + (" (prompt chunks), avx2 forced beside it" if wide else "")
     )
+    print("| workload | native ms | torch ms | native faster |"
+          + (" avx2 ms | avx512 faster |" if wide else "") + " max abs diff |")  # fmt: skip
+    rows = {}
     for name, shape in WORKLOADS.items():
         kv_cache, step, qkv = workload(shape, dtype)
         fns = {"native": side(kv_cache, step, qkv, dtype, lib),
                "torch": side(kv_cache, step, qkv, dtype, None)}  # fmt: skip
+        if wide:
+            fns["native-avx2"] = side(kv_cache, step, qkv, dtype, lib, "avx2")
+            assert torch.equal(fns["native"](), fns["native-avx2"]()), "the forms' bits differ"
         diff = float((fns["native"]().float() - fns["torch"]().float()).abs().max())
         med = medians(alternate_s(fns, args.repeats))
-        rows[name] = {"native_s": med["native"], "torch_s": med["torch"], "max_abs_diff": diff}
-        print(f"{name:<12} {med['native'] * 1e3:>10.2f} {med['torch'] * 1e3:>10.2f} "
-              f"{med['torch'] / med['native']:>13.2f}x {diff:>11.2e}")  # fmt: skip
+        rows[name] = {**{f"{k}_s": v for k, v in med.items()}, "max_abs_diff": diff}
+        line = (f"| {name} | {med['native'] * 1e3:.2f} | {med['torch'] * 1e3:.2f} | "
+                f"{med['torch'] / med['native']:.2f}x |")  # fmt: skip
+        if wide:
+            avx2 = med["native-avx2"]
+            line += f" {avx2 * 1e3:.2f} | {avx2 / med['native']:.2f}x |"
+        print(f"{line} {diff:.1e} |")
     if args.out:
         write_json(args.out, {"meta": finish_meta(meta), "workloads": rows})
 

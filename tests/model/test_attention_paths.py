@@ -156,7 +156,7 @@ def _pool(gen, dtype, hkv=3, d=64, block_size=16, num_blocks=40):
     return k_cache, v_cache
 
 
-def test_bf16_kernel_is_the_fp32_kernel_rounded_once():
+def test_bf16_kernel_is_the_fp32_kernel_rounded_once(isa):
     """bf16 paged attention widens its inputs exactly and runs the fp32 kernel's arithmetic:
     its output is the fp32 kernel's on the widened values, rounded to bf16 by torch's rule
     (decode tokens and prompt chunks in one call)."""
@@ -174,11 +174,13 @@ def test_bf16_kernel_is_the_fp32_kernel_rounded_once():
 
 
 @pytest.mark.parametrize("threads", [1, 3])
-def test_a_rows_bits_do_not_depend_on_batch_chunking_or_threads(threads):
+def test_a_rows_bits_do_not_depend_on_batch_chunking_threads_or_isa(threads, isa):
     """The kernel's contract: a query row gets the same bits whatever else is in the step, how
-    its prompt is chunked (a chunk on a cached prefix, a decode token as a chunk of one) and how
-    many threads run. Checked bit for bit against the prompt attended whole and alone, on one
-    thread; and that whole-prompt result against the fp64 reference."""
+    its prompt is chunked (a chunk on a cached prefix, a decode token as a chunk of one), how
+    many threads run and which ISA's form runs (items of more than 8 rows take the AVX-512
+    form where it runs, shorter ones the AVX2 form). Checked bit for bit against the prompt
+    attended whole and alone, on one thread, in the AVX2 form; and that whole-prompt result
+    against the fp64 reference."""
     lib = _kernel_or_skip()
     gen = torch.Generator().manual_seed(11)
     hq, hkv, d = 9, 3, 64
@@ -187,7 +189,11 @@ def test_a_rows_bits_do_not_depend_on_batch_chunking_or_threads(threads):
     table = torch.randperm(40, generator=gen)[:10]
     other = torch.randperm(40, generator=gen)[:10]
     q = torch.randn(ctx, hq, d, generator=gen)
-    whole = _paged(lib, q, k_cache, v_cache, table[None], [ctx], [ctx], threads=1)
+    native.set_isa("avx2")
+    try:
+        whole = _paged(lib, q, k_cache, v_cache, table[None], [ctx], [ctx], threads=1)
+    finally:
+        native.set_isa(isa)
     flat_k = k_cache.view(-1, hkv, d)[[int(table[p // 16]) * 16 + p % 16 for p in range(ctx)]]
     flat_v = v_cache.view(-1, hkv, d)[[int(table[p // 16]) * 16 + p % 16 for p in range(ctx)]]
     assert torch.allclose(whole.double(), _naive(q, flat_k, flat_v, ctx, d**-0.5), atol=1e-5)

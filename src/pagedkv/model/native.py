@@ -40,7 +40,13 @@ GEMM_SOURCE = Path(__file__).with_name("native_gemm.c")  # the projections of 9 
 CHAIN_SOURCE = Path(__file__).with_name("native_chain.c")  # ... and of fewer
 HEADERS = tuple(
     Path(__file__).with_name(h)
-    for h in ("native_linear.h", "native_simd.h", "native_dequant.h", "native_gemm_tiles.h")
+    for h in (
+        "native_linear.h",
+        "native_simd.h",
+        "native_dequant.h",
+        "native_gemm_tiles.h",
+        "native_attention512.h",
+    )  # fmt: skip
 )
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
 # Up to this many rows a projection calls pk_linear (pk_decode_layer's entry points too: up to

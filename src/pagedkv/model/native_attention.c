@@ -90,6 +90,8 @@ static const ScoresFn SCORES_FNS[2][6] = {
     {scores_1_1, scores_2_1, scores_3_1, scores_4_1, scores_5_1, scores_6_1},
 };
 
+#include "native_attention512.h"
+
 /* o[r][c..c + 8 NV) = o * alpha[r] + sum_t p[t][r] v_t, NR rows from r, in key order. */
 INLINE void pv_tile(float *o, int64_t d, const float *alpha, const float *st, int64_t w,
                     const void *v, const int64_t *at, int64_t n, int64_t r, int64_t c,
@@ -192,6 +194,8 @@ INLINE void attend_item(const Step *a, int64_t s, int64_t kvh, int64_t r0, int64
     float limit[ROWS], m[ROWS], l[ROWS], alpha[ROWS];
     int64_t ats[2][KEYS];
     int64_t d = a->d, group = a->hq / a->hkv, nv = (nr + 7) / 8, w = nv * 8;
+    int wide = pk_avx512 && nr > 8 && d % 16 == 0; /* native_attention512.h's forms */
+    if (wide) w = (nr + 15) / 16 * 16;
     int64_t qlen = a->q_lens ? a->q_lens[s] : 1, first = a->q_starts ? a->q_starts[s] : s;
     int64_t past = a->ctx_lens[s] - qlen; /* position of new token i: past + i */
     const int64_t *table = a->tables + s * a->table_stride;
@@ -214,9 +218,11 @@ INLINE void attend_item(const Step *a, int64_t s, int64_t kvh, int64_t r0, int64
         int64_t ahead = keys - t0 - n < KEYS ? keys - t0 - n : KEYS;
         kv_offsets(a, table, t0 + n, ahead, kvh, next);
         for (int64_t t = 0; t < ahead; t++) prefetch_row(a, next[t], bf16);
-        SCORES_FNS[bf16][nv - 1](qt, w, a->k_cache, at, n, d, st);
+        if (wide) SCORES512_FNS[bf16][w / 16 - 1](qt, w, a->k_cache, at, n, d, st);
+        else SCORES_FNS[bf16][nv - 1](qt, w, a->k_cache, at, n, d, st);
         softmax_block(st, w, t0, n, limit, a->scale, m, l, alpha);
-        pv(o, d, alpha, st, w, a->v_cache, at, n, nr, bf16);
+        if (wide) pv512(o, d, alpha, st, w, a->v_cache, at, n, nr, bf16);
+        else pv(o, d, alpha, st, w, a->v_cache, at, n, nr, bf16);
     }
     for (int64_t r = 0; r < nr; r++) {
         int64_t i = (r0 + r) / group, j = (r0 + r) % group;
