@@ -72,7 +72,7 @@ class CausalLM(nn.Module):
             self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
         self.weights_report = ""  # how the projections compute, set by the loader
         self.kernels = None  # native.kernels() when load_weights found them (fp32 only)
-        self.attention_kernels = None  # the same on the CPU: decode attention in fp32 or bf16
+        self.attention_kernels = None  # the same on the CPU: paged attention in fp32 or bf16
         self.requires_grad_(False)
 
     @property

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("native_kernels.c")
-# Built into the same library: the quantized projections, decode attention, the headers.
+# Built into the same library: the quantized projections, paged attention, the headers.
 QUANT_SOURCE = Path(__file__).with_name("native_quant_kernels.c")
 ATTENTION_SOURCE = Path(__file__).with_name("native_attention.c")  # paged attention
 GEMM_SOURCE = Path(__file__).with_name("native_gemm.c")  # the projections of 9 rows and more
