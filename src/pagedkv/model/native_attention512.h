@@ -17,12 +17,6 @@ INLINE512 __m512 load16(const void *p, int64_t i, int bf16) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-INLINE512 float scalar512(const void *p, int64_t i, int bf16) {
-    if (!bf16) return ((const float *)p)[i];
-    union { uint32_t u; float f; } v = {(uint32_t)((const uint16_t *)p)[i] << 16};
-    return v.f;
-}
-
 /* st[t * w + r] = q_r . k_t for NK keys and NV vectors of 16 rows of qt [d][w]. */
 INLINE512 void scores512_tile(const float *qt, int64_t w, const void *k, const int64_t *at,
                               int64_t d, float *st, const int NV, const int NK, int bf16) {
@@ -31,7 +25,7 @@ INLINE512 void scores512_tile(const float *qt, int64_t w, const void *k, const i
         for (int v = 0; v < NV; v++) acc[t][v] = _mm512_setzero_ps();
     for (int64_t c = 0; c < d; c++) {
         __m512 kc[8];
-        for (int t = 0; t < NK; t++) kc[t] = _mm512_set1_ps(scalar512(k, at[t] + c, bf16));
+        for (int t = 0; t < NK; t++) kc[t] = _mm512_set1_ps(scalar(k, at[t] + c, bf16));
         for (int v = 0; v < NV; v++) {
             __m512 qv = _mm512_loadu_ps(qt + c * w + v * 16);
             for (int t = 0; t < NK; t++) acc[t][v] = _mm512_fmadd_ps(qv, kc[t], acc[t][v]);
