@@ -99,21 +99,16 @@ class AttentionPlan:
                 tables.contiguous(), ctx_lens.contiguous(), starts[:-1].contiguous(),
                 q_lens.contiguous(), bool((q_lens == 1).all()),
             )  # fmt: skip
-        elif (decode_ids := (q_lens == 1).nonzero().flatten()).numel():
-            whole = decode_ids.numel() == meta.num_seqs  # then row i is sequence i
-            rows = None if whole else starts[decode_ids]
-            ctx, table = ctx_lens[decode_ids], tables[decode_ids]
-            self.decode = _plan_decode(rows, ctx, table, block_size, dtype)
-        if kernels is None:
+        else:
+            if (decode_ids := (q_lens == 1).nonzero().flatten()).numel():
+                whole = decode_ids.numel() == meta.num_seqs  # then row i is sequence i
+                rows = None if whole else starts[decode_ids]
+                ctx, table = ctx_lens[decode_ids], tables[decode_ids]
+                self.decode = _plan_decode(rows, ctx, table, block_size, dtype)
             self.prefills = [
                 _plan_prefill(
-                    int(starts[i]),
-                    int(q_lens[i]),
-                    int(ctx_lens[i]),
-                    tables[i],
-                    block_size,
-                    dtype,
-                )  # fmt: skip
+                    int(starts[i]), int(q_lens[i]), int(ctx_lens[i]), tables[i], block_size, dtype
+                )
                 for i in (q_lens > 1).nonzero().flatten().tolist()
             ]
         if self.device.type != "cpu":
