@@ -46,7 +46,7 @@ HEADERS = tuple(
         "native_dequant.h",
         "native_gemm_tiles.h",
         "native_attention512.h",
-    )  # fmt: skip
+    )
 )
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
 # Up to this many rows a projection calls pk_linear (pk_decode_layer's entry points too: up to
