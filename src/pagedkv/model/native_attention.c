@@ -34,6 +34,7 @@
 
 #define KEYS 32   /* keys per softmax block */
 #define ROWS 48   /* query rows per work item: up to 6 vectors of lanes */
+#define AHEAD 8  /* keys requested ahead of the one being scored */
 #define MAX_D 256 /* the scratch below is sized for it (native.MAX_HEAD_DIM) */
 
 #define INLINE static inline __attribute__((always_inline))
@@ -62,14 +63,39 @@ INLINE void scores_tile(const float *qt, int64_t w, const void *k, const int64_t
         for (int v = 0; v < NV; v++) _mm256_storeu_ps(st + t * w + v * 8, acc[t][v]);
 }
 
+/* The keys and values AHEAD positions past the ones being scored: at[t] is the cache offset
+ * (elements) of key t + AHEAD of the block, for t < n (past the context: n is smaller). */
+typedef struct {
+    const char *k, *v;
+    const int64_t *at;
+    int64_t n, row_bytes, elem_bytes;
+} Ahead;
+
+/* Requested a few keys at a time while scores run: requesting the whole next block's keys and
+ * values at once (256 lines) hid less of the memory's latency (decode attention of 64 x 700
+ * keys from DRAM at 15-16 GB/s that way, 19-20 GB/s this way; latency.md, eleventh round). */
+INLINE void prefetch_keys(const Ahead *p, int64_t t, int64_t count) {
+    for (int64_t i = t; i < t + count && i < p->n; i++)
+        for (int64_t b = 0; b < p->row_bytes; b += 64) {
+            _mm_prefetch(p->k + p->at[i] * p->elem_bytes + b, _MM_HINT_T0);
+            _mm_prefetch(p->v + p->at[i] * p->elem_bytes + b, _MM_HINT_T0);
+        }
+}
+
 INLINE void scores(const float *qt, int64_t w, const void *k, const int64_t *at, int64_t n,
-                   int64_t d, float *st, const int NV, int bf16) {
+                   int64_t d, float *st, const Ahead *pf, const int NV, int bf16) {
     /* 8-12 accumulators: enough independent chains to hide the FMA's latency (one vector of
      * rows, a decode token's, has only its keys for chains), no more than 16 registers hold */
     const int NK = NV == 1 ? 8 : NV <= 3 ? 4 : 2;
     int64_t t = 0;
-    for (; t + NK <= n; t += NK) scores_tile(qt, w, k, at + t, d, st + t * w, NV, NK, bf16);
-    for (; t < n; t++) scores_tile(qt, w, k, at + t, d, st + t * w, NV, 1, bf16);
+    for (; t + NK <= n; t += NK) {
+        prefetch_keys(pf, t, NK);
+        scores_tile(qt, w, k, at + t, d, st + t * w, NV, NK, bf16);
+    }
+    for (; t < n; t++) {
+        prefetch_keys(pf, t, 1);
+        scores_tile(qt, w, k, at + t, d, st + t * w, NV, 1, bf16);
+    }
 }
 
 /* One function per shape, out of line: inlined into the item's loop, the key pointers of a
@@ -77,14 +103,14 @@ INLINE void scores(const float *qt, int64_t w, const void *k, const int64_t *at,
 #define SCORES(NV, B)                                                                     \
     static __attribute__((noinline)) void scores_##NV##_##B(                             \
         const float *qt, int64_t w, const void *k, const int64_t *at, int64_t n, int64_t d, \
-        float *st) {                                                                      \
-        scores(qt, w, k, at, n, d, st, NV, B);                                            \
+        float *st, const Ahead *pf) {                                                     \
+        scores(qt, w, k, at, n, d, st, pf, NV, B);                                        \
     }
 SCORES(1, 0) SCORES(2, 0) SCORES(3, 0) SCORES(4, 0) SCORES(5, 0) SCORES(6, 0)
 SCORES(1, 1) SCORES(2, 1) SCORES(3, 1) SCORES(4, 1) SCORES(5, 1) SCORES(6, 1)
 #undef SCORES
 typedef void (*ScoresFn)(const float *, int64_t, const void *, const int64_t *, int64_t,
-                         int64_t, float *);
+                         int64_t, float *, const Ahead *);
 static const ScoresFn SCORES_FNS[2][6] = {
     {scores_1_0, scores_2_0, scores_3_0, scores_4_0, scores_5_0, scores_6_0},
     {scores_1_1, scores_2_1, scores_3_1, scores_4_1, scores_5_1, scores_6_1},
@@ -179,21 +205,13 @@ INLINE void kv_offsets(const Step *a, const int64_t *table, int64_t t0, int64_t 
     }
 }
 
-INLINE void prefetch_row(const Step *a, int64_t at, int bf16) {
-    int64_t size = bf16 ? 2 : 4;
-    for (int64_t b = 0; b < a->d * size; b += 64) {
-        _mm_prefetch((const char *)a->k_cache + at * size + b, _MM_HINT_T0);
-        _mm_prefetch((const char *)a->v_cache + at * size + b, _MM_HINT_T0);
-    }
-}
-
 /* Rows [r0, r0 + nr) (row = i * group + j) of sequence s and KV head kvh. */
 INLINE void attend_item(const Step *a, int64_t s, int64_t kvh, int64_t r0, int64_t nr,
                         int bf16) {
     _Alignas(32) float qt[MAX_D * ROWS], o[ROWS * MAX_D], st[KEYS * ROWS];
     float limit[ROWS], m[ROWS], l[ROWS], alpha[ROWS];
-    int64_t ats[2][KEYS];
-    int64_t d = a->d, group = a->hq / a->hkv, nv = (nr + 7) / 8, w = nv * 8;
+    int64_t offs[KEYS + AHEAD]; /* a block's keys, then up to AHEAD keys of the next */
+    int64_t d = a->d, group = a->hq / a->hkv, nv = (nr + 7) / 8, w = nv * 8, size = bf16 ? 2 : 4;
     int wide = pk_avx512 && nr > 8 && d % 16 == 0; /* native_attention512.h's forms */
     if (wide) w = (nr + 15) / 16 * 16;
     int64_t qlen = a->q_lens ? a->q_lens[s] : 1, first = a->q_starts ? a->q_starts[s] : s;
@@ -212,17 +230,20 @@ INLINE void attend_item(const Step *a, int64_t s, int64_t kvh, int64_t r0, int64
     int64_t keys = past + (r0 + nr - 1) / group + 1; /* the last row's limit + 1 */
     for (int64_t t0 = 0; t0 < keys; t0 += KEYS) {
         int64_t n = keys - t0 < KEYS ? keys - t0 : KEYS;
-        int64_t *at = ats[t0 / KEYS % 2], *next = ats[(t0 / KEYS + 1) % 2];
-        if (t0 == 0) kv_offsets(a, table, 0, n, kvh, at);
-        /* the next block's keys and values, requested now: a block table scatters them */
-        int64_t ahead = keys - t0 - n < KEYS ? keys - t0 - n : KEYS;
-        kv_offsets(a, table, t0 + n, ahead, kvh, next);
-        for (int64_t t = 0; t < ahead; t++) prefetch_row(a, next[t], bf16);
-        if (wide) SCORES512_FNS[bf16][w / 16 - 1](qt, w, a->k_cache, at, n, d, st);
-        else SCORES_FNS[bf16][nv - 1](qt, w, a->k_cache, at, n, d, st);
+        int64_t more = keys - t0 - n < AHEAD ? keys - t0 - n : AHEAD;
+        kv_offsets(a, table, t0, n + more, kvh, offs);
+        /* key t's scores request key t + AHEAD's key and value (a block table scatters them) */
+        int64_t late = n + more - AHEAD;
+        Ahead pf = {a->k_cache, a->v_cache, offs + AHEAD, late < 0 ? 0 : late, d * size, size};
+        if (t0 == 0) {
+            Ahead start = {a->k_cache, a->v_cache, offs, n + more, d * size, size};
+            prefetch_keys(&start, 0, AHEAD);
+        }
+        if (wide) SCORES512_FNS[bf16][w / 16 - 1](qt, w, a->k_cache, offs, n, d, st, &pf);
+        else SCORES_FNS[bf16][nv - 1](qt, w, a->k_cache, offs, n, d, st, &pf);
         softmax_block(st, w, t0, n, limit, a->scale, m, l, alpha);
-        if (wide) pv512(o, d, alpha, st, w, a->v_cache, at, n, nr, bf16);
-        else pv(o, d, alpha, st, w, a->v_cache, at, n, nr, bf16);
+        if (wide) pv512(o, d, alpha, st, w, a->v_cache, offs, n, nr, bf16);
+        else pv(o, d, alpha, st, w, a->v_cache, offs, n, nr, bf16);
     }
     for (int64_t r = 0; r < nr; r++) {
         int64_t i = (r0 + r) / group, j = (r0 + r) % group;
@@ -236,18 +257,21 @@ INLINE void attend_item(const Step *a, int64_t s, int64_t kvh, int64_t r0, int64
     }
 }
 
+/* Work items of sequence s: its query rows (new tokens x heads of a group) in chunks of ROWS,
+ * for each KV head. */
+INLINE int64_t seq_items(const Step *a, int64_t s) {
+    int64_t rows = (a->q_lens ? a->q_lens[s] : 1) * (a->hq / a->hkv);
+    return a->hkv * ((rows + ROWS - 1) / ROWS);
+}
+
 INLINE void paged_attention(const Step *a, int64_t seqs, int threads, int bf16) {
     int64_t group = a->hq / a->hkv, work = 0;
-    for (int64_t s = 0; s < seqs; s++)
-        work += a->hkv * (((a->q_lens ? a->q_lens[s] : 1) * group + ROWS - 1) / ROWS);
+    for (int64_t s = 0; s < seqs; s++) work += seq_items(a, s);
     /* items of unequal cost (a prompt's late rows see more keys): handed out one by one */
     #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if(threads > 1 && work > 1)
     for (int64_t item = 0; item < work; item++) {
-        int64_t s = 0, rest = item, per = 0;
-        for (; s < seqs; s++, rest -= per) {
-            per = a->hkv * (((a->q_lens ? a->q_lens[s] : 1) * group + ROWS - 1) / ROWS);
-            if (rest < per) break;
-        }
+        int64_t s = 0, rest = item;
+        while (rest >= seq_items(a, s)) rest -= seq_items(a, s++);
         int64_t kvh = rest % a->hkv, r0 = rest / a->hkv * ROWS;
         int64_t rows = (a->q_lens ? a->q_lens[s] : 1) * group - r0;
         attend_item(a, s, kvh, r0, rows < ROWS ? rows : ROWS, bf16);

@@ -39,10 +39,16 @@ INLINE512 void scores512_tile(const float *qt, int64_t w, const void *k, const i
 #define SCORES512(NV, B)                                                                     \
     static __attribute__((noinline)) PK_AVX512 void scores512_##NV##_##B(                   \
         const float *qt, int64_t w, const void *k, const int64_t *at, int64_t n, int64_t d, \
-        float *st) {                                                                         \
+        float *st, const Ahead *pf) {                                                        \
         int64_t t = 0;                                                                       \
-        for (; t + 8 <= n; t += 8) scores512_tile(qt, w, k, at + t, d, st + t * w, NV, 8, B); \
-        for (; t < n; t++) scores512_tile(qt, w, k, at + t, d, st + t * w, NV, 1, B);        \
+        for (; t + 8 <= n; t += 8) {                                                         \
+            prefetch_keys(pf, t, 8);                                                         \
+            scores512_tile(qt, w, k, at + t, d, st + t * w, NV, 8, B);                       \
+        }                                                                                    \
+        for (; t < n; t++) {                                                                 \
+            prefetch_keys(pf, t, 1);                                                         \
+            scores512_tile(qt, w, k, at + t, d, st + t * w, NV, 1, B);                       \
+        }                                                                                    \
     }
 SCORES512(1, 0) SCORES512(2, 0) SCORES512(3, 0)
 SCORES512(1, 1) SCORES512(2, 1) SCORES512(3, 1)
