@@ -212,7 +212,9 @@ INLINE void attend_item(const Step *a, int64_t s, int64_t kvh, int64_t r0, int64
     float limit[ROWS], m[ROWS], l[ROWS], alpha[ROWS];
     int64_t offs[KEYS + AHEAD]; /* a block's keys, then up to AHEAD keys of the next */
     int64_t d = a->d, group = a->hq / a->hkv, nv = (nr + 7) / 8, w = nv * 8, size = bf16 ? 2 : 4;
-    int wide = pk_avx512 && nr > 8 && d % 16 == 0; /* native_attention512.h's forms */
+    /* native_attention512.h's forms: P V (dims in lanes) for every item, scores (rows in
+     * lanes) for items of more than 8 rows, where 16 lanes fill */
+    int wide_pv = pk_avx512 && d % 16 == 0, wide = wide_pv && nr > 8;
     if (wide) w = (nr + 15) / 16 * 16;
     int64_t qlen = a->q_lens ? a->q_lens[s] : 1, first = a->q_starts ? a->q_starts[s] : s;
     int64_t past = a->ctx_lens[s] - qlen; /* position of new token i: past + i */
@@ -242,7 +244,7 @@ INLINE void attend_item(const Step *a, int64_t s, int64_t kvh, int64_t r0, int64
         if (wide) SCORES512_FNS[bf16][w / 16 - 1](qt, w, a->k_cache, offs, n, d, st, &pf);
         else SCORES_FNS[bf16][nv - 1](qt, w, a->k_cache, offs, n, d, st, &pf);
         softmax_block(st, w, t0, n, limit, a->scale, m, l, alpha);
-        if (wide) pv512(o, d, alpha, st, w, a->v_cache, offs, n, nr, bf16);
+        if (wide_pv) pv512(o, d, alpha, st, w, a->v_cache, offs, n, nr, bf16);
         else pv(o, d, alpha, st, w, a->v_cache, offs, n, nr, bf16);
     }
     for (int64_t r = 0; r < nr; r++) {

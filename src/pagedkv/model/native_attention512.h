@@ -1,11 +1,11 @@
-/* The AVX-512 forms of native_attention.c's two products, for work items of more than 8 query
- * rows (prompt chunks) when pk_avx512 is set and D % 16 == 0; included once, by
- * native_attention.c. Same arithmetic as the AVX2 forms, 16 lanes instead of 8: a row's score
- * is one FMA chain in d order (lane = row), an output element one chain in key order after the
- * alpha product (lane = dim). So the bits are the AVX2 forms' (tested), and a decode token (a
- * short item, AVX2) still equals the last row of its prompt (a long item, AVX-512). On a CPU
- * with 512-bit FMA units (Zen 5) this doubles the work per instruction; the AVX2 forms stay
- * for items of up to 8 rows, where 16 lanes would hold at most 8 rows. */
+/* The AVX-512 forms of native_attention.c's two products, when pk_avx512 is set and
+ * D % 16 == 0: P V (dims in lanes) for every work item, the scores (rows in lanes) for items of
+ * more than 8 rows (prompt chunks; a decode item's 3 rows would fill 3 of 16 lanes). Included
+ * once, by native_attention.c. Same arithmetic as the AVX2 forms, 16 lanes instead of 8: a
+ * row's score is one FMA chain in d order (lane = row), an output element one chain in key
+ * order after the alpha product (lane = dim). So the bits are the AVX2 forms' (tested), and a
+ * decode token still equals the last row of its prompt. On a CPU with 512-bit FMA units
+ * (Zen 5) this doubles the work per instruction. */
 #ifndef PAGEDKV_NATIVE_ATTENTION512_H
 #define PAGEDKV_NATIVE_ATTENTION512_H
 
