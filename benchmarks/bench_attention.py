@@ -11,7 +11,7 @@ Workloads:
   prompt-N   one whole prompt of N tokens (a TTFT step's attention)
   prompts    16 prompts of 64-1,024 tokens in one step (the trace's prompt steps)
   chunk      a 256-token chunk on a cached 768-token prefix
-  decode-S   S decode tokens with contexts of 200-1,200 tokens
+  decode-S   S decode tokens with contexts of 200-1,200 tokens (decode-32x2k: 2,000-2,500)
 
 Both sides' outputs are compared before anything is timed (max abs difference printed). Nothing
 is asserted; docs/latency.md quotes a run.
@@ -90,6 +90,7 @@ WORKLOADS = {
     "chunk": [(1024, 256)],
     "decode-16": [(200 + 63 * i, 1) for i in range(16)],
     "decode-64": [(200 + 16 * i, 1) for i in range(64)],
+    "decode-32x2k": [(2000 + 16 * i, 1) for i in range(32)],  # from DRAM: 100 MB a layer
 }
 
 
@@ -109,7 +110,7 @@ def main() -> None:
     print(machine_line(meta))
     wide = native.isa() == "avx512"
     print(
-        f"native form: {native.isa()}" + (" (prompt chunks), avx2 forced beside it" if wide else "")
+        f"native form: {native.isa()}" + (" (P V of every item, scores of prompt chunks), avx2 forced beside it" if wide else "")
     )
     print("| workload | native ms | torch ms | native faster |"
           + (" avx2 ms | avx512 faster |" if wide else "") + " max abs diff |")  # fmt: skip
