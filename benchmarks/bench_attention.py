@@ -110,7 +110,8 @@ def main() -> None:
     print(machine_line(meta))
     wide = native.isa() == "avx512"
     print(
-        f"native form: {native.isa()}" + (" (P V of every item, scores of prompt chunks), avx2 forced beside it" if wide else "")
+        f"native form: {native.isa()}"
+        + (" (P V of every item, scores of prompt chunks), avx2 forced beside it" if wide else "")
     )
     print("| workload | native ms | torch ms | native faster |"
           + (" avx2 ms | avx512 faster |" if wide else "") + " max abs diff |")  # fmt: skip
