@@ -34,7 +34,7 @@
 
 #define KEYS 32   /* keys per softmax block */
 #define ROWS 48   /* query rows per work item: up to 6 vectors of lanes */
-#define AHEAD 8  /* keys requested ahead of the one being scored */
+#define AHEAD 8   /* keys requested ahead of the one being scored */
 #define MAX_D 256 /* the scratch below is sized for it (native.MAX_HEAD_DIM) */
 
 #define INLINE static inline __attribute__((always_inline))
