@@ -34,16 +34,19 @@ def score_rows(
     scores: list[PromptTokenScore] = []
     for lo in range(0, len(targets), SCORE_ROWS):
         log_probs = compute_logits(hidden[lo : lo + SCORE_ROWS]).float().log_softmax(dim=-1)
-        ids = torch.tensor(targets[lo : lo + SCORE_ROWS], dtype=torch.int64)
+        ids = torch.tensor(
+            targets[lo : lo + SCORE_ROWS], dtype=torch.int64, device=log_probs.device
+        )
         chosen = log_probs.gather(1, ids.unsqueeze(1))
         ranks = (log_probs > chosen).sum(dim=1) + 1
         if k > 0:
             values, top_ids = log_probs.topk(k, dim=-1)
             tops = [list(zip(i, v, strict=True))
-                    for i, v in zip(top_ids.tolist(), values.tolist(), strict=True)]  # fmt: skip
+                    for i, v in zip(top_ids.cpu().tolist(), values.cpu().tolist(), strict=True)]  # fmt: skip
         else:
             tops = [[] for _ in range(len(ids))]
-        for lp, rank, top in zip(chosen.squeeze(1).tolist(), ranks.tolist(), tops, strict=True):
+        host = chosen.squeeze(1).cpu().tolist(), ranks.cpu().tolist()  # prompt logprobs' copy
+        for lp, rank, top in zip(*host, tops, strict=True):
             scores.append(PromptTokenScore(lp, rank, top))
     return scores
 

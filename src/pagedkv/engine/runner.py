@@ -61,7 +61,8 @@ class StepOutput(NamedTuple):
 class ModelRunner:
     """Holds the model and its KV pools ``[num_blocks, block_size, kv_heads, head_dim]`` per
     layer, on the model's device. ``execute`` mutates the pools (new K/V, copy-on-write copies)
-    and nothing else. The step's tensors are made on the host; the model moves them."""
+    and nothing else. The step's tensors are made on the host (pinned on a GPU); the model and
+    the attention plan move them."""
 
     def __init__(
         self,
@@ -106,6 +107,8 @@ class ModelRunner:
         # copy-on-write on the Triton backend's block-copy kernel when it runs.
         copy_blocks = None if triton is None else triton.copy_blocks
         self.mover = KVMover(self.kv_caches, swap_pool, copy_blocks)
+        # On a GPU the step's host tensors are pinned, so their copies to it run asynchronously.
+        self._pin = self.device.type == "cuda"
         self.graphs: DecodeGraphs | None = None  # ``capture_graphs``: CUDA graphs of decode
         self.cpu_share: CpuShare | None = None  # ``share_cpu``: threads step by step
 
@@ -173,21 +176,27 @@ class ModelRunner:
                 spans.append((entry, start, scored_end - start))
                 prompt_rows.extend(range(query_start[-2], query_start[-2] + scored_end - start))
         tables, width = allocator.block_tables([item.seq for item in batch.seqs])
-        block_tables = torch.tensor(tables, dtype=torch.int32).view(len(batch.seqs), width)
+        host = self._host_tensor
         metadata = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.int64),
-            block_tables=block_tables,
-            context_lens=torch.tensor(context_lens, dtype=torch.int32),
-            query_start_loc=torch.tensor(query_start, dtype=torch.int32),
+            slot_mapping=host(slots, torch.int64),
+            block_tables=host(tables, torch.int32).view(len(batch.seqs), width),
+            context_lens=host(context_lens, torch.int32),
+            query_start_loc=host(query_start, torch.int32),
         )
         return StepInputs(
-            torch.tensor(input_ids, dtype=torch.int64),
-            torch.tensor(positions, dtype=torch.int64),
+            host(input_ids, torch.int64),
+            host(positions, torch.int64),
             metadata,
-            torch.tensor(logit_rows, dtype=torch.int64),
-            torch.tensor(prompt_rows, dtype=torch.int64),
+            host(logit_rows, torch.int64),
+            host(prompt_rows, torch.int64),
             tuple(spans),
         )
+
+    def _host_tensor(self, values: list[int], dtype: torch.dtype) -> torch.Tensor:
+        """A step tensor made on the host, pinned when the model runs on a GPU: the copies
+        there (``.to(device, non_blocking=True)``) then overlap instead of blocking."""
+        t = torch.tensor(values, dtype=dtype)
+        return t.pin_memory() if self._pin else t
 
     def execute(self, batch: ScheduledBatch, allocator: KVAllocator) -> StepOutput:
         """Run the step: ``prepare`` -> ``mover.before_forward`` (offloads, swaps, copy-on-write
@@ -241,9 +250,12 @@ class ModelRunner:
         self.mover.after_forward(batch)
         prompt = []
         if inputs.prompt_spans:
-            rows = hidden[inputs.prompt_rows].split([n for _, _, n in inputs.prompt_spans])
+            rows = hidden[inputs.prompt_rows.to(hidden.device, non_blocking=True)].split(
+                [n for _, _, n in inputs.prompt_spans]
+            )
             prompt = [PromptHidden(e, first, h) for (e, first, _), h in
                       zip(inputs.prompt_spans, rows, strict=True)]  # fmt: skip
         if inputs.logit_rows.numel() == 0:
             return StepOutput(torch.empty(0, self.config.vocab_size), prompt)
-        return StepOutput(self.model.compute_logits(hidden[inputs.logit_rows]), prompt)
+        last = hidden[inputs.logit_rows.to(hidden.device, non_blocking=True)]
+        return StepOutput(self.model.compute_logits(last), prompt)

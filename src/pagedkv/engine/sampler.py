@@ -86,19 +86,23 @@ def sample(
                 if gen is not None and gen.device != row.device:  # seeds are host generators
                     row = row.cpu()
                 chosen[i] = torch.multinomial(row, 1, generator=gen)[0]
-    token_ids = chosen.tolist()
-    want = [p.logprobs for p in params]
+    # The step's one host sync: the sampled ids (seeded rows and logprobs add their own).
+    token_ids = chosen.cpu().tolist()
     logprobs: list[float | None] = [None] * rows
     top: list[list[tuple[int, float]] | None] = [None] * rows
-    if any(w is not None for w in want):
-        log_probs = logits.log_softmax(dim=-1)
-        for i, w in enumerate(want):
-            if w is None:
-                continue
-            logprobs[i] = float(log_probs[i, token_ids[i]])
-            if w > 0:
-                values, ids = log_probs[i].topk(w)
-                top[i] = list(zip(ids.tolist(), values.tolist(), strict=True))
+    asked = [i for i, p in enumerate(params) if p.logprobs is not None]
+    if asked:
+        # Logprobs: one gather (and one top-k) over the rows that asked, one copy to the host.
+        rows_asked = torch.tensor(asked, device=logits.device)
+        log_probs = logits[rows_asked].log_softmax(dim=-1)
+        chosen_lp = log_probs.gather(1, chosen[rows_asked].unsqueeze(1)).squeeze(1)
+        k = max(params[i].logprobs or 0 for i in asked)
+        values, ids = log_probs.topk(max(k, 1), dim=-1)
+        chosen_host, values_host, ids_host = (t.cpu().tolist() for t in (chosen_lp, values, ids))
+        for j, i in enumerate(asked):
+            logprobs[i] = chosen_host[j]
+            if w := params[i].logprobs:
+                top[i] = list(zip(ids_host[j][:w], values_host[j][:w], strict=True))
     return SampleResult(token_ids, logprobs, top)
 
 

@@ -109,7 +109,10 @@ class AttentionPlan:
                 _plan_prefill(
                     int(starts[i]), int(q_lens[i]), int(ctx_lens[i]), tables[i], block_size, dtype
                 )
-                for i in (q_lens > 1).nonzero().flatten().tolist()
+                for i in (q_lens > 1)
+                .nonzero()
+                .flatten()
+                .tolist()  # host: made from meta on the host
             ]
         if self.device.type != "cpu":
             self.slot_mapping = self.slot_mapping.to(self.device)

@@ -29,7 +29,8 @@ def model_identity(model: torch.nn.Module) -> str:
 def _digest(model: torch.nn.Module) -> str:
     """A digest of the model's weights (names, shapes, dtypes and a strided sample of each
     tensor): two engines share stored KV only when they compute the same KV, and two models of
-    one shape (or one model quantized two ways) must not. Reads ~4K elements per tensor."""
+    one shape (or one model quantized two ways) must not. Reads ~4K elements per tensor,
+    copied to the host explicitly (the weights may live on a GPU)."""
     h = hashlib.blake2b(digest_size=16)
     for name, t in sorted(model.state_dict().items()):
         h.update(f"{name}:{tuple(t.shape)}:{t.dtype};".encode())
@@ -37,5 +38,5 @@ def _digest(model: torch.nn.Module) -> str:
             continue
         flat = t.detach().reshape(-1)
         sample = flat[:: max(1, flat.numel() // _SAMPLE_ELEMENTS)].contiguous()
-        h.update(sample.view(torch.uint8).numpy().tobytes())
+        h.update(sample.view(torch.uint8).cpu().numpy().tobytes())
     return h.hexdigest()

@@ -57,7 +57,7 @@ class TritonPlan:
                 )
             self.num_splits = num_splits
         else:
-            starts = meta.query_start_loc.tolist()  # host tensors: no device sync
+            starts = meta.query_start_loc.tolist()  # host: the runner's metadata, no sync
             tiles = kernels.prefill_tiles(starts, PREFILL_BLOCK_M)
             self.tiles = _on(torch.tensor(tiles, dtype=torch.int32), device, torch.int32)
 
