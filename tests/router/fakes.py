@@ -30,7 +30,7 @@ def info_json(instance_id: str, block_size: int = 16) -> dict:
     return {"instance_id": instance_id, "model": "SmolLM2-135M-Instruct", "model_identity": "m",
             "page_format": {**PAGE_FORMAT, "block_size": block_size}, "allocator": "paged",
             "block_size": block_size, "prefix_caching": True, "hash_algorithm": "sha256",
-            "max_model_len": 2048,
+            "max_model_len": 2048, "device": "cuda:0", "dtype": "bfloat16",
             "kv_events": {"url": "redis://fake:1", "stream": f"s-{instance_id}"}}  # fmt: skip
 
 

@@ -188,6 +188,7 @@ def test_a_replica_back_with_another_block_size_is_kept_out(router):
         assert time.monotonic() < deadline, "the restarted replica was not refused"
         time.sleep(0.05)
     state = httpx.get(f"{url}/pagedkv/replicas").json()["replicas"][0]
+    assert (state["device"], state["dtype"]) == ("cuda:0", "bfloat16")  # the replica's words
     assert state["refused"] == f"block_size 32 ({odd.url}) vs 16 (the router's format)"
     answers = [_post(url, {"prompt": f"p{i}", "max_tokens": 2}) for i in range(4)]
     assert all(a.headers["x-pagedkv-replica"] != odd.url for a in answers)

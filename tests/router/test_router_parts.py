@@ -50,6 +50,17 @@ def test_the_router_tokenizes_as_its_replicas_or_refuses(tmp_path):
     assert "tokenizer" in first_difference(_info("http://c", tokenizer=tiny), replica)
 
 
+def test_device_and_dtype_are_shown_never_compared_and_bounded():
+    gpu, cpu = _info("http://a"), _info("http://b", device="cpu", dtype="float32")
+    assert (gpu.device, gpu.dtype, cpu.device) == ("cuda:0", "bfloat16", "cpu")
+    assert first_difference(cpu, gpu) is None  # the same KV, wherever it is computed
+    assert _info("http://c", device=None, dtype=None).device is None  # an older replica
+    with pytest.raises(ValueError, match="device"):
+        _info("http://d", device="x" * 5000)
+    with pytest.raises(ValueError, match="dtype"):
+        _info("http://e", dtype=16)
+
+
 def test_a_wrong_info_answer_is_a_value_error():
     with pytest.raises(ValueError, match="http://x/pagedkv/info is not a pagedkv replica"):
         ReplicaInfo.from_json("http://x", {"instance_id": "1"})

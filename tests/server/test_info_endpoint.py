@@ -10,7 +10,8 @@ from tests.kvstore.redis_server import RedisServer
 from tests.server.conftest import MODEL_NAME, running_server
 
 KEYS = {"instance_id", "model", "model_identity", "page_format", "allocator", "block_size",
-        "prefix_caching", "hash_algorithm", "max_model_len", "kv_events", "tokenizer"}  # fmt: skip
+        "prefix_caching", "hash_algorithm", "max_model_len", "kv_events", "tokenizer", "device",
+        "dtype", "attention_backend"}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -33,6 +34,7 @@ def test_info_schema(tiny_loaded, policy, allocator, block_size, prefix_caching)
     assert len(info["instance_id"]) == 32 and int(info["instance_id"], 16) >= 0
     assert isinstance(info["model_identity"], str) and len(info["model_identity"]) == 32
     assert info["tokenizer"] == tiny_loaded[2].fingerprint()
+    assert (info["device"], info["dtype"], info["attention_backend"]) == ("cpu", "float32", "torch")
 
 
 def test_info_is_fresh_per_engine_and_needs_the_key(tiny_loaded):

@@ -54,11 +54,18 @@ def warn_if_busy(
     fix: str = "OMP_NUM_THREADS=1",
     one_thread: str = "",
     adapts: bool = False,
+    device: str = "cpu",
 ) -> str | None:
     """Print ``busy_warning`` to stderr (and return it) for ``threads`` (default: torch's
-    intra-op threads, which pagedkv's kernels use too); nothing where no load average exists
-    or ``$PAGEDKV_NO_BUSY_WARNING`` is set (the test suite sets it: its own load is no news)."""
+    intra-op threads, which pagedkv's kernels use too); nothing where the model runs on a GPU
+    (``device``, a ``--device`` value: the CPU threads do no model work there), where no load
+    average exists, or where ``$PAGEDKV_NO_BUSY_WARNING`` is set (the test suite sets it: its
+    own load is no news). ``UsageError`` for a device that does not exist."""
     if os.environ.get(QUIET_ENV):
+        return None
+    from pagedkv.model.device import resolve_device
+
+    if resolve_device(device).type != "cpu":
         return None
     try:
         load_1min = os.getloadavg()[0]

@@ -59,13 +59,17 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--num-requests must be in [1, {len(QUESTIONS)}]", "--num-requests")
     console = Console(stderr=True)
     params = SamplingParams(max_tokens=args.max_tokens)  # flags checked before the load
-    # The reserved baseline's one max_model_len block is no Triton tile: torch attention there.
+    # The reserved baseline's one max_model_len block is no Triton tile yet: start-up runs it
+    # on torch attention and says so (a --attention-backend triton given is for the paged run).
+    reserved_backend = None if args.attention_backend == "triton" else args.attention_backend
     configs = {
         args.policy: engine_config(args),
-        "reserved": engine_config(args, policy="reserved", attention_backend="torch"),
+        "reserved": engine_config(
+            args, policy="reserved", attention_backend=reserved_backend, cuda_graphs=None
+        ),  # fmt: skip
     }
-    placement = engine_placement(configs[args.policy])
-    warn_if_busy("demo", adapts=not args.fixed_threads)
+    placement, _ = engine_placement(configs[args.policy])
+    warn_if_busy("demo", adapts=not args.fixed_threads, device=args.device)
     loaded = load_model(args.model, placement.dtype, weights=args.weights, device=placement.device)
     results = {}
     for policy, config in configs.items():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 
+from pagedkv.engine.memory import DEFAULT_GPU_MEMORY_UTILIZATION
 from pagedkv.pages.kv_dtypes import ENGINE_DTYPES
 from pagedkv.placement import ATTENTION_BACKENDS
 from pagedkv.sched.config import SchedulerConfig
@@ -24,9 +25,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--cuda-graphs",
         action=argparse.BooleanOptionalAction,
-        default=False,
-        help="replay decode steps from CUDA graphs captured per batch-size bucket (CUDA "
-        "only; off by default until benchmarks/gpu_check.py shows they pay)",
+        default=None,
+        help="replay decode steps from CUDA graphs captured per batch-size bucket (default: on "
+        "with --device cuda and the triton backend, where they run; --no-cuda-graphs: eager)",
     )
     g.add_argument(
         "--fixed-threads",
@@ -50,7 +51,20 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "deepinfer (paged 128), reserved (contiguous max_model_len), or paged:B / radix:B",
     )
     g.add_argument("--block-size", type=int, help="tokens per block (default: the policy's)")
-    g.add_argument("--kv-cache-memory", default="512MiB", help="KV pool size (default 512MiB)")
+    g.add_argument(
+        "--kv-cache-memory",
+        metavar="SIZE",
+        help="KV pool size, e.g. 4GiB (default: 512MiB on the CPU; on a GPU what "
+        "--gpu-memory-utilization leaves once the weights and the largest step are in)",
+    )
+    g.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=DEFAULT_GPU_MEMORY_UTILIZATION,
+        metavar="F",
+        help="GPU: the fraction of the card's memory this engine may use, weights, activations "
+        "and KV pool together (%(default)s, as vLLM); two engines on one card give theirs each",
+    )
     # The scheduler's limits: SchedulerConfig owns their defaults (sched/limits.py).
     g.add_argument(
         "--max-num-seqs",
@@ -159,7 +173,12 @@ def engine_config(args: argparse.Namespace, **overrides):
         weights=args.weights,
         policy=args.policy,
         block_size=args.block_size,
-        kv_cache_memory_bytes=parse_bytes("--kv-cache-memory", args.kv_cache_memory),
+        kv_cache_memory_bytes=(
+            None
+            if args.kv_cache_memory is None
+            else parse_bytes("--kv-cache-memory", args.kv_cache_memory)
+        ),
+        gpu_memory_utilization=args.gpu_memory_utilization,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,

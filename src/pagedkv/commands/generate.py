@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     config = engine_config(args)
     from pagedkv.engine import LLMEngine
 
-    warn_if_busy("generate", adapts=not args.fixed_threads)
+    warn_if_busy("generate", adapts=not args.fixed_threads, device=args.device)
     engine = LLMEngine(config)
     if args.chat:
         system = [{"role": "system", "content": args.system}] if args.system is not None else []

@@ -146,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.clock == "wall":  # CPU time leaves other processes out already
         warn_if_busy("profile", args.threads, "--threads 1 --clock cpu",
-                     "timed steps include the wait for the CPU; --clock cpu leaves it out")  # fmt: skip
+                     "timed steps include the wait for the CPU; --clock cpu leaves it out",
+                     device=args.device)  # fmt: skip
     profile = measure(base, plan, args.threads, args.seed, progress=True, clock=args.clock)
     profile.write(output)
     _report(profile, output)
@@ -177,7 +178,7 @@ def measure(
 
     if threads is not None:
         torch.set_num_threads(threads)
-    placement = engine_placement(base)
+    placement, _ = engine_placement(base)
     base = dataclasses.replace(base, dtype=placement.dtype)  # the KV record size reads it
     given = loaded  # a model the caller built (no path to name it by)
     if loaded is None:

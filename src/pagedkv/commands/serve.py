@@ -169,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     try:
-        warn_if_busy("serve", adapts=not args.fixed_threads)
+        warn_if_busy("serve", adapts=not args.fixed_threads, device=args.device)
         engine = LLMEngine(engine_cfg)
     except BaseException:
         sock.close()

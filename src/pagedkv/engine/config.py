@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pagedkv.engine.memory import DEFAULT_GPU_MEMORY_UTILIZATION, check_utilization
 from pagedkv.errors import UsageError
 from pagedkv.kvcache.policies import get_policy
 from pagedkv.kvstore.address import parse_store_url
@@ -12,8 +13,6 @@ from pagedkv.placement import WEIGHT_FORMATS, check_attention_backend, check_dev
 from pagedkv.sched.config import SchedulerConfig
 from pagedkv.sched.limits import check_limits, check_preemption, check_swap_space
 from pagedkv.units import check_block_size
-
-MIB = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -29,15 +28,18 @@ class EngineConfig:
     dtype: str | None = None
     device: str = "auto"
     attention_backend: str | None = None
-    # Decode steps replayed from CUDA graphs captured per batch-size bucket (CUDA only).
-    cuda_graphs: bool = False
+    # Decode steps replayed from CUDA graphs captured per batch-size bucket (CUDA and the Triton
+    # backend only); None = on where they can run (a GPU with the Triton backend), else off.
+    cuda_graphs: bool | None = None
     # CPU: before each step, run as many threads as the cores other processes left free
     # (pagedkv/cpu_share.py), at most torch's count at start-up; False = that count always.
     adapt_threads: bool = True
     weights: str = "float"  # "int8" / "int4": weight-only quantized (model/quant.py)
     policy: str = "vllm"
     block_size: int | None = None
-    kv_cache_memory_bytes: int = 512 * MIB
+    # None: 512 MiB on the CPU, what gpu_memory_utilization leaves on a GPU (engine/memory.py).
+    kv_cache_memory_bytes: int | None = None
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     max_num_seqs: int = SchedulerConfig.max_num_seqs
     max_num_batched_tokens: int = SchedulerConfig.max_num_batched_tokens
     max_model_len: int | None = None
@@ -88,8 +90,11 @@ class EngineConfig:
                 raise UsageError(
                     str(exc).replace("--kv-store", "--kv-events"), "kv_events"
                 ) from None
+        check_utilization(self.gpu_memory_utilization)
         memory = self.kv_cache_memory_bytes
-        if isinstance(memory, bool) or not isinstance(memory, int) or memory < 1:
+        if memory is not None and (
+            isinstance(memory, bool) or not isinstance(memory, int) or memory < 1
+        ):
             raise UsageError(
                 f"kv_cache_memory_bytes must be an integer >= 1, got {memory!r}",
                 "kv_cache_memory_bytes",

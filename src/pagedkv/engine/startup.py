@@ -4,13 +4,20 @@ the block size used with the reason for every rewrite, and the page-format finge
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from pagedkv.engine.card_memory import card_start, measure_card, profile_peak_bytes
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.kv.events import EngineKVEvents, new_instance_id, open_kv_events
 from pagedkv.engine.kv.identity import model_identity
 from pagedkv.engine.kv.setup import attach_tiers, host_tier_blocks
 from pagedkv.engine.kv.store import check_store_policy, store_tiers
+from pagedkv.engine.memory import (
+    CPU_KV_CACHE_MEMORY_BYTES,
+    check_fits_one_sequence,
+    fixed_pool_blocks,
+    kv_bytes_from_card,
+)
 from pagedkv.engine.runner import ModelRunner
 from pagedkv.errors import UsageError
 from pagedkv.kvcache.policies import Policy, build_allocator, get_policy
@@ -28,7 +35,6 @@ from pagedkv.pages.page_format import PageFormat
 from pagedkv.planner.constraints import BlockSizeResolution, resolve_block_size
 from pagedkv.sched.config import SchedulerConfig
 from pagedkv.sched.scheduler import Scheduler
-from pagedkv.units import format_bytes, size_at_least
 
 DEFAULT_MAX_MODEL_LEN = 2048
 
@@ -60,28 +66,6 @@ class EngineParts:
         return model_identity(self.model)
 
 
-def _pool_too_small(
-    config: EngineConfig, layout: KVLayout, block_size: int, reserved: bool
-) -> UsageError:
-    """The one-line refusal of a pool under 2 blocks, in MiB/GiB, with the smallest
-    --kv-cache-memory that works; under ``reserved`` (a block is a max_model_len region) also
-    the largest --max-model-len that fits the memory given."""
-    memory_bytes, block_bytes = config.kv_cache_memory_bytes, layout.block_bytes(block_size)
-    num_blocks = memory_bytes // block_bytes
-    sizes = f"{format_bytes(block_bytes)} each, {format_bytes(layout.record_bytes)} per token"
-    fixes = f"give --kv-cache-memory {size_at_least(2 * block_bytes)} or more"
-    if reserved:
-        sizes = f"policy reserved: one max_model_len region per sequence, {sizes}"
-        if (max_len := memory_bytes // (2 * layout.record_bytes)) >= 1:
-            fixes += f", or --max-model-len {max_len} or less"
-    return UsageError(
-        f"--kv-cache-memory {format_bytes(memory_bytes)} has room for {num_blocks} "
-        f"block{'' if num_blocks == 1 else 's'} of {block_size} tokens ({sizes}); "
-        f"the KV pool needs at least 2: {fixes}",
-        param="kv_cache_memory",
-    )
-
-
 def build_parts(
     config: EngineConfig, loaded: tuple[ModelConfig, CausalLM, Tokenizer] | None = None
 ) -> EngineParts:
@@ -91,7 +75,6 @@ def build_parts(
     decided and checked *before* the 10-25 s weight load: a ``max_model_len`` beyond the
     model's context or a ``kv_cache_memory`` too small for the pool is a ``UsageError`` at once.
     """
-    placement = engine_placement(config)
     model_config = loaded[0] if loaded else ModelConfig.from_shape(read_model_shape(config.model))
     max_model_len = config.max_model_len or min(
         model_config.max_position_embeddings, DEFAULT_MAX_MODEL_LEN
@@ -103,15 +86,11 @@ def build_parts(
             param="max_model_len",
         )
     policy = get_policy(config.policy)
+    placement, notes = engine_placement(config)
     layout = layout_from_shape(model_config.model_shape(), get_kv_dtype(placement.dtype).name)
     triton = placement.attention_backend == "triton"
-    if policy.allocator == "reserved":
-        if triton:  # a max_model_len block is no tile of the kernels
-            raise UsageError(
-                "policy reserved (one max_model_len block per sequence) runs on the torch "
-                "attention backend only: give --attention-backend torch",
-                param="attention_backend",
-            )
+    reserved = policy.allocator == "reserved"
+    if reserved:
         # One region of max_model_len slots per sequence is the whole point of this baseline.
         requested, backend = max_model_len, "torch-sdpa-reserved"
     else:
@@ -119,12 +98,36 @@ def build_parts(
         backend = "triton" if triton else "torch-sdpa"
     resolution = resolve_block_size(requested, backend, layout)
     block_size = resolution.block_size
-    num_blocks = config.kv_cache_memory_bytes // layout.block_bytes(block_size)
-    if num_blocks < 2:
-        raise _pool_too_small(config, layout, block_size, policy.allocator == "reserved")
+    card_sized = config.kv_cache_memory_bytes is None and placement.device.type == "cuda"
+    if not card_sized:  # a fixed pool is checked before the weights load
+        memory_bytes = config.kv_cache_memory_bytes or CPU_KV_CACHE_MEMORY_BYTES
+        num_blocks = fixed_pool_blocks(memory_bytes, layout, block_size, reserved)
     check_swap_space(config, layout, block_size)
     num_host_kv_blocks = host_tier_blocks(config, policy, layout, block_size)
     check_store_policy(config, policy)
+    start = card_start(placement.device) if card_sized else None
+    if loaded is None:
+        loaded = load_model(
+            config.model, placement.dtype, weights=config.weights, device=placement.device
+        )
+    _, model, tokenizer = loaded
+    if model is not None and model.device != placement.device:  # None: tests of the sizing
+        raise UsageError(f"the model is on {model.device}, the engine on {placement.device}")
+    kernels = load_kernels(placement.device) if triton else None
+    kv_dtype = TORCH_DTYPES[placement.dtype]
+    if start is not None:
+
+        def peak() -> int:
+            return profile_peak_bytes(model, model_config, kernels, block_size, kv_dtype,
+                                      config.max_num_batched_tokens, max_model_len,
+                                      config.max_num_seqs)  # fmt: skip
+
+        size = kv_bytes_from_card(
+            measure_card(placement.device, start, peak), config.gpu_memory_utilization
+        )
+        num_blocks = size.kv_bytes // layout.block_bytes(block_size)
+        # The allocator keeps one block back (the null block that pads block tables).
+        notes.append(check_fits_one_sequence(size, num_blocks - 1, block_size, max_model_len))
     allocator = build_allocator(policy, num_blocks * block_size, max_model_len, block_size)
     scheduler = SchedulerConfig(
         max_num_seqs=config.max_num_seqs,
@@ -136,19 +139,11 @@ def build_parts(
     ).build(allocator)
     # The scheduler's SwapSpace hands out host block ids: the host pool has exactly its blocks.
     num_host_blocks = scheduler.swap_space.num_blocks if scheduler.swap_space else 0
-    if loaded is None:
-        loaded = load_model(
-            config.model, placement.dtype, weights=config.weights, device=placement.device
-        )
-    _, model, tokenizer = loaded
-    if model is not None and model.device != placement.device:  # None: tests of the sizing
-        raise UsageError(f"the model is on {model.device}, the engine on {placement.device}")
-    kernels = load_kernels(placement.device) if triton else None
     runner = ModelRunner(
-        model, model_config, num_blocks, block_size, TORCH_DTYPES[placement.dtype],
-        num_host_blocks, kernels,
+        model, model_config, num_blocks, block_size, kv_dtype, num_host_blocks, kernels,
     )  # fmt: skip
-    if config.cuda_graphs:
+    cuda_graphs = graphs_wanted(config, placement)
+    if cuda_graphs:
         graphs_line = runner.capture_graphs(config.max_num_seqs, max_model_len)
     threads_line = runner.share_cpu(config.adapt_threads)
     page_format = PageFormat.from_layout(layout, block_size)
@@ -158,7 +153,9 @@ def build_parts(
         if kernels is not None and kernels.interpreted
         else ""
     )
-    if config.cuda_graphs:
+    for line in notes:
+        report += f"\npagedkv: {line}"
+    if cuda_graphs:
         report += f"\npagedkv: {graphs_line}"
     if threads_line:
         report += f"\npagedkv: {threads_line}"
@@ -196,18 +193,44 @@ def build_parts(
     )
 
 
-def engine_placement(config: EngineConfig) -> Placement:
-    """The engine's device, dtype and attention backend (``UsageError``: no such device, or
-    CUDA graphs without a GPU and the Triton backend)."""
+def engine_placement(config: EngineConfig) -> tuple[Placement, list[str]]:
+    """The engine's device, dtype and attention backend, and the start-up lines that explain a
+    choice. ``UsageError``: no such device; CUDA graphs asked for without a GPU and the Triton
+    backend; the reserved policy with ``--attention-backend triton`` given."""
     placement = resolve_placement(config.device, config.dtype, config.attention_backend)
-    if config.cuda_graphs and (
-        placement.device.type != "cuda" or placement.attention_backend != "triton"
+    notes = []
+    if (
+        get_policy(config.policy).allocator == "reserved"
+        and placement.attention_backend == "triton"
     ):
+        if config.attention_backend == "triton":  # asked for: say what runs instead
+            raise UsageError(
+                "policy reserved (one max_model_len block per sequence) runs on the torch "
+                "attention backend only: give --attention-backend torch",
+                param="attention_backend",
+            )
+        # The GPU's default backend tiles KV by block: a max_model_len region is no tile yet.
+        placement = replace(placement, attention_backend="torch")
+        notes.append(
+            "policy reserved: a max_model_len region is no tile of the Triton kernels yet, so "
+            "attention runs on torch SDPA over gathered K/V (slower; the reference path)"
+        )
+    if config.cuda_graphs and not graphs_possible(placement):
         raise UsageError(
             "--cuda-graphs needs --device cuda and the triton attention backend",
             param="cuda_graphs",
         )
-    return placement
+    return placement, notes
+
+
+def graphs_possible(placement: Placement) -> bool:
+    """CUDA graphs replay the Triton backend's decode steps on a GPU, nothing else."""
+    return placement.device.type == "cuda" and placement.attention_backend == "triton"
+
+
+def graphs_wanted(config: EngineConfig, placement: Placement) -> bool:
+    """``config.cuda_graphs``, or by default on wherever they can run."""
+    return graphs_possible(placement) if config.cuda_graphs is None else config.cuda_graphs
 
 
 def startup_report(

@@ -36,10 +36,18 @@ class EngineInfo:
     record_bytes: int  # one token's K and V across all layers
     kv_cache_bytes: int  # the KV pools of every layer, as allocated
     page_format: dict[str, str]  # the page-format fingerprint, as strings
+    device: str = "cpu"  # where the model runs: "cpu", "cuda:0"
+    dtype: str = "float32"  # activations and weights (the KV dtype is the page format's)
+    attention_backend: str = "torch"
 
     def labels(self) -> dict[str, str]:
         """The page format plus policy and backend: labels for a metrics info series."""
         return {**self.page_format, "policy": self.policy, "backend": self.backend}
+
+    def placement(self) -> dict[str, str]:
+        """Where and how the model runs: ``/pagedkv/info``'s and a metrics info's fields."""
+        return {"device": self.device, "dtype": self.dtype,
+                "attention_backend": self.attention_backend}  # fmt: skip
 
     @classmethod
     def from_parts(cls, p: EngineParts) -> EngineInfo:
@@ -53,7 +61,11 @@ class EngineInfo:
             record_bytes=p.layout.record_bytes,
             kv_cache_bytes=p.runner.kv_cache_bytes,
             page_format={k: str(v) for k, v in p.page_format.to_dict().items()},
-        )
+            **({} if p.placement is None else {
+                "device": str(p.placement.device), "dtype": p.placement.dtype,
+                "attention_backend": p.placement.attention_backend,
+            }),
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -112,6 +112,7 @@ async def replicas(request: Request) -> JSONResponse:
     st = request.app.state
     return JSONResponse({"policy": st.config.policy, "replicas": [
         {"url": r.url, "up": r.up, "refused": r.refused, "instance_id": r.info.instance_id,
+         "device": r.info.device, "dtype": r.info.dtype,
          "load": r.load, "in_flight": r.in_flight, "scraped_requests": r.scraped_requests,
          "index_blocks": st.feed.num_blocks(r.url)} for r in st.replicas]})  # fmt: skip
 

@@ -54,6 +54,10 @@ class ReplicaInfo:
     max_model_len: int
     kv_events: dict[str, str] | None
     tokenizer: str | None = None  # ``Tokenizer.fingerprint()`` (None: a replica without one)
+    # Where the replica's model runs (shown, never compared: a CPU and a GPU replica of one
+    # model compute the same KV); None: a replica that does not say.
+    device: str | None = None
+    dtype: str | None = None
 
     @classmethod
     def from_json(cls, url: str, data: Any) -> ReplicaInfo:
@@ -82,6 +86,8 @@ class ReplicaInfo:
                 max_model_len=u.get_int(d, "max_model_len", lo=1, hi=1 << 40),
                 kv_events=ev,
                 tokenizer=u.get_optional_str(d, "tokenizer", max_len=MAX_NAME_CHARS),
+                device=u.get_optional_str(d, "device", max_len=MAX_NAME_CHARS),
+                dtype=u.get_optional_str(d, "dtype", max_len=MAX_NAME_CHARS),
             )
         except u.UntrustedInput as exc:
             raise u.UntrustedInput(f"{url}{INFO_PATH} is not a pagedkv replica's info: {exc}",

@@ -44,7 +44,8 @@ def describe(infos: list[ReplicaInfo], config: RouterConfig) -> str:
     events = sum(i.kv_events is not None for i in infos)
     return (f"pagedkv route: {len(infos)} replicas of {ref.model!r} (block_size={ref.block_size}, "
             f"{ref.hash_algorithm}, max_model_len {ref.max_model_len}); policy {config.policy}; "
-            f"{events} of {len(infos)} publish KV events")  # fmt: skip
+            f"{events} of {len(infos)} publish KV events; devices "
+            + ", ".join(f"{i.device or '?'}/{i.dtype or '?'}" for i in infos))  # fmt: skip
 
 
 def run_router(config: RouterConfig, embedded_model_name: str) -> None:

@@ -57,7 +57,9 @@ def create_app(
     state = app.state
     state.engine_loop, state.config, state.info = engine_loop, config, engine.info
     state.rules, state.tokenizer, state.started_s = engine, engine.tokenizer, int(time.time())
-    state.metrics = ServerMetrics(lambda: engine_loop.snapshot, engine.info.labels())
+    state.metrics = ServerMetrics(
+        lambda: engine_loop.snapshot, engine.info.labels(), engine.info.placement()
+    )
     state.pd = pd
     state.flush_store = engine.flush_kv_store if flush_store else None
     if pd is not None:

@@ -90,7 +90,14 @@ class ServerMetrics:
     """The registry of one server. ``observe_ttft`` and ``count_request`` are called from the
     HTTP handlers (prometheus-client's metric objects are thread-safe)."""
 
-    def __init__(self, snapshot: Callable[[], LoopSnapshot], page_format: dict[str, str]):
+    def __init__(
+        self,
+        snapshot: Callable[[], LoopSnapshot],
+        page_format: dict[str, str],
+        placement: dict[str, str] | None = None,
+    ):
+        """``page_format``: the page format's labels; ``placement``: device, dtype and
+        attention backend (``EngineInfo.placement``), each an info series."""
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(_SnapshotCollector(snapshot))
         self._ttft = Histogram(
@@ -113,6 +120,11 @@ class ServerMetrics:
             registry=self.registry,
         )
         info.info(page_format)
+        if placement is not None:
+            Info(
+                f"{PREFIX}_engine", "where the model runs: device, dtype, attention backend",
+                registry=self.registry,
+            ).info(placement)  # fmt: skip
 
     def observe_ttft(self, seconds: float) -> None:
         self._ttft.observe(seconds)

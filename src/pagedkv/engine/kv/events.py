@@ -137,5 +137,6 @@ def describe_replica(engine, served_model_name: str, model_identity: str | None)
         "prefix_caching": parts.policy.prefix_caching,
         "hash_algorithm": DEFAULT_HASH_ALGORITHM,
         "max_model_len": parts.max_model_len,
+        **engine.info.placement(),  # device, dtype, attention_backend
         "kv_events": None if events is None else {"url": events.url, "stream": events.stream},
     }

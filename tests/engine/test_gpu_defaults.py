@@ -1,0 +1,63 @@
+"""GPU defaults decided at start-up, checked here with the placement a GPU would resolve to:
+CUDA graphs on where they can run, the reserved policy on torch attention with one line saying
+why, the busy-machine warning only where the model runs on CPU threads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import pagedkv.engine.startup as startup
+from pagedkv.commands import busy_machine
+from pagedkv.engine import EngineConfig
+from pagedkv.errors import UsageError
+from pagedkv.model.device import Placement
+
+GPU = Placement(torch.device("cuda", 0), "bfloat16", "triton")
+
+
+@pytest.fixture
+def on_a_gpu(monkeypatch):
+    """``resolve_placement`` answers as on a machine with a GPU (the backend given, or
+    triton)."""
+
+    def resolve(device, dtype, backend):
+        return Placement(GPU.device, dtype or "bfloat16", backend or "triton")
+
+    monkeypatch.setattr(startup, "resolve_placement", resolve)
+
+
+def test_cuda_graphs_default_on_a_gpu_with_triton_only(on_a_gpu):
+    placement, notes = startup.engine_placement(EngineConfig(device="cuda"))
+    assert placement == GPU and notes == []
+    assert startup.graphs_wanted(EngineConfig(device="cuda"), placement)
+    assert not startup.graphs_wanted(EngineConfig(device="cuda", cuda_graphs=False), placement)
+    torch_sdpa, _ = startup.engine_placement(EngineConfig(attention_backend="torch"))
+    assert not startup.graphs_wanted(EngineConfig(), torch_sdpa)
+    with pytest.raises(UsageError, match="--cuda-graphs needs --device cuda and the triton"):
+        startup.engine_placement(EngineConfig(attention_backend="torch", cuda_graphs=True))
+
+
+def test_cuda_graphs_stay_off_on_the_cpu():
+    placement, _ = startup.engine_placement(EngineConfig(device="cpu"))
+    assert not startup.graphs_wanted(EngineConfig(device="cpu"), placement)
+
+
+def test_reserved_runs_on_torch_attention_on_a_gpu_and_says_why(on_a_gpu):
+    placement, notes = startup.engine_placement(EngineConfig(policy="reserved"))
+    assert placement.attention_backend == "torch" and placement.device == GPU.device
+    assert len(notes) == 1 and "policy reserved" in notes[0] and "torch SDPA" in notes[0]
+    assert not startup.graphs_wanted(EngineConfig(policy="reserved"), placement)
+    with pytest.raises(UsageError, match="runs on the torch attention backend only") as e:
+        startup.engine_placement(EngineConfig(policy="reserved", attention_backend="triton"))
+    assert e.value.param == "attention_backend"
+
+
+def test_the_busy_warning_is_for_cpu_threads_only(monkeypatch, capsys):
+    monkeypatch.delenv(busy_machine.QUIET_ENV, raising=False)
+    monkeypatch.setattr(busy_machine.os, "getloadavg", lambda: (50.0, 50.0, 50.0))
+    assert busy_machine.warn_if_busy("serve", threads=2, device="cpu") is not None
+    assert "this machine is busy" in capsys.readouterr().err
+    monkeypatch.setattr("pagedkv.model.device.resolve_device", lambda name: GPU.device)
+    assert busy_machine.warn_if_busy("serve", threads=2, device="cuda") is None
+    assert capsys.readouterr().err == ""
