@@ -12,7 +12,8 @@ the full output is sum_i w_i o_i / sum_i w_i; subtracting M keeps every 2^x <= 1
 gets no block stores lse = -inf and o = 0, so its weight is 0; a padding row (context 0) has
 only such splits and its output is 0.
 
-``decode_splits`` is the rule choosing ``num_splits`` (pure integer math, no torch).
+``decode_splits`` is the rule choosing ``num_splits`` (``pages/triton_splits.py``: torch-free,
+the simulator prices the same rule).
 """
 
 from __future__ import annotations
@@ -28,34 +29,13 @@ from pagedkv.model.triton.decode_blocks import (
     pool_strides,
 )
 
-PROGRAMS_PER_SM = 2  # below this many resident programs per SM, memory latency goes unhidden
-MIN_BLOCKS_PER_SPLIT = 4  # a shorter split costs more in its partial's write and reduce
-MAX_SPLITS = 64  # the reduction holds [splits, D] partials in one tile
-
-
-def decode_splits(
-    num_seqs: int, num_kv_heads: int, max_context_len: int, block_size: int, num_sms: int
-) -> int:
-    """How many splits a decode step should use (1 = the one-pass kernel).
-
-    Split only when the one-pass grid, ``num_seqs * num_kv_heads`` programs, would leave the SMs
-    under-filled (fewer than ``PROGRAMS_PER_SM`` programs per SM) and the longest context is
-    long enough: then choose the splits so that programs * splits ~= PROGRAMS_PER_SM * num_sms
-    (rounded down, never more programs than that), capped so that each split of the longest
-    context still spans ``MIN_BLOCKS_PER_SPLIT`` blocks, and at ``MAX_SPLITS``. Splitting
-    costs a second launch and a write + read of fp32 partials, which only pays when programs
-    would otherwise idle and each split has enough blocks to amortise its partial.
-
-    E.g. 1 sequence x 8 KV heads, 4096 tokens in blocks of 16 (256 blocks), 132 SMs:
-    264 // 8 = 33 splits, 256 // 4 = 64 allow it: 33.
-    """
-    programs = num_seqs * num_kv_heads
-    target_programs = PROGRAMS_PER_SM * num_sms
-    if programs <= 0 or programs >= target_programs or block_size <= 0:
-        return 1
-    num_blocks = -(-max_context_len // block_size)
-    splits = min(target_programs // programs, num_blocks // MIN_BLOCKS_PER_SPLIT, MAX_SPLITS)
-    return max(1, splits)
+# The split rule is pure integer math shared with the simulator's clock: one copy, in pages/.
+from pagedkv.pages.triton_splits import (  # noqa: F401 (re-exported: kernels.decode_splits)
+    MAX_SPLITS,
+    MIN_BLOCKS_PER_SPLIT,
+    PROGRAMS_PER_SM,
+    decode_splits,
+)
 
 
 @triton.jit
