@@ -10,15 +10,21 @@ Sections (each timed and caught: a failing one records its error and the next on
    GPU (Triton, eager and CUDA graphs) and transformers on the GPU, each against pagedkv's CPU
    path; identical sequences and the first divergence. The embedded GGUF when installed, else
    its first 6 layers from wheels/ (the whole file, 94 MiB, exceeds the device transfer).
-3. ``ledger``: decode-attention time (CUDA events, median of 20, L2 cleared) and bandwidth at
+3. ``service``: ``pagedkv serve --device cuda`` as real processes driven over HTTP
+   (``gpu_check_service.py``): chat, stream, n = 4, cached tokens on a repeated system prompt,
+   logprobs + echo, a JSON schema, ``/metrics``; a prefill/decode pair on one redis-server
+   (each sizing its pool from the card), a mismatched block size refused and one re-paged; swap
+   and a host tier on a 40-block pool; a router over two replicas; no blocks in use after.
+4. ``ledger``: decode-attention time (CUDA events, median of 20, L2 cleared) and bandwidth at
    Llama-3-8B's attention shape (32/8 heads of 128, bf16) over block sizes 8-256, contexts
    1k-32k and batches 1-256, with decode_splits' split count and with one pass, beside the
    measured device-to-device copy bandwidth; block size 8 records the kernels' refusal.
-4. ``engine``: a Llama-3-8B-shaped model with random bf16 weights made on the GPU; 256 Azure
+5. ``engine``: a Llama-3-8B-shaped model with random bf16 weights made on the GPU; 256 Azure
    conversation requests at t = 0 (prompts <= 2048, outputs <= 256 tokens, EOS ignored):
    pagedkv's output tok/s with CUDA graphs off and on, beside transformers ``generate`` on the
-   same tensors (static left-padded batches of 64, greedy, stopped after 90 s).
-5. ``profile_sim``: ``pagedkv profile``'s ``measure`` (a small grid) on that model writes a
+   same tensors (static left-padded batches of 64, greedy, stopped after 90 s); then an engine
+   with default settings on it (the pool sized from the card), its pool's size recorded.
+6. ``profile_sim``: ``pagedkv profile``'s ``measure`` (a small grid) on that model writes a
    cost profile (beside --output); the simulator replays section 4's eager run on it.
 
 The one call on the device machine, after ``bash benchmarks/gpu_wheels.sh`` here (the device
@@ -56,6 +62,7 @@ import torch  # noqa: E402
 from common import finish_meta, machine_meta, write_json  # noqa: E402
 from gpu_check_engine import (  # noqa: E402
     GREEDY_TEXTS,
+    default_pool,
     engine_model,
     engine_workload,
     first_divergence,
@@ -73,6 +80,7 @@ from gpu_check_kernels import (  # noqa: E402
 from gpu_check_profile import check_profile_sim  # noqa: E402
 from gpu_check_report import summary_markdown, versions  # noqa: E402
 from gpu_check_run import DEVICE_SIZES, DRY_SIZES, GIB, SMALL_GGUF, TRACE, Run, attempt  # noqa: E402
+from gpu_check_service import check_service  # noqa: E402
 from gpu_check_timing import copy_bandwidth_gb_s, decode_times  # noqa: E402
 from pagedkv.model.triton.kernels import load_kernels  # noqa: E402
 from pagedkv.pages.triton_rules import block_size_problems  # noqa: E402
@@ -142,7 +150,7 @@ def check_greedy(run: Run) -> dict:
             "tokens": tokens}  # fmt: skip
 
 
-# -- 3. ledger ------------------------------------------------------------------------------------
+# -- 4. ledger ------------------------------------------------------------------------------------
 
 
 def check_ledger(run: Run) -> dict:
@@ -188,7 +196,7 @@ def check_ledger(run: Run) -> dict:
             "copy_gb_s": copy_gb_s, "rows": rows}  # fmt: skip
 
 
-# -- 4. engine ------------------------------------------------------------------------------------
+# -- 5. engine ------------------------------------------------------------------------------------
 
 
 def check_engine(run: Run) -> dict:
@@ -208,6 +216,8 @@ def check_engine(run: Run) -> dict:
         run.log(f"  pagedkv {label}: {errors.get(label) or row['tokens_per_s']} tok/s")
     hf = attempt(errors, "transformers", hf_throughput, loaded[0], weights, ids, outs, run)
     del weights
+    run.free_memory()
+    result["default_pool"] = attempt(errors, "default_pool", default_pool, run, loaded)
     if hf is not None:
         result["transformers"] = hf
         run.log(f"  transformers generate: {hf['tokens_per_s']:.0f} tok/s")
@@ -219,8 +229,9 @@ def check_engine(run: Run) -> dict:
     return result
 
 
-SECTIONS = {"kernels": check_kernels, "greedy": check_greedy, "ledger": check_ledger,
-            "engine": check_engine, "profile_sim": check_profile_sim}  # fmt: skip
+SECTIONS = {"kernels": check_kernels, "greedy": check_greedy, "service": check_service,
+            "ledger": check_ledger, "engine": check_engine,
+            "profile_sim": check_profile_sim}  # fmt: skip
 
 
 # -- the run --------------------------------------------------------------------------------------

@@ -153,6 +153,22 @@ def pagedkv_throughput(run: Run, loaded, ids, outs, graphs: bool) -> dict:
     return row
 
 
+def default_pool(run: Run, loaded) -> dict:
+    """An engine with default settings on the section's model (on a GPU its pool is sized from
+    the card: --gpu-memory-utilization 0.9): the pool's size and the start-up lines saying
+    how it was sized. The engine is dropped before the next section."""
+    s = run.sizes
+    config = EngineConfig(device=str(loaded[1].device), log_startup=False,
+                          max_num_seqs=s.max_num_seqs,
+                          max_num_batched_tokens=s.max_num_batched_tokens)  # fmt: skip
+    parts = build_parts(config, loaded)
+    info = LLMEngine(config, parts=parts).info
+    lines = [ln for ln in parts.startup_report.splitlines() if "KV pool" in ln]
+    return {"kv_cache_bytes": info.kv_cache_bytes, "kv_cache_gib": info.kv_cache_bytes / 2**30,
+            "num_blocks": info.num_blocks, "block_size": info.block_size,
+            "max_model_len": info.max_model_len, "startup": lines}  # fmt: skip
+
+
 def hf_throughput(cfg, weights, ids, outs, run: Run) -> dict:
     """transformers ``generate`` on a LlamaForCausalLM holding the same weight tensors."""
     s = run.sizes

@@ -93,12 +93,29 @@ def _engine(r: dict) -> list[str]:
                      " requests)", f"{t['tokens_per_s']:.0f}", f"{t['seconds']:.1f}", "-", "-",
                      "-", "1x"])  # fmt: skip
     speedup = r.get("cuda_graphs_speedup")
+    pool = r.get("default_pool")
+    pool_lines = ["", f"default settings: a KV pool of {pool['kv_cache_gib']:.1f} GiB = "
+                  f"{pool['num_blocks']} blocks of {pool['block_size']} tokens",
+                  *[f"- {line}" for line in pool["startup"]]] if pool else []  # fmt: skip
     return [f"{r['model']}, {r['requests']} requests, {r['prompt_tokens']} prompt and "
             f"{r['output_tokens']} output tokens"
             + (f"; CUDA graphs {speedup:.2f}x eager" if speedup else ""), "",
             *_table(["run", "output tok/s", "s", "steps", "graph replays", "preemptions",
                      "vs transformers"], rows),
-            *[f"- {name} failed: {error}" for name, error in r["errors"].items()]]  # fmt: skip
+            *[f"- {name} failed: {error}" for name, error in r["errors"].items()],
+            *pool_lines]  # fmt: skip
+
+
+def _service(r: dict) -> list[str]:
+    rows = [[name, "ok" if c.get("ok") else "**FAIL**",
+             c.get("error") or ", ".join(f"{k} {v}" for k, v in c.items()
+                                         if k not in ("ok", "texts", "table", "text"))]
+            for name, c in r["cases"].items()]  # fmt: skip
+    passed = sum(bool(c.get("ok")) for c in r["cases"].values())
+    startup = [f"- {name}: {line}" for name, lines in r["startup"].items() for line in lines]
+    return [f"{r['model']}: {passed}/{len(rows)} cases ok", "",
+            *_table(["case", "", "what it saw"], rows), "", *startup,
+            *[f"- {name}: {error}" for name, error in r["errors"].items()]]  # fmt: skip
 
 
 def _profile_sim(r: dict) -> list[str]:
@@ -107,5 +124,5 @@ def _profile_sim(r: dict) -> list[str]:
             f"{r['rel_error']:+.1%}; steps {r['steps']}, preemptions {r['preemptions']}"]  # fmt: skip
 
 
-_RENDER = {"kernels": _kernels, "greedy": _greedy, "ledger": _ledger, "engine": _engine,
-           "profile_sim": _profile_sim}  # fmt: skip
+_RENDER = {"kernels": _kernels, "greedy": _greedy, "service": _service, "ledger": _ledger,
+           "engine": _engine, "profile_sim": _profile_sim}  # fmt: skip

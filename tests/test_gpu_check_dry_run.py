@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SECTIONS = ("kernels", "greedy", "ledger", "engine", "profile_sim")
+SECTIONS = ("kernels", "greedy", "service", "ledger", "engine", "profile_sim")
 # A few rows in the Azure conversation trace's format: the test needs no shared trace.
 TRACE_ROWS = [(374, 44), (396, 109), (879, 55), (91, 16)]
 
@@ -87,3 +87,26 @@ def test_summary_has_every_section_header(dry_run):
     _, stdout = dry_run
     for name in SECTIONS:
         assert f"## {name} (" in stdout
+
+
+def test_the_service_answers_every_case(dry_run):
+    """``serve`` as real processes over HTTP (on the CPU here, CUDA on the device): every case
+    answered, the P/D pair's text equal to the single server's, the refusal, the tier counters,
+    no blocks in use after."""
+    service = dry_run[0]["sections"]["service"]["result"]
+    assert service["errors"] == {}, service["errors"]  # redis-server is there (make redis)
+    cases = service["cases"]
+    assert set(cases) == {"chat", "stream", "n4", "cached", "logprobs_echo", "json_schema",
+                          "cache_salt", "info_and_metrics", "pd_request", "pd_refused",
+                          "pd_relayout", "host_tier", "swap", "route", "no_blocks_in_use"}  # fmt: skip
+    assert all(c["ok"] for c in cases.values()), {k: c for k, c in cases.items() if not c["ok"]}
+    assert cases["cached"]["cached_tokens"][1] > 0 and cases["swap"]["swap_out_blocks"] > 0
+    assert cases["pd_request"]["text"] == cases["chat"]["text"]
+    assert "block_size 32 (decode) vs 16 (prefill)" in cases["pd_refused"]["line"]
+    assert service["all_ok"]
+
+
+def test_the_engine_section_records_the_default_pool(dry_run):
+    pool = dry_run[0]["sections"]["engine"]["result"]["default_pool"]
+    # The CPU's default (a GPU sizes it from the card): 512 MiB less what no block fills.
+    assert 0 <= (512 << 20) - pool["kv_cache_bytes"] < pool["kv_cache_bytes"] / pool["num_blocks"]
