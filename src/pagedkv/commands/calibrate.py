@@ -13,6 +13,19 @@ the --base clock's numbers (default: the clock pagedkv ships for that GPU's arch
 the file says so. `pagedkv simulate --clock FILE` prices steps with the result; the shipped
 presets (src/pagedkv/presets/clocks/) are this command's output on the data named in them.
 Needs numpy and scipy (pip install 'pagedkv[calibrate]').
+
+    pagedkv calibrate --from-gpu-check results/gpu_check.json -o h200-pagedkv.json
+
+fits instead a clock of pagedkv's own engine on the GPU a device check ran on
+(benchmarks/gpu_check.py; docs/gpu_clock.md "pagedkv's own clock"): decode attention per
+(B, context, batch) from the ledger rows, the law in B chosen by leave-one-context-out
+cross-validation (each law's residuals printed); the prefill kernel (a mixed step's decode rows
+included), the other kernels and the host cost eager and with CUDA graphs from the timed steps
+(the cost profile beside the JSON, the clock section's steps); GEMMs borrowed from the GPU's
+vLLM-class clock. The file says which parts were fitted on what and which were borrowed; the
+check's own engine runs are replayed on the result and their errors printed (the workload's
+trace: --trace, else the shared one). `pagedkv simulate --clock FILE` and `experiment
+block-size --clock FILE` price pagedkv's kernels with it.
 """
 
 from __future__ import annotations
@@ -31,8 +44,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         allow_abbrev=False,
     )
     add = p.add_argument
-    add("--data", action="append", required=True, metavar="DIR", help="a profile folder (repeat)")
-    add("--gpu", required=True, help="the GPU folder to fit, e.g. a100 or h100")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--data", action="append", metavar="DIR",
+                        help="a Vidur-format profile folder (repeat): the vLLM-class clock")  # fmt: skip
+    source.add_argument("--from-gpu-check", metavar="JSON",
+                        help="a device check's JSON: the clock of pagedkv's own engine")  # fmt: skip
+    add("--gpu", help="with --data: the GPU folder to fit, e.g. a100 or h100; with "
+        "--from-gpu-check: the GPU preset (default: the check's device)")  # fmt: skip
+    add("--trace", metavar="FILE", help="--from-gpu-check: the engine section's trace "
+        "(default: the shared one it names)")  # fmt: skip
     add("--spec", help="the GPU preset its rates come from (default: the folder's alias)")
     add("--base", metavar="FILE", help="clock JSON whose numbers unfitted families keep")
     add("-o", "--output", required=True, help="clock JSON to write")
@@ -46,12 +66,18 @@ def run(args: argparse.Namespace) -> int:
     from pagedkv.errors import UsageError
     from pagedkv.sim.clock_data import FAMILIES, read_rows
     from pagedkv.sim.clock_fit import errors, fit_clock, read_clock, summarize_errors, write_clock
-    from pagedkv.sim.clock_presets import clock_for
+    from pagedkv.sim.clock_presets import VLLM_CLASS, clock_for
     from pagedkv.sim.gpus import get_gpu
 
     output = Path(args.output)
     if output.is_dir() or not output.parent.is_dir():
         raise UsageError(f"--output {str(output)!r}: not a file in an existing folder")
+    if args.from_gpu_check is not None:
+        from pagedkv.commands.calibrate_engine import run_from_gpu_check
+
+        return run_from_gpu_check(args, output)
+    if args.gpu is None:
+        raise UsageError("--data needs --gpu (the GPU folder to fit, e.g. a100 or h100)")
     gpu = get_gpu(args.spec or args.gpu)
     rows = [r for d in args.data for r in read_rows(d) if r.gpu == args.gpu]
     if not rows:
@@ -82,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
             }
     borrowed = {f: base_source for f in FAMILIES if f not in families}
     meta = {
+        "describes": VLLM_CLASS,
         "fitted_on": sorted({r.file for r in rows}),
         "gpu_folder": args.gpu,
         "families": families,

@@ -54,6 +54,24 @@ def block_walk_factor(block_size: int, backend: str = MEASURED_BACKEND) -> float
     return (1.0 + f * 16.0 / max(1, block_size)) / (1.0 + paged_overhead_at_16(MEASURED_BACKEND))
 
 
+def layer_gemms_s(md: ModelCost, c: gc.GPUClock, g: GPUSpec, m: int, tp: int = 1) -> float:
+    """One layer's projections over ``m`` rows on each of ``tp`` GPUs: QKV, output, gate + up
+    (up alone without a gate) and down, each ``gpu_clock.gemm_s``; a model whose shape lacks
+    the widths (or MLA) as one GEMM holding ``num_params / num_layers`` weights."""
+    h = md.hidden_size
+    if not (h and md.intermediate_size and md.head_dim and md.num_query_heads):
+        params = md.num_params / max(1, md.num_layers) / tp
+        k = h or int(math.sqrt(params))
+        return gc.gemm_s(c, g, m, k, max(1, int(params / k)))
+    q, kv, hd, inter = md.num_query_heads, md.num_kv_heads, md.head_dim, md.intermediate_size
+    return (
+        gc.gemm_s(c, g, m, h, (q + 2 * kv) * hd // tp)
+        + gc.gemm_s(c, g, m, q * hd // tp, h)
+        + gc.gemm_s(c, g, m, h, (2 if md.gated_mlp else 1) * inter // tp)
+        + gc.gemm_s(c, g, m, inter // tp, h)
+    )
+
+
 @dataclass(frozen=True)
 class FittedCostModel:
     """``CostModel`` over ``clock`` (fitted on ``gpu``'s kind). ``backend`` names the attention
@@ -77,19 +95,7 @@ class FittedCostModel:
             raise UsageError(f"tensor parallelism must be a whole number >= 1, got {self.tp!r}")
 
     def _gemms(self, m: int) -> float:
-        md, c, g, tp = self.model, self.clock, self.gpu, self.tp
-        h = md.hidden_size
-        if not (h and md.intermediate_size and md.head_dim and md.num_query_heads):
-            params = md.num_params / max(1, md.num_layers) / tp
-            k = h or int(math.sqrt(params))
-            return gc.gemm_s(c, g, m, k, max(1, int(params / k)))
-        q, kv, hd, inter = md.num_query_heads, md.num_kv_heads, md.head_dim, md.intermediate_size
-        return (
-            gc.gemm_s(c, g, m, h, (q + 2 * kv) * hd // tp)
-            + gc.gemm_s(c, g, m, q * hd // tp, h)
-            + gc.gemm_s(c, g, m, h, (2 if md.gated_mlp else 1) * inter // tp)
-            + gc.gemm_s(c, g, m, inter // tp, h)
-        )
+        return layer_gemms_s(self.model, self.clock, self.gpu, m, self.tp)
 
     def _elementwise(self, m: int) -> float:
         md, c, g, tp, b = self.model, self.clock, self.gpu, self.tp, gc.ACT_BYTES
