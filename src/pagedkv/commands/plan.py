@@ -49,7 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--alignment-bytes", default="128", help="block base alignment reported")
     p.add_argument(
         "--gpu", metavar="NAME", help="price the time ledger too: one decode step of K sequences "
-        "at the mean length per B, on the simulator's fitted clock of this GPU (needs --model); "
+        "at the mean length per B, on the simulator's fitted clock of this GPU (needs --model): "
+        "with --backend triton pagedkv's own (pagedkv-triton), else the vLLM-class reference; "
         "the recommendation then drops B whose step is > 5%% slower than the fastest",
     )  # fmt: skip
     p.add_argument("--swap-bytes", default="1GiB", help="KV volume priced in block transfers")
@@ -193,6 +194,7 @@ def run(args: argparse.Namespace) -> int:
         prepare_plot_path(args.plot, args.force)
     layout = _layout(args)
     workload = _workload(args)
+    decode_step_s, clock_source = _decode_clock(args, layout, workload)
     plan = build_plan(
         layout,
         workload,
@@ -201,7 +203,8 @@ def run(args: argparse.Namespace) -> int:
         pool_bytes=_pool_bytes(args, layout),
         swap_bytes=parse_bytes("--swap-bytes", args.swap_bytes),
         alignment_bytes=max(1, parse_bytes("--alignment-bytes", args.alignment_bytes)),
-        decode_step_s=_decode_clock(args, layout, workload),
+        decode_step_s=decode_step_s,
+        clock_source=clock_source,
     )
     log_line = None
     if plan.recommended_block_size is not None:
@@ -228,18 +231,34 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _decode_clock(args: argparse.Namespace, layout, workload):
-    """B -> seconds of one decode step of the workload on --gpu (None without --gpu)."""
+    """(B -> seconds of one decode step of the workload on --gpu, the clock's name), or
+    (None, None) without --gpu. ``--backend triton`` is pagedkv's own engine: its
+    pagedkv-triton clock (CUDA graphs, as the engine runs decode); any other backend the
+    vLLM-class reference clock of the GPU."""
     if args.gpu is None:
-        return None
+        return None, None
     if args.model is None:
         raise UsageError("--gpu prices the model's layers: give --model, not --record-bytes")
     from pagedkv.sched.step_shape import StepShape
+
+    context = max(1, round(workload.mean_len_tokens))
+    batch = [(context, 1)] * workload.num_seqs
+    if args.backend == "triton":
+        from pagedkv.pages.sources import load_shape
+        from pagedkv.sim.clock_presets import engine_clock_for
+        from pagedkv.sim.cost_model import ModelCost
+        from pagedkv.sim.engine_cost import EngineCostModel
+        from pagedkv.sim.gpus import get_gpu
+
+        gpu = get_gpu(args.gpu)
+        clock, source = engine_clock_for(gpu)
+        model = ModelCost.from_shape(load_shape(args.model), layout.kv_dtype)
+        engine = EngineCostModel(model, gpu, clock, cuda_graphs=True, source=source)
+        return (lambda b: engine.step_time_s(StepShape.of(batch, b))), f"{source}, CUDA graphs"
     from pagedkv.sim.fitted_cost import fitted_cost_model
 
     cost = fitted_cost_model(args.model, args.gpu, kv_dtype=layout.kv_dtype)
-    context = max(1, round(workload.mean_len_tokens))
-    batch = [(context, 1)] * workload.num_seqs
-    return lambda b: cost.step_time_s(StepShape.of(batch, b))
+    return (lambda b: cost.step_time_s(StepShape.of(batch, b))), cost.source
 
 
 def _save_plot(plan, path: str) -> None:

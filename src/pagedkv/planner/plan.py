@@ -70,6 +70,7 @@ class Plan:
     recommended_block_size: int | None
     reasons: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    clock_source: str | None = None  # what priced ``decode_step_s`` (None: no clock)
 
     @property
     def reserved_capacity_seqs(self) -> int | None:
@@ -150,9 +151,10 @@ def build_plan(
     swap_bytes: int = DEFAULT_SWAP_BYTES,
     alignment_bytes: int = DEFAULT_ALIGNMENT_BYTES,
     decode_step_s: Callable[[int], float] | None = None,
+    clock_source: str | None = None,
 ) -> Plan:
     """Price every candidate block size and recommend one (ValueError on bad candidates);
-    ``decode_step_s`` prices the time ledger (module docstring)."""
+    ``decode_step_s`` prices the time ledger (module docstring), ``clock_source`` names it."""
     if not block_sizes:
         raise UsageError("give at least one candidate block size")
     if any(b < 1 for b in block_sizes):
@@ -169,7 +171,7 @@ def build_plan(
     chosen, reasons, warnings = _recommend(rows, workload, backend)
     return Plan(
         layout, workload, backend, rows, pool_bytes, swap_bytes, alignment_bytes,
-        chosen, tuple(reasons), tuple(warnings),
+        chosen, tuple(reasons), tuple(warnings), clock_source,
     )  # fmt: skip
 
 

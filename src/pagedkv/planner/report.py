@@ -82,6 +82,7 @@ def plan_to_json(plan: Plan, resolution_log: str | None = None) -> dict[str, Any
         }
     return {
         "schema_version": JSON_SCHEMA_VERSION,
+        "clock": plan.clock_source,
         "model": {
             "name": layout.name,
             "attention": layout.attention,
@@ -167,6 +168,8 @@ def render_plan(plan: Plan, console: Console, resolution_log: str | None = None)
         style = "bold green" if row.block_size == plan.recommended_block_size else None
         table.add_row(*cells, style=style)
     console.print(table)
+    if has_time and plan.clock_source:
+        console.print(f"decode step ms: {plan.clock_source}", soft_wrap=True)
     if plan.pool_bytes is not None:  # has_capacity, spelled so that the type narrows
         waste = ledgers.reserved_waste_rate(workload.mean_len_tokens, workload.max_len_tokens)
         console.print(

@@ -128,5 +128,18 @@ def read_any_clock(path: str) -> tuple[str, GPUClock | EngineClock, str]:
     return "vllm-class", vllm, f"vLLM-class clock {path} (fitted for {meta.get('gpu', '?')})"
 
 
+def resolve_clock(gpu: GPUSpec, clock: str | None) -> tuple[str, GPUClock | EngineClock, str]:
+    """What ``--clock`` names: None or ``vllm-class`` the shipped vLLM-class clock of ``gpu``,
+    ``pagedkv-triton`` its shipped pagedkv clock, anything else a clock file of either kind.
+    Returns (kind, clock, a line naming it)."""
+    if clock is None or clock == "vllm-class":
+        vllm, source = clock_for(gpu)
+        return "vllm-class", vllm, source
+    if clock == "pagedkv-triton":
+        engine, source = engine_clock_for(gpu)
+        return "pagedkv-triton", engine, source
+    return read_any_clock(clock)
+
+
 __all__ = ["BORROW", "KINDS", "clock_for", "engine_clock_for", "parse_clock", "read_any_clock",
-           "shipped", "shipped_engine"]  # fmt: skip
+           "resolve_clock", "shipped", "shipped_engine"]  # fmt: skip

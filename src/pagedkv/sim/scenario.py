@@ -9,8 +9,9 @@
 naming the field), so ``pagedkv simulate`` only parses flags into it and renders the results.
 
 The clock: ``cost="fitted"`` (default) prices every op of a step with the GPU's clock fitted to
-measured kernel times (``sim/fitted_cost.py``; paged policies pay the block walk, ``reserved``
-reads contiguously); ``cost="kernel"`` is the roofline plus each framework's assumed block walk
+measured kernel times: the vLLM-class reference (``sim/fitted_cost.py``; paged policies pay the
+block walk, ``reserved`` reads contiguously), or with ``clock="pagedkv-triton"`` (or such a
+file) pagedkv's own engine (``sim/engine_cost.py``, eager or with CUDA graphs); ``cost="kernel"`` is the roofline plus each framework's assumed block walk
 (``sim/kernel_cost.py``), or ``kernel`` names one backend for every paged policy;
 ``cost="roofline"`` is the block-size-blind roofline; ``cost_profile`` (a ``pagedkv profile``
 file) replaces them all with a fitted model of a real engine.
@@ -30,6 +31,8 @@ from pagedkv.pages.sources import load_shape
 from pagedkv.sched import SchedulerConfig
 from pagedkv.sim.compare import Comparison, expand_policies
 from pagedkv.sim.cost_model import CostModel, ModelCost, RooflineCostModel, kv_pool_bytes
+from pagedkv.sim.engine_clock import EngineClock
+from pagedkv.sim.engine_cost import EngineCostModel
 from pagedkv.sim.fitted_cost import FittedCostModel
 from pagedkv.sim.gpu_clock import GPUClock
 from pagedkv.sim.gpus import GPUSpec, get_gpu
@@ -85,6 +88,7 @@ class Scenario:
     skipped: list[UsageError] = field(default_factory=list)  # bad trace records skipped
     link: Link | None = None  # prices swap transfers
     gpu_clock: tuple[GPUClock, str] | None = None  # the fitted clock and where it came from
+    engine_clock: tuple[EngineClock, str] | None = None  # pagedkv's own engine's, instead
 
     def kernel_for(self, policy: Policy) -> str | None:
         """The attention kernel priced for ``policy`` under ``cost="kernel"``: its framework's
@@ -93,6 +97,8 @@ class Scenario:
         cfg = self.config
         if cfg.cost_profile is not None or cfg.cost == "roofline":
             return None
+        if self.engine_clock is not None:
+            return "pagedkv-triton"
         if cfg.kernel is not None and policy.allocator != "reserved":
             return cfg.kernel
         return kernel_for_policy(policy.name)
@@ -102,6 +108,9 @@ class Scenario:
         kernel = self.kernel_for(policy)
         if kernel is None:
             return self.cost
+        if self.engine_clock is not None:
+            engine, source = self.engine_clock
+            return EngineCostModel(self.model, self.gpu, engine, self.config.cuda_graphs, source)
         if self.gpu_clock is not None:
             clock, source = self.gpu_clock
             tp = self.config.tensor_parallel
@@ -115,6 +124,9 @@ class Scenario:
             text = f"cost profile {cfg.cost_profile}"
         elif cfg.cost == "roofline":
             text = "roofline cost model"
+        elif self.engine_clock is not None:
+            graphs = "CUDA graphs" if cfg.cuda_graphs else "eager"
+            text = f"pagedkv's engine ({graphs}): {self.engine_clock[1]}"
         elif self.gpu_clock is not None:
             tp = f", TP {cfg.tensor_parallel}" if cfg.tensor_parallel > 1 else ""
             text = f"fitted GPU clock{tp}: {self.gpu_clock[1]}"
@@ -231,11 +243,9 @@ def load_scenario(config: SimulateConfig) -> Scenario:
             from pagedkv.sim.profiled_cost import load_cost_profile
 
             cost = load_cost_profile(config.cost_profile)
-        gpu_clock = None
+        gpu_clock, engine_clock = None, None
         if config.cost == "fitted" and config.cost_profile is None:
-            from pagedkv.sim.clock_presets import clock_for
-
-            gpu_clock = clock_for(gpu, config.clock)
+            gpu_clock, engine_clock = _fitted_clock(config, gpu, policies)
         link = None
         if config.preemption_mode == "swap":
             link = get_link(config.host_link) if config.host_link else host_link_for_gpu(gpu.name)
@@ -258,8 +268,39 @@ def load_scenario(config: SimulateConfig) -> Scenario:
         raise UsageError(f"the workload has no requests{why}")
     return Scenario(
         config, source, requests, layout, model, gpu, tuple(pools_bytes), pools_slots,
-        policies, scheduler, cost, skipped, link, gpu_clock,
+        policies, scheduler, cost, skipped, link, gpu_clock, engine_clock,
     )  # fmt: skip
+
+
+def _fitted_clock(
+    config: SimulateConfig, gpu: GPUSpec, policies: list[Policy]
+) -> tuple[tuple[GPUClock, str] | None, tuple[EngineClock, str] | None]:
+    """The vLLM-class clock or pagedkv's engine clock ``config.clock`` names, checked against
+    what the engine clock cannot price (UsageError)."""
+    from pagedkv.sim.clock_presets import resolve_clock
+
+    kind, clock, source = resolve_clock(gpu, config.clock)
+    if isinstance(clock, GPUClock):
+        return (clock, source), None
+    assert isinstance(clock, EngineClock) and kind == "pagedkv-triton"
+    if config.tensor_parallel > 1:
+        raise UsageError(
+            "a pagedkv-triton clock prices one GPU (pagedkv has no tensor parallelism)"
+        )
+    if config.kernel is not None:
+        raise UsageError(
+            "--kernel picks a vLLM-class attention kernel: drop it with a pagedkv clock"
+        )
+    if any(p.allocator == "reserved" for p in policies):
+        raise UsageError("pagedkv's Triton kernels do not run the reserved policy (a GPU engine "
+                         "falls back to torch attention): drop it from --policy, or use "
+                         "--clock vllm-class")  # fmt: skip
+    from pagedkv.pages.triton_rules import block_size_problems
+
+    for p in policies:
+        if p.block_size is not None and (problems := block_size_problems(p.block_size)):
+            raise UsageError(f"{p.name}: pagedkv's Triton kernels refuse it: {'; '.join(problems)}")
+    return None, (clock, source)
 
 
 def simulate(config: SimulateConfig) -> list[tuple[RunResult, dict[str, Any]]]:

@@ -42,7 +42,10 @@ class SimulateConfig:
     # "fitted" (the GPU's clock fitted to measured op times), "kernel" (roofline + an assumed
     # block walk) or "roofline"
     cost: str = "fitted"
-    clock: str | None = None  # a `pagedkv calibrate` JSON (fitted); None: the shipped one
+    # a `pagedkv calibrate` JSON of either kind, "vllm-class" or "pagedkv-triton" (the shipped
+    # clock of that kind for the GPU); None: the shipped vLLM-class one
+    clock: str | None = None
+    cuda_graphs: bool = True  # a pagedkv-triton clock: decode steps replay CUDA graphs
     tensor_parallel: int = 1  # GPUs per replica (fitted clock only)
     kernel: str | None = None  # one attention kernel for every paged policy; None: per policy
     cost_profile: str | None = None  # a `pagedkv profile` JSON: replaces the GPU cost model
