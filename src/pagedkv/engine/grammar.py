@@ -9,9 +9,10 @@ vLLM runs llguidance as its ``guidance`` backend.
 
 A matcher is built per spec once (``GrammarCache.compile``: the grammar's lexer, milliseconds),
 from ``LLMEngine.check_request``, which the server runs on a worker thread before the request
-reaches the engine thread; each sample then gets a copy (microseconds). JSON is generated
-without free whitespace: a small model otherwise can loop on spaces. Special tokens are never
-part of a structure. Once the structure is complete only EOS is allowed.
+reaches the engine thread; each sample then gets a copy (microseconds). JSON follows
+``engine/json_schema.py``: objects closed unless the schema opens them, blanks bounded and on
+one line. Special tokens are never part of a structure. Once the structure is complete only
+EOS is allowed.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 
 import torch
 
+from pagedkv.engine.json_schema import guidance_schema
 from pagedkv.engine.structured import StructuredOutput
 from pagedkv.errors import UsageError
 from pagedkv.model.tokenizer import Tokenizer
@@ -40,7 +42,7 @@ class GrammarCache:
         self._tokenizer = tokenizer
         self._vocab_size = vocab_size  # the model's logits width (may exceed the tokenizer's)
         self._ll_tokenizer: Any = None
-        self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str, bool, bool], Any] = OrderedDict()
         self._lock = threading.Lock()
 
     def _tokenizer_of_llguidance(self) -> Any:
@@ -59,7 +61,7 @@ class GrammarCache:
         llguidance refuses it."""
         import llguidance
 
-        key = (spec.kind, spec.spec)
+        key = (spec.kind, spec.spec, spec.open_objects, spec.whitespace)
         with self._lock:
             if key in self._cache:
                 self._cache.move_to_end(key)
@@ -93,11 +95,10 @@ def _grammar(spec: StructuredOutput) -> str:
     from llguidance import LLMatcher
     from llguidance.gbnf_to_lark import gbnf_to_lark
 
-    compact = {"whitespace_flexible": False}
-    if spec.kind == "json":
-        return LLMatcher.grammar_from_json_schema(spec.spec, defaults=compact)
-    if spec.kind == "json_object":
-        return LLMatcher.grammar_from_json_schema('{"type": "object"}', defaults=compact)
+    if spec.kind in ("json", "json_object"):
+        schema = json.loads(spec.spec) if spec.kind == "json" else {"type": "object"}
+        rules = guidance_schema(schema, open_objects=spec.open_objects, whitespace=spec.whitespace)
+        return LLMatcher.grammar_from_json_schema(json.dumps(rules))
     if spec.kind == "regex":
         return LLMatcher.grammar_from_regex(spec.spec)
     if spec.kind == "choice":  # Lark string literals take JSON's escapes

@@ -1,7 +1,7 @@
 """``StructuredOutput``: what a request's output must match, validated once at the edge.
 
 Torch-free and library-free: the spec only names the constraint. ``engine/grammar.py`` compiles
-it (xgrammar) into the token mask the sampler applies. Kinds, as vLLM's ``structured_outputs``
+it (llguidance) into the token mask the sampler applies. Kinds, as vLLM's ``structured_outputs``
 names them: ``json`` (a JSON Schema, as JSON text), ``json_object`` (any JSON object), ``regex``,
 ``choice`` (one of a list of strings), ``grammar`` (Lark, or GBNF with ``::=`` rules), ``lark``
 (Lark only: the server's own tool-call grammars).
@@ -23,11 +23,18 @@ MAX_CHOICES = 1024
 class StructuredOutput:
     """``spec``: the schema's JSON text (``json``), the pattern (``regex``), the choices as a
     JSON list of strings (``choice``), the grammar text (``grammar``); ``""`` for
-    ``json_object``. ``param`` is the request field errors name (the server's spelling)."""
+    ``json_object``. ``param`` is the request field errors name (the server's spelling).
+
+    The JSON rules of ``engine/json_schema.py`` (kinds ``json`` and ``json_object``):
+    ``open_objects`` admits keys a schema does not list where it leaves
+    ``additionalProperties`` unset (JSON Schema's default; pagedkv's is to refuse them);
+    ``whitespace=False`` allows no blanks at all (``{"a":1}``)."""
 
     kind: str
     spec: str = ""
     param: str = "structured_outputs"
+    open_objects: bool = False
+    whitespace: bool = True
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -53,8 +60,10 @@ class StructuredOutput:
         raise UsageError(f"{self.param} {why}", param=self.param)
 
     @classmethod
-    def of_schema(cls, schema: object, param: str) -> StructuredOutput:
-        return cls("json", json.dumps(schema), param)
+    def of_schema(
+        cls, schema: object, param: str, open_objects: bool = False, whitespace: bool = True
+    ) -> StructuredOutput:
+        return cls("json", json.dumps(schema), param, open_objects, whitespace)
 
     @classmethod
     def of_choices(cls, choices: list[str], param: str) -> StructuredOutput:
