@@ -14,6 +14,8 @@ import jsonschema
 import openai
 import pytest
 
+from pagedkv.server.forced_calls import call_head
+from pagedkv.server.tool_parse import ParsedCalls, streamable
 from pagedkv.server.tools import ToolUse
 
 from .conftest import MODEL_NAME, running_server
@@ -62,10 +64,11 @@ def check_calls(message, names=None) -> list:
 
 def test_required_and_named_choices_force_valid_calls(client):
     r = chat(client, messages=ASK, tools=TOOLS, tool_choice="required", n=3, max_tokens=110)
-    for choice in r.choices:
-        if choice.finish_reason == "tool_calls":
+    for choice in r.choices:  # a random model may keep calling until its length limit
+        assert choice.message.content is None, choice  # a forced call's text is never content
+        assert choice.finish_reason in ("tool_calls", "length")
+        if choice.message.tool_calls or choice.finish_reason == "tool_calls":
             check_calls(choice.message)
-    assert any(c.finish_reason == "tool_calls" for c in r.choices)
     named = {"type": "function", "function": {"name": "get_time"}}
     r = chat(client, messages=ASK, tools=TOOLS, tool_choice=named)
     assert r.choices[0].finish_reason == "tool_calls"
@@ -166,9 +169,33 @@ def test_parse_and_stream_rules():
     assert parsed.content == "Sure.  done"
     unknown = '<tool_call>{"name": "rm", "arguments": {}}</tool_call>'
     assert use.parse_text(unknown).calls == [] and use.parse_text(unknown).content == unknown
-    assert ToolUse.streamable("Hello <tool_c") == "Hello "
-    assert ToolUse.streamable("Hello <tool_call>{") == "Hello "
-    assert ToolUse.streamable("a < b") == "a < b"
+    assert streamable("Hello <tool_c") == "Hello "
+    assert streamable("Hello <tool_call>{") == "Hello "
+    assert streamable("a < b") == "a < b"
+
+
+def test_a_call_is_a_call_once_its_arguments_close():
+    """The length cut after a call's arguments keeps the call; a cut inside them drops the
+    call's text and says so; a second call cut keeps the first."""
+    use = ToolUse(TOOLS, parse=True)
+    whole = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>'
+    for text in (whole[: -len("\n</tool_call>")], whole[: -len("}\n</tool_call>")]):
+        parsed = use.parse_text(text, at_length=True)
+        assert [n for _, n, _ in parsed.calls] == ["get_time"] and not parsed.cut, text
+        assert parsed.content is None
+    cut = use.parse_text(whole + '\n<tool_call>\n{"name": "get_time", "argu', at_length=True)
+    assert [n for _, n, _ in cut.calls] == ["get_time"] and cut.cut and cut.content is None
+    partial = 'Let me see. <tool_call>\n{"name": "get_weather", "arguments": {"ci'
+    assert use.parse_text(partial, at_length=True) == ParsedCalls("Let me see.", [], True)
+    # not cut by length (the model stopped): text it did not finish as a call stays content
+    assert use.parse_text(partial).content == partial and not use.parse_text(partial).cut
+    # a forced call: the head rendered in the prompt, the sample only its arguments
+    forced = ToolUse(TOOLS, parse=True, prefix=call_head("get_weather"))
+    parsed = forced.parse_text('{"city": "Paris", "days": 2}')
+    assert [(n, json.loads(a)) for _, n, a in parsed.calls] == [
+        ("get_weather", {"city": "Paris", "days": 2})
+    ]
+    assert forced.streamable('{"city": "Pa') == ""  # nothing of a forced call is content
 
 
 def test_compiling_a_grammar_does_not_stall_other_requests(server, monkeypatch):

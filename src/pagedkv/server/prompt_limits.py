@@ -20,7 +20,7 @@ import weakref
 
 from pagedkv.model.tokenizer import Tokenizer
 from pagedkv.server.errors import APIError
-from pagedkv.server.protocol import ChatCompletionRequest, CompletionRequest, TextPart
+from pagedkv.server.protocol import ChatCompletionRequest, CompletionRequest, ContentPart
 
 MIN_CHARS_PER_TOKEN_BOUND = 32
 _NORMALIZER_FACTOR = 4  # NFC composing, accent stripping: a few characters into one
@@ -52,7 +52,7 @@ def check_prompt_chars(
     ``max_prompt_chars``; a no-op otherwise. Costs one ``len`` per string."""
     limit = max_prompt_chars(tokenizer, max_model_len)
     if isinstance(req, ChatCompletionRequest):
-        num_chars = sum(_content_chars(m.content) for m in req.messages)
+        num_chars = sum(_content_chars(m.content) + len(m.refusal or "") for m in req.messages)
         what, param = "the messages' contents hold", "messages"
         if num_chars <= limit:
             return
@@ -73,9 +73,9 @@ def check_prompt_chars(
     )
 
 
-def _content_chars(content: str | list[TextPart] | None) -> int:
+def _content_chars(content: str | list[ContentPart] | None) -> int:
     if isinstance(content, str):
         return len(content)
     if isinstance(content, list):  # text parts
-        return sum(len(part.text) for part in content)
+        return sum(len(part.text or part.refusal or "") for part in content)
     return 0

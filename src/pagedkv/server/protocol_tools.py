@@ -57,10 +57,15 @@ class ResponseFormat(_Strict):
 
 
 class StructuredOutputs(_Strict):
-    """vLLM's ``structured_outputs``: exactly one constraint."""
+    """vLLM's ``structured_outputs``: at most one constraint, and vLLM's two JSON options,
+    which also rule ``response_format`` and tool arguments (``server/structured_params.py``):
+    ``disable_any_whitespace`` (no blanks at all) and ``disable_additional_properties``
+    (unset: true, objects admit only their listed keys; false: JSON Schema's default)."""
 
     json_: Annotated[dict[str, Any] | str | None, Field(alias="json")] = None
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
+    disable_any_whitespace: bool | None = None
+    disable_additional_properties: bool | None = None

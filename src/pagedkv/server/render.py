@@ -17,10 +17,10 @@ from pagedkv.server.echo import (
     NO_ECHO,
     Echo,
     prompt_legacy_logprobs,
-    token_str,
     vllm_prompt_logprobs,
     without_generation,
 )
+from pagedkv.server.logprobs import chat_logprobs, completion_logprobs
 from pagedkv.server.tools import ToolUse
 
 # The engine's finish reasons a client can see; "abort" and "refused" never reach one.
@@ -47,46 +47,6 @@ def usage(outputs: list[RequestOutput]) -> p.Usage:
     return p.Usage(prompt_tokens=prompt, completion_tokens=completion,
                    total_tokens=prompt + completion,
                    prompt_tokens_details=p.PromptTokensDetails(cached_tokens=cached))  # fmt: skip
-
-
-def completion_logprobs(
-    tokenizer: Tokenizer,
-    c: CompletionOutput,
-    start: int,
-    text_offset: int,
-    out: p.CompletionLogprobs | None = None,
-) -> p.CompletionLogprobs:
-    """The legacy layout for tokens ``start:`` of ``c`` (appended to ``out``); offsets count
-    from ``text_offset``."""
-    out = p.CompletionLogprobs() if out is None else out
-    offset = text_offset
-    for k in range(start, len(c.logprobs or [])):
-        token = token_str(tokenizer, c.token_ids[k])
-        out.tokens.append(token)
-        out.token_logprobs.append(c.logprobs[k])
-        top = (c.top_logprobs or [])[k]
-        alternatives: dict[str, float] = {}
-        for t, lp in top:  # best first: two ids with one text keep the better logprob
-            alternatives.setdefault(token_str(tokenizer, t), lp)
-        out.top_logprobs.append(alternatives)
-        out.text_offset.append(offset)
-        offset += len(token)
-    return out
-
-
-def chat_logprobs(tokenizer: Tokenizer, c: CompletionOutput, start: int) -> p.ChoiceLogprobs:
-    content = []
-    for k in range(start, len(c.logprobs or [])):
-        token = token_str(tokenizer, c.token_ids[k])
-        top = [
-            p.TopLogprob(token=(s := token_str(tokenizer, t)), logprob=lp,
-                         bytes=list(s.encode()))
-            for t, lp in (c.top_logprobs or [])[k]
-        ]  # fmt: skip
-        lp = c.logprobs[k]
-        content.append(p.TokenLogprob(token=token, logprob=lp if lp is not None else 0.0,
-                                      bytes=list(token.encode()), top_logprobs=top))  # fmt: skip
-    return p.ChoiceLogprobs(content=content)
 
 
 def completion_choice(
@@ -121,23 +81,23 @@ def completion_choice(
 
 def shown_text(
     head: ResponseHeader, c: CompletionOutput
-) -> tuple[str, list[tuple[str, p.OutFunctionCall]]]:
-    """A chat sample's content so far and, once finished, its tool calls (``server/tools.py``):
-    while running, the text before anything that may be a call; then the text outside calls."""
+) -> tuple[str | None, list[tuple[str, p.OutFunctionCall]], str | None]:
+    """A chat sample's content so far, its tool calls once finished (``server/tools.py``) and
+    its finish reason: while running, the text before anything that may be a call; then the
+    text outside calls (None when there is none beside calls). A sample with calls finishes
+    ``tool_calls``, unless a call was cut by the length limit: that is ``length``, and the cut
+    call is neither a call nor content."""
     use = head.tools
+    finish = _FINISH.get(c.finish_reason or "") if c.finished else None
     if use is None or not use.parse:
-        return c.text, []
+        return c.text, [], finish
     if not c.finished:
-        return use.streamable(c.text), []
-    parsed = use.parse_text(c.text)
+        return use.streamable(c.text), [], None
+    parsed = use.parse_text(c.text, at_length=c.finish_reason == "length")
     calls = [(i, p.OutFunctionCall(name=n, arguments=a)) for i, n, a in parsed.calls]
-    return parsed.content or "", calls
-
-
-def _finish(c: CompletionOutput, calls: list) -> str | None:
-    if not c.finished:
-        return None
-    return "tool_calls" if calls else _FINISH.get(c.finish_reason or "")
+    if calls and not parsed.cut:
+        finish = "tool_calls"
+    return (parsed.content if calls or parsed.cut else c.text), calls, finish
 
 
 def full_response(
@@ -153,12 +113,12 @@ def full_response(
     if head.chat:
         choices = []
         for k, c in samples:
-            content, calls = shown_text(head, c)
-            message = p.AssistantMessage(content=content if content or not calls else None,
+            content, calls, finish = shown_text(head, c)
+            message = p.AssistantMessage(content=content,
                                          tool_calls=[p.OutToolCall(id=i, function=f)
                                                      for i, f in calls] or None)  # fmt: skip
             choices.append(p.ChatChoice(
-                index=k, message=message, finish_reason=_finish(c, calls),
+                index=k, message=message, finish_reason=finish,
                 logprobs=chat_logprobs(tokenizer, c, 0) if head.want_logprobs else None))  # fmt: skip
         return p.ChatCompletion(id=head.id, created=head.created_s, model=head.model,
                                 choices=choices, usage=usage(outputs))  # fmt: skip
@@ -210,12 +170,13 @@ class StreamRenderer:
             sent = self._sent.setdefault(k, _Sent())
             if sent.done:
                 continue
-            text, calls = shown_text(self.head, c) if self.head.chat else (c.text, [])
+            text, calls, finish = shown_text(self.head, c) if self.head.chat else (c.text, [], None)
+            text = text or ""
             end = len(text)
             delta = text[sent.chars :]
             if not delta and not c.finished and sent.role_sent:
                 continue  # nothing printable yet; its tokens go out with the next text
-            bodies.append(self._chunk(k, out, c, sent, delta, calls))
+            bodies.append(self._chunk(k, out, c, sent, delta, calls, finish))
             sent.chars = max(sent.chars, end)
             sent.tokens = len(c.token_ids)
             sent.role_sent = True
@@ -230,9 +191,11 @@ class StreamRenderer:
         sent: _Sent,
         delta: str,
         calls: list[tuple[str, p.OutFunctionCall]],
+        finish: str | None,
     ) -> dict:
+        """One chunk of choice ``k``: ``delta`` and, when it finished, ``calls`` and ``finish``
+        (chat; the completions route reads its own)."""
         h = self.head
-        finish = _finish(c, calls)
         if h.chat:
             logprobs = chat_logprobs(self.tokenizer, c, sent.tokens) if h.want_logprobs else None
             role = None if sent.role_sent else "assistant"

@@ -107,9 +107,14 @@ def engine_inputs(
     prompts (tokenizing, scanning ids): call it off the event loop."""
     check_unsupported(req)
     check_prompt_chars(req, tokenizer, engine.info.max_model_len)  # before any tokenizing
-    use, calls_grammar = tool_use(req) if isinstance(req, ChatCompletionRequest) else (None, None)
+    use, calls_grammar = (
+        tool_use(req, tokenizer) if isinstance(req, ChatCompletionRequest) else (None, None)
+    )
     if isinstance(req, ChatCompletionRequest):
-        prompts = [chat_prompt(req.messages, tokenizer, True, use)]
+        prompt = chat_prompt(req.messages, tokenizer, True, use)
+        if use is not None and use.prefix:  # a forced call's head: the sample continues it
+            prompt += tokenizer.encode(use.prefix, add_special_tokens=False)
+        prompts = [prompt]
     else:
         prompts = completion_prompts(req, tokenizer)
     params, renames = sampling_params(req, max(len(p) for p in prompts), engine.info,

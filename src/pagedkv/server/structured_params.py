@@ -5,15 +5,37 @@ OpenAI's ``response_format`` (``json_object``, ``json_schema``), vLLM's ``struct
 ``guided_regex``, ``guided_choice``, ``guided_grammar`` all become one ``StructuredOutput`` whose
 ``param`` is the field the client sent, so an error names what the client wrote. Two
 constraints in one request are a 400: which one would win is not a question to guess at.
+
+The JSON rules (``engine/json_schema.py``) take vLLM's two options from ``structured_outputs``
+whatever spelling carries the constraint, tools' arguments included.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from pagedkv.engine.structured import StructuredOutput
 from pagedkv.errors import UsageError
 from pagedkv.server.errors import APIError, from_usage
+
+
+@dataclass(frozen=True)
+class JsonRules:
+    """``open_objects``: JSON Schema's default for unset ``additionalProperties``;
+    ``whitespace``: bounded blanks allowed (False: none)."""
+
+    open_objects: bool = False
+    whitespace: bool = True
+
+
+def json_rules(req: Any) -> JsonRules:
+    """The request's JSON rules (``structured_outputs.disable_*``; pagedkv's defaults)."""
+    so = req.structured_outputs
+    if so is None:
+        return JsonRules()
+    return JsonRules(open_objects=so.disable_additional_properties is False,
+                     whitespace=not so.disable_any_whitespace)  # fmt: skip
 
 
 def structured_output(req: Any) -> StructuredOutput | None:
@@ -48,11 +70,12 @@ def structured_output(req: Any) -> StructuredOutput | None:
         raise APIError(f"give one output constraint, not several ({names})",
                        param=found[1][0], code="invalid_value")  # fmt: skip
     param, kind, value = found[0]
+    rules = json_rules(req)
     try:
         if kind == "json" and not isinstance(value, str):
-            return StructuredOutput.of_schema(value, param)
+            return StructuredOutput.of_schema(value, param, rules.open_objects, rules.whitespace)
         if kind == "choice":
             return StructuredOutput.of_choices(value, param)
-        return StructuredOutput(kind, value or "", param)
+        return StructuredOutput(kind, value or "", param, rules.open_objects, rules.whitespace)
     except UsageError as exc:
         raise from_usage(exc, {}) from None

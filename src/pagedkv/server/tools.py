@@ -1,4 +1,4 @@
-"""Tool calling on the chat route: tools into the prompt, calls out of the text.
+"""Tool calling on the chat route: tools and past turns into the prompt, calls out of the text.
 
 The wire format is the Hermes/Qwen one: the model writes each call as
 ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``. A chat template that reads
@@ -8,26 +8,31 @@ tool list and the instructions in the system turn, calls as the assistant's text
 ``<tool_response>`` in a user turn.
 
 ``tool_choice``: ``none`` returns text (tools still shown); ``auto`` parses whatever calls the
-model wrote; ``required`` and a named function constrain the output with a grammar
-(``StructuredOutput`` of kind ``lark``) to one or more calls (one when
-``parallel_tool_calls`` is false, or for a named function), whose arguments follow the
-function's JSON Schema, so a parse cannot fail.
+model wrote (``server/tool_parse.py``); ``required`` and a named function force calls
+(``server/forced_calls.py``: the wrapper rendered, the arguments constrained by the function's
+JSON Schema), so a parse cannot fail.
+
+Past turns carry every field of OpenAI's message schema, as its client replays them: a field
+that does not change the prompt is accepted (``refusal``, ``audio``, ``function_call``,
+``annotations`` null or empty; ``annotations`` describe a message, never a prompt), what pagedkv
+can render is rendered (a ``refusal`` text, a deprecated ``function_call`` and ``role:
+"function"`` result), and what it cannot (audio, images, files) is a 400 naming the field.
 """
 
 from __future__ import annotations
 
 import json
-import re
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from pagedkv.engine.structured import StructuredOutput
+from pagedkv.model.tokenizer import Tokenizer
 from pagedkv.server.errors import APIError
-from pagedkv.server.protocol import ChatCompletionRequest, ChatMessage
+from pagedkv.server.forced_calls import forced_calls, hermes_format
+from pagedkv.server.protocol import ChatCompletionRequest, ChatMessage, ContentPart
+from pagedkv.server.structured_params import json_rules
+from pagedkv.server.tool_parse import CLOSE, OPEN, ParsedCalls, parse_calls, streamable
 
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
-_CALL = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.DOTALL)
 _SYSTEM = (
     "You may call one or more functions to assist with the user query. The functions are "
     "described in JSON Schema within <tools></tools>:\n<tools>\n{tools}\n</tools>\n\nFor each "
@@ -38,51 +43,29 @@ _SYSTEM = (
 
 
 @dataclass(frozen=True)
-class ParsedCalls:
-    content: str | None  # the text outside the calls (None when only calls)
-    calls: list[tuple[str, str, str]]  # (call id, function name, arguments as JSON text)
-
-
-@dataclass(frozen=True)
 class ToolUse:
-    """The request's tools (OpenAI's ``{type, function}`` dicts) and whether to parse calls."""
+    """The request's tools (OpenAI's ``{type, function}`` dicts), whether to parse calls, and
+    ``prefix``: the start of a forced call rendered after the prompt (the sample continues
+    it)."""
 
     tools: list[dict[str, Any]]
     parse: bool
+    prefix: str = ""
 
-    def parse_text(self, text: str) -> ParsedCalls:
-        """The calls in ``text`` to functions the request offered; anything else stays text."""
+    def parse_text(self, text: str, at_length: bool = False) -> ParsedCalls:
+        """The calls in the sample's ``text`` (after ``prefix``) to functions the request
+        offered; ``at_length``: the sample was cut by its length limit."""
         names = {t["function"]["name"] for t in self.tools}
-        calls, kept, at = [], [], 0
-        for m in _CALL.finditer(text):
-            try:
-                call = json.loads(m.group(1))
-                name, args = call["name"], call.get("arguments", call.get("parameters", {}))
-            except (ValueError, KeyError, TypeError):
-                continue  # not a call we can read: it stays in the content
-            if name not in names or not isinstance(args, dict):
-                continue
-            kept.append(text[at : m.start()])
-            at = m.end()
-            calls.append((f"call_{uuid.uuid4().hex[:24]}", name, json.dumps(args)))
-        kept.append(text[at:])
-        content = "".join(kept).strip() if calls else text
-        return ParsedCalls(content or None, calls)
+        return parse_calls(self.prefix + text, names, at_length)
 
-    @staticmethod
-    def streamable(text: str) -> str:
-        """The prefix of ``text`` that is content for sure: before any call, and without an
-        ending that could still become ``<tool_call>``."""
-        cut = text.find(OPEN)
-        if cut >= 0:
-            return text[:cut]
-        for k in range(min(len(OPEN) - 1, len(text)), 0, -1):
-            if OPEN.startswith(text[-k:]):
-                return text[:-k]
-        return text
+    def streamable(self, text: str) -> str:
+        """What of the sample's ``text`` so far is content for sure (none of a forced call)."""
+        return streamable(self.prefix + text)[len(self.prefix) :]
 
 
-def tool_use(req: ChatCompletionRequest) -> tuple[ToolUse | None, StructuredOutput | None]:
+def tool_use(
+    req: ChatCompletionRequest, tokenizer: Tokenizer
+) -> tuple[ToolUse | None, StructuredOutput | None]:
     """(how the answer treats calls, the grammar that forces calls); ``APIError``."""
     if not req.tools:
         if req.tool_choice not in (None, "none"):
@@ -102,42 +85,32 @@ def tool_use(req: ChatCompletionRequest) -> tuple[ToolUse | None, StructuredOutp
             raise APIError(f"tool_choice names {choice.function.name!r}, which is not in tools",
                            param="tool_choice.function.name", code="invalid_value")  # fmt: skip
         many = False
-    return ToolUse(tools, parse=True), _calls_grammar(offered, many)
-
-
-def _calls_grammar(tools: list[dict[str, Any]], many: bool) -> StructuredOutput:
-    """A Lark grammar (llguidance's ``%json`` embeds a JSON Schema) of one or more calls."""
-    variants = [
-        {"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-         "properties": {"name": {"const": t["function"]["name"]},
-                        "arguments": t["function"].get("parameters") or {"type": "object"}}}
-        for t in tools
-    ]  # fmt: skip
-    # No free whitespace inside the JSON, as for every structured output (engine/grammar.py).
-    schema = {"anyOf": variants, "x-guidance": {"whitespace_flexible": False}}
-    call = f'"{OPEN}\\n" %json {json.dumps(schema)} "\\n{CLOSE}"'
-    start = 'call ("\\n" call)*' if many else "call"
-    return StructuredOutput("lark", f"start: {start}\ncall: {call}\n", param="tools")
+    forced = forced_calls(offered, many, hermes_format(tokenizer), json_rules(req))
+    return ToolUse(tools, parse=True, prefix=forced.prefix), forced.grammar
 
 
 def tool_messages(
     messages: list[ChatMessage], use: ToolUse | None, template_renders_tools: bool
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
-    """(the messages as the template gets them, the ``tools`` argument or None)."""
+    """(the messages as the template gets them, the ``tools`` argument or None);
+    ``APIError`` naming a field pagedkv cannot render."""
     out: list[dict[str, Any]] = []
-    for m in messages:
-        content = m.content
-        if isinstance(content, list):
-            content = "".join(part.text for part in content)
-        role = "system" if m.role == "developer" else m.role  # OpenAI's newer name
-        entry: dict[str, Any] = {"role": role, "content": content or ""}
-        calls = [{"name": c.function.name, "arguments": _arguments(c.function.arguments)}
-                 for c in m.tool_calls or []]  # fmt: skip
+    for i, m in enumerate(messages):
+        content = _text(m, i)
+        role = {"developer": "system", "function": "tool"}.get(m.role, m.role)  # newer, older
+        entry: dict[str, Any] = {"role": role, "content": content}
+        past = list(m.tool_calls or []) + ([m.function_call] if m.function_call else [])
+        calls = [
+            {"name": f.name, "arguments": _arguments(f.arguments, i)}
+            for f in (getattr(c, "function", c) for c in past)
+        ]
         if template_renders_tools:
             if calls:
                 entry["tool_calls"] = [{"type": "function", "function": c} for c in calls]
             if m.tool_call_id is not None:
                 entry["tool_call_id"] = m.tool_call_id
+            elif m.role == "function" and m.name is not None:
+                entry["name"] = m.name
         elif calls:  # the calls as the model wrote them
             blocks = [f"{OPEN}\n{json.dumps(c)}\n{CLOSE}" for c in calls]
             entry["content"] = "\n".join(([content] if content else []) + blocks)
@@ -155,9 +128,39 @@ def tool_messages(
     return out, None
 
 
-def _arguments(text: str) -> Any:
+def _text(m: ChatMessage, i: int) -> str:
+    """The message's text: its content (text parts joined), else its refusal; ``APIError``
+    for what has no text form here."""
+    if m.audio is not None:
+        raise APIError("an assistant's audio cannot be replayed: pagedkv's models read text "
+                       "(send the transcript as content)", param=f"messages.{i}.audio",
+                       code="unsupported")  # fmt: skip
+    if m.refusal and m.role != "assistant":
+        raise APIError("refusal belongs to assistant messages", param=f"messages.{i}.refusal",
+                       code="invalid_value")  # fmt: skip
+    content = m.content
+    if isinstance(content, list):
+        content = "".join(_part_text(part, i, j) for j, part in enumerate(content))
+    return content or m.refusal or ""
+
+
+def _part_text(part: ContentPart, i: int, j: int) -> str:
+    if part.type == "text" and part.text is not None:
+        return part.text
+    if part.type == "refusal" and part.refusal is not None:
+        return part.refusal
+    param = f"messages.{i}.content.{j}"
+    if part.type in ("text", "refusal"):
+        raise APIError(f"a content part of type {part.type!r} needs its {part.type} field",
+                       param=f"{param}.{part.type}", code="invalid_value")  # fmt: skip
+    raise APIError(f"content parts of type {part.type!r} are not supported: pagedkv's models "
+                   "read text (send parts of type 'text')", param=f"{param}.type",
+                   code="unsupported")  # fmt: skip
+
+
+def _arguments(text: str, i: int) -> Any:
     try:
         return json.loads(text)
     except ValueError:
-        raise APIError("a tool call's arguments must be JSON text", param="messages",
+        raise APIError("a tool call's arguments must be JSON text", param=f"messages.{i}",
                        code="invalid_value") from None  # fmt: skip
