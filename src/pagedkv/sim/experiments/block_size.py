@@ -12,25 +12,37 @@ The scheduler is shaped like the paper's vLLM v0: no chunked prefill (a prompt s
 prompts), at most 256 running sequences and 2,560 batched tokens, a 2,048-token context.
 The rates are **chosen here** (the paper does not state its ablation's rates): light, medium
 and heavy load for this model's capacity on the fitted clock. ``run`` spreads the points over the cores (``runner.run_points``).
+
+``clock="pagedkv-triton"`` runs the same sweep on pagedkv's own engine instead: Llama-3-8B on
+the H200 its clock was measured on (``sim/engine_cost.py``, CUDA graphs), the engine's
+scheduler (chunked prefill, 8,192 tokens a step), the 40 GiB KV pool of the device check's
+engine section, the block sizes its Triton kernels accept (16-256), and rates chosen the same
+way for that engine's capacity. The vLLM-class clock (the default) is the paper's setup.
 """
 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from pagedkv.kvcache.policies import get_policy
 from pagedkv.sched import SchedulerConfig
+from pagedkv.sim.cost_model import CostModel, ModelCost
 from pagedkv.sim.experiments.runner import run_points
-from pagedkv.sim.fitted_cost import FittedCostModel, block_walk_factor, fitted_cost_model
+from pagedkv.sim.fitted_cost import block_walk_factor, fitted_cost_model
 from pagedkv.sim.simulator import Simulation
 from pagedkv.traces.paper_workloads import WORKLOADS, paper_workload
 
 DESCRIPTION = (
     "PagedAttention §7.2 block-size ablation: normalized latency vs request rate for block "
     "sizes 1..256, OPT-13B on A100-40GB, ShareGPT-like and Alpaca-like workloads"
+)
+DESCRIPTION_PAGEDKV = (
+    "the block-size sweep on pagedkv's own engine: normalized latency vs request rate for block "
+    "sizes 16..256, Llama-3-8B on H200-141GB (pagedkv-triton clock), ShareGPT-like and Alpaca-like"
 )
 MODEL, GPU, BACKEND = "opt-13b", "A100-40GB", "vllm"
 KV_POOL_BYTES = 12 * 2**30  # the paper's Table 1: 12 GB of KV for OPT-13B (15.7K slots)
@@ -43,6 +55,35 @@ QUICK_NUM_REQUESTS = {"sharegpt": 150, "alpaca": 250}
 SCHEDULER = SchedulerConfig(
     max_num_seqs=256, max_num_batched_tokens=2560, max_model_len=2048, chunked_prefill=False
 )
+CLOCKS = ("vllm-class", "pagedkv-triton")
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What one clock's sweep runs: model, GPU, pool, block sizes, rates, scheduler."""
+
+    model: str
+    gpu: str
+    kv_pool_bytes: int
+    block_sizes: tuple[int, ...]
+    rates_per_s: Mapping[str, tuple[float, ...]]
+    scheduler: SchedulerConfig
+
+
+PAGEDKV_SETUP = Setup(
+    "llama-3-8b", "H200-141GB", 40 * 2**30, (16, 32, 64, 128, 256),
+    {"sharegpt": (10.0, 20.0, 30.0, 40.0), "alpaca": (50.0, 100.0, 200.0, 300.0)},
+    SchedulerConfig(max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=2048),
+)  # fmt: skip
+
+
+def setup_of(clock: str) -> Setup:
+    """The sweep of ``clock`` (``CLOCKS``); ValueError for another name."""
+    if clock == "vllm-class":
+        return Setup(MODEL, GPU, KV_POOL_BYTES, BLOCK_SIZES, RATES_PER_S, SCHEDULER)
+    if clock == "pagedkv-triton":
+        return PAGEDKV_SETUP
+    raise ValueError(f"unknown clock {clock!r} (known: {', '.join(CLOCKS)})")
 
 
 @dataclass(frozen=True)
@@ -52,19 +93,36 @@ class Point:
     block_size: int
     num_requests: int
     seed: int = 0
+    clock: str = "vllm-class"
 
 
-def _cost() -> FittedCostModel:
-    return fitted_cost_model(MODEL, GPU, BACKEND)
+def _cost(clock: str = "vllm-class") -> CostModel:
+    """The sweep's step clock: the paper's kernel on the vLLM-class clock, or pagedkv's."""
+    if clock == "vllm-class":
+        return fitted_cost_model(MODEL, GPU, BACKEND)
+    from pagedkv.pages.sources import load_shape
+    from pagedkv.sim.clock_presets import engine_clock_for
+    from pagedkv.sim.engine_cost import EngineCostModel
+    from pagedkv.sim.gpus import get_gpu
+
+    setup = setup_of(clock)
+    gpu = get_gpu(setup.gpu)
+    engine, source = engine_clock_for(gpu)
+    model = ModelCost.from_shape(load_shape(setup.model))
+    return EngineCostModel(model, gpu, engine, cuda_graphs=True, source=source)
+
+
+def _record_bytes(cost: CostModel) -> int:
+    return cost.model.kv_record_bytes  # type: ignore[attr-defined]
 
 
 def run_point(point: Point) -> dict[str, Any]:
     """One replay: the point's fields plus its normalized latency and load figures."""
-    cost = _cost()
+    cost, setup = _cost(point.clock), setup_of(point.clock)
     requests = paper_workload(point.workload, point.num_requests, point.rate_per_s, point.seed)
     policy = get_policy(f"paged-nocache:{point.block_size}")
-    slots = KV_POOL_BYTES // cost.model.kv_record_bytes
-    result = Simulation(requests, policy, slots, SCHEDULER, cost).run()
+    slots = setup.kv_pool_bytes // _record_bytes(cost)
+    result = Simulation(requests, policy, slots, setup.scheduler, cost).run()
     done = [r for r in result.records if not r.refused and r.e2e_s is not None]
     normalized = [r.e2e_s / max(1, r.num_output_tokens) for r in done]  # type: ignore[operator]
     return {
@@ -80,22 +138,26 @@ def run_point(point: Point) -> dict[str, Any]:
     }
 
 
-def points(quick: bool) -> list[Point]:
+def points(quick: bool, clock: str = "vllm-class") -> list[Point]:
     counts = QUICK_NUM_REQUESTS if quick else NUM_REQUESTS
+    setup = setup_of(clock)
     return [
-        Point(w, rate, b, counts[w])
-        for w, rates in RATES_PER_S.items()
+        Point(w, rate, b, counts[w], clock=clock)
+        for w, rates in setup.rates_per_s.items()
         for rate in rates
-        for b in BLOCK_SIZES
+        for b in setup.block_sizes
     ]
 
 
-def best_block_sizes(rows: list[dict[str, Any]], tolerance: float = 0.05) -> dict[str, Any]:
+def best_block_sizes(
+    rows: list[dict[str, Any]], tolerance: float = 0.05, clock: str = "vllm-class"
+) -> dict[str, Any]:
     """Per workload and rate: the block size of least normalized latency, and every block
     size within ``tolerance`` (relative) of it."""
     out: dict[str, dict[str, Any]] = {}
-    for w in RATES_PER_S:
-        for rate in RATES_PER_S[w]:
+    rates_per_s = setup_of(clock).rates_per_s
+    for w in rates_per_s:
+        for rate in rates_per_s[w]:
             at = [r for r in rows if r["workload"] == w and r["rate_per_s"] == rate]
             if not at:
                 continue
@@ -106,30 +168,37 @@ def best_block_sizes(rows: list[dict[str, Any]], tolerance: float = 0.05) -> dic
     return out
 
 
-def run(*, quick: bool, workers: int | None, progress=None) -> dict[str, Any]:
-    """Every point of the sweep (JSON-ready), the setup and the best block sizes."""
-    rows = run_points(run_point, points(quick), workers, progress)
-    cost = _cost()
+def run(
+    *, quick: bool, workers: int | None, progress=None, clock: str = "vllm-class"
+) -> dict[str, Any]:
+    """Every point of the sweep (JSON-ready), the setup and the best block sizes, on
+    ``clock`` (``CLOCKS``)."""
+    rows = run_points(run_point, points(quick, clock), workers, progress)
+    cost, setup = _cost(clock), setup_of(clock)
+    law = (
+        {"decode_attention_vs_measured_b16": {b: block_walk_factor(b, BACKEND) for b in BLOCK_SIZES},
+         "kernel": BACKEND}
+        if clock == "vllm-class"
+        else {"kernel": "pagedkv triton (paged decode law fitted to the ledger)"}
+    )  # fmt: skip
     return {
         "experiment": "block-size",
-        "description": DESCRIPTION,
+        "description": DESCRIPTION if clock == "vllm-class" else DESCRIPTION_PAGEDKV,
         "quick": quick,
         "setup": {
-            "model": MODEL,
-            "gpu": GPU,
-            "kv_pool_bytes": KV_POOL_BYTES,
-            "kv_pool_slots": KV_POOL_BYTES // cost.model.kv_record_bytes,
-            "kernel": BACKEND,
-            "clock": cost.source,
-            "decode_attention_vs_measured_b16": {
-                b: block_walk_factor(b, BACKEND) for b in BLOCK_SIZES
-            },
-            "scheduler": asdict(SCHEDULER),
+            "clock_kind": clock,
+            "model": setup.model,
+            "gpu": setup.gpu,
+            "kv_pool_bytes": setup.kv_pool_bytes,
+            "kv_pool_slots": setup.kv_pool_bytes // _record_bytes(cost),
+            "clock": cost.source,  # type: ignore[attr-defined]
+            **law,
+            "scheduler": asdict(setup.scheduler),
             "policy": "paged-nocache:B",
             "workloads": {w: WORKLOADS[w].source for w in RATES_PER_S},
             "metric": "mean over requests of end-to-end latency / output tokens (s/token)",
         },
-        "best": best_block_sizes(rows),
+        "best": best_block_sizes(rows, clock=clock),
         "points": rows,
     }
 
