@@ -185,3 +185,15 @@ def test_logprob_bytes_rebuild_the_text_byte_for_byte(client):
     assert any(not whole_characters(bytes(t.bytes)) for t in tokens)  # an emoji's pieces
     for entry in tokens + [a for t in tokens for a in t.top_logprobs]:
         assert entry.token == bytes(entry.bytes).decode("utf-8", errors="replace")
+
+
+def test_a_second_call_cut_keeps_the_first_and_says_length(client):
+    """Greedy, this model calls get_weather twice (47 tokens); at 30 the second is cut."""
+    whole = chat(client, messages=ASK, tools=TOOLS[:1], tool_choice="required", max_tokens=64)
+    assert len(whole.choices[0].message.tool_calls) == 2
+    r = chat(client, messages=ASK, tools=TOOLS[:1], tool_choice="required", max_tokens=30)
+    (c,) = r.choices
+    assert c.finish_reason == "length" and c.message.content is None
+    assert [t.function.arguments for t in c.message.tool_calls] == [
+        whole.choices[0].message.tool_calls[0].function.arguments
+    ]
