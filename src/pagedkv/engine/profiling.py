@@ -106,9 +106,12 @@ class ProfilePlan:
         return per_block * len(self.block_sizes)
 
     def max_tokens_per_seq(self) -> int:
-        """The longest a profiled sequence gets: its prompt plus every decode step."""
+        """The longest a profiled sequence gets: its prompt plus every decode step (those of
+        the batch's chunked prefill included: ``_decode_points``)."""
         longest = max(max(self.prefill_lens), 2 * max(self.context_lens))
-        return longest + self.steps_per_point * len(self.batch_sizes) + 2
+        batch_prompt_tokens = max(self.batch_sizes) * max(self.context_lens) + max(self.batch_sizes)
+        prefill_steps = -(-batch_prompt_tokens // self.max_num_batched_tokens) + 1
+        return longest + self.steps_per_point * len(self.batch_sizes) + 2 + prefill_steps
 
 
 def _prompt(rng: random.Random, length: int, vocab_size: int) -> list[int]:
@@ -199,9 +202,13 @@ def _decode_points(
     ``steps_per_point`` decode steps per batch size, largest first."""
     engine, samples = rec.engine, []
     sizes = sorted(plan.batch_sizes, reverse=True)
-    params = _params(plan.steps_per_point * len(sizes) + 2)
     n, vocab = sizes[0], engine.info.vocab_size
     spread = [max(1, 2 * context * i // (n - 1)) for i in range(n)] if n > 1 else [context]
+    # Every request must outlive the chunked prefill of the whole batch (the first prompts
+    # decode during it) and then every point: else the largest sizes are never measured (the
+    # H200 check's 256 x 1,024 point ran 71 sequences: 17-token requests ended mid-prefill).
+    prefill_steps = -(-sum(spread) // plan.max_num_batched_tokens) + 1
+    params = _params(plan.steps_per_point * len(sizes) + 2 + prefill_steps)
     ids = [engine.add_request(_prompt(rng, length, vocab), params) for length in spread]
     rng.shuffle(ids)  # abort a random subset at each size: the context spread stays
     while any(i not in rec.first_token_s for i in ids):

@@ -120,11 +120,18 @@ class CostProfile:
         return ProfiledCostModel(m.coefficients, m.token_offsets_s, source or self.describe())
 
     def describe(self) -> str:
+        """One line: the model, what it ran on (the GPU for a device profile, the host CPU
+        named beside it; the CPU and its threads otherwise) and the fit's error."""
         m = self.meta
+        device = str(m.get("device", ""))
+        if "cuda" in device:  # "device cuda:0 (NVIDIA H200), bfloat16, attention triton"
+            where = f"{device.removeprefix('device ')}; host {m.get('machine', '?')}"
+        else:
+            where = f"{m.get('machine', '?')} ({m.get('threads', '?')} thread(s)"
+            where += f", {m.get('clock', 'wall')} clock)"
         return (
-            f"profile of {m.get('model', '?')} on {m.get('machine', '?')} "
-            f"({m.get('threads', '?')} thread(s), {m.get('clock', 'wall')} clock, "
-            f"fit rms error {self.fit.rms_rel_error:.1%} over {self.fit.num_samples} steps)"
+            f"profile of {m.get('model', '?')} on {where} (fit rms error "
+            f"{self.fit.rms_rel_error:.1%} over {self.fit.num_samples} steps)"
         )
 
     def to_dict(self) -> dict[str, Any]:
