@@ -26,6 +26,9 @@ Sections (each timed and caught: a failing one records its error and the next on
    with default settings on it (the pool sized from the card), its pool's size recorded.
 6. ``profile_sim``: ``pagedkv profile``'s ``measure`` (a small grid) on that model writes a
    cost profile (beside --output); the simulator replays section 4's eager run on it.
+7. ``clock`` (last): graph-replayed and more eager steps, the engine section's runs again warm with every
+   step timed, then the clock of pagedkv's engine fitted from the check's own sections and the
+   simulator's error on its own engine runs (``gpu_check_clock.py``; issue 47).
 
 The one call on the device machine, after ``bash benchmarks/gpu_wheels.sh`` here (the device
 tool's ``run`` with carry ["wheels"]; what is under $OUT comes back, even from a cut call)::
@@ -60,6 +63,7 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 
 from common import finish_meta, machine_meta, write_json  # noqa: E402
+from gpu_check_clock import check_clock  # noqa: E402
 from gpu_check_engine import (  # noqa: E402
     GREEDY_TEXTS,
     default_pool,
@@ -231,7 +235,7 @@ def check_engine(run: Run) -> dict:
 
 SECTIONS = {"kernels": check_kernels, "greedy": check_greedy, "service": check_service,
             "ledger": check_ledger, "engine": check_engine,
-            "profile_sim": check_profile_sim}  # fmt: skip
+            "profile_sim": check_profile_sim, "clock": check_clock}  # fmt: skip
 
 
 # -- the run --------------------------------------------------------------------------------------

@@ -124,5 +124,11 @@ def _profile_sim(r: dict) -> list[str]:
             f"{r['rel_error']:+.1%}; steps {r['steps']}, preemptions {r['preemptions']}"]  # fmt: skip
 
 
+def _clock(r: dict) -> list[str]:
+    from gpu_check_clock import clock_markdown  # the section's own module renders it
+
+    return clock_markdown(r)
+
+
 _RENDER = {"kernels": _kernels, "greedy": _greedy, "service": _service, "ledger": _ledger,
-           "engine": _engine, "profile_sim": _profile_sim}  # fmt: skip
+           "engine": _engine, "profile_sim": _profile_sim, "clock": _clock}  # fmt: skip

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SECTIONS = ("kernels", "greedy", "service", "ledger", "engine", "profile_sim")
+SECTIONS = ("kernels", "greedy", "service", "ledger", "engine", "profile_sim", "clock")
 # A few rows in the Azure conversation trace's format: the test needs no shared trace.
 TRACE_ROWS = [(374, 44), (396, 109), (879, 55), (91, 16)]
 
@@ -110,3 +110,24 @@ def test_the_engine_section_records_the_default_pool(dry_run):
     pool = dry_run[0]["sections"]["engine"]["result"]["default_pool"]
     # The CPU's default (a GPU sizes it from the card): 512 MiB less what no block fills.
     assert 0 <= (512 << 20) - pool["kv_cache_bytes"] < pool["kv_cache_bytes"] / pool["num_blocks"]
+
+
+def test_the_clock_section_fits_and_replays_its_own_runs(dry_run):
+    """The last section's path (issue 47): graph and warm-run steps measured, the clock fitted
+    from the check's own sections (every decode law scored, every part's source named),
+    written beside the JSON in a form ``pagedkv simulate --clock`` reads, and the engine
+    section's and the warm runs replayed on it with the engine's step counts."""
+    from pagedkv.sim.engine_clock import PARTS, read_engine_clock
+
+    clock = dry_run[0]["sections"]["clock"]["result"]
+    assert clock["graph_steps"] and clock["eager_steps"]
+    assert {law["law"] for law in clock["decode_laws"]} == {"walk", "overhead", "bandwidth"}
+    read, _ = read_engine_clock(clock["clock_path"])
+    assert read.gpu == clock["gpu"] and set(read.sources) == set(PARTS)
+    engine = dry_run[0]["sections"]["engine"]["result"]["pagedkv"]
+    for runs in (clock["runs"], clock["warm_check"]):
+        assert set(runs) == {"eager", "cuda_graphs"}
+        for mode, check in runs.items():
+            assert check["predicted_s"] > 0 and check["steps"]["simulator"] == engine[mode]["steps"]
+    for mode, warm in clock["warm_runs"].items():
+        assert warm["num_steps"] == len(warm["steps"]) == engine[mode]["steps"]

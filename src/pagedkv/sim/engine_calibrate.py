@@ -10,7 +10,7 @@ The story, part by part (each recorded in the clock's ``sources``):
    check times no GEMM alone, and the steps cannot tell a projection's time from the host's);
 3. the steps (``sim/engine_fit.py``): prefill kernel, other kernels, host cost eager and with
    CUDA graphs, fitted to the timed steps with 1-2 held fixed;
-4. the check: section 4's runs replayed on the clock, eager and with graphs, when the
+4. the check: the engine section's runs replayed on the clock, eager and with graphs, when the
    workload's trace is at hand (``sim/engine_check.py``).
 """
 
@@ -36,6 +36,8 @@ from pagedkv.sim.gpu_check_data import GPUCheckData, read_gpu_check
 class Calibration:
     clock: EngineClock
     meta: dict[str, Any]  # what the clock file records beside the parameters: fits, checks
+    data: GPUCheckData  # what it was fitted to
+    model: ModelCost
 
 
 def model_cost(data: GPUCheckData) -> ModelCost:
@@ -76,13 +78,15 @@ def calibrate_engine(
     gpu: str | None = None,
     trace: str | Path | None = None,
     progress: Callable[[str], None] | None = None,
+    sections: dict[str, Any] | None = None,
 ) -> Calibration:
     """The clock of the engine the device check at ``path`` measured (module docstring).
     ``trace``: the workload's trace file (default: the shared one it names; the run check is
-    left out, and says so, when neither is at hand). UsageError for an unusable check;
-    ImportError without numpy/scipy."""
+    left out, and says so, when neither is at hand); ``sections``: records taken as part of
+    the file (``read_gpu_check``). UsageError for an unusable check; ImportError without
+    numpy/scipy."""
     say = progress or (lambda _line: None)
-    data = read_gpu_check(path, gpu)
+    data = read_gpu_check(path, gpu, sections)
     model = model_cost(data)
     say(f"fitting decode attention: {len(data.ledger)} ledger rows, laws by leave-one-context-out")
     chosen, scores = choose_law(data.ledger, data.gpu)
@@ -110,7 +114,7 @@ def calibrate_engine(
     if data.graph_steps:
         meta["steps"]["cuda_graphs"] = step_report(clock, model, data.gpu, data.graph_steps, True)
     meta["runs"] = check_engine_runs(data, clock, model, trace, say)
-    return Calibration(clock, meta)
+    return Calibration(clock, meta, data, model)
 
 
 def check_engine_runs(
@@ -127,7 +131,9 @@ def check_engine_runs(
         requests = workload_requests(data.workload, trace)
     except UsageError as exc:
         return {"skipped": str(exc)}
-    say(f"replaying section 4's {len(requests)} requests on the clock, eager and with graphs")
+    say(
+        f"replaying the engine section's {len(requests)} requests on the clock, eager and with graphs"
+    )
     costs = {mode: EngineCostModel(model, data.gpu, clock, cuda_graphs=mode == "cuda_graphs")
              for mode in ("eager", "cuda_graphs")}  # fmt: skip
     return check_runs(data.workload, requests, data.runs, data.run_steps, costs)

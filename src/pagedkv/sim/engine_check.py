@@ -1,12 +1,12 @@
-"""The check that cannot drift: replay the device check's own engine runs (section 4's workload,
-``sim/gpu_check_data.EngineWorkload``) through the simulator on a clock, and compare with the
-seconds the engine measured, eager and with CUDA graphs.
+"""The check that cannot drift: replay the device check's own engine runs (the engine
+section's workload, ``sim/gpu_check_data.EngineWorkload``) through the simulator on a clock,
+and compare with the seconds the engine measured, eager and with CUDA graphs.
 
 The replay is the engine's: the same Scheduler and allocator (``Simulation``), the same
-requests (the trace's first records, prompts and outputs capped as section 4 capped them, all
-at t = 0), the same limits and pool; only the model is the clock. The workload is rebuilt
+requests (the trace's first records, prompts and outputs capped as that section capped
+them, all at t = 0), the same limits and pool; only the model is the clock. The workload is rebuilt
 from the trace, so it is checked first: its prompt and output token totals must equal what
-section 4 reported (UsageError otherwise), and the step counts are reported beside the times.
+the section reported (UsageError otherwise), and the step counts are reported beside the times.
 """
 
 from __future__ import annotations

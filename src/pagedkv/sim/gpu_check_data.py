@@ -4,7 +4,7 @@ pagedkv's engine, read and checked (UsageError naming the file for anything unus
 - ``ledger``: decode attention rows ``{block_size, context_len, batch, num_splits, median_ms}``
   at the section's ``shape`` ``{num_kv_heads, head_dim, dtype}`` (rows that were refused,
   skipped or failed carry no ``median_ms`` and are left out);
-- timed engine steps: eager ones from section 5's cost profile (the ``samples`` of
+- timed engine steps: eager ones from the profile_sim section's cost profile (the ``samples`` of
   ``<output>.cost_profile.json`` beside the JSON, or the ``clock`` section's ``eager_steps``),
   CUDA-graph ones from the ``clock`` section's ``graph_steps``: ``StepShape`` fields +
   ``seconds``;
@@ -43,7 +43,7 @@ _SHAPE_FIELDS = {f.name for f in fields(StepShape)}
 
 @dataclass(frozen=True)
 class EngineWorkload:
-    """How section 4 ran: the first ``requests`` of ``trace``, prompts and outputs capped,
+    """How the engine section ran: the first ``requests`` of ``trace``, prompts and outputs capped,
     all at t = 0 (EOS ignored), on an engine of these limits; the token totals it reported."""
 
     trace: str
@@ -158,13 +158,19 @@ def _workload(engine: dict, clock: dict | None, where: str) -> EngineWorkload | 
     )  # fmt: skip
 
 
-def read_gpu_check(path: str | Path, gpu: str | None = None) -> GPUCheckData:
-    """Everything above from the device check at ``path`` (module docstring)."""
+def read_gpu_check(
+    path: str | Path, gpu: str | None = None, sections: dict[str, Any] | None = None
+) -> GPUCheckData:
+    """Everything above from the device check at ``path`` (module docstring); ``sections``
+    (name -> a section's record) are taken as if the file held them too: the check's own
+    clock section fits before its result is written."""
     path = Path(path)
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UsageError(f"cannot read device check {str(path)!r}: {exc}") from None
+    if sections and isinstance(data, dict) and isinstance(data.get("sections"), dict):
+        data["sections"].update(sections)
     where = str(path)
     if not isinstance(data, dict) or not isinstance(data.get("sections"), dict):
         raise UsageError(

@@ -1,0 +1,207 @@
+"""The device check's last section, ``clock``: fit the clock of pagedkv's own engine from the
+check's own sections and report the simulator's error on the check's own engine runs, so every
+device run re-validates the clock (issue 47; ``pagedkv calibrate --from-gpu-check`` is the same
+fit on the written JSON).
+
+What it measures first (what the earlier sections lack for the fit and its check):
+
+1. ``graph_steps``: ``pagedkv profile``'s grid on an engine with CUDA graphs, at other contexts
+   and prompt lengths than the profile_sim section's (decode batches of 1-256 at ~512 and ~1,536 tokens,
+   prompts of 128, 1,024 and 4,096): its decode steps are graph replays (the host cost with
+   graphs), its prefill and mixed steps more eager steps (``eager_steps``);
+2. ``warm_runs``: the engine section's workload again, eager and with graphs, on a warm process, every
+   step timed (shape and seconds): the runs' own step timeline, and by difference with
+   the engine section's seconds what a first run pays once (kernel compiles);
+3. ``workload`` and ``model_shape``: how the engine section ran, so the fit needs no outside table.
+
+Then ``sim.engine_calibrate.calibrate_engine`` on the JSON so far plus these, and: the fitted
+clock (also written beside --output as ``<output>.clock.json``), each decode law's ledger
+errors, the step fit, the engine section's runs and the warm runs replayed on the clock, and the clock's
+error on the warm runs' own steps. The dry run does all of it on the CPU (priced as an
+H200, numbers without meaning), which is what keeps the path from rotting.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from gpu_check_engine import engine_model, engine_workload, make_engine
+from gpu_check_run import TRACE, WHEELS, Run
+from pagedkv.engine import EngineConfig, SamplingParams
+
+# The graph grid (ProfilePlan's fields), device run and dry run
+GRAPH_PLAN = dict(block_sizes=(16,), batch_sizes=(1, 8, 32, 128, 256), context_lens=(512, 1536),
+                  prefill_lens=(128, 1024, 4096), steps_per_point=3,
+                  max_num_batched_tokens=8192)  # fmt: skip
+DRY_GRAPH_PLAN = dict(block_sizes=(16,), batch_sizes=(1, 2), context_lens=(24,),
+                      prefill_lens=(16,), steps_per_point=2, max_num_batched_tokens=64)  # fmt: skip
+DRY_GPU = "H200-141GB"  # the CPU is no GPU preset: the dry run prices as this one
+
+
+def _step_record(step) -> dict:
+    return {**asdict(step.shape), "seconds": step.seconds}
+
+
+def _graph_steps(run: Run, loaded) -> tuple[list[dict], list[dict]]:
+    """(graph-replayed decode steps, eager prefill/mixed steps) of the graph grid."""
+    from pagedkv.engine.profiling import ProfilePlan, profile_engine
+
+    plan = ProfilePlan(**(DRY_GRAPH_PLAN if run.args.dry_run else GRAPH_PLAN))
+    # The CPU runs no CUDA graph (the dry run's "graph" steps are eager: the path is what it tests)
+    on_gpu = loaded[1].device.type == "cuda"
+    base = EngineConfig(device=str(loaded[1].device), dtype="bfloat16", attention_backend="triton",
+                        cuda_graphs=on_gpu, log_startup=False)  # fmt: skip
+    samples = profile_engine(loaded, base, plan, None, run.args.seed, "wall")
+    decode = [s for s in samples if s.shape.num_decode_seqs == s.shape.num_seqs]
+    other = [s for s in samples if s.shape.num_decode_seqs != s.shape.num_seqs]
+    return [_step_record(s) for s in decode], [_step_record(s) for s in other]
+
+
+def _timed_run(run: Run, loaded, ids, outs, graphs: bool) -> dict:
+    """Section 4's workload on a fresh engine of its limits (warm process), each step timed."""
+    from pagedkv.engine.profiling import StepRecorder
+
+    s = run.sizes
+    engine = make_engine(loaded, "bfloat16", "triton", graphs, max_num_seqs=s.max_num_seqs,
+                         max_num_batched_tokens=s.max_num_batched_tokens,
+                         max_model_len=s.max_prompt + s.max_output + 16,
+                         kv_cache_memory_bytes=s.kv_cache_bytes)  # fmt: skip
+    engine.generate([list(range(300, 316))] * 2, SamplingParams(max_tokens=4, ignore_eos=True))
+    rec, steps = StepRecorder(engine), []
+    t0 = time.perf_counter()
+    for prompt, n in zip(ids, outs, strict=True):
+        engine.add_request(prompt, SamplingParams(max_tokens=n, ignore_eos=True))
+    while engine.has_unfinished():
+        rec.step()
+        if rec.last is not None:
+            steps.append(_step_record(rec.last))
+    seconds = time.perf_counter() - t0
+    return {"seconds": seconds, "num_steps": len(steps), "steps": steps}
+
+
+def _workload(run: Run, measured: dict, ids, outs, trace: Path) -> dict:
+    s = run.sizes
+    return {"trace": trace.name, "requests": len(ids), "max_prompt": s.max_prompt,
+            "max_output": s.max_output, "max_num_seqs": s.max_num_seqs,
+            "max_num_batched_tokens": s.max_num_batched_tokens,
+            "max_model_len": measured["max_model_len"], "block_size": measured["block_size"],
+            "num_blocks": measured["num_blocks"], "policy": measured["config"].policy,
+            "prompt_tokens": sum(map(len, ids)), "output_tokens": sum(outs)}  # fmt: skip
+
+
+def _model_shape(name: str, cfg) -> dict:
+    from pagedkv.pages.sources import estimate_dense_num_params
+
+    params = estimate_dense_num_params({
+        "hidden_size": cfg.hidden_size, "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
+        "intermediate_size": cfg.intermediate_size, "vocab_size": cfg.vocab_size,
+        "num_hidden_layers": cfg.num_layers, "tie_word_embeddings": cfg.tie_word_embeddings,
+    })  # fmt: skip
+    return {"name": name, "architecture": "LlamaForCausalLM",
+            "attention": "mha", "num_layers": cfg.num_layers, "num_heads": cfg.num_heads,
+            "num_kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
+            "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+            "intermediate_size": cfg.intermediate_size, "num_params": params}  # fmt: skip
+
+
+def _trace_path(run: Run) -> Path:
+    from pagedkv.traces import shared_trace
+
+    return Path(run.args.trace or shared_trace(TRACE) or WHEELS / "traces" / TRACE)
+
+
+def check_clock(run: Run) -> dict:
+    """Measure (module docstring), fit the clock on the check so far plus this section's
+    steps, and replay the engine section's runs and the warm runs on it."""
+    from pagedkv.sim.engine_calibrate import calibrate_engine
+    from pagedkv.sim.engine_check import check_runs, workload_requests
+    from pagedkv.sim.engine_clock import clock_to_dict, write_engine_clock
+    from pagedkv.sim.engine_cost import EngineCostModel
+    from pagedkv.sim.engine_fit import step_report
+    from pagedkv.sim.gpu_check_data import timed_steps
+
+    loaded = run.state.get("engine_loaded") or engine_model(run)[0]
+    ids, outs = engine_workload(run, loaded[0].vocab_size)
+    if "engine_run" not in run.state:  # the engine section did not run: its eager run here
+        from gpu_check_engine import pagedkv_throughput
+
+        pagedkv_throughput(run, loaded, ids, outs, False)
+    measured = run.state["engine_run"]
+    run.log("  graph grid: decode steps replayed from CUDA graphs, more prefill and mixed steps")
+    graph_steps, eager_steps = _graph_steps(run, loaded)
+    run.free_memory()
+    warm = {}
+    for graphs in (False, True):
+        label = "cuda_graphs" if graphs else "eager"
+        warm[label] = _timed_run(run, loaded, ids, outs, graphs)
+        run.free_memory()
+        run.log(
+            f"  warm {label} run: {warm[label]['seconds']:.2f} s, {warm[label]['num_steps']} steps"
+        )
+    trace = _trace_path(run)
+    result = {"graph_steps": graph_steps, "eager_steps": eager_steps,
+              "warm_runs": warm, "workload": _workload(run, measured, ids, outs, trace),
+              "model_shape": _model_shape(run.sizes.engine_model, loaded[0])}  # fmt: skip
+    output = Path(run.args.output)
+    gpu = DRY_GPU if run.args.dry_run else None
+    fitted = calibrate_engine(output, gpu, trace, progress=run.log,
+                              sections={"clock": {"ok": True, "result": result}})  # fmt: skip
+    clock_path = output.with_suffix(".clock.json")
+    write_engine_clock(clock_path, fitted.clock, fitted.meta)
+    data, model, clock = fitted.data, fitted.model, fitted.clock
+    w = data.workload
+    assert w is not None  # this section wrote it
+    requests = workload_requests(w, trace)
+    costs = {m: EngineCostModel(model, data.gpu, clock, cuda_graphs=m == "cuda_graphs")
+             for m in ("eager", "cuda_graphs")}  # fmt: skip
+    warm_check = check_runs(w, requests, {k: v["seconds"] for k, v in warm.items()},
+                            {k: v["num_steps"] for k, v in warm.items()}, costs)  # fmt: skip
+    warm_steps = {k: step_report(clock, model, data.gpu,
+                                 timed_steps(v["steps"], f"warm_runs.{k}"), k == "cuda_graphs")
+                  for k, v in warm.items()}  # fmt: skip
+    result.update(clock_path=str(clock_path), clock=clock_to_dict(clock, {}),
+                  gpu=data.gpu.name, decode_laws=fitted.meta["decode_laws"],
+                  steps=fitted.meta["steps"], runs=fitted.meta["runs"], warm_check=warm_check,
+                  warm_steps=warm_steps,
+                  dry_run_note="dry run: CPU timings priced as an H200" if gpu else None)  # fmt: skip
+    return result
+
+
+def clock_markdown(r: dict) -> list[str]:
+    """The section as markdown: the laws, the step fit, the runs replayed, where each part of
+    the clock comes from."""
+
+    def pct(v) -> str:
+        return "-" if v is None else f"{v:+.1%}"
+
+    out = [f"clock of pagedkv's engine on {r['gpu']} written to {r['clock_path']}"
+           + (f" ({r['dry_run_note']})" if r.get("dry_run_note") else ""), "",
+           "| decode law | median | p90 | max | leave-one-context-out median |",
+           "|---|---|---|---|---|"]  # fmt: skip
+    chosen = r["clock"]["params"]["decode_law"]
+    for s in r["decode_laws"]:
+        mark = " (chosen)" if s["law"] == chosen else ""
+        out.append(f"| {s['law']}{mark} | {s['median_err']:.1%} | {s['p90_err']:.1%} | "
+                   f"{s['max_err']:.1%} | {pct(s['loco_median_err'])} |")  # fmt: skip
+    out += ["", "| steps | kind | count | median error | max |", "|---|---|---|---|---|"]
+    for title, reports in (("fit", r["steps"]), ("warm run", r["warm_steps"])):
+        for mode, report in reports.items():
+            for kind, s in report.items():
+                if kind != "sum_rel_err":
+                    out.append(f"| {title} {mode} | {kind} | {s['steps']} | "
+                               f"{s['median_rel_err']:.1%} | {s['max_rel_err']:.1%} |")  # fmt: skip
+            out.append(f"| {title} {mode} | sum | | {pct(report['sum_rel_err'])} | |")
+    out += ["", "| run | measured s | simulated s | error | steps engine / sim |",
+            "|---|---|---|---|---|"]  # fmt: skip
+    for title, runs in (("engine section", r["runs"]), ("warm", r["warm_check"])):
+        if "skipped" in runs:
+            out.append(f"| {title} | skipped: {runs['skipped']} | | | |")
+            continue
+        for mode, c in runs.items():
+            out.append(f"| {title} {mode} | {c['measured_s']:.2f} | {c['predicted_s']:.2f} | "
+                       f"{pct(c['rel_err'])} | {c['steps']['engine']} / {c['steps']['simulator']} |")  # fmt: skip
+    out += [""] + [f"- {part}: {src}" for part, src in r["clock"]["sources"].items()]
+    return out
