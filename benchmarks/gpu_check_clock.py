@@ -6,13 +6,14 @@ fit on the written JSON).
 What it measures first (what the earlier sections lack for the fit and its check):
 
 1. ``graph_steps``: ``pagedkv profile``'s grid on an engine with CUDA graphs, at other contexts
-   and prompt lengths than the profile_sim section's (decode batches of 1-256 at ~512 and ~1,536 tokens,
-   prompts of 128, 1,024 and 4,096): its decode steps are graph replays (the host cost with
-   graphs), its prefill and mixed steps more eager steps (``eager_steps``);
-2. ``warm_runs``: the engine section's workload again, eager and with graphs, on a warm process, every
-   step timed (shape and seconds): the runs' own step timeline, and by difference with
-   the engine section's seconds what a first run pays once (kernel compiles);
-3. ``workload`` and ``model_shape``: how the engine section ran, so the fit needs no outside table.
+   and prompt lengths than the profile_sim section's (decode batches of 1-256 at ~384 and
+   ~1,024 tokens, prompts of 256, 1,024 and 1,536): its decode steps are graph replays (the
+   host cost with graphs), its prefill and mixed steps more eager steps (``eager_steps``);
+2. ``warm_runs``: the engine section's workload again, eager and with graphs, on a warm
+   process, every step timed (shape and seconds): the runs' own step timeline, and by
+   difference with the engine section's seconds what a first run pays once (kernel compiles);
+3. ``workload`` and ``model_shape``: how the engine section ran, so the fit needs no outside
+   table.
 
 Then ``sim.engine_calibrate.calibrate_engine`` on the JSON so far plus these, and: the fitted
 clock (also written beside --output as ``<output>.clock.json``), each decode law's ledger
@@ -31,9 +32,11 @@ from gpu_check_engine import engine_model, engine_workload, make_engine
 from gpu_check_run import TRACE, WHEELS, Run
 from pagedkv.engine import EngineConfig, SamplingParams
 
-# The graph grid (ProfilePlan's fields), device run and dry run
-GRAPH_PLAN = dict(block_sizes=(16,), batch_sizes=(1, 8, 32, 128, 256), context_lens=(512, 1536),
-                  prefill_lens=(128, 1024, 4096), steps_per_point=3,
+# The graph grid (ProfilePlan's fields), device run and dry run. Its pool holds the largest
+# batch at the longest sequence: 256 x ~2,100 tokens x 128 KiB = 71 GB for Llama-3-8B, as the
+# profile_sim section's (a prefill length over 2,048 would size it past the card).
+GRAPH_PLAN = dict(block_sizes=(16,), batch_sizes=(1, 8, 32, 128, 256), context_lens=(384, 1024),
+                  prefill_lens=(256, 1024, 1536), steps_per_point=3,
                   max_num_batched_tokens=8192)  # fmt: skip
 DRY_GRAPH_PLAN = dict(block_sizes=(16,), batch_sizes=(1, 2), context_lens=(24,),
                       prefill_lens=(16,), steps_per_point=2, max_num_batched_tokens=64)  # fmt: skip
