@@ -226,3 +226,15 @@ def test_the_model_refuses_unknown_or_negative_coefficients():
     with pytest.raises(ValueError, match=">= 0"):
         ProfiledCostModel({"per_step_s": -0.1})
     assert set(FEATURES) == set(TRUE)
+
+
+def test_a_device_profile_names_its_device_and_a_cpu_one_its_cpu():
+    """A profile measured on a GPU names the GPU (and the host beside it), not the host CPU
+    alone (the H200 check's profile described itself as "on Intel(R) Xeon(R) Processor")."""
+    samples = [TimedStep(StepShape(n, n, n, 1), 0.01 + 1e-4 * n) for n in (1, 2, 4, 8, 16, 32)]
+    meta = {"model": "m", "machine": "Intel Xeon (16 cores)", "threads": 16, "clock": "wall"}
+    cpu = build_profile(samples, meta).describe()
+    assert "on Intel Xeon (16 cores) (16 thread(s), wall clock)" in cpu
+    gpu = build_profile(samples, {**meta, "device": "device cuda:0 (NVIDIA H200), bfloat16, "
+                                  "attention triton"}).describe()  # fmt: skip
+    assert "on cuda:0 (NVIDIA H200), bfloat16, attention triton; host Intel Xeon" in gpu
