@@ -17,8 +17,8 @@ What it measures first (what the earlier sections lack for the fit and its check
 
 Then ``sim.engine_calibrate.calibrate_engine`` on the JSON so far plus these, and: the fitted
 clock (also written beside --output as ``<output>.clock.json``), each decode law's ledger
-errors, the step fit, the engine section's runs and the warm runs replayed on the clock, and the clock's
-error on the warm runs' own steps. The dry run does all of it on the CPU (priced as an
+errors, the step fit, the engine section's runs and the warm runs replayed on the clock, and
+the clock's error on the warm runs' own steps. The dry run does all of it on the CPU (priced as an
 H200, numbers without meaning), which is what keeps the path from rotting.
 """
 
@@ -41,6 +41,7 @@ GRAPH_PLAN = dict(block_sizes=(16,), batch_sizes=(1, 8, 32, 128, 256), context_l
 DRY_GRAPH_PLAN = dict(block_sizes=(16,), batch_sizes=(1, 2), context_lens=(24,),
                       prefill_lens=(16,), steps_per_point=2, max_num_batched_tokens=64)  # fmt: skip
 DRY_GPU = "H200-141GB"  # the CPU is no GPU preset: the dry run prices as this one
+DRY_NOTE = "dry run: CPU timings priced as an H200"
 
 
 def _step_record(step) -> dict:
@@ -169,7 +170,7 @@ def check_clock(run: Run) -> dict:
                   gpu=data.gpu.name, decode_laws=fitted.meta["decode_laws"],
                   steps=fitted.meta["steps"], runs=fitted.meta["runs"], warm_check=warm_check,
                   warm_steps=warm_steps,
-                  dry_run_note="dry run: CPU timings priced as an H200" if gpu else None)  # fmt: skip
+                  dry_run_note=DRY_NOTE if gpu else None)  # fmt: skip
     return result
 
 
@@ -204,7 +205,8 @@ def clock_markdown(r: dict) -> list[str]:
             out.append(f"| {title} | skipped: {runs['skipped']} | | | |")
             continue
         for mode, c in runs.items():
+            steps = f"{c['steps']['engine']} / {c['steps']['simulator']}"
             out.append(f"| {title} {mode} | {c['measured_s']:.2f} | {c['predicted_s']:.2f} | "
-                       f"{pct(c['rel_err'])} | {c['steps']['engine']} / {c['steps']['simulator']} |")  # fmt: skip
+                       f"{pct(c['rel_err'])} | {steps} |")  # fmt: skip
     out += [""] + [f"- {part}: {src}" for part, src in r["clock"]["sources"].items()]
     return out

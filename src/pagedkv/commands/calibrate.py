@@ -45,10 +45,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add = p.add_argument
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--data", action="append", metavar="DIR",
-                        help="a Vidur-format profile folder (repeat): the vLLM-class clock")  # fmt: skip
-    source.add_argument("--from-gpu-check", metavar="JSON",
-                        help="a device check's JSON: the clock of pagedkv's own engine")  # fmt: skip
+    source.add_argument("--data", action="append", metavar="DIR", help="a Vidur-format "
+                        "profile folder (repeat): the vLLM-class clock")  # fmt: skip
+    source.add_argument("--from-gpu-check", metavar="JSON", help="a device check's JSON: the "
+                        "clock of pagedkv's own engine")  # fmt: skip
     add("--gpu", help="with --data: the GPU folder to fit, e.g. a100 or h100; with "
         "--from-gpu-check: the GPU preset (default: the check's device)")  # fmt: skip
     add("--trace", metavar="FILE", help="--from-gpu-check: the engine section's trace "

@@ -22,9 +22,12 @@ def run_from_gpu_check(args: argparse.Namespace, output: Path) -> int:
 
     if args.spec or args.base:
         raise UsageError("--spec and --base go with --data; --from-gpu-check takes --gpu")
+
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
     try:
-        result = calibrate_engine(args.from_gpu_check, args.gpu, args.trace,
-                                  progress=lambda line: print(line, file=sys.stderr, flush=True))  # fmt: skip
+        result = calibrate_engine(args.from_gpu_check, args.gpu, args.trace, progress)
     except ImportError as exc:
         raise UsageError(f"calibrate needs numpy and scipy ({exc}): pip install scipy") from None
     clock, meta = result.clock, result.meta
@@ -36,8 +39,8 @@ def run_from_gpu_check(args: argparse.Namespace, output: Path) -> int:
         laws.add_column(col, justify="left" if col == "law" else "right")
     for s in meta["decode_laws"]:
         mark = " (chosen)" if s["law"] == clock.decode_law else ""
-        laws.add_row(s["law"] + mark, _pct(s["median_err"]), _pct(s["p90_err"]),
-                     _pct(s["max_err"]), _pct(s["loco_median_err"]), _pct(s["loco_p90_err"]))  # fmt: skip
+        errs = ("median_err", "p90_err", "max_err", "loco_median_err", "loco_p90_err")
+        laws.add_row(s["law"] + mark, *(_pct(s[e]) for e in errs))
     console.print(laws)
     steps = Table(title="timed steps on the clock (|predicted / measured - 1|)")
     for col in ("steps", "kind", "count", "median", "max"):
@@ -57,8 +60,9 @@ def run_from_gpu_check(args: argparse.Namespace, output: Path) -> int:
         for col in ("run", "measured s", "predicted s", "error", "steps engine / sim"):
             table.add_column(col, justify="left" if col == "run" else "right")
         for mode, r in runs.items():
+            steps = f"{r['steps']['engine']} / {r['steps']['simulator']}"
             table.add_row(mode, f"{r['measured_s']:.2f}", f"{r['predicted_s']:.2f}",
-                          _pct(r["rel_err"]), f"{r['steps']['engine']} / {r['steps']['simulator']}")  # fmt: skip
+                          _pct(r["rel_err"]), steps)  # fmt: skip
         console.print(table)
     for part, source in clock.sources.items():
         console.print(f"{part}: {source}", soft_wrap=True)

@@ -131,9 +131,7 @@ def check_engine_runs(
         requests = workload_requests(data.workload, trace)
     except UsageError as exc:
         return {"skipped": str(exc)}
-    say(
-        f"replaying the engine section's {len(requests)} requests on the clock, eager and with graphs"
-    )
+    say(f"replaying the engine section's {len(requests)} requests on the clock, eager and graphs")
     costs = {mode: EngineCostModel(model, data.gpu, clock, cuda_graphs=mode == "cuda_graphs")
              for mode in ("eager", "cuda_graphs")}  # fmt: skip
     return check_runs(data.workload, requests, data.runs, data.run_steps, costs)

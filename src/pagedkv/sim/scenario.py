@@ -11,7 +11,8 @@ naming the field), so ``pagedkv simulate`` only parses flags into it and renders
 The clock: ``cost="fitted"`` (default) prices every op of a step with the GPU's clock fitted to
 measured kernel times: the vLLM-class reference (``sim/fitted_cost.py``; paged policies pay the
 block walk, ``reserved`` reads contiguously), or with ``clock="pagedkv-triton"`` (or such a
-file) pagedkv's own engine (``sim/engine_cost.py``, eager or with CUDA graphs); ``cost="kernel"`` is the roofline plus each framework's assumed block walk
+file) pagedkv's own engine (``sim/engine_cost.py``, eager or with CUDA graphs);
+``cost="kernel"`` is the roofline plus each framework's assumed block walk
 (``sim/kernel_cost.py``), or ``kernel`` names one backend for every paged policy;
 ``cost="roofline"`` is the block-size-blind roofline; ``cost_profile`` (a ``pagedkv profile``
 file) replaces them all with a fitted model of a real engine.
