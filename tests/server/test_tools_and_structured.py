@@ -230,3 +230,29 @@ def test_compiling_a_grammar_does_not_stall_other_requests(server, monkeypatch):
         {"held": True},
         {"held": False},
     )
+
+
+def test_vllm_json_options_reach_every_json_constraint(tiny_2k_loaded):
+    """``structured_outputs.disable_additional_properties: false`` restores JSON Schema's
+    default and ``disable_any_whitespace`` the compact form, for ``response_format`` and for
+    forced calls' arguments alike; unset, objects are closed and blanks allowed."""
+    from pagedkv.server.protocol import ChatCompletionRequest
+    from pagedkv.server.structured_params import structured_output
+    from pagedkv.server.tools import tool_use
+
+    open_schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": open_schema}}
+    named = {"type": "function", "function": {"name": "get_time"}}
+    tools = [{"type": "function", "function": {"name": "get_time", "parameters": open_schema}}]
+    tokenizer = tiny_2k_loaded[2]
+    for options, is_open, blanks in [({}, False, True),
+                                     ({"disable_additional_properties": False,
+                                       "disable_any_whitespace": True}, True, False)]:  # fmt: skip
+        extra = {"structured_outputs": options} if options else {}
+        req = ChatCompletionRequest(messages=ASK, response_format=fmt, **extra)
+        spec = structured_output(req)
+        assert (spec.open_objects, spec.whitespace) == (is_open, blanks)
+        req = ChatCompletionRequest(messages=ASK, tools=tools, tool_choice=named, **extra)
+        _, grammar = tool_use(req, tokenizer)
+        assert ('"additionalProperties": false' in grammar.spec) is not is_open
+        assert ('"whitespace_flexible": true' in grammar.spec) is blanks

@@ -20,7 +20,8 @@ import weakref
 
 from pagedkv.model.tokenizer import Tokenizer
 from pagedkv.server.errors import APIError
-from pagedkv.server.protocol import ChatCompletionRequest, CompletionRequest, ContentPart
+from pagedkv.server.protocol import ChatCompletionRequest, CompletionRequest
+from pagedkv.server.protocol_messages import ContentPart
 
 MIN_CHARS_PER_TOKEN_BOUND = 32
 _NORMALIZER_FACTOR = 4  # NFC composing, accent stripping: a few characters into one

@@ -29,7 +29,8 @@ from pagedkv.engine.structured import StructuredOutput
 from pagedkv.model.tokenizer import Tokenizer
 from pagedkv.server.errors import APIError
 from pagedkv.server.forced_calls import forced_calls, hermes_format
-from pagedkv.server.protocol import ChatCompletionRequest, ChatMessage, ContentPart
+from pagedkv.server.protocol import ChatCompletionRequest
+from pagedkv.server.protocol_messages import ChatMessage, ContentPart
 from pagedkv.server.structured_params import json_rules
 from pagedkv.server.tool_parse import CLOSE, OPEN, ParsedCalls, parse_calls, streamable
 
