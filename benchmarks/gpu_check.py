@@ -16,9 +16,12 @@ Sections (each timed and caught: a failing one records its error and the next on
    (each sizing its pool from the card), a mismatched block size refused and one re-paged; swap
    and a host tier on a 40-block pool; a router over two replicas; no blocks in use after.
 4. ``ledger``: decode-attention time (CUDA events, median of 20, L2 cleared) and bandwidth at
-   Llama-3-8B's attention shape (32/8 heads of 128, bf16) over block sizes 8-256, contexts
+   Llama-3-8B's attention shape (32/8 heads of 128, bf16) over block sizes 1-256, contexts
    1k-32k and batches 1-256, with decode_splits' split count and with one pass, beside the
-   measured device-to-device copy bandwidth; block size 8 records the kernels' refusal.
+   measured device-to-device copy bandwidth; the same kernel on a contiguous layout (one
+   block per sequence, the identity table) at every (context, batch), so paging's cost is
+   paged / contiguous; and prefill attention's TFLOP/s over context lengths beside torch's
+   fused attention on the same shapes.
 5. ``engine``: a Llama-3-8B-shaped model with random bf16 weights made on the GPU; 256 Azure
    conversation requests at t = 0 (prompts <= 2048, outputs <= 256 tokens, EOS ignored):
    pagedkv's output tok/s with CUDA graphs off and on, beside transformers ``generate`` on the
@@ -85,9 +88,9 @@ from gpu_check_profile import check_profile_sim  # noqa: E402
 from gpu_check_report import summary_markdown, versions  # noqa: E402
 from gpu_check_run import DEVICE_SIZES, DRY_SIZES, GIB, SMALL_GGUF, TRACE, Run, attempt  # noqa: E402
 from gpu_check_service import check_service  # noqa: E402
-from gpu_check_timing import copy_bandwidth_gb_s, decode_times  # noqa: E402
+from gpu_check_timing import copy_bandwidth_gb_s, decode_times, prefill_times  # noqa: E402
 from pagedkv.model.triton.kernels import load_kernels  # noqa: E402
-from pagedkv.pages.triton_rules import block_size_problems  # noqa: E402
+from pagedkv.pages.triton_rules import block_size_problems, kv_tile  # noqa: E402
 
 # -- 1. kernels -----------------------------------------------------------------------------------
 
@@ -158,20 +161,22 @@ def check_greedy(run: Run) -> dict:
 
 
 def check_ledger(run: Run) -> dict:
-    """Decode attention's time and bandwidth over block sizes, contexts and batches."""
+    """Decode attention's time and bandwidth over block sizes, contexts and batches, paged and
+    contiguous; prefill attention's TFLOP/s."""
     s, device = run.sizes, run.device
     kernels = load_kernels(device)
     num_q_heads, num_kv_heads, head_dim, dtype = 32, 8, 128, torch.bfloat16
     token_bytes = 2 * num_kv_heads * head_dim * 2  # K and V of one token, one layer, bf16
     copy_gb_s = copy_bandwidth_gb_s(device, s.copy_bytes, s.ledger_repeats)
     run.log(f"  device-to-device copy: {copy_gb_s:.0f} GB/s")
+    # Block size None: the contiguous layout (one block of the context per sequence).
     points = [(c, n, b) for c in s.ledger_contexts for n in s.ledger_batches
-              for b in s.ledger_block_sizes]  # fmt: skip
+              for b in (*s.ledger_block_sizes, None)]  # fmt: skip
 
-    def pool_tokens(c: int, n: int, b: int) -> int:
-        return n * -(-c // b) * b
+    def pool_tokens(c: int, n: int, b: int | None) -> int:
+        return n * c if b is None else n * -(-c // b) * b
 
-    runnable = [p for p in points if not block_size_problems(p[2], head_dim)
+    runnable = [p for p in points if not block_size_problems(p[2] or p[0], head_dim)
                 and pool_tokens(*p) * token_bytes <= s.ledger_pool_bytes]  # fmt: skip
     # One pool for every point (each views its first blocks): allocated and filled once.
     max_tokens = max((pool_tokens(*p) for p in runnable), default=0)
@@ -180,24 +185,53 @@ def check_ledger(run: Run) -> dict:
     flush = torch.empty(s.flush_bytes, dtype=torch.uint8, device=device) if s.flush_bytes else None
     rows, t0 = [], time.perf_counter()
     for c, n, b in points:
-        row = {"block_size": b, "context_len": c, "batch": n}
-        if problems := block_size_problems(b, head_dim):
+        row = {"block_size": b or c, "context_len": c, "batch": n,
+               "layout": "paged" if b else "contiguous"}  # fmt: skip
+        if problems := block_size_problems(b or c, head_dim):
             rows.append({**row, "refused": problems})
         elif (c, n, b) not in runnable:
             rows.append({**row, "skipped": f"pool over {s.ledger_pool_bytes / GIB:.0f} GiB"})
         elif time.perf_counter() - t0 > s.ledger_budget_s:
             rows.append({**row, "skipped": "ledger time budget spent"})
         else:
-            timed = attempt(row, "error", decode_times, kernels, k_flat, v_flat, c, n, b,
-                            num_q_heads, s.ledger_repeats, s.ledger_warmup, flush)  # fmt: skip
+            timed = attempt(row, "error", decode_times, kernels, k_flat, v_flat, c, n, b or c,
+                            num_q_heads, s.ledger_repeats, s.ledger_warmup, flush,
+                            b is None)  # fmt: skip
             if timed is None:  # its error is in the row
                 rows.append(row)
             else:
                 rows += [{**row, **t, "of_copy_bw": t["gb_s"] / copy_gb_s} for t in timed]
-            run.log(f"  B={b} context {c} batch {n}: {rows[-1].get('median_ms', row.get('error'))}")
+            run.log(f"  B={row['block_size']} context {c} batch {n}: "
+                    f"{rows[-1].get('median_ms', row.get('error'))}")  # fmt: skip
+    del k_flat, v_flat
+    run.free_memory()
+    prefill, errors = [], {}
+    for c in s.prefill_contexts:
+        got = attempt(errors, f"prefill {c}", prefill_times, kernels, c, 16,
+                      (num_q_heads, num_kv_heads, head_dim), dtype, device, s.ledger_repeats,
+                      s.ledger_warmup)  # fmt: skip
+        if got is not None:
+            prefill.append(got)
+            run.log(f"  prefill {c}: {got['pagedkv']['tflop_s']:.1f} TFLOP/s, "
+                    f"SDPA {got['torch_sdpa']['tflop_s']:.1f}")  # fmt: skip
     return {"shape": {"num_q_heads": num_q_heads, "num_kv_heads": num_kv_heads,
                       "head_dim": head_dim, "dtype": "bfloat16"},
-            "copy_gb_s": copy_gb_s, "rows": rows}  # fmt: skip
+            "tile_tokens": kv_tile(head_dim, 2), "copy_gb_s": copy_gb_s, "rows": rows,
+            "paged_over_contiguous": paged_over_contiguous(rows), "prefill": prefill,
+            "prefill_errors": errors}  # fmt: skip
+
+
+def paged_over_contiguous(rows: list[dict]) -> list[dict]:
+    """Per (block size, context, batch): the rule's paged time over the contiguous layout's
+    at the same (context, batch), the second article's "the kernel costs only a few
+    percent" as a measured number."""
+    timed = [r for r in rows if r.get("variant") == "rule"]
+    base = {(r["context_len"], r["batch"]): r["median_ms"] for r in timed
+            if r["layout"] == "contiguous"}  # fmt: skip
+    return [{"block_size": r["block_size"], "context_len": r["context_len"],
+             "batch": r["batch"], "ratio": r["median_ms"] / base[(r["context_len"], r["batch"])]}
+            for r in timed if r["layout"] == "paged"
+            and (r["context_len"], r["batch"]) in base]  # fmt: skip
 
 
 # -- 5. engine ------------------------------------------------------------------------------------

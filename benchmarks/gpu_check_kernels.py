@@ -116,13 +116,34 @@ def kernel_cases(kernels, block_size: int, dtype, device, gen, dry_run: bool):
         )  # fmt: skip
         return max_abs_error(got, attention_reference(q, *pool, starts, scale))
 
-    rule = kernels.decode_splits(len(decode_lens), num_kv_heads, max(decode_lens), block_size,
+    def mixed_error() -> float:
+        """The mixed step as the engine runs it: prefill tiles over the chunks only, then the
+        decode kernel over the one-token rows, found by their rows, into the same output."""
+        pool = paged_pool([c for c, _ in prefill], block_size, num_kv_heads, head_dim, dtype,
+                          device, gen)  # fmt: skip
+        starts = list(itertools.accumulate([n for _, n in prefill], initial=0))
+        q = torch.randn(starts[-1], num_q_heads, head_dim, generator=gen).to(dtype)
+        tiles = torch.tensor(kernels.prefill_tiles(starts, PREFILL_BLOCK_M, 2),
+                             dtype=torch.int32)  # fmt: skip
+        got = kernels.paged_prefill(
+            q.to(device), *pool, torch.tensor(starts, dtype=torch.int32, device=device),
+            tiles.to(device), scale, block_m=PREFILL_BLOCK_M,
+        )  # fmt: skip
+        single = [i for i, (_, n) in enumerate(prefill) if n == 1]
+        index = torch.tensor(single, device=device)
+        rows = torch.tensor([starts[i] for i in single], dtype=torch.int32, device=device)
+        kernels.paged_decode(q.to(device), pool[0], pool[1], pool[2][index], pool[3][index],
+                             scale, out=got, rows=rows)  # fmt: skip
+        return max_abs_error(got, attention_reference(q, *pool, starts, scale))
+
+    rule = kernels.decode_splits(len(decode_lens), num_kv_heads, max(decode_lens),
                                  num_sms(device))  # fmt: skip
     cases = []
     for splits in sorted({1, 2, 3, rule}):
         label = "decode one-pass" if splits == 1 else f"decode split {splits}"
         cases.append((label + (" (rule)" if splits == rule else ""), partial(decode, splits)))
     return [*cases, ("prefill (prefix, ragged, decode row)", prefill_error),
+            ("mixed step (chunks on prefill, decode rows on decode)", mixed_error),
             ("write_kv (slot -1 skipped)", partial(write_kv_error, kernels, block_size, dtype,
                                                    device, gen)),
             ("copy_blocks", partial(copy_blocks_error, kernels, block_size, dtype, device,

@@ -67,7 +67,8 @@ def _greedy(r: dict) -> list[str]:
 def _ledger(r: dict) -> list[str]:
     rows, refused = [], set()
     for row in r["rows"]:
-        where = [row["block_size"], row["context_len"], row["batch"]]
+        b = "contiguous" if row.get("layout") == "contiguous" else row["block_size"]
+        where = [b, row["context_len"], row["batch"]]
         if "refused" in row:
             refused.add(f"B={row['block_size']}: {'; '.join(row['refused'])}")
         elif "median_ms" not in row:
@@ -77,10 +78,25 @@ def _ledger(r: dict) -> list[str]:
                          f"{row['median_ms']:.3f}", f"{row['gb_s']:.0f}",
                          f"{row['of_copy_bw']:.0%}"])  # fmt: skip
     s = r["shape"]
-    return [f"decode attention, {s['num_q_heads']}/{s['num_kv_heads']} heads of {s['head_dim']}"
-            f", {s['dtype']}; device-to-device copy {r['copy_gb_s']:.0f} GB/s", "",
-            *_table(["B", "context", "batch", "splits", "ms", "GB/s", "of copy"], rows),
-            "", *sorted(refused)]  # fmt: skip
+    out = [f"decode attention, {s['num_q_heads']}/{s['num_kv_heads']} heads of {s['head_dim']}"
+           f", {s['dtype']}, tiles of {r.get('tile_tokens', '?')} tokens; device-to-device copy "
+           f"{r['copy_gb_s']:.0f} GB/s", "",
+           *_table(["B", "context", "batch", "splits", "ms", "GB/s", "of copy"], rows),
+           "", *sorted(refused)]  # fmt: skip
+    if ratios := r.get("paged_over_contiguous"):
+        out += ["", "paged / contiguous (the same kernel, the rule's splits):", "",
+                *_table(["B", "context", "batch", "ratio"],
+                        [[x["block_size"], x["context_len"], x["batch"], f"{x['ratio']:.3f}"]
+                         for x in ratios])]  # fmt: skip
+    if prefill := r.get("prefill"):
+        out += ["", "prefill attention, one whole prompt (causal), B = 16:", "",
+                *_table(["context", "pagedkv ms", "TFLOP/s", "torch SDPA ms", "TFLOP/s",
+                         "pagedkv / SDPA"],
+                        [[p["context_len"], f"{p['pagedkv']['median_ms']:.3f}",
+                          f"{p['pagedkv']['tflop_s']:.1f}", f"{p['torch_sdpa']['median_ms']:.3f}",
+                          f"{p['torch_sdpa']['tflop_s']:.1f}", f"{p['pagedkv_over_sdpa']:.2f}"]
+                         for p in prefill])]  # fmt: skip
+    return out + [f"- {k} failed: {e}" for k, e in r.get("prefill_errors", {}).items()]
 
 
 def _engine(r: dict) -> list[str]:

@@ -34,6 +34,7 @@ class Sizes:
     ledger_warmup: int
     ledger_budget_s: float  # points not started by then are skipped
     ledger_pool_bytes: int  # points whose K+V pool is larger are skipped
+    prefill_contexts: tuple[int, ...]  # whole prompts timed through paged prefill and SDPA
     copy_bytes: int
     flush_bytes: int  # a buffer over the L2 size, zeroed before each timed call (0: none)
     engine_model: str  # "llama-3-8b" or "tiny"
@@ -49,10 +50,11 @@ class Sizes:
 
 
 DEVICE_SIZES = Sizes(
-    kernel_block_sizes=(16, 64), greedy_prompts=8, greedy_tokens=32, greedy_layers=None,
-    ledger_block_sizes=(8, 16, 32, 64, 128, 256), ledger_contexts=(1024, 4096, 16384, 32768),
-    ledger_batches=(1, 8, 32, 128, 256), ledger_repeats=20, ledger_warmup=3,
-    ledger_budget_s=90.0, ledger_pool_bytes=40 * GIB, copy_bytes=2 * GIB, flush_bytes=256 << 20,
+    kernel_block_sizes=(1, 3, 16, 64, 2048), greedy_prompts=8, greedy_tokens=32, greedy_layers=None,
+    ledger_block_sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+    ledger_contexts=(1024, 4096, 16384, 32768), ledger_batches=(1, 8, 32, 128, 256),
+    ledger_repeats=20, ledger_warmup=3, ledger_budget_s=120.0, ledger_pool_bytes=40 * GIB,
+    prefill_contexts=(1024, 4096, 16384), copy_bytes=2 * GIB, flush_bytes=256 << 20,
     engine_model="llama-3-8b", engine_requests=256, max_prompt=2048, max_output=256,
     max_num_seqs=256, max_num_batched_tokens=8192, kv_cache_bytes=40 * GIB, hf_batch=64,
     hf_max_s=90.0,
@@ -61,10 +63,10 @@ DEVICE_SIZES = Sizes(
                       max_num_batched_tokens=8192),
 )  # fmt: skip
 DRY_SIZES = Sizes(
-    kernel_block_sizes=(16,), greedy_prompts=2, greedy_tokens=4, greedy_layers=2,
-    ledger_block_sizes=(8, 16), ledger_contexts=(40,), ledger_batches=(2,), ledger_repeats=2,
-    ledger_warmup=1, ledger_budget_s=float("inf"), ledger_pool_bytes=GIB, copy_bytes=8 << 20,
-    flush_bytes=0,
+    kernel_block_sizes=(1, 16), greedy_prompts=2, greedy_tokens=4, greedy_layers=2,
+    ledger_block_sizes=(1, 3, 16), ledger_contexts=(40,), ledger_batches=(2,), ledger_repeats=2,
+    ledger_warmup=1, ledger_budget_s=float("inf"), ledger_pool_bytes=GIB, prefill_contexts=(40,),
+    copy_bytes=8 << 20, flush_bytes=0,
     engine_model="tiny", engine_requests=3, max_prompt=24, max_output=4, max_num_seqs=2,
     max_num_batched_tokens=64, kv_cache_bytes=8 << 20, hf_batch=2, hf_max_s=float("inf"),
     profile_plan=dict(block_sizes=(16,), batch_sizes=(1, 2), context_lens=(16,),

@@ -55,7 +55,9 @@ def test_kernels_pass_their_tolerances(dry_run):
     kernels = dry_run[0]["sections"]["kernels"]["result"]
     assert kernels["interpreted"] and kernels["all_pass"]
     names = {c["kernel"].split(" (")[0] for c in kernels["cases"]}
-    assert {"decode one-pass", "decode split 2", "prefill", "write_kv", "copy_blocks"} <= names
+    assert {"decode one-pass", "decode split 2", "prefill", "mixed step", "write_kv",
+            "copy_blocks"} <= names  # fmt: skip
+    assert {c["block_size"] for c in kernels["cases"]} == {1, 16}
     assert {c["dtype"] for c in kernels["cases"]} == {"float32", "bfloat16"}
 
 
@@ -71,9 +73,14 @@ def test_greedy_tokens_equal_on_every_path(dry_run):
 
 def test_ledger_engine_and_simulator_recorded(dry_run):
     sections = dry_run[0]["sections"]
-    rows = sections["ledger"]["result"]["rows"]
-    assert any("block size 8" in r for row in rows for r in row.get("refused", []))
-    assert any(row.get("median_ms", 0) > 0 for row in rows)
+    ledger = sections["ledger"]["result"]
+    rows = ledger["rows"]
+    assert not any("refused" in row for row in rows)  # the tile is not the page: every B runs
+    timed = {(row["layout"], row["block_size"]) for row in rows if row.get("median_ms", 0) > 0}
+    assert timed == {("paged", 1), ("paged", 3), ("paged", 16), ("contiguous", 40)}
+    assert {x["block_size"] for x in ledger["paged_over_contiguous"]} == {1, 3, 16}
+    assert all(p["pagedkv"]["tflop_s"] > 0 and p["torch_sdpa"]["tflop_s"] > 0
+               for p in ledger["prefill"]) and ledger["prefill"]  # fmt: skip
     engine = sections["engine"]["result"]
     assert engine["errors"] == {} and engine["pagedkv"]["cuda_graphs"]["graph_replays"] > 0
     assert all(run["generated_tokens"] == engine["output_tokens"]

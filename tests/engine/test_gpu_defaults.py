@@ -1,6 +1,6 @@
 """GPU defaults decided at start-up, checked here with the placement a GPU would resolve to:
-CUDA graphs on where they can run, the reserved policy on torch attention with one line saying
-why, the busy-machine warning only where the model runs on CPU threads."""
+CUDA graphs on where they can run, the reserved policy on the GPU's own kernels, the
+busy-machine warning only where the model runs on CPU threads."""
 
 from __future__ import annotations
 
@@ -28,29 +28,27 @@ def on_a_gpu(monkeypatch):
 
 
 def test_cuda_graphs_default_on_a_gpu_with_triton_only(on_a_gpu):
-    placement, notes = startup.engine_placement(EngineConfig(device="cuda"))
-    assert placement == GPU and notes == []
+    placement = startup.engine_placement(EngineConfig(device="cuda"))
+    assert placement == GPU
     assert startup.graphs_wanted(EngineConfig(device="cuda"), placement)
     assert not startup.graphs_wanted(EngineConfig(device="cuda", cuda_graphs=False), placement)
-    torch_sdpa, _ = startup.engine_placement(EngineConfig(attention_backend="torch"))
+    torch_sdpa = startup.engine_placement(EngineConfig(attention_backend="torch"))
     assert not startup.graphs_wanted(EngineConfig(), torch_sdpa)
     with pytest.raises(UsageError, match="--cuda-graphs needs --device cuda and the triton"):
         startup.engine_placement(EngineConfig(attention_backend="torch", cuda_graphs=True))
 
 
 def test_cuda_graphs_stay_off_on_the_cpu():
-    placement, _ = startup.engine_placement(EngineConfig(device="cpu"))
+    placement = startup.engine_placement(EngineConfig(device="cpu"))
     assert not startup.graphs_wanted(EngineConfig(device="cpu"), placement)
 
 
-def test_reserved_runs_on_torch_attention_on_a_gpu_and_says_why(on_a_gpu):
-    placement, notes = startup.engine_placement(EngineConfig(policy="reserved"))
-    assert placement.attention_backend == "torch" and placement.device == GPU.device
-    assert len(notes) == 1 and "policy reserved" in notes[0] and "torch SDPA" in notes[0]
-    assert not startup.graphs_wanted(EngineConfig(policy="reserved"), placement)
-    with pytest.raises(UsageError, match="runs on the torch attention backend only") as e:
-        startup.engine_placement(EngineConfig(policy="reserved", attention_backend="triton"))
-    assert e.value.param == "attention_backend"
+def test_reserved_runs_on_the_triton_kernels_on_a_gpu(on_a_gpu):
+    """A max_model_len region is one block, and the kernels' tiles gather through the table:
+    the reserved baseline runs where the paged policies run, with CUDA graphs."""
+    placement = startup.engine_placement(EngineConfig(policy="reserved"))
+    assert placement.attention_backend == "triton" and placement.device == GPU.device
+    assert startup.graphs_wanted(EngineConfig(policy="reserved"), placement)
 
 
 def test_the_busy_warning_is_for_cpu_threads_only(monkeypatch, capsys):

@@ -59,16 +59,13 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--num-requests must be in [1, {len(QUESTIONS)}]", "--num-requests")
     console = Console(stderr=True)
     params = SamplingParams(max_tokens=args.max_tokens)  # flags checked before the load
-    # The reserved baseline's one max_model_len block is no Triton tile yet: start-up runs it
-    # on torch attention and says so (a --attention-backend triton given is for the paged run).
-    reserved_backend = None if args.attention_backend == "triton" else args.attention_backend
+    # The same device, backend and pool: the reserved baseline's block is one max_model_len
+    # region, which every attention backend reads (Triton's tiles gather through the table).
     configs = {
         args.policy: engine_config(args),
-        "reserved": engine_config(
-            args, policy="reserved", attention_backend=reserved_backend, cuda_graphs=None
-        ),  # fmt: skip
+        "reserved": engine_config(args, policy="reserved"),
     }
-    placement, _ = engine_placement(configs[args.policy])
+    placement = engine_placement(configs[args.policy])
     warn_if_busy("demo", adapts=not args.fixed_threads, device=args.device)
     loaded = load_model(args.model, placement.dtype, weights=args.weights, device=placement.device)
     results = {}

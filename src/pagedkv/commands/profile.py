@@ -178,7 +178,7 @@ def measure(
 
     if threads is not None:
         torch.set_num_threads(threads)
-    placement, _ = engine_placement(base)
+    placement = engine_placement(base)
     base = dataclasses.replace(base, dtype=placement.dtype)  # the KV record size reads it
     given = loaded  # a model the caller built (no path to name it by)
     if loaded is None:

@@ -4,7 +4,7 @@ the block size used with the reason for every rewrite, and the page-format finge
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from pagedkv.engine.card_memory import card_start, measure_card, profile_peak_bytes
 from pagedkv.engine.config import EngineConfig
@@ -86,13 +86,15 @@ def build_parts(
             param="max_model_len",
         )
     policy = get_policy(config.policy)
-    placement, notes = engine_placement(config)
+    placement = engine_placement(config)
+    notes: list[str] = []
     layout = layout_from_shape(model_config.model_shape(), get_kv_dtype(placement.dtype).name)
     triton = placement.attention_backend == "triton"
     reserved = policy.allocator == "reserved"
     if reserved:
-        # One region of max_model_len slots per sequence is the whole point of this baseline.
-        requested, backend = max_model_len, "torch-sdpa-reserved"
+        # One region of max_model_len slots per sequence is the whole point of this baseline;
+        # the Triton kernels' tiles gather through the table, so a region is one block there.
+        requested, backend = max_model_len, "triton" if triton else "torch-sdpa-reserved"
     else:
         requested = config.block_size or policy.block_size
         backend = "triton" if triton else "torch-sdpa"
@@ -193,34 +195,16 @@ def build_parts(
     )
 
 
-def engine_placement(config: EngineConfig) -> tuple[Placement, list[str]]:
-    """The engine's device, dtype and attention backend, and the start-up lines that explain a
-    choice. ``UsageError``: no such device; CUDA graphs asked for without a GPU and the Triton
-    backend; the reserved policy with ``--attention-backend triton`` given."""
+def engine_placement(config: EngineConfig) -> Placement:
+    """The engine's device, dtype and attention backend. ``UsageError``: no such device, or
+    CUDA graphs asked for without a GPU and the Triton backend."""
     placement = resolve_placement(config.device, config.dtype, config.attention_backend)
-    notes = []
-    if (
-        get_policy(config.policy).allocator == "reserved"
-        and placement.attention_backend == "triton"
-    ):
-        if config.attention_backend == "triton":  # asked for: say what runs instead
-            raise UsageError(
-                "policy reserved (one max_model_len block per sequence) runs on the torch "
-                "attention backend only: give --attention-backend torch",
-                param="attention_backend",
-            )
-        # The GPU's default backend tiles KV by block: a max_model_len region is no tile yet.
-        placement = replace(placement, attention_backend="torch")
-        notes.append(
-            "policy reserved: a max_model_len region is no tile of the Triton kernels yet, so "
-            "attention runs on torch SDPA over gathered K/V (slower; the reference path)"
-        )
     if config.cuda_graphs and not graphs_possible(placement):
         raise UsageError(
             "--cuda-graphs needs --device cuda and the triton attention backend",
             param="cuda_graphs",
         )
-    return placement, notes
+    return placement
 
 
 def graphs_possible(placement: Placement) -> bool:

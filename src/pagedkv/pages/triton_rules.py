@@ -1,21 +1,22 @@
 """What pagedkv's Triton kernels accept, and why: the article's fourth ledger as a property of
 code we ship. Torch-free: the kernels (``model/triton/``) check their inputs against these rules,
-and the planner's ``triton`` backend reads its allowed block sizes from them; neither keeps a
-copy of the numbers.
+and the planner's ``triton`` backend reads them; neither keeps a copy of the numbers.
 
-A kernel program loads one KV block as one tile, ``tl.arange(0, block_size)`` rows of
-``tl.arange(0, head_dim)`` columns, and multiplies it with ``tl.dot``. Three facts of Triton
-follow:
+**The tile is not the page.** The attention kernels walk a sequence's context in tiles of ``T``
+tokens, each token found through the block table (``table[t // B] * B + t % B``), and multiply
+a tile with ``tl.dot``. Triton's facts bind the *tile*, not the block:
 
-- ``tl.arange`` takes a power-of-two extent, so the block size and the head dim are powers of
-  two (a padded, masked tile would waste up to half of every load);
+- ``tl.arange`` takes a power-of-two extent, so ``T`` and the head dim are powers of two;
 - ``tl.dot`` needs at least 16 along each dimension of its operands (the tensor-core tile), so
   both are at least 16;
-- a block tile of 256 x 256 or more no longer fits a program's registers and shared memory, so
-  both are at most 256 (FlashAttention's largest head dim is 256 too).
+- a [T, head dim] tile of 256 x 256 or more no longer fits a program's registers and shared
+  memory, so the head dim is at most 256 (FlashAttention's largest too) and ``T`` is sized by
+  ``kv_tile`` below.
 
-The KV write and the block copy address single slots and whole blocks, so any size would do for
-them; the engine's rule is the attention kernels'.
+So every block size ``B >= 1`` is accepted, powers of two or not, up to one ``max_model_len``
+region per sequence (the reserved policy): for ``B < T`` a tile gathers ``ceil(T / B)`` blocks,
+for ``B >= T`` it is a slice of one. What is left of the constraint is the head dim. The KV
+write and the block copy address single slots and whole blocks: any size for them too.
 """
 
 from __future__ import annotations
@@ -25,21 +26,37 @@ from dataclasses import dataclass
 from pagedkv.errors import UsageError
 
 MIN_TILE = 16  # tl.dot's smallest operand dimension
-MAX_TILE = 256  # the largest tile a program holds
+MAX_TILE = 256  # the largest head dim a program holds as one tile row
+# K/V tile bytes: K and V of ~3 pipelined tiles stay near 96 KiB of an H100/H200 SM's 228 KiB
+# of shared memory; the same bound keeps a [G, T] score tile and the [T, D] operands in
+# registers with 4-8 warps.
+KV_TILE_BYTES = 16 * 1024
+MAX_KV_TILE = 64  # tokens: longer tiles mask more of a short context's last tile for nothing
 
 
 def _is_power_of_two(n: int) -> bool:
     return n >= 1 and n & (n - 1) == 0
 
 
+def kv_tile(head_dim: int, element_bytes: int) -> int:
+    """Tokens per K/V tile of the attention kernels: the largest power of two up to
+    ``MAX_KV_TILE`` whose [T, head dim] tile fits ``KV_TILE_BYTES``, never under 16. bf16 or fp16
+    with head dim 128: 64; fp32 with 128, or 16-bit with 256: 32; fp32 with 256: 16."""
+    tile = MAX_KV_TILE
+    while tile > MIN_TILE and tile * head_dim * element_bytes > KV_TILE_BYTES:
+        tile //= 2
+    return tile
+
+
 @dataclass(frozen=True)
 class TileRule:
-    """The sizes one kernel accepts along a tiled dimension (block size or head dim)."""
+    """The sizes one kernel accepts along a dimension (block size or head dim)."""
 
     name: str  # "block size" / "head dim"
     minimum: int = MIN_TILE
     maximum: int = MAX_TILE
     power_of_two: bool = True  # the dimension is a tl.arange extent
+    why_any: str = ""  # for a rule that accepts every size: why (the planner prints it)
 
     def problem(self, value: int) -> str | None:
         """Why ``value`` is refused, or None when it is accepted."""
@@ -52,10 +69,6 @@ class TileRule:
         if value > self.maximum:
             return f"{self.name} {value} is over {self.maximum} (the tile outgrows a program)"
         return None
-
-    def allowed(self) -> tuple[int, ...]:
-        """Every accepted value, ascending."""
-        return tuple(v for v in range(self.minimum, self.maximum + 1) if self.problem(v) is None)
 
 
 @dataclass(frozen=True)
@@ -79,13 +92,16 @@ class KernelRule:
             raise UsageError(f"{self.kernel}: {'; '.join(found)}", "block_size")
 
 
-BLOCK = TileRule("block size")
 HEAD = TileRule("head dim")
-# Any size: these address slots and whole blocks, no tile spans a block.
-ANY_BLOCK = TileRule("block size", minimum=1, maximum=1 << 30, power_of_two=False)
+# Any size: the attention kernels gather tiles of T tokens through the table; the KV write
+# addresses slots and the block copy whole blocks.
+ANY_BLOCK = TileRule(
+    "block size", minimum=1, maximum=1 << 40, power_of_two=False,
+    why_any="tiles of T tokens are gathered through the block table, so the tile is not the page",
+)  # fmt: skip
 
-DECODE = KernelRule("triton paged decode", BLOCK, HEAD)
-PREFILL = KernelRule("triton paged prefill", BLOCK, HEAD)
+DECODE = KernelRule("triton paged decode", ANY_BLOCK, HEAD)
+PREFILL = KernelRule("triton paged prefill", ANY_BLOCK, HEAD)
 # A token's head is one tl.arange(0, head_dim) row.
 KV_WRITE = KernelRule("triton KV write", ANY_BLOCK, TileRule("head dim", 1, MAX_TILE))
 # A block is copied as flat chunks of its elements: any shape.
@@ -95,7 +111,7 @@ BLOCK_COPY = KernelRule(
 
 # The kernels one engine step runs: the block size must satisfy all of them.
 ENGINE_KERNELS = (DECODE, PREFILL, KV_WRITE, BLOCK_COPY)
-DEFAULT_BLOCK_SIZE = 16  # vLLM's default; the smallest the tiles allow
+DEFAULT_BLOCK_SIZE = 16  # vLLM's default; no longer the kernels' smallest
 
 
 def block_size_problems(block_size: int, head_dim: int | None = None) -> list[str]:
@@ -108,9 +124,6 @@ def block_size_problems(block_size: int, head_dim: int | None = None) -> list[st
     return [f"{reason} in triton {', '.join(k)}" for reason, k in kernels_of.items()]
 
 
-def allowed_block_sizes() -> tuple[int, ...]:
-    """The block sizes every engine kernel accepts, ascending."""
-    sizes = set(ENGINE_KERNELS[0].block_size.allowed())
-    for rule in ENGINE_KERNELS[1:]:
-        sizes &= {b for b in sizes if rule.block_size.problem(b) is None}
-    return tuple(sorted(sizes))
+def block_size_note() -> str:
+    """Why the backend takes every block size, in the kernels' own words (the planner's line)."""
+    return f"any block size >= 1: {ANY_BLOCK.why_any}"

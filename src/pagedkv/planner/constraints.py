@@ -30,7 +30,7 @@ class Backend:
     each layer's block base; ``int32_offsets`` says the kernel forms byte offsets in int32.
     ``kernel_problems`` (block size, head dim or None) -> reasons: a backend whose kernels are
     pagedkv's own states *why* a size is refused, in the kernels' own words
-    (``pages/triton_rules.py``); its ``allowed_block_sizes`` are read from the same rules.
+    (``pages/triton_rules.py``), which also decide what it accepts.
     """
 
     name: str
@@ -72,10 +72,10 @@ BACKENDS: dict[str, Backend] = {
         Backend(
             "triton",
             triton_rules.DEFAULT_BLOCK_SIZE,
-            triton_rules.allowed_block_sizes(),
+            ANY_BLOCK_SIZE,
             triton_rules.DEFAULT_BLOCK_SIZE,
             ("mha",),
-            note="pagedkv's Triton kernels (GPU): the block is a tl.arange/tl.dot tile",
+            note=f"pagedkv's Triton kernels (GPU): {triton_rules.block_size_note()}",
             kernel_problems=triton_rules.block_size_problems,
         ),
     )

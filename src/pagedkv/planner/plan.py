@@ -206,8 +206,11 @@ def _recommend(
             f"next: B={second.block_size} at {_mb(second.total_bytes)} "
             f"(+{_mb(second.total_bytes - best.total_bytes)})"
         )
+    spec = get_backend(backend)
     if excluded:
         reasons.append("excluded by hard constraints: " + ", ".join(excluded))
+    elif spec.kernel_problems is not None and not spec.allowed_block_sizes:
+        reasons.append(f"no block size excluded by backend {backend}: {spec.note}")
     if slow:
         fastest = min(r.decode_step_s or 0.0 for r in allowed)
         reasons.append(
@@ -222,6 +225,9 @@ def _recommend(
     )
     if larger:
         time_note += f", {larger[0].kernel_block_iterations} at B={larger[0].block_size}"
+    if spec.kernel_problems is not None and not spec.allowed_block_sizes:
+        # pagedkv's own kernels walk tiles, not blocks: the block count is no loop count.
+        time_note = "time ledger (not in W): the kernels loop over tiles of the context, not blocks"
     if best.decode_step_s is not None:
         time_note += f"; one decode step of all K: {best.decode_step_s * 1e3:.2f} ms"
     reasons.append(time_note)

@@ -63,7 +63,7 @@ class EngineCostModel:
         md, c = self.model, self.clock
         kv_heads = max(1, md.num_kv_heads)
         longest = max(1, round(context_tokens))
-        splits = decode_splits(num_seqs, kv_heads, longest, block_size, self.gpu.num_sms)
+        splits = decode_splits(num_seqs, kv_heads, longest, self.gpu.num_sms)
         call = DecodeCall(num_seqs, context_tokens, block_size, splits, kv_heads,
                           md.head_dim or 128, self._element_bytes())  # fmt: skip
         return decode_call_s(c.decode_law, c.decode, self.gpu, call)

@@ -47,16 +47,39 @@ def _tokens(engine: LLMEngine, prompts, n: int = 1) -> list[list[list[int]]]:
     return [[c.token_ids for c in o.outputs] for o in outs]
 
 
-def test_greedy_tokens_equal_the_native_cpu_path(tiny):
-    # A 20-token budget chunks the 39-token prompt; the two rounds run the shared prefix cold,
-    # then as a prefix hit (chunked prefill over cached blocks read through the table).
-    native = _engine(tiny, block_size=16, max_num_batched_tokens=20)
-    triton = _engine(tiny, block_size=16, max_num_batched_tokens=20, attention_backend="triton")
+@pytest.mark.parametrize(("policy", "block_size"), [("vllm", 16), ("vllm", 1), ("reserved", None)])
+def test_greedy_tokens_equal_the_native_cpu_path(tiny, policy, block_size):
+    """B = 16, SGLang's page of 1 and a reserved max_model_len region (128 tokens) on the
+    Triton backend. A 20-token budget chunks the 39-token prompt, and steps mix chunks with
+    other sequences' decode rows (each on its own kernel); the two rounds run the shared
+    prefix cold, then as a prefix hit (chunked prefill over cached blocks read through the
+    table) where the policy caches."""
+    common = dict(policy=policy, block_size=block_size, max_num_batched_tokens=20)
+    native = _engine(tiny, **common)
+    triton = _engine(tiny, **common, attention_backend="triton")
+    assert triton.allocator.block_size == native.allocator.block_size == (block_size or 128)
     for round_prompts in (PROMPTS[:4], PROMPTS[3:]):
         want = _tokens(native, round_prompts)
         assert _tokens(triton, round_prompts) == want
-    assert triton.stats().prefix_hit_tokens >= 32  # SYSTEM's two full blocks, read as cached
+    if policy == "vllm":
+        assert triton.stats().prefix_hit_tokens >= 32  # SYSTEM's 36 tokens, less a partial
     assert_no_leaks(triton)
+
+
+def test_a_mixed_step_runs_its_decode_rows_on_the_decode_kernel(tiny):
+    """One step holding a prefill chunk and two decode rows: the decode kernel runs over the
+    two (by their rows), the prefill kernel over the chunk's tiles only."""
+    plan_meta = AttentionMetadata(
+        torch.arange(9, dtype=torch.int64) + 16,
+        torch.tensor([[1, 2], [3, 0], [4, 0]], dtype=torch.int32),
+        torch.tensor([20, 5, 9], dtype=torch.int32),
+        torch.tensor([0, 7, 8, 9], dtype=torch.int32),  # 7 new tokens, then 1 and 1
+    )
+    kernels = _engine(tiny, attention_backend="triton").parts.runner.triton
+    plan = TritonPlan(plan_meta, 16, 2, torch.device("cpu"), kernels)
+    assert plan.tiles.tolist() == [[0, 0]] and plan.num_decode == 2
+    assert plan.decode_rows.tolist() == [7, 8] and plan.decode_lens.tolist() == [5, 9]
+    assert plan.decode_tables.tolist() == [[3, 0], [4, 0]]
 
 
 def test_forked_samples_copy_their_shared_block_on_the_triton_kernel(tiny):
@@ -68,25 +91,15 @@ def test_forked_samples_copy_their_shared_block_on_the_triton_kernel(tiny):
     assert_no_leaks(triton)
 
 
-def test_the_start_up_report_names_the_backend_and_the_kernels_block_size(tiny):
+def test_the_start_up_report_names_the_backend_and_keeps_any_block_size(tiny):
     engine = _engine(tiny, block_size=12, attention_backend="triton", device="cpu")
     report = engine.parts.startup_report
-    assert (
-        "block_size=16 tokens (backend triton; 12 -> 16: block size 12 is not a power of two"
-        in report
-    )
+    assert "block_size=12 tokens (backend triton)" in report  # the tile is not the page
     assert "device cpu, float32, attention triton (Triton's interpreter" in report
-    assert engine.allocator.block_size == 16
+    assert engine.allocator.block_size == 12
     native = _engine(tiny, block_size=12)
     assert "attention torch" in native.parts.startup_report
     assert native.allocator.block_size == 12
-
-
-def test_the_reserved_policy_is_refused_on_the_triton_backend(tiny):
-    from pagedkv.errors import UsageError
-
-    with pytest.raises(UsageError, match="runs on the torch attention backend only"):
-        _engine(tiny, policy="reserved", attention_backend="triton")
 
 
 class _Replayed:

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from pagedkv.errors import UsageError
-from pagedkv.model.triton.prefill import key_tile, paged_prefill, prefill_tiles
+from pagedkv.model.triton.prefill import paged_prefill, prefill_tiles
+from pagedkv.pages.triton_rules import kv_tile
 
 FP32_TOL = 1e-5
 BF16_TOL = 3e-2
@@ -69,7 +70,9 @@ def reference(q, k_cache, v_cache, tables, context_lens, query_start_loc, scale)
     return out
 
 
-def run_and_compare(block_size, num_kv_heads, group, head_dim, seqs, *, block_m=16, dtype=None):
+def run_and_compare(
+    block_size, num_kv_heads, group, head_dim, seqs, *, block_m=16, dtype=None, tile=None
+):
     dtype = dtype or torch.float32
     q, k_cache, v_cache, tables, context_lens, qsl = make_batch(
         block_size, num_kv_heads, group, head_dim, seqs, dtype
@@ -78,8 +81,9 @@ def run_and_compare(block_size, num_kv_heads, group, head_dim, seqs, *, block_m=
     tiles = torch.tensor(prefill_tiles(qsl, block_m), dtype=torch.int32)
     qsl_t = torch.tensor(qsl, dtype=torch.int32)
     out = paged_prefill(
-        q, k_cache, v_cache, tables, context_lens, qsl_t, tiles, scale, block_m=block_m
-    )
+        q, k_cache, v_cache, tables, context_lens, qsl_t, tiles, scale, block_m=block_m,
+        tile=tile,
+    )  # fmt: skip
     assert out.dtype == q.dtype and out.shape == q.shape
     expected = reference(q, k_cache, v_cache, tables, context_lens, qsl, scale)
     err = (out.double() - expected).abs().max().item()
@@ -92,15 +96,27 @@ def run_and_compare(block_size, num_kv_heads, group, head_dim, seqs, *, block_m=
 
 @pytest.mark.parametrize(
     ("block_size", "num_kv_heads", "group", "head_dim"),
-    [(16, 1, 1, 64), (32, 2, 3, 128), (64, 1, 4, 64), (128, 1, 8, 128)],
+    [(1, 1, 1, 64), (3, 2, 4, 128), (16, 1, 8, 64), (64, 2, 3, 128), (256, 1, 4, 64)],
 )
-def test_whole_prompts_of_lengths_around_a_block(block_size, num_kv_heads, group, head_dim):
-    lengths = [1, block_size - 1, block_size, block_size + 1]
+@pytest.mark.parametrize("tile", [16, 32])
+def test_whole_prompts_of_lengths_around_a_block_and_a_tile(
+    block_size, num_kv_heads, group, head_dim, tile
+):
+    """Prompts of 1, B - 1, B, B + 1, T - 1, T + 1 tokens: the tile is not the page, any B."""
+    lengths = sorted({1, max(block_size - 1, 1), block_size, block_size + 1, tile - 1, tile + 1})
     seqs = [(n, n) for n in lengths]
-    assert run_and_compare(block_size, num_kv_heads, group, head_dim, seqs) < FP32_TOL
+    err = run_and_compare(block_size, num_kv_heads, group, head_dim, seqs, tile=tile)
+    assert err < FP32_TOL
 
 
-@pytest.mark.parametrize(("block_size", "group"), [(16, 4), (32, 1)])
+def test_a_max_model_len_region_with_a_chunk_on_a_prefix():
+    """The reserved policy's block (one region of 200 slots a sequence): a whole prompt, a
+    chunk on a cached prefix, a decode row."""
+    seqs = [(150, 150), (199, 40), (77, 1)]
+    assert run_and_compare(200, 1, 4, 64, seqs, tile=32) < FP32_TOL
+
+
+@pytest.mark.parametrize(("block_size", "group"), [(2, 8), (16, 4), (32, 1)])
 def test_ragged_batch_prompt_prefix_chunk_and_decode_row(block_size, group):
     # A whole prompt, 7 new tokens on a cached prefix of 2B-2 (context 2B+5), a decode row.
     seqs = [(20, 20), (2 * block_size + 5, 7), (block_size + 3, 1)]
@@ -142,10 +158,13 @@ def test_out_is_written_in_place():
 def test_prefill_tiles():
     assert prefill_tiles([0, 17, 17, 18, 50], 16) == [(0, 0), (0, 16), (2, 0), (3, 0), (3, 16)]
     assert prefill_tiles([0], 16) == []
+    # min_q_len 2: the decode rows (sequence 2's one token) are left to the decode kernel.
+    assert prefill_tiles([0, 17, 17, 18, 50], 16, 2) == [(0, 0), (0, 16), (3, 0), (3, 16)]
 
 
-@pytest.mark.parametrize(("block_size", "head_dim"), [(12, 64), (8, 64), (512, 16), (16, 80)])
-def test_refused_sizes(block_size, head_dim):
+@pytest.mark.parametrize(("block_size", "head_dim"), [(16, 80), (16, 512), (3, 8)])
+def test_refused_head_dims(block_size, head_dim):
+    """Every block size runs; a head dim that is no tl.arange extent in [16, 256] does not."""
     k_cache = torch.zeros(1, block_size, 1, head_dim)
     q = torch.zeros(1, 1, head_dim)
     one = torch.ones(1, dtype=torch.int32)
@@ -162,8 +181,11 @@ def test_refused_sizes(block_size, head_dim):
         )
 
 
-def test_key_tile_bounds_the_tile_and_divides_the_block():
-    assert key_tile(16, 64, 4) == 16  # small: the whole block
-    assert key_tile(128, 128, 4) == 32  # 16 KiB of fp32
-    assert key_tile(128, 128, 2) == 64
-    assert key_tile(16, 256, 4) == 16  # never under tl.dot's 16
+def test_kv_tile_rule_by_hand():
+    """16 KiB a K (or V) tile, at most 64 tokens, never under tl.dot's 16."""
+    assert kv_tile(128, 2) == 64  # bf16: 64 x 128 x 2 = 16 KiB
+    assert kv_tile(128, 4) == 32  # fp32
+    assert kv_tile(64, 4) == 64
+    assert kv_tile(256, 2) == 32
+    assert kv_tile(256, 4) == 16
+    assert kv_tile(512, 4) == 16  # never under 16

@@ -1,5 +1,5 @@
 """Split-K ("flash-decoding") paged decode: the context of each sequence is cut into
-``num_splits`` ranges of blocks, one program per (sequence, KV head, split) computes a partial
+``num_splits`` ranges of whole K/V tiles, one program per (sequence, KV head, split) computes a partial
 softmax-attention over its range, and a reduction kernel combines the partials.
 
 Why: decode has one query token per sequence, so the one-pass kernel launches only
@@ -22,17 +22,12 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedkv.model.triton.decode_blocks import (
-    LOG2_E,
-    attend_blocks,
-    decode_constants,
-    pool_strides,
-)
+from pagedkv.model.triton.decode_tiles import LOG2_E, attend_tiles, pool_strides
 
 # The split rule is pure integer math shared with the simulator's clock: one copy, in pages/.
 from pagedkv.pages.triton_splits import (  # noqa: F401 (re-exported: kernels.decode_splits)
     MAX_SPLITS,
-    MIN_BLOCKS_PER_SPLIT,
+    MIN_TOKENS_PER_SPLIT,
     PROGRAMS_PER_SM,
     decode_splits,
 )
@@ -45,6 +40,7 @@ def _split_kernel(
     v_ptr,
     bt_ptr,
     cl_ptr,
+    rows_ptr,
     part_out_ptr,  # [S, Hq, num_splits, D] fp32, contiguous
     part_lse_ptr,  # [S, Hq, num_splits] fp32, contiguous
     qk_scale,
@@ -61,39 +57,43 @@ def _split_kernel(
     G: tl.constexpr,
     G_PAD: tl.constexpr,
     B: tl.constexpr,
+    T: tl.constexpr,
     D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOTS: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    HAS_ROWS: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     context_len = tl.load(cl_ptr + seq)
-    # Each sequence's blocks are shared out evenly among the splits, so a split's length
+    token = seq
+    if HAS_ROWS:
+        token = tl.load(rows_ptr + seq).to(tl.int64)
+    # Each sequence's tiles are shared out evenly among the splits, so a split's length
     # follows its own sequence, not the batch's longest; trailing splits may get none.
-    num_blocks = tl.cdiv(context_len, B)
-    blocks_per_split = tl.cdiv(num_blocks, num_splits)
-    block_start = split * blocks_per_split
-    block_end = tl.minimum(block_start + blocks_per_split, num_blocks)
+    tiles_per_split = tl.cdiv(tl.cdiv(context_len, T), num_splits)
+    token_start = split * tiles_per_split * T
+    token_end = tl.minimum(token_start + tiles_per_split * T, context_len)
     rows = tl.arange(0, G_PAD)
     offs_d = tl.arange(0, D)
     row_ok = rows < G
     heads = kv_head * G + rows
     q = tl.load(
-        q_ptr + seq * stride_qs + heads[:, None] * stride_qh + offs_d[None, :],
+        q_ptr + token * stride_qs + heads[:, None] * stride_qh + offs_d[None, :],
         mask=row_ok[:, None],
         other=0.0,
     ).to(k_ptr.dtype.element_ty)
     if UPCAST_DOTS:
         q = q.to(tl.float32)
-    acc, row_max, row_sum = attend_blocks(
+    acc, row_max, row_sum = attend_tiles(
         q,
         k_ptr + kv_head * stride_kh,
         v_ptr + kv_head * stride_vh,
         bt_ptr + seq * stride_bts,
-        context_len,
-        block_start,
-        block_end,
+        token_start,
+        token_end,
         qk_scale,
         stride_kb,
         stride_kt,
@@ -101,9 +101,11 @@ def _split_kernel(
         stride_vt,
         G_PAD,
         B,
+        T,
         D,
         DOT_PRECISION,
         UPCAST_DOTS,
+        NUM_STAGES,
     )
     has_blocks = row_sum > 0
     part_out = acc / tl.where(has_blocks, row_sum, 1.0)[:, None]
@@ -118,15 +120,20 @@ def _split_kernel(
 def _reduce_kernel(
     part_out_ptr,
     part_lse_ptr,
+    rows_ptr,
     out_ptr,
     num_splits,
     stride_os,
     stride_oh,
     SPLITS_PAD: tl.constexpr,
     D: tl.constexpr,
+    HAS_ROWS: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
+    token = seq
+    if HAS_ROWS:
+        token = tl.load(rows_ptr + seq).to(tl.int64)
     offs_split = tl.arange(0, SPLITS_PAD)
     offs_d = tl.arange(0, D)
     split_ok = offs_split < num_splits
@@ -144,7 +151,7 @@ def _reduce_kernel(
     total = tl.sum(weights, 0)
     out = tl.sum(weights[:, None] * part, 0) / tl.where(total > 0, total, 1.0)
     tl.store(
-        out_ptr + seq * stride_os + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty)
+        out_ptr + token * stride_os + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty)
     )
 
 
@@ -157,30 +164,35 @@ def launch_split(
     scale: float,
     num_splits: int,
     out: torch.Tensor,
+    rows: torch.Tensor | None,
+    constants: dict,
 ) -> None:
-    """Writes the split-K decode attention into ``out`` [S, Hq, D]. Called by
-    decode.paged_decode after its checks (same contracts); callers use paged_decode.
+    """Writes the split-K decode attention into ``out`` [R, Hq, D]. Called by
+    decode.paged_decode after its checks, with its launch constants (same contracts); callers
+    use paged_decode.
 
     The fp32 partials (S * Hq * num_splits * (D + 1) floats) are allocated per call: the torch
     caching allocator makes that cheap, and under CUDA-graph capture they come from the graph's
     own pool, so replays reuse them.
     """
-    num_seqs, num_q_heads, head_dim = q.shape
-    _, block_size, num_kv_heads, _ = k_cache.shape
+    num_seqs = context_lens.shape[0]
+    num_q_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = k_cache.shape[2]
     num_splits = min(num_splits, MAX_SPLITS)
-    group_size = num_q_heads // num_kv_heads
     part_out = torch.empty(
         (num_seqs, num_q_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
     )
     part_lse = torch.empty(
         (num_seqs, num_q_heads, num_splits), dtype=torch.float32, device=q.device
     )
+    row_index = context_lens if rows is None else rows  # unread without rows
     _split_kernel[(num_seqs, num_kv_heads, num_splits)](
         q,
         k_cache,
         v_cache,
         block_tables,
         context_lens,
+        row_index,
         part_out,
         part_lse,
         scale * LOG2_E,
@@ -189,15 +201,18 @@ def launch_split(
         q.stride(1),
         *pool_strides(k_cache, v_cache),
         block_tables.stride(0),
-        **decode_constants(group_size, block_size, head_dim, k_cache.dtype),
+        HAS_ROWS=rows is not None,
+        **constants,
     )
     _reduce_kernel[(num_seqs, num_q_heads)](
         part_out,
         part_lse,
+        row_index,
         out,
         num_splits,
         out.stride(0),
         out.stride(1),
         SPLITS_PAD=triton.next_power_of_2(num_splits),
         D=head_dim,
+        HAS_ROWS=rows is not None,
     )

@@ -1,6 +1,15 @@
-"""The loop both decode kernels share: an online softmax over a range of one sequence's KV
-blocks (``attend_blocks``), and the launch rules that size its tiles (``decode.py`` runs it over a
-whole context, ``decode_split.py`` over one split of it)."""
+"""The loop both decode kernels share: an online softmax over a range of one sequence's context
+in tiles of ``T`` tokens gathered through its block table (``attend_tiles``), and the launch
+rules that size them (``decode.py`` runs it over a whole context, ``decode_split.py`` over one
+split of it).
+
+**The tile is not the page.** Token ``t`` of a sequence lives at ``table[t // B] * B + t % B``
+whatever the block size ``B``: a tile of ``T`` tokens gathers ``ceil(T / B)`` blocks when
+``B < T`` (SGLang's page of 1 included), and is a slice of one block when ``B`` is a multiple of
+``T`` (then one block-table entry is read per tile, not one per token). ``tl.dot``'s 16-row
+minimum and ``tl.arange``'s power of two apply to ``T``, never to ``B``, so any ``B >= 1`` runs,
+up to one ``max_model_len`` region per sequence (the reserved policy).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedkv.pages.triton_rules import MIN_TILE
+from pagedkv.pages.triton_rules import MIN_TILE, kv_tile
 
 # exp2 is the GPU's native exponential: scores are kept in base 2 (scale * log2(e)), which gives
 # the same softmax since 2^(x log2 e) = e^x.
@@ -16,14 +25,31 @@ LOG2_E = 1.4426950408889634
 
 
 @triton.jit
-def attend_blocks(
+def tile_offsets(bt_ptr, first, last, offs_t, stride_kb, stride_kt, B: tl.constexpr,
+                 T: tl.constexpr):  # fmt: skip
+    """(element offsets [T] of tokens ``first + offs_t`` in a pool with strides
+    ``stride_kb``/``stride_kt``, their mask ``< last``): one table entry for the tile when B is a
+    multiple of T (``first`` is then a multiple of T, so the tile lies in one block), else one
+    per token. int64: a block id times the block stride overflows int32 on a large pool."""
+    pos = first + offs_t
+    valid = pos < last
+    if B % T == 0:
+        block_id = tl.load(bt_ptr + first // B).to(tl.int64)
+        offs = block_id * stride_kb + ((first % B) + offs_t).to(tl.int64) * stride_kt
+    else:
+        block_ids = tl.load(bt_ptr + pos // B, mask=valid, other=0).to(tl.int64)
+        offs = block_ids * stride_kb + (pos % B).to(tl.int64) * stride_kt
+    return offs, valid
+
+
+@triton.jit
+def attend_tiles(
     q,  # [G_PAD, D] in the cache's dtype (fp32 if UPCAST_DOTS), padding rows zero
     k_ptr,
     v_ptr,
     bt_ptr,  # this sequence's row of the block table
-    context_len,
-    block_start,
-    block_end,
+    token_start,  # a multiple of T
+    token_end,  # <= the context length
     qk_scale,  # scale * log2(e)
     stride_kb,
     stride_kt,
@@ -31,43 +57,36 @@ def attend_blocks(
     stride_vt,
     G_PAD: tl.constexpr,
     B: tl.constexpr,
+    T: tl.constexpr,
     D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOTS: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
 ):
-    """Online softmax over blocks [block_start, block_end) of one sequence; k_ptr/v_ptr already
-    point at this KV head. Returns (acc [G_PAD, D] fp32 unnormalised, row_max [G_PAD] the
-    running max in base-2 units, row_sum [G_PAD] the running sum of 2^(score - row_max)); an
-    empty range gives (0, -inf, 0)."""
-    offs_t = tl.arange(0, B)
+    """Online softmax over tokens [token_start, token_end) of one sequence, T at a time;
+    k_ptr/v_ptr already point at this KV head. Returns (acc [G_PAD, D] fp32 unnormalised,
+    row_max [G_PAD] the running max in base-2 units, row_sum [G_PAD] the running sum of
+    2^(score - row_max)); an empty range gives (0, -inf, 0). ``NUM_STAGES``: the loop's software
+    pipelining depth (the next tiles' table entries and K/V load while this one is scored)."""
+    offs_t = tl.arange(0, T)
     offs_d = tl.arange(0, D)
     row_max = tl.full([G_PAD], float("-inf"), tl.float32)
     row_sum = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D], tl.float32)
-    for i in range(block_start, block_end):
-        # int64: block_id * block stride overflows int32 on a pool of a few GiB.
-        block_id = tl.load(bt_ptr + i).to(tl.int64)
-        pos = i * B + offs_t
-        valid = pos < context_len
+    for first in tl.range(token_start, token_end, T, num_stages=NUM_STAGES):
+        k_offs, valid = tile_offsets(bt_ptr, first, token_end, offs_t, stride_kb, stride_kt, B, T)
+        v_offs, _ = tile_offsets(bt_ptr, first, token_end, offs_t, stride_vb, stride_vt, B, T)
         # Masked loads: slots past the context may hold anything (a host tier's pool is
         # uninitialised), and 0 * NaN would poison the row.
-        k = tl.load(
-            k_ptr + block_id * stride_kb + offs_t[:, None] * stride_kt + offs_d[None, :],
-            mask=valid[:, None],
-            other=0.0,
-        )
-        v = tl.load(
-            v_ptr + block_id * stride_vb + offs_t[:, None] * stride_vt + offs_d[None, :],
-            mask=valid[:, None],
-            other=0.0,
-        )
+        k = tl.load(k_ptr + k_offs[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
+        v = tl.load(v_ptr + v_offs[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
         p_dtype = v.dtype
         if UPCAST_DOTS:  # see upcast_dots(): only under the interpreter
             k = k.to(tl.float32)
             v = v.to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
         s = tl.where(valid[None, :], s, float("-inf"))
-        # Every block in range holds at least one valid position, so max_new is finite.
+        # Every tile in range holds at least one valid token, so max_new is finite.
         max_new = tl.maximum(row_max, tl.max(s, 1))
         alpha = tl.exp2(row_max - max_new)
         p = tl.exp2(s - max_new[:, None])
@@ -80,7 +99,15 @@ def attend_blocks(
 
 
 # triton reads TRITON_INTERPRET when decorating: the kernel's own type says which mode it is in.
-_INTERPRETED = type(attend_blocks).__name__ == "InterpretedFunction"
+_INTERPRETED = type(attend_tiles).__name__ == "InterpretedFunction"
+# Tiles in flight per loop: the next table entries and K/V load while one is scored.
+NUM_STAGES = 3
+
+
+def pipeline_stages() -> int:
+    """The key loops' ``num_stages``: ``NUM_STAGES`` compiled, 1 under the interpreter (which
+    runs the loop as written)."""
+    return 1 if _INTERPRETED else NUM_STAGES
 
 
 def group_rows(group_size: int) -> int:
@@ -89,9 +116,9 @@ def group_rows(group_size: int) -> int:
     return max(MIN_TILE, triton.next_power_of_2(group_size))
 
 
-def num_warps_for(block_size: int, head_dim: int) -> int:
-    """4 warps for tiles up to 64 x 128; a larger K/V tile spreads over 8 to stay in registers."""
-    return 4 if block_size * head_dim <= 64 * 128 else 8
+def num_warps_for(tile_tokens: int, head_dim: int) -> int:
+    """4 warps for K/V tiles up to 64 x 128; a larger tile spreads over 8 to stay in registers."""
+    return 4 if tile_tokens * head_dim <= 64 * 128 else 8
 
 
 def dot_precision(cache_dtype: torch.dtype) -> str:
@@ -115,16 +142,28 @@ def pool_strides(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, ...
     return (*k_cache.stride()[:3], *v_cache.stride()[:3])
 
 
+def tile_tokens(k_cache: torch.Tensor, tile: int | None) -> int:
+    """``tile`` (a power of two >= 16: a caller's choice, e.g. the tests' or a benchmark's), or
+    the rule's for this pool's head dim and dtype (``triton_rules.kv_tile``)."""
+    if tile is None:
+        return kv_tile(k_cache.shape[3], k_cache.element_size())
+    if tile < MIN_TILE or tile & (tile - 1):
+        raise ValueError(f"tile {tile} is not a power of two >= {MIN_TILE} (tl.dot's tile)")
+    return tile
+
+
 def decode_constants(
-    group_size: int, block_size: int, head_dim: int, cache_dtype: torch.dtype
+    group_size: int, block_size: int, tile: int, head_dim: int, cache_dtype: torch.dtype
 ) -> dict[str, object]:
     """The compile-time constants and warp count both decode kernels launch with."""
     return {
         "G": group_size,
         "G_PAD": group_rows(group_size),
         "B": block_size,
+        "T": tile,
         "D": head_dim,
         "DOT_PRECISION": dot_precision(cache_dtype),
         "UPCAST_DOTS": upcast_dots(cache_dtype),
-        "num_warps": num_warps_for(block_size, head_dim),
+        "NUM_STAGES": pipeline_stages(),
+        "num_warps": num_warps_for(tile, head_dim),
     }

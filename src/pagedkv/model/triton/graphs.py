@@ -77,9 +77,8 @@ class DecodeGraphs:
         )
         model = self.model
         splits = self.kernels.decode_splits(
-            n, model.config.num_kv_heads, self.max_blocks * self.block_size, self.block_size,
-            num_sms(model.device),
-        )  # fmt: skip
+            n, model.config.num_kv_heads, self.max_blocks * self.block_size, num_sms(model.device)
+        )
         plan = TritonPlan.for_graph(meta, self.block_size, self.kernels, splits)
         hidden = model(
             self.input_ids[:n], self.positions[:n], self.kv_caches, meta, self.block_size, plan

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedkv.model.triton.decode_blocks import pool_strides
+from pagedkv.model.triton.decode_tiles import pool_strides
 from pagedkv.pages.triton_rules import KV_WRITE
 
 RULE = KV_WRITE  # any block size; head dim a power of two <= 256 (one tl.arange row)

@@ -6,17 +6,19 @@ at position ``context_len - q_len + i`` and attends keys ``0..position`` (causal
 bottom right), so a prefix hit or an earlier chunk is read straight through the block table:
 nothing is gathered into a contiguous copy.
 
-Grid: one program per (query tile, query head). A tile is ``block_m`` consecutive new tokens of
-one sequence (``prefill_tiles`` lists them on the host, so tiles never straddle two sequences).
+Grid: one program per (query tile, query head). A query tile is ``block_m`` consecutive new
+tokens of one sequence (``prefill_tiles`` lists them on the host, so tiles never straddle two
+sequences; a step's decode rows may be left to the decode kernel).
 Why per query head and not per KV head with the GQA group folded into rows: the tile's rows are
 then always exactly ``block_m`` (no padding of odd groups such as 3 up to a power of two), and
 the group's programs read the same K/V blocks close together in time, so the repeat loads are
 served from L2. A program walks the sequence's keys through the block table only up to the last
 position its last row may see; blocks beyond it are never loaded.
 
-The keys come in K/V tiles of ``BLOCK_N`` rows: the whole block when a [B, D] tile is small
-enough (``key_tile``), else a power-of-two part of it, so that a large block (up to 256) with a
-large head dim still fits a program's shared memory with the loads pipelined.
+The keys come in K/V tiles of ``T`` tokens gathered through the block table
+(``decode_tiles.tile_offsets``): the tile is not the page, so any block size runs, from 1 to one
+``max_model_len`` region; ``T`` is ``triton_rules.kv_tile``'s, so that K and V of a few
+pipelined tiles fit a program's shared memory.
 """
 
 from __future__ import annotations
@@ -25,34 +27,33 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedkv.model.triton.decode_blocks import LOG2_E, dot_precision, pool_strides, upcast_dots
+from pagedkv.model.triton.decode_tiles import (
+    LOG2_E,
+    dot_precision,
+    pipeline_stages,
+    pool_strides,
+    tile_offsets,
+    tile_tokens,
+    upcast_dots,
+)
 from pagedkv.pages.triton_rules import PREFILL
 
-RULE = PREFILL  # block size and head dim: powers of two in [16, 256]
-# Bytes of one K (or V) tile: K and V of ~3 pipelined iterations stay near 96 KiB of an SM's
-# 228 KiB of shared memory.
-KEY_TILE_BYTES = 16 * 1024
+RULE = PREFILL  # any block size; head dim a power of two in [16, 256]
 
 
-def prefill_tiles(query_start_loc: list[int], block_m: int) -> list[tuple[int, int]]:
+def prefill_tiles(
+    query_start_loc: list[int], block_m: int, min_q_len: int = 1
+) -> list[tuple[int, int]]:
     """(sequence index, first query row of the tile within that sequence) for every
     ``block_m``-row tile of queries, sequence by sequence: pure Python, host side (the caller
-    makes an int32 [num_tiles, 2] tensor of it). A sequence with no new token has no tile."""
+    makes an int32 [num_tiles, 2] tensor of it). A sequence with fewer than ``min_q_len`` new
+    tokens has no tile (``min_q_len`` 2: the decode rows run on the decode kernel)."""
     tiles = []
     for seq in range(len(query_start_loc) - 1):
         q_len = query_start_loc[seq + 1] - query_start_loc[seq]
-        tiles.extend((seq, row) for row in range(0, q_len, block_m))
+        if q_len >= min_q_len:
+            tiles.extend((seq, row) for row in range(0, q_len, block_m))
     return tiles
-
-
-def key_tile(block_size: int, head_dim: int, element_bytes: int) -> int:
-    """Keys per K/V tile: the whole block when it fits ``KEY_TILE_BYTES``, else the largest
-    power of two that does, never under 16 (tl.dot's smallest tile). Divides the block size,
-    since both are powers of two."""
-    tile = block_size
-    while tile > 16 and tile * head_dim * element_bytes > KEY_TILE_BYTES:
-        tile //= 2
-    return tile
 
 
 @triton.jit
@@ -79,11 +80,12 @@ def _prefill_kernel(
     stride_table,
     GROUP: tl.constexpr,  # query heads per KV head
     BLOCK_M: tl.constexpr,  # query rows per tile
-    BLOCK_SIZE: tl.constexpr,  # tokens per KV block
-    BLOCK_N: tl.constexpr,  # keys per K/V tile: BLOCK_SIZE or a power-of-two part of it
+    BLOCK_SIZE: tl.constexpr,  # tokens per KV block: any >= 1
+    BLOCK_N: tl.constexpr,  # keys per K/V tile (T), gathered through the block table
     HEAD_DIM: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 (TF32 breaks greedy equality)
-    UPCAST_DOTS: tl.constexpr,  # decode_blocks.upcast_dots: the interpreter's 16-bit dots
+    UPCAST_DOTS: tl.constexpr,  # decode_tiles.upcast_dots: the interpreter's 16-bit dots
+    NUM_STAGES: tl.constexpr,  # the key loop's software pipelining depth
 ):
     tile = tl.program_id(0)
     head = tl.program_id(1)
@@ -109,25 +111,24 @@ def _prefill_kernel(
 
     # The tile's last valid row sees the most keys; rows past q_len are never stored.
     last_row = tl.minimum(first_row + BLOCK_M, q_len) - 1
-    num_key_tiles = (past_len + last_row) // BLOCK_N + 1
+    key_end = past_len + last_row + 1
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running max (base-2 scores)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running softmax denominator
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     table_row = block_tables_ptr + seq.to(tl.int64) * stride_table
-    for j in range(0, num_key_tiles):
-        first_key = j * BLOCK_N  # a tile never straddles two blocks: BLOCK_N divides B
-        # int64: block id times the block stride overflows int32 on a large pool.
-        block = tl.load(table_row + first_key // BLOCK_SIZE).to(tl.int64)
-        offs_in_block = first_key % BLOCK_SIZE + offs_in_tile
+    k_head = k_ptr + kv_head * stride_kh
+    v_head = v_ptr + kv_head * stride_vh
+    for first_key in tl.range(0, key_end, BLOCK_N, num_stages=NUM_STAGES):
         keys = first_key + offs_in_tile
-        key_ok = keys < context_len
+        k_offs, key_ok = tile_offsets(table_row, first_key, key_end, offs_in_tile, stride_kn,
+                                      stride_kb, BLOCK_SIZE, BLOCK_N)  # fmt: skip
+        v_offs, _ = tile_offsets(table_row, first_key, key_end, offs_in_tile, stride_vn,
+                                 stride_vb, BLOCK_SIZE, BLOCK_N)  # fmt: skip
         # Slots past the context hold stale or uninitialised data (maybe NaN): load zeros there,
         # since a masked score still multiplies V in the P@V dot (0 * NaN is NaN).
-        k_offs = block * stride_kn + offs_in_block[:, None] * stride_kb + kv_head * stride_kh
-        k = tl.load(k_ptr + k_offs + dims[None, :], mask=key_ok[:, None], other=0.0)
-        v_offs = block * stride_vn + offs_in_block[:, None] * stride_vb + kv_head * stride_vh
-        v = tl.load(v_ptr + v_offs + dims[None, :], mask=key_ok[:, None], other=0.0)
+        k = tl.load(k_head + k_offs[:, None] + dims[None, :], mask=key_ok[:, None], other=0.0)
+        v = tl.load(v_head + v_offs[:, None] + dims[None, :], mask=key_ok[:, None], other=0.0)
         p_dtype = v.dtype  # the probabilities are rounded to V's dtype, as a 16-bit dot takes
         if UPCAST_DOTS:
             k = k.to(tl.float32)
@@ -163,6 +164,7 @@ def paged_prefill(
     *,
     block_m: int = 16,
     out: torch.Tensor | None = None,
+    tile: int | None = None,
 ) -> torch.Tensor:
     """Varlen paged attention of a batch of chunks.
 
@@ -172,9 +174,11 @@ def paged_prefill(
     context including its new tokens; tiles int32 [num_tiles, 2] from ``prefill_tiles`` with
     the same ``block_m``. New token i of sequence s attends keys 0..context_lens[s] - q_len + i.
 
-    Returns ``out`` [T, Hq, D] in q's dtype (written in place when given). Raises UsageError
-    when the pool's block size or head dim is not one the kernel accepts (``PREFILL``). Reads
-    only tensor shapes on the host, never values: usable inside CUDA-graph capture.
+    Returns ``out`` [T, Hq, D] in q's dtype (written in place when given; rows no tile covers
+    are left as they were). ``tile``: keys per K/V tile (None: ``triton_rules.kv_tile``'s
+    rule). Raises UsageError when the pool's head dim is not one the kernel accepts
+    (``PREFILL``; every block size is). Reads only tensor shapes on the host, never values:
+    usable inside CUDA-graph capture.
     """
     num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
     RULE.check(block_size, head_dim)
@@ -211,9 +215,10 @@ def paged_prefill(
         GROUP=num_q_heads // num_kv_heads,
         BLOCK_M=block_m,
         BLOCK_SIZE=block_size,
-        BLOCK_N=key_tile(block_size, head_dim, k_cache.element_size()),
+        BLOCK_N=tile_tokens(k_cache, tile),
         HEAD_DIM=head_dim,
         DOT_PRECISION=dot_precision(k_cache.dtype),
         UPCAST_DOTS=upcast_dots(k_cache.dtype),
+        NUM_STAGES=pipeline_stages(),
     )
     return out
