@@ -16,7 +16,7 @@ keys are composed from several places (``allOf``, or ``properties`` beside ``any
 tabs: a model that learned ``json.dumps`` (``", "``, ``": "``) stays on its own distribution,
 and no sample can loop on blanks. No line breaks: pretty-printing spends a token or two per
 line, and on the embedded model it closed 19 of 32 JSON-mode answers within 48 tokens against
-27 of 32 on one line (``benchmarks/bench_grammar.py --part jsonmode``). ``whitespace=False``
+27 of 32 on one line (``benchmarks/bench_json_mode.py``). ``whitespace=False``
 gives the compact form (``{"a":1}``).
 """
 
