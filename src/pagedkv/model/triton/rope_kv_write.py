@@ -56,8 +56,8 @@ def _rope_kv_write_kernel(
     HEAD_BLOCK: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,  # tokens per KV block
     HEAD_DIM: tl.constexpr,
+    HALF: tl.constexpr,  # HEAD_DIM // 2: the rotation's pairs are (i, i + HALF)
 ):
-    HALF: tl.constexpr = HEAD_DIM // 2
     token = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * HEAD_BLOCK + tl.arange(0, HEAD_BLOCK)
     dims = tl.arange(0, HALF)
@@ -162,7 +162,7 @@ def rope_write_kv(
             qkv.stride(0), cos.stride(0), sin.stride(0), out.stride(0),
             *pool_strides(k_cache, v_cache),
             NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_BLOCK=head_block,
-            BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
+            BLOCK_SIZE=block_size, HEAD_DIM=head_dim, HALF=head_dim // 2,
         )  # fmt: skip
     rotated = out.view(num_tokens, num_heads + num_kv_heads, head_dim)
     v = qkv[:, rotated_width:].view(num_tokens, num_kv_heads, head_dim)
