@@ -33,10 +33,11 @@ def completion_logprobs(
     from ``text_offset``."""
     out = p.CompletionLogprobs() if out is None else out
     offset = text_offset
-    for k in range(start, len(c.logprobs or [])):
+    logprobs = c.logprobs or []
+    for k in range(start, len(logprobs)):
         token = token_str(tokenizer, c.token_ids[k])
         out.tokens.append(token)
-        out.token_logprobs.append(c.logprobs[k])
+        out.token_logprobs.append(logprobs[k])
         top = (c.top_logprobs or [])[k]
         alternatives: dict[str, float] = {}
         for t, lp in top:  # best first: two ids with one text keep the better logprob
@@ -50,9 +51,10 @@ def completion_logprobs(
 def chat_logprobs(tokenizer: Tokenizer, c: CompletionOutput, start: int) -> p.ChoiceLogprobs:
     """The chat layout for tokens ``start:`` of ``c``."""
     content = []
-    for k in range(start, len(c.logprobs or [])):
+    logprobs = c.logprobs or []
+    for k in range(start, len(logprobs)):
         top = [_top(tokenizer, t, lp) for t, lp in (c.top_logprobs or [])[k]]
-        lp = c.logprobs[k]
+        lp = logprobs[k]
         chosen = _top(tokenizer, c.token_ids[k], lp if lp is not None else 0.0)
         content.append(p.TokenLogprob(**chosen.model_dump(), top_logprobs=top))
     return p.ChoiceLogprobs(content=content)

@@ -100,11 +100,10 @@ def tool_messages(
         content = _text(m, i)
         role = {"developer": "system", "function": "tool"}.get(m.role, m.role)  # newer, older
         entry: dict[str, Any] = {"role": role, "content": content}
-        past = list(m.tool_calls or []) + ([m.function_call] if m.function_call else [])
-        calls = [
-            {"name": f.name, "arguments": _arguments(f.arguments, i)}
-            for f in (getattr(c, "function", c) for c in past)
-        ]
+        called = [c.function for c in m.tool_calls or []]
+        if m.function_call is not None:  # the deprecated single call
+            called.append(m.function_call)
+        calls = [{"name": f.name, "arguments": _arguments(f.arguments, i)} for f in called]
         if template_renders_tools:
             if calls:
                 entry["tool_calls"] = [{"type": "function", "function": c} for c in calls]
