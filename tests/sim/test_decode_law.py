@@ -113,3 +113,53 @@ def test_the_data_chooses_the_law_it_was_made_from() -> None:
 def test_bad_parameters_are_refused(law, params, match) -> None:
     with pytest.raises(ValueError, match=match):
         check_params(law, params)
+
+
+def test_the_longest_sequence_ends_the_launch() -> None:
+    """One wave (8 sequences x 8 heads): every program starts at once, so the launch lasts the
+    longest chain, 128 blocks, not the mean's 64; many waves: the mean walk, then what the
+    longest chain has beyond the mean one. Equal contexts price as before."""
+    it = 1.1e-6 + 1.5e-11 * 8192
+    mixed = DecodeCall(8, 1024, 16, 1, 8, 128, 2, longest_tokens=2048)
+    assert decode_call_s("walk", WALK, GPU, mixed) == pytest.approx(9e-6 + 128 * it, rel=1e-3)
+    assert decode_call_s("walk", WALK, GPU, call(8, 1024, 16)) == pytest.approx(
+        9e-6 + 64 * it, rel=1e-3
+    )
+    waves = 256 * 8 / (3.4 * GPU.num_sms)
+    long = DecodeCall(256, 1024, 16, 1, 8, 128, 2, longest_tokens=2048)
+    floor = 256 * 8 * 64 * 8192 / (4.8e12 * 0.87)
+    walk = (64 * waves + 64) * it
+    assert decode_call_s("walk", WALK, GPU, long) == pytest.approx(
+        9e-6 + (walk**4 + floor**4) ** 0.25
+    )
+    same = DecodeCall(256, 1024, 16, 1, 8, 128, 2, longest_tokens=1024)
+    assert decode_call_s("walk", WALK, GPU, same) == decode_call_s(
+        "walk", WALK, GPU, call(256, 1024, 16)
+    )
+
+
+def _list_schedule_s(contexts: list[int], block_size: int) -> float:
+    """The walk law's launch by brute force: programs (sequence fastest, then KV head, the
+    grid's order) start as slots free up, each its chain of block iterations."""
+    import heapq
+
+    it = WALK["iter_s"] + WALK["iter_per_byte_s"] * 2 * block_size * 128 * 2
+    slots = [0.0] * int(WALK["resident_per_sm"] * GPU.num_sms)
+    for _head in range(8):
+        for c in contexts:
+            heapq.heappush(slots, heapq.heappop(slots) + math.ceil(c / block_size) * it)
+    return max(slots)
+
+
+@pytest.mark.parametrize("batch", [246, 160, 40])
+def test_the_tail_term_follows_a_list_schedule(batch: int) -> None:
+    """A batch of contexts spread over 64..2,048 tokens (a real step's): the closed form (mean
+    walk + the longest chain beyond the mean) within 10 % of the brute-force list schedule,
+    where the mean alone misses by 20 % or more."""
+    contexts = [64 + (2048 - 64) * i // (batch - 1) for i in range(batch)]
+    mean = sum(contexts) / batch
+    brute = _list_schedule_s(contexts, 16)
+    no_floor = {**WALK, "launch_s": 0.0, "bw_eff": 1e9}  # the walk alone, as brute force
+    tail = DecodeCall(batch, mean, 16, 1, 8, 128, 2, longest_tokens=max(contexts))
+    assert decode_call_s("walk", no_floor, GPU, tail) == pytest.approx(brute, rel=0.10)
+    assert decode_call_s("walk", no_floor, GPU, call(batch, round(mean), 16)) < 0.8 * brute

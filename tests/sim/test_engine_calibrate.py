@@ -144,6 +144,60 @@ def test_a_bad_check_is_one_line_exit_2(tmp_path, capsys, edit, match) -> None:
         read_gpu_check(path)
 
 
+def test_a_ledger_of_the_tile_kernels_keeps_its_layouts_apart(tmp_path) -> None:
+    """Checks from the tile kernels on (cf28990) time each point paged and contiguous: a
+    contiguous row (block_size = context_len) is no paged row of B = context; the fit reads
+    the paged rows, the contiguous ones are kept apart; a row without a layout is paged (the
+    first H200 check's); an unknown layout is refused. The section's prefill list and
+    paged_over_contiguous are not read."""
+    path, _ = _write_check(tmp_path, _true_clock())
+    data = json.loads(path.read_text())
+    ledger = data["sections"]["ledger"]["result"]
+    rows = ledger["rows"]
+    paged_before = len([r for r in rows if "median_ms" in r])
+    rows[0]["layout"] = "paged"
+    rows += [
+        {"block_size": 1024, "context_len": 1024, "batch": 32, "layout": "contiguous",
+         "variant": "rule", "num_splits": 1, "median_ms": 0.04},
+        {"block_size": 4096, "context_len": 4096, "batch": 1, "layout": "contiguous",
+         "variant": "one pass", "num_splits": 1, "median_ms": 0.05},
+    ]  # fmt: skip
+    ledger.update(tile_tokens=64, prefill=[{"context_len": 2048, "pagedkv": {"tflop_s": 300.0}}],
+                  paged_over_contiguous=[{"block_size": 16, "context_len": 1024, "batch": 32,
+                                          "ratio": 1.1}])  # fmt: skip
+    path.write_text(json.dumps(data))
+    got = read_gpu_check(path)
+    assert len(got.ledger) == paged_before
+    assert all(r.call.block_size < r.call.context_tokens for r in got.ledger)
+    assert [(r.call.block_size, r.call.batch, r.seconds) for r in got.contiguous] == [
+        (1024, 32, pytest.approx(4e-5)),
+        (4096, 1, pytest.approx(5e-5)),
+    ]
+    rows[1]["layout"] = "tiled"
+    path.write_text(json.dumps(data))
+    with pytest.raises(UsageError, match=r"rows\[1\]\.layout must be one of paged, contiguous"):
+        read_gpu_check(path)
+    ledger["rows"] = [dict(r, layout="contiguous") for r in rows]
+    path.write_text(json.dumps(data))
+    with pytest.raises(UsageError, match="timed no paged row"):
+        read_gpu_check(path)
+
+
+def test_a_step_that_recorded_its_longest_context_reads_as_one(tmp_path) -> None:
+    """The clock section records each step's longest context (and, for people, its compiles):
+    such a step is a LongestShape; one without stays a StepShape."""
+    from pagedkv.sim.step_context import LongestShape, longest_context_tokens
+
+    path, _ = _write_check(tmp_path, _true_clock())
+    data = json.loads(path.read_text())
+    steps = data["sections"]["clock"]["result"]["eager_steps"]
+    steps[0].update(max_context_tokens=2048, compiles=1, compile_s=0.8)
+    path.write_text(json.dumps(data))
+    got = read_gpu_check(path).eager_steps
+    assert isinstance(got[0].shape, LongestShape) and longest_context_tokens(got[0].shape) == 2048
+    assert not isinstance(got[1].shape, LongestShape)
+
+
 def test_a_workload_that_is_not_the_checks_is_refused(tmp_path) -> None:
     from pagedkv.sim.engine_check import workload_requests
 

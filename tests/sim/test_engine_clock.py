@@ -115,6 +115,40 @@ def test_decode_attention_follows_the_kernels_rule_and_the_law() -> None:
     assert cost.decode_attention_s(256, 4096.0, 16) > 1.25 * cost.decode_attention_s(256, 4096, 64)
 
 
+def test_a_step_that_knows_its_longest_context_prices_its_last_program() -> None:
+    """The simulator's shapes carry the longest context (``LongestShape``): a decode step of
+    unequal contexts pays the longest sequence's chain beyond the mean (``decode_law``), and
+    splits by the kernel's rule at the longest; a plain ``StepShape`` of the same sums is
+    priced at the mean, as is a step of equal contexts."""
+    from pagedkv.sim.decode_law import DecodeCall, decode_call_s
+    from pagedkv.sim.step_context import LongestShape, longest_context_tokens
+
+    items = [(300 + 8 * i, 1) for i in range(200)] + [(2047, 1)]
+    shape = LongestShape.of(items, 16)
+    assert shape.max_context_tokens == 2048 and longest_context_tokens(shape) == 2048
+    plain = StepShape.of(items, 16)
+    assert {k: v for k, v in vars(shape).items() if k != "max_context_tokens"} == vars(plain)
+    assert longest_context_tokens(plain) == 0
+    cost = EngineCostModel(MODEL, GPU, TRUE, cuda_graphs=True)
+    mean = plain.decode_kv_tokens / 201
+    law = decode_call_s("walk", TRUE.decode, GPU, DecodeCall(201, mean, 16, 1, 8, 128, 2, 2048))
+    assert cost.decode_attention_s(201, mean, 16, 2048) == pytest.approx(law)
+    assert cost.step_time_s(shape) - cost.step_time_s(plain) == pytest.approx(
+        32 * (law - cost.decode_attention_s(201, mean, 16)), rel=1e-6
+    )
+    assert cost.step_time_s(shape) > cost.step_time_s(plain)
+    equal = [(999, 1)] * 64
+    assert cost.step_time_s(LongestShape.of(equal, 16)) == cost.step_time_s(StepShape.of(equal, 16))
+    # one sequence of 1,024 tokens beside seven of 16: 64 programs, the rule splits by the
+    # longest (264 // 64 = 4, 1,024 // 64 = 16 allow 4), not by the mean of 142 tokens (2)
+    few = LongestShape.of([(1023, 1)] + [(15, 1)] * 7, 16)
+    mean = few.decode_kv_tokens / 8
+    split = DecodeCall(8, mean, 16, 4, 8, 128, 2, 1024)
+    assert cost.decode_attention_s(8, mean, 16, 1024) == pytest.approx(
+        decode_call_s("walk", TRUE.decode, GPU, split)
+    )
+
+
 def test_mixed_decode_rows_cost_the_prefill_kernels_price() -> None:
     """A mixed step's decode rows go through the prefill kernel: query heads x KV tokens x
     prefill_decode_token_s / SMs more than the same step without them."""

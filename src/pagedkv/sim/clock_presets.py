@@ -74,10 +74,14 @@ def _load_engine(name: str) -> tuple[EngineClock, str]:
     path = _dir() / ENGINE_DIR / f"{name}.json"
     data = json.loads(path.read_text())
     clock, meta = parse_engine_clock(data, str(path))
-    return (
-        clock,
-        f"pagedkv-triton clock {ENGINE_DIR}/{path.name} (fitted on {meta.get('device', '?')})",
-    )
+    return clock, f"pagedkv-triton clock {ENGINE_DIR}/{path.name} ({engine_fitted_on(meta)})"
+
+
+def engine_fitted_on(meta: dict) -> str:
+    """What an engine clock was fitted on, as its file records it: the device and the kernels
+    its ledger timed (a clock of kernels main no longer runs says so)."""
+    kernels = meta.get("kernels")
+    return f"fitted on {meta.get('device', '?')}" + (f"; kernels: {kernels}" if kernels else "")
 
 
 def clock_for(gpu: GPUSpec, clock_file: str | None = None) -> tuple[GPUClock, str]:
@@ -122,7 +126,7 @@ def read_any_clock(path: str) -> tuple[str, GPUClock | EngineClock, str]:
         return (
             "pagedkv-triton",
             clock,
-            f"pagedkv-triton clock {path} (fitted on {meta.get('device', '?')})",
+            f"pagedkv-triton clock {path} ({engine_fitted_on(meta)})",
         )
     vllm, meta = parse_clock(data, path)
     return "vllm-class", vllm, f"vLLM-class clock {path} (fitted for {meta.get('gpu', '?')})"

@@ -107,6 +107,7 @@ def calibrate_engine(
     meta: dict[str, Any] = {
         "fitted_on": data.source,
         "device": data.device_name,
+        "kernels": data.kernels,
         "model": model.name,
         "decode_laws": [asdict(s) for s in scores],
         "steps": {"eager": step_report(clock, model, data.gpu, data.eager_steps, False)},

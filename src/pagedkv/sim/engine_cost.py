@@ -3,7 +3,10 @@
 A step is host work and GPU work. The GPU runs, per layer, the four projections over the
 step's ``m`` new tokens, every other kernel of the layer (``gpu_per_token_s * m``) and one
 attention kernel: a step of decode rows only runs the paged decode kernel (its split count by
-the kernel's own rule, ``pages/triton_splits.decode_splits``, for the mean context); any other
+the kernel's own rule, ``pages/triton_splits.decode_splits``, for the longest context; the
+law's walk over the mean context and, after it, the longest sequence's chain beyond the mean:
+``sim/step_context.py``, ``sim/decode_law.py``; a shape that does not know its longest
+context is priced as if every context were the mean); any other
 step runs the prefill kernel over every sequence, a decode row being a tile of one query row
 there (what makes a mixed step's decode rows dear); once a step, the LM head over the sampled
 rows. The host schedules, builds the inputs, samples and hands the tokens back
@@ -30,6 +33,7 @@ from pagedkv.sim.decode_law import DecodeCall, decode_call_s, token_cost_ratio
 from pagedkv.sim.engine_clock import EngineClock
 from pagedkv.sim.fitted_cost import layer_gemms_s
 from pagedkv.sim.gpus import GPUSpec
+from pagedkv.sim.step_context import longest_context_tokens
 
 PREFILL_TILE_ROWS = 16  # query rows of one prefill program (triton/attention.PREFILL_BLOCK_M)
 
@@ -57,15 +61,17 @@ class EngineCostModel:
         per_value = md.kv_record_bytes / max(1, 2 * md.num_layers * md.num_kv_heads * md.head_dim)
         return max(1, round(per_value))
 
-    def decode_attention_s(self, num_seqs: int, context_tokens: float, block_size: int) -> float:
+    def decode_attention_s(
+        self, num_seqs: int, context_tokens: float, block_size: int, longest_tokens: float = 0
+    ) -> float:
         """One layer's paged decode kernel over ``num_seqs`` sequences of mean context
-        ``context_tokens``."""
+        ``context_tokens``, the longest ``longest_tokens`` (0: the mean)."""
         md, c = self.model, self.clock
         kv_heads = max(1, md.num_kv_heads)
-        longest = max(1, round(context_tokens))
+        longest = max(1, round(max(context_tokens, longest_tokens)))
         splits = decode_splits(num_seqs, kv_heads, longest, self.gpu.num_sms)
         call = DecodeCall(num_seqs, context_tokens, block_size, splits, kv_heads,
-                          md.head_dim or 128, self._element_bytes())  # fmt: skip
+                          md.head_dim or 128, self._element_bytes(), longest)  # fmt: skip
         return decode_call_s(c.decode_law, c.decode, self.gpu, call)
 
     def prefill_attention_s(self, shape: StepShape) -> float:
@@ -88,7 +94,8 @@ class EngineCostModel:
         gemm_clock = self._gemm_clock
         if shape.num_seqs and shape.num_decode_seqs == shape.num_seqs:
             mean = shape.decode_kv_tokens / shape.num_seqs
-            attention = self.decode_attention_s(shape.num_seqs, mean, max(1, shape.block_size))
+            attention = self.decode_attention_s(shape.num_seqs, mean, max(1, shape.block_size),
+                                                longest_context_tokens(shape))  # fmt: skip
         else:
             attention = self.prefill_attention_s(shape)
         layer = layer_gemms_s(md, gemm_clock, g, m) + c.gpu_per_token_s * m + attention

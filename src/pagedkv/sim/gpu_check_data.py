@@ -3,11 +3,18 @@ pagedkv's engine, read and checked (UsageError naming the file for anything unus
 
 - ``ledger``: decode attention rows ``{block_size, context_len, batch, num_splits, median_ms}``
   at the section's ``shape`` ``{num_kv_heads, head_dim, dtype}`` (rows that were refused,
-  skipped or failed carry no ``median_ms`` and are left out);
+  skipped or failed carry no ``median_ms`` and are left out). A row's ``layout`` (checks from
+  the tile kernels on, commit cf28990) says what it timed: ``paged`` (the default: the first
+  H200 check's rows have no layout) or ``contiguous`` (one block of the whole context a
+  sequence, ``block_size = context_len``): the latter are kept apart (``contiguous``), never
+  taken for paged rows of B = context; the section's ``prefill`` and ``paged_over_contiguous``
+  are not read;
 - timed engine steps: eager ones from the profile_sim section's cost profile (the ``samples`` of
   ``<output>.cost_profile.json`` beside the JSON, or the ``clock`` section's ``eager_steps``),
   CUDA-graph ones from the ``clock`` section's ``graph_steps``: ``StepShape`` fields +
-  ``seconds``;
+  ``seconds``, and, where the check recorded it, ``max_context_tokens`` (then the step is a
+  ``sim/step_context.LongestShape``); ``STEP_NOTES`` are what a step may carry beside them
+  for people, not read;
 - the engine section's runs (``pagedkv.eager`` / ``pagedkv.cuda_graphs``: ``seconds``,
   ``steps``, ``num_blocks``) and their workload: the ``clock`` section's ``workload`` record,
   or, for a check from before it (the first H200 check), ``ENGINE_SECTION_V1``, the sizes the
@@ -30,6 +37,7 @@ from pagedkv.errors import UsageError
 from pagedkv.sched.step_shape import StepShape, TimedStep
 from pagedkv.sim.decode_law import DecodeCall, LedgerRow
 from pagedkv.sim.gpus import GPUSpec, get_gpu
+from pagedkv.sim.step_context import LongestShape
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 # benchmarks/gpu_check_run.DEVICE_SIZES of the engine section before it recorded its workload
@@ -39,6 +47,10 @@ ENGINE_SECTION_V1: dict[str, Any] = {
     "model_len_margin": 16,
 }  # fmt: skip
 _SHAPE_FIELDS = {f.name for f in fields(StepShape)}
+LAYOUTS = ("paged", "contiguous")
+# What a timed step of the clock section may carry beside its shape, for people reading the
+# JSON (the step's Triton compiles, its host phases): not read by the fit.
+STEP_NOTES = {"compiles", "compile_s", "host_phases_s"}
 
 
 @dataclass(frozen=True)
@@ -67,7 +79,9 @@ class GPUCheckData:
     gpu: GPUSpec
     model: str  # a preset name or "<section>" when the shape is in the JSON
     model_shape: dict[str, Any] | None
-    ledger: tuple[LedgerRow, ...]
+    ledger: tuple[LedgerRow, ...]  # paged rows: what the decode law is fitted to
+    contiguous: tuple[LedgerRow, ...]  # the contiguous layout's rows (block = the context)
+    kernels: str  # which decode kernel the ledger timed (``ledger_kernels``)
     eager_steps: tuple[TimedStep, ...]
     graph_steps: tuple[TimedStep, ...]
     runs: dict[str, float]  # "eager" / "cuda_graphs" -> measured seconds
@@ -92,7 +106,23 @@ def _num(value: Any, where: str) -> float:
     return float(value)
 
 
-def ledger_rows(ledger: dict, where: str) -> tuple[LedgerRow, ...]:
+BLOCK_WALK = (
+    "one block per loop iteration (the Triton kernels before commit cf28990; the tile kernels "
+    "main runs since walk tiles of T tokens: refit on a device check of those)"
+)
+
+
+def ledger_kernels(ledger: dict) -> str:
+    """What decode kernel a ledger timed, from what the ledger records: the tile kernels
+    (cf28990 on) write ``tile_tokens``; a ledger without it timed the block-walk kernels."""
+    tile = ledger.get("tile_tokens")
+    if isinstance(tile, int) and not isinstance(tile, bool) and tile > 0:
+        return f"tiles of {tile} tokens gathered through the block table (the tile is not the page)"
+    return BLOCK_WALK
+
+
+def ledger_rows(ledger: dict, where: str, layout: str = "paged") -> tuple[LedgerRow, ...]:
+    """The timed rows of ``layout`` (a row without one is paged)."""
     shape = ledger.get("shape")
     if not isinstance(shape, dict) or shape.get("dtype") not in DTYPE_BYTES:
         raise UsageError(f"{where}: ledger.shape needs num_kv_heads, head_dim and a dtype")
@@ -103,6 +133,11 @@ def ledger_rows(ledger: dict, where: str) -> tuple[LedgerRow, ...]:
         if not isinstance(row, dict) or "median_ms" not in row:
             continue  # refused, skipped or failed: nothing measured
         at = f"{where}: ledger.rows[{i}]"
+        if row.get("layout", "paged") not in LAYOUTS:
+            raise UsageError(f"{at}.layout must be one of {', '.join(LAYOUTS)}, "
+                             f"got {row.get('layout')!r}")  # fmt: skip
+        if row.get("layout", "paged") != layout:
+            continue
         ms = _num(row["median_ms"], f"{at}.median_ms")
         b, ctx = int(_num(row.get("block_size"), f"{at}.block_size")), _num(
             row.get("context_len"), f"{at}.context_len")  # fmt: skip
@@ -122,12 +157,14 @@ def timed_steps(records: Any, where: str) -> tuple[TimedStep, ...]:
         if (
             not isinstance(rec, dict)
             or "seconds" not in rec
-            or not set(rec) - {"seconds"} <= _SHAPE_FIELDS
+            or not set(rec) - {"seconds", *STEP_NOTES} <= _SHAPE_FIELDS | {"max_context_tokens"}
         ):
-            raise UsageError(f"{where}[{i}]: a step is StepShape's fields and 'seconds'")
+            raise UsageError(f"{where}[{i}]: a step is StepShape's fields, 'seconds' and "
+                             "optionally 'max_context_tokens'")  # fmt: skip
+        kind = LongestShape if "max_context_tokens" in rec else StepShape
         try:
-            shape = StepShape(**{k: int(_num(v, f"{where}[{i}].{k}")) for k, v in rec.items()
-                                 if k != "seconds"})  # fmt: skip
+            shape = kind(**{k: int(_num(v, f"{where}[{i}].{k}")) for k, v in rec.items()
+                            if k != "seconds" and k not in STEP_NOTES})  # fmt: skip
         except TypeError as exc:
             raise UsageError(f"{where}[{i}]: {exc}") from None
         seconds = _num(rec["seconds"], f"{where}[{i}].seconds")
@@ -210,5 +247,10 @@ def read_gpu_check(
     shape = clock.get("model_shape") if clock is not None else None
     model = "<sections.clock.model_shape>" if shape else str(engine.get("model", "llama-3-8b"))
     label = f"{path.resolve().parent.name}/{path.name}"
-    return GPUCheckData(label, device, spec, model, shape, ledger_rows(ledger, where), eager,
+    paged = ledger_rows(ledger, where)
+    if not paged:
+        raise UsageError(f"{where}: the ledger timed no paged row: nothing to fit decode "
+                         "attention to")  # fmt: skip
+    return GPUCheckData(label, device, spec, model, shape, paged,
+                        ledger_rows(ledger, where, "contiguous"), ledger_kernels(ledger), eager,
                         graphs, runs, run_steps, _workload(engine, clock, where))  # fmt: skip

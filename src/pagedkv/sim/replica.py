@@ -20,10 +20,10 @@ from pagedkv.errors import UsageError
 from pagedkv.kvcache.events import KVEventLog
 from pagedkv.kvcache.policies import Policy, build_allocator
 from pagedkv.sched import SchedulerConfig
-from pagedkv.sched.step_shape import StepShape
 from pagedkv.sim.cost_model import CostModel
 from pagedkv.sim.links import Link
 from pagedkv.sim.metrics import RequestRecord, TimeSeries
+from pagedkv.sim.step_context import LongestShape
 from pagedkv.traces import TraceRequest, segment_tokens
 
 # Generated tokens the trace does not know get ids above every segment token: never shared.
@@ -183,7 +183,7 @@ class Replica:
             if k == 0:
                 first_tokens.append(records[index_of[seq.seq_id]])
 
-        shape = StepShape.of(
+        shape = LongestShape.of(
             ((start, n) for _, start, n, _, _ in batch.seqs), self.allocator.block_size
         )
         # A step that only swapped its last sequence out costs its transfers alone.
