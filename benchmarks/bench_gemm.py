@@ -27,8 +27,8 @@ import torch
 
 from common import alternate_s, finish_meta, machine_line, machine_meta, medians, ratios
 from pagedkv.model import native
-from pagedkv.model.native_projection import dense_product
-from pagedkv.model.native_quant import NativeQuantProjection
+from pagedkv.model.native.projection import dense_product
+from pagedkv.model.native.quant import NativeQuantProjection
 
 SHAPES = ((576, 960), (576, 576), (576, 3072), (1536, 576))  # (in, out): qkv, o, gate_up, down
 SPAN = "PAGEDKV_GEMM_SPAN_KB"

@@ -24,7 +24,7 @@ import torch
 from common import alternate_s, medians
 from engine_peers import run_pagedkv
 from pagedkv.model import load_model, native
-from pagedkv.model.native_projection import NativeProjection
+from pagedkv.model.native.projection import NativeProjection
 from pagedkv.model.projection import Projection
 from profile_step import decoding_engine
 

@@ -38,6 +38,7 @@ from pagedkv.engine.kv.swap_pool import HostSwapPool
 from pagedkv.engine.startup import build_parts
 from pagedkv.model import load_model
 from pagedkv.model.kv_pool import allocate_kv_caches
+from pagedkv.pages.page_format import PageFormat
 
 GIB = 1 << 30
 
@@ -57,12 +58,13 @@ def swap_times(config, block_size: int, repeats: int, seed: int) -> dict:
     """Median seconds to swap 1 GiB of KV out and back in through ``HostSwapPool``."""
     record_bytes = 2 * config.num_layers * config.num_kv_heads * config.head_dim * 4
     num_blocks = math.ceil(GIB / (record_bytes * block_size))
-    shape = (config.num_layers, config.num_kv_heads, config.head_dim)
-    device = allocate_kv_caches(shape[0], num_blocks + 1, block_size, shape[1], shape[2])
+    page = PageFormat.mha(config.num_layers, config.num_kv_heads, config.head_dim, "fp32",
+                          block_size)  # fmt: skip
+    device = allocate_kv_caches(page, num_blocks + 1)
     for k, v in device:
         k.normal_()
         v.normal_()
-    host = HostSwapPool(shape[0], num_blocks, block_size, shape[1], shape[2])
+    host = HostSwapPool(page, num_blocks)
     gen = torch.Generator().manual_seed(seed)
     # Scattered ids, as a pool in use gives them; block 0 is the null block.
     device_ids = torch.randperm(num_blocks, generator=gen) + 1

@@ -23,6 +23,7 @@ from bench_native import alternate
 from common import ratios
 from engine_peers import run_pagedkv
 from pagedkv.model import load_model
+from pagedkv.model.native.layer import all_native
 from profile_step import decoding_engine
 
 
@@ -47,7 +48,7 @@ def main() -> None:
     loaded = load_options(args.kinds.split(","))
     print(f"threads {args.threads}, cpu {torch.backends.cpu.get_cpu_capability()}\n")
     for name, (_, model, _) in loaded.items():
-        fused = sum(layer.all_native() for layer in model.layers)
+        fused = sum(all_native(layer) for layer in model.layers)
         print(f"{name}: one-call decode layers {fused}/{len(model.layers)}")
         if name != "float":
             print("  " + model.weights_report.replace("\n", "\n  "))

@@ -7,7 +7,7 @@ Every run is a fresh process (``engine_peers.run_job_pagedkv``) with ``PAGEDKV_N
 set: fp32 once, int4 once with the trace, then int4 loaded ``--starts - 1`` more times, its
 start-up report (``weights_report``: which kernel each shape runs) compared with the first.
 Prints a markdown table and writes ``--out``. Nothing is asserted; the tests assert the same
-property on tiny models (``test_native_quant.py``).
+property on tiny models (``test_native/quant.py``).
 
     python benchmarks/weights_agreement.py [--requests 64] [--starts 5] [--threads 2]
 """

@@ -10,12 +10,14 @@ import torch
 
 from pagedkv.engine.kv.block_copy import block_body_bytes, copy_rows, read_blocks, write_blocks
 from pagedkv.model.kv_pool import allocate_host_kv_caches, allocate_kv_caches
+from pagedkv.pages.page_format import PageFormat
 
 LAYERS, HEADS, HEAD_DIM, BLOCK_SIZE = 3, 2, 4, 5
+PAGE = PageFormat.mha(LAYERS, HEADS, HEAD_DIM, "fp32", BLOCK_SIZE)
 
 
 def pool(num_blocks: int, seed: int):
-    caches = allocate_kv_caches(LAYERS, num_blocks, BLOCK_SIZE, HEADS, HEAD_DIM)
+    caches = allocate_kv_caches(PAGE, num_blocks)
     gen = torch.Generator().manual_seed(seed)
     for k, v in caches:
         k.copy_(torch.randn(k.shape, generator=gen))
@@ -62,7 +64,7 @@ def test_copy_on_write_within_one_pool_and_into_an_uninitialised_host_pool():
     reference(want, [6, 7], kv, [1, 2])
     copy_rows(kv, [6, 7], kv, [1, 2])
     assert same(kv, want)
-    host = allocate_host_kv_caches(LAYERS, 4, BLOCK_SIZE, HEADS, HEAD_DIM)
+    host = allocate_host_kv_caches(PAGE, 4)
     copy_rows(host, [3, 0], kv, [6, 7])
     assert all(torch.equal(h[3], d[6]) and torch.equal(h[0], d[7]) for hp, dp in
                zip(host, kv, strict=True) for h, d in zip(hp, dp, strict=True))  # fmt: skip

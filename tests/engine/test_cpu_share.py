@@ -14,7 +14,7 @@ import torch
 from pagedkv.cpu_share import CpuShare, Sample, busy_seconds, free_threads, read_sample
 from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
 from pagedkv.engine.startup import build_parts
-from pagedkv.model.native_projection import sharded_product
+from pagedkv.model.native.projection import sharded_product
 from pagedkv.model.projection import keep_shards
 
 from .conftest import assert_no_leaks

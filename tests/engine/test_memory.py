@@ -5,7 +5,6 @@ profile step on the CPU, and start-up's flags and defaults."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from pagedkv.engine import EngineConfig
 from pagedkv.engine.card_memory import profile_peak_bytes
@@ -17,6 +16,7 @@ from pagedkv.engine.memory import (
 )
 from pagedkv.errors import UsageError
 from pagedkv.pages.layout import load_layout
+from tests.model.helpers import page_of
 
 GIB = 1 << 30
 
@@ -99,8 +99,8 @@ def test_the_profile_step_runs_the_largest_step_on_the_cpu(tiny_llama):
     counts over, at and under one max_model_len and rows beyond the tokens all run."""
     config, model, _ = tiny_llama
     for num_tokens, max_model_len, rows in ((70, 32, 5), (64, 32, 80), (7, 32, 3)):
-        assert profile_peak_bytes(model, config, None, 16, torch.float32, num_tokens,
-                                  max_model_len, rows) == 0  # fmt: skip
+        page = page_of(config, 16)
+        assert profile_peak_bytes(model, None, page, num_tokens, max_model_len, rows) == 0
 
 
 def test_cpu_defaults_are_unchanged(make_engine):

@@ -15,6 +15,7 @@ from pagedkv.engine.kv.swap_pool import HostSwapPool
 from pagedkv.errors import UsageError
 from pagedkv.kvcache import PagedAllocator
 from pagedkv.model.kv_pool import allocate_kv_caches
+from pagedkv.pages.page_format import PageFormat
 from pagedkv.sched import Scheduler, SchedulerConfig
 from pagedkv.sched.batch import ScheduledBatch
 
@@ -90,11 +91,12 @@ def test_a_bad_limit_gets_the_schedulers_error_at_the_engines_edge(fields):
 
 
 def test_apply_moves_a_steps_blocks_once():
-    device = allocate_kv_caches(2, 6, 4, 2, 8)
+    page = PageFormat.mha(2, 2, 8, "fp32", block_size=4)
+    device = allocate_kv_caches(page, 6)
     for k, v in device:
         k.copy_(torch.randn_like(k))
         v.copy_(torch.randn_like(v))
-    pool = HostSwapPool(2, 3, 4, 2, 8)
+    pool = HostSwapPool(page, 3)
     out = ScheduledBatch(step=1, seqs=(), swap_out=((2, 0), (4, 1)))
     pool.apply(out, device)
     saved = [(k[[2, 4]].clone(), v[[2, 4]].clone()) for k, v in device]

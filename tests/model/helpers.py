@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedkv.model import AttentionMetadata, CausalLM, allocate_kv_caches
+from pagedkv.pages.page_format import PageFormat
 
 
 @dataclass
@@ -57,15 +58,19 @@ def run_steps(
     """Teacher-forced paged run: fp32 logits ``[T, V]`` of every step's new tokens."""
     cfg = model.config
     assigner = BlockAssigner(len(sequences), max_len, block_size)
-    kv = allocate_kv_caches(
-        cfg.num_layers, assigner.num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim, model.dtype
-    )
+    kv = allocate_kv_caches(page_of(cfg, block_size, model.dtype), assigner.num_blocks)
     out = []
     for chunks in steps:
         positions, meta = assigner.step(chunks)
         ids = torch.tensor([t for c in chunks for t in sequences[c.seq][c.start : c.end]])
         out.append(model.compute_logits(model(ids, positions, kv, meta)))
     return out
+
+
+def page_of(cfg, block_size: int, dtype: torch.dtype = torch.float32) -> PageFormat:
+    """The page of ``cfg``'s pools in blocks of ``block_size``, K/V in ``dtype``."""
+    name = str(dtype).removeprefix("torch.")
+    return PageFormat.mha(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, name, block_size)
 
 
 def greedy_paged(
@@ -76,9 +81,7 @@ def greedy_paged(
     cfg = model.config
     max_len = max(len(p) for p in prompts) + num_new_tokens
     assigner = BlockAssigner(len(prompts), max_len, block_size)
-    kv = allocate_kv_caches(
-        cfg.num_layers, assigner.num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim, model.dtype
-    )
+    kv = allocate_kv_caches(page_of(cfg, block_size, model.dtype), assigner.num_blocks)
     chunks = [Chunk(i, 0, len(p)) for i, p in enumerate(prompts)]
     positions, meta = assigner.step(chunks)
     logits = model.compute_logits(model(torch.tensor(sum(prompts, [])), positions, kv, meta))

@@ -12,7 +12,9 @@ import torch
 from pagedkv.errors import UsageError
 from pagedkv.model import AttentionMetadata, ModelConfig, allocate_kv_caches, load_model
 from pagedkv.model.attention import AttentionPlan
+from pagedkv.pages.page_format import PageFormat
 from pagedkv.pages.sources import shape_from_hf_config
+from tests.model.helpers import page_of
 from tests.model.tiny import make_tiny_model
 
 
@@ -138,16 +140,18 @@ def test_attention_metadata_that_cannot_be_right():
     with pytest.raises(ValueError, match="1 <= new tokens <= context_lens"):
         AttentionPlan(_meta([2], [0, 3], [[0]]), block_size=4)
     with pytest.raises(ValueError, match="block_size must be an integer >= 1"):
-        allocate_kv_caches(1, num_blocks=4, block_size=0, num_kv_heads=1, head_dim=2)
+        PageFormat.mha(1, 1, 2, "fp32", block_size=0)
 
 
 def test_forward_with_caches_of_another_model(tmp_path):
     make_tiny_model("qwen2", tmp_path)
     config, model, _ = load_model(tmp_path, progress=False)
-    wrong = allocate_kv_caches(config.num_layers, 4, 4, config.num_kv_heads + 1, config.head_dim)
+    wrong = allocate_kv_caches(
+        PageFormat.mha(config.num_layers, config.num_kv_heads + 1, config.head_dim, "fp32", 4), 4
+    )
     meta = _meta([3], [0, 3], [[0]])
     with pytest.raises(ValueError, match="KV caches must be"):
         model(torch.tensor([1, 2, 3]), torch.arange(3), wrong, meta)
-    right = allocate_kv_caches(config.num_layers, 4, 4, config.num_kv_heads, config.head_dim)
+    right = allocate_kv_caches(page_of(config, 4), 4)
     with pytest.raises(ValueError, match="must both be \\[3\\]"):
         model(torch.tensor([1, 2]), torch.arange(2), right, meta)

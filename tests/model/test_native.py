@@ -16,7 +16,8 @@ from pagedkv.model import native
 from pagedkv.model.attention import AttentionPlan, paged_attention
 from pagedkv.model.attention_metadata import AttentionMetadata
 from pagedkv.model.layers import RMSNorm, SwiGLU
-from pagedkv.model.native_projection import NativeProjection, native_factory
+from pagedkv.model.native.projection import NativeProjection, native_factory
+from pagedkv.pages.page_format import PageFormat
 
 LIB = native.kernels()
 needs_kernels = pytest.mark.skipif(
@@ -321,7 +322,7 @@ def _run_step(model, config, meta, positions, input_ids, block_size=4):
     from pagedkv.model.kv_pool import allocate_kv_caches
 
     prefix = torch.randn(config.num_layers, 2, 8, block_size, 2, 16, generator=_gen(11))
-    kv = allocate_kv_caches(config.num_layers, 8, block_size, 2, 16)
+    kv = allocate_kv_caches(PageFormat.mha(config.num_layers, 2, 16, "fp32", block_size), 8)
     for (k, v), (pk, pv) in zip(kv, prefix, strict=True):
         k.copy_(pk)
         v.copy_(pv)

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from pagedkv.model import native
-from pagedkv.model.native_projection import NativeProjection, dense_path, gemm_product
-from pagedkv.model.native_quant import NativeQuantProjection
+from pagedkv.model.native.projection import NativeProjection, dense_path, gemm_product
+from pagedkv.model.native.quant import NativeQuantProjection
 
 LIB = native.kernels()
 pytestmark = pytest.mark.skipif(

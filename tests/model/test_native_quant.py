@@ -1,4 +1,4 @@
-"""Weights kept in GGUF blocks on pagedkv's kernels (``native_quant.py``, ``native_dequant.h``,
+"""Weights kept in GGUF blocks on pagedkv's kernels (``native/quant.py``, ``native_dequant.h``,
 ``native_chain.c``, ``native_gemm.c``). References: the ``gguf`` package's own quantizer and decoder
 (llama.cpp's formats, written by others), float64 products, and the fp32 kernel itself, which
 the block kernel must match bit for bit on weights that are exactly block values."""
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from pagedkv.model import native
-from pagedkv.model.native_projection import NativeProjection
-from pagedkv.model.native_quant import NativeQuantProjection, encode_q4_1, encode_q8_0
+from pagedkv.model.native.projection import NativeProjection
+from pagedkv.model.native.quant import NativeQuantProjection, encode_q4_1, encode_q8_0
 
 pytestmark = pytest.mark.skipif(
     native.kernels() is None, reason=f"native kernels unavailable: {native.unavailable_reason()}"

@@ -21,7 +21,7 @@ from pagedkv.model import (
     allocate_kv_caches,
     load_model,
 )
-from tests.model.helpers import Chunk, run_steps
+from tests.model.helpers import Chunk, page_of, run_steps
 from tests.model.tiny import VOCAB_SIZE, make_tiny_model
 
 MAX_LEN = 48
@@ -99,7 +99,7 @@ def test_forked_sequence_after_copy_on_write(tiny):
     config, model = tiny.config, tiny.model
     parent = tiny.sequences[0][:21]
     child = parent[:20] + [tiny.sequences[2][5]]  # diverges at position 20
-    kv = allocate_kv_caches(config.num_layers, 6, 8, config.num_kv_heads, config.head_dim)
+    kv = allocate_kv_caches(page_of(config, 8), 6)
     prefill = AttentionMetadata(
         slot_mapping=torch.tensor([b * 8 + o for b in (4, 1, 3) for o in range(8)][:20]),
         block_tables=torch.tensor([[4, 1, 3]], dtype=torch.int32),

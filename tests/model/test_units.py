@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from pagedkv.model.gguf import unpermute_qk_rows
+from pagedkv.pages.page_format import PageFormat
 
 
 def _llama_cpp_permute(w: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -43,7 +44,9 @@ def test_runner_prepare_lays_out_a_mixed_step_from_the_allocator():
     batch = ScheduledBatch(
         0, (ScheduledSeq(seqs[0], 6, 3, 1, 0), ScheduledSeq(seqs[1], 0, 5, 0, 0))
     )
-    runner = ModelRunner(None, tiny_model_config(), 16, block_size)
+    cfg = tiny_model_config()
+    page = PageFormat.mha(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, "fp32", block_size)
+    runner = ModelRunner(None, cfg, page, 16)
     inputs = runner.prepare(batch, allocator)
 
     tables = [list(allocator.block_table(s)) for s in seqs]

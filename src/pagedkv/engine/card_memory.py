@@ -17,12 +17,11 @@ import torch
 from pagedkv.engine.memory import CardMemory
 from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.sampler import sample
+from pagedkv.model.attention_backend import AttentionBackend
 from pagedkv.model.attention_metadata import AttentionMetadata
-from pagedkv.model.config import ModelConfig
 from pagedkv.model.kv_pool import allocate_kv_caches
 from pagedkv.model.llama import CausalLM
-from pagedkv.model.triton.attention import TritonPlan
-from pagedkv.model.triton.kernels import TritonKernels
+from pagedkv.pages.page_format import PageFormat
 
 
 @dataclass(frozen=True)
@@ -62,24 +61,23 @@ def measure_card(device: torch.device, start: CardStart, peak: Callable[[], int]
 
 def profile_peak_bytes(
     model: CausalLM,
-    config: ModelConfig,
-    kernels: TritonKernels | None,
-    block_size: int,
-    kv_dtype: torch.dtype,
+    backend: AttentionBackend | None,
+    page: PageFormat,
     num_tokens: int,
     max_model_len: int,
     num_rows: int,
 ) -> int:
     """Run the engine's largest step once on dummy tokens: ``num_tokens`` prompt tokens in
-    sequences of at most ``max_model_len``, on a scratch KV pool that holds exactly them; then
-    sample ``num_rows`` rows (top-k and top-p: the sort is the sampler's peak). Returns the peak
+    sequences of at most ``max_model_len``, on a scratch pool of ``page`` that holds them; then
+    sample ``num_rows`` rows (top-k and top-p: the sort is the sampler's peak), attention on
+    ``backend`` (None: the model's default). Returns the peak
     torch memory above what was allocated once the scratch pool existed (0 off CUDA)."""
     device = model.device
     lens = [max_model_len] * (num_tokens // max_model_len)
     lens += [num_tokens % max_model_len] if num_tokens % max_model_len else []
+    block_size = page.block_size
     blocks = [-(-n // block_size) for n in lens]
-    kv_caches = allocate_kv_caches(config.num_layers, sum(blocks) + 1, block_size,
-                                   config.num_kv_heads, config.head_dim, kv_dtype, device)  # fmt: skip
+    kv_caches = allocate_kv_caches(page, sum(blocks) + 1, device)
     on_cuda = device.type == "cuda"
     if on_cuda:
         torch.cuda.synchronize(device)
@@ -88,9 +86,7 @@ def profile_peak_bytes(
     meta = _contiguous_metadata(lens, blocks, block_size)
     positions = torch.cat([torch.arange(n) for n in lens])
     input_ids = torch.zeros(num_tokens, dtype=torch.int64)
-    plan = None
-    if kernels is not None:
-        plan = TritonPlan(meta, block_size, config.num_kv_heads, device, kernels)
+    plan = None if backend is None else backend.plan(meta, kv_caches, block_size)
     hidden = model(input_ids, positions, kv_caches, meta, block_size, plan)
     rows = hidden[: min(num_rows, num_tokens)]
     logits = model.compute_logits(rows.repeat(-(-num_rows // rows.shape[0]), 1)[:num_rows])

@@ -19,14 +19,14 @@ from pagedkv.cpu_share import CpuShare, usable_cores
 from pagedkv.engine.kv.mover import KVMover
 from pagedkv.engine.kv.swap_pool import HostSwapPool
 from pagedkv.kvcache.protocol import KVAllocator
+from pagedkv.model.attention_backend import AttentionBackend
 from pagedkv.model.attention_metadata import AttentionMetadata
 from pagedkv.model.config import ModelConfig
 from pagedkv.model.kv_pool import KVCache, allocate_kv_caches
 from pagedkv.model.llama import CausalLM
 from pagedkv.model.projection import keep_shards
-from pagedkv.model.triton.attention import TritonPlan
 from pagedkv.model.triton.graphs import DecodeGraphs
-from pagedkv.model.triton.kernels import TritonKernels
+from pagedkv.pages.page_format import PageFormat
 from pagedkv.sched.batch import ScheduledBatch
 
 
@@ -68,44 +68,32 @@ class ModelRunner:
         self,
         model: CausalLM,
         config: ModelConfig,
+        page: PageFormat,
         num_blocks: int,
-        block_size: int,
-        kv_dtype: torch.dtype = torch.float32,
         num_host_blocks: int = 0,
-        triton: TritonKernels | None = None,
+        backend: AttentionBackend | None = None,
     ) -> None:
-        """``num_host_blocks`` > 0 adds a host swap pool of that many blocks (swap
-        preemption; the scheduler's ``SwapSpace`` hands out its block ids). ``triton``: the
-        attention backend's kernels (``model/triton/``); None = torch attention."""
-        self.triton = triton
+        """A pool of ``num_blocks`` pages of ``page`` (its block size, heads, head dim and KV
+        dtype). ``num_host_blocks`` > 0 adds a host swap pool of that many blocks (swap
+        preemption; the scheduler's ``SwapSpace`` hands out its block ids). ``backend``: the
+        attention backend (``model/attention_backend.py``); None = the model's default (the
+        native C kernels on the CPU, else torch SDPA)."""
+        if backend is None and model is not None:  # model None: tests of the pool's layout
+            backend = model.default_backend()
+        self.backend = backend
         self.model = model
         self.config = config
-        self.block_size = block_size
+        self.page = page
+        self.block_size = page.block_size
         self.num_blocks = num_blocks  # physical blocks, the null block included
         self.device = torch.device("cpu") if model is None else model.device  # None: layout tests
-        self.kv_caches: list[KVCache] = allocate_kv_caches(
-            config.num_layers,
-            num_blocks,
-            block_size,
-            config.num_kv_heads,
-            config.head_dim,
-            kv_dtype,
-            self.device,
-        )
+        self.kv_caches: list[KVCache] = allocate_kv_caches(page, num_blocks, self.device)
         swap_pool = None
         if num_host_blocks:
-            swap_pool = HostSwapPool(
-                config.num_layers,
-                num_host_blocks,
-                block_size,
-                config.num_kv_heads,
-                config.head_dim,
-                kv_dtype,
-                self.device,
-            )
+            swap_pool = HostSwapPool(page, num_host_blocks, self.device)
         # Every KV copy of a step (swap, copy-on-write, lower tiers, which start-up attaches);
-        # copy-on-write on the Triton backend's block-copy kernel when it runs.
-        copy_blocks = None if triton is None else triton.copy_blocks
+        # copy-on-write on the backend's own block copy.
+        copy_blocks = None if backend is None else backend.copy_blocks
         self.mover = KVMover(self.kv_caches, swap_pool, copy_blocks)
         # On a GPU the step's host tensors are pinned, so their copies to it run asynchronously.
         self._pin = self.device.type == "cuda"
@@ -131,10 +119,10 @@ class ModelRunner:
         """Record the decode steps' CUDA graphs (Triton backend; ``graph_factory`` for tests);
         returns the start-up line."""
         max_blocks = -(-max_model_len // self.block_size)
-        if self.triton is None:
-            raise ValueError("CUDA graphs need the triton attention backend")
+        if self.backend is None:
+            raise ValueError("CUDA graphs need an attention backend")
         graphs = DecodeGraphs(
-            self.model, self.triton, self.kv_caches, self.block_size, max_num_seqs, max_blocks,
+            self.model, self.backend, self.kv_caches, self.block_size, max_num_seqs, max_blocks,
             graph_factory,
         )  # fmt: skip
         graphs.capture()
@@ -240,10 +228,7 @@ class ModelRunner:
             if logits is not None:
                 self.mover.after_forward(batch)
                 return StepOutput(logits, [])
-        plan = None
-        if self.triton is not None:
-            cfg = self.config
-            plan = TritonPlan(meta, self.block_size, cfg.num_kv_heads, self.device, self.triton)
+        plan = self.backend.plan(meta, self.kv_caches, self.block_size)
         hidden = self.model(
             inputs.input_ids, inputs.positions, self.kv_caches, meta, self.block_size, plan
         )

@@ -23,12 +23,12 @@ from pagedkv.errors import UsageError
 from pagedkv.kvcache.policies import Policy, build_allocator, get_policy
 from pagedkv.kvcache.protocol import KVAllocator
 from pagedkv.kvstore.tier import StoreTier
+from pagedkv.model.attention_backend import backend_rule, make_backend
 from pagedkv.model.config import ModelConfig
 from pagedkv.model.device import Placement, resolve_placement
 from pagedkv.model.llama import CausalLM
-from pagedkv.model.loader import TORCH_DTYPES, load_model, read_model_shape
+from pagedkv.model.loader import load_model, read_model_shape
 from pagedkv.model.tokenizer import Tokenizer
-from pagedkv.model.triton.kernels import load_kernels
 from pagedkv.pages.kv_dtypes import get_kv_dtype
 from pagedkv.pages.layout import KVLayout, layout_from_shape
 from pagedkv.pages.page_format import PageFormat
@@ -89,16 +89,12 @@ def build_parts(
     placement = engine_placement(config)
     notes: list[str] = []
     layout = layout_from_shape(model_config.model_shape(), get_kv_dtype(placement.dtype).name)
-    triton = placement.attention_backend == "triton"
     reserved = policy.allocator == "reserved"
-    if reserved:
-        # One region of max_model_len slots per sequence is the whole point of this baseline;
-        # the Triton kernels' tiles gather through the table, so a region is one block there.
-        requested, backend = max_model_len, "triton" if triton else "torch-sdpa-reserved"
-    else:
-        requested = config.block_size or policy.block_size
-        backend = "triton" if triton else "torch-sdpa"
-    resolution = resolve_block_size(requested, backend, layout)
+    rule = backend_rule(placement.attention_backend, placement.device)
+    # Reserved: one region of max_model_len slots per sequence is the whole point of this
+    # baseline, one block, which every backend reads (the Triton tiles gather through the table).
+    requested = max_model_len if reserved else config.block_size or policy.block_size
+    resolution = resolve_block_size(requested, rule.name, layout)
     block_size = resolution.block_size
     card_sized = config.kv_cache_memory_bytes is None and placement.device.type == "cuda"
     if not card_sized:  # a fixed pool is checked before the weights load
@@ -115,14 +111,13 @@ def build_parts(
     _, model, tokenizer = loaded
     if model is not None and model.device != placement.device:  # None: tests of the sizing
         raise UsageError(f"the model is on {model.device}, the engine on {placement.device}")
-    kernels = load_kernels(placement.device) if triton else None
-    kv_dtype = TORCH_DTYPES[placement.dtype]
+    backend = None if model is None else make_backend(rule.name, model, placement.device)
+    page_format = PageFormat.from_layout(layout, block_size)
     if start is not None:
 
         def peak() -> int:
-            return profile_peak_bytes(model, model_config, kernels, block_size, kv_dtype,
-                                      config.max_num_batched_tokens, max_model_len,
-                                      config.max_num_seqs)  # fmt: skip
+            return profile_peak_bytes(model, backend, page_format, config.max_num_batched_tokens,
+                                      max_model_len, config.max_num_seqs)  # fmt: skip
 
         size = kv_bytes_from_card(
             measure_card(placement.device, start, peak), config.gpu_memory_utilization
@@ -141,18 +136,15 @@ def build_parts(
     ).build(allocator)
     # The scheduler's SwapSpace hands out host block ids: the host pool has exactly its blocks.
     num_host_blocks = scheduler.swap_space.num_blocks if scheduler.swap_space else 0
-    runner = ModelRunner(
-        model, model_config, num_blocks, block_size, kv_dtype, num_host_blocks, kernels,
-    )  # fmt: skip
+    runner = ModelRunner(model, model_config, page_format, num_blocks, num_host_blocks, backend)
     cuda_graphs = graphs_wanted(config, placement)
     if cuda_graphs:
         graphs_line = runner.capture_graphs(config.max_num_seqs, max_model_len)
     threads_line = runner.share_cpu(config.adapt_threads)
-    page_format = PageFormat.from_layout(layout, block_size)
     report = startup_report(policy, resolution, allocator, runner, layout, max_model_len)
     report += f"\npagedkv: {placement.describe()}" + (
         " (Triton's interpreter on the CPU: for tests, slow)"
-        if kernels is not None and kernels.interpreted
+        if rule.name == "triton" and placement.device.type == "cpu"
         else ""
     )
     for line in notes:

@@ -3,8 +3,8 @@
 Public API the engine uses::
 
     config, model, tokenizer = load_model(path_or_none, dtype="float32")
-    kv_caches = allocate_kv_caches(config.num_layers, num_blocks, block_size,
-                                   config.num_kv_heads, config.head_dim, dtype)
+    page = PageFormat.from_layout(layout_from_shape(config.model_shape(), "fp32"), block_size)
+    kv_caches = allocate_kv_caches(page, num_blocks)
     meta = AttentionMetadata(slot_mapping, block_tables, context_lens, query_start_loc)
     hidden = model(input_ids, positions, kv_caches, meta, block_size)  # [T, H]; writes K/V
     logits = model.compute_logits(hidden[rows])

@@ -3,7 +3,7 @@
 The ``gguf`` package decodes every format in numpy, one temporary per step, which took ~8 s for
 the embedded model; the two formats that model uses are decoded here in ~0.1 s. Anything else
 still goes through ``gguf`` (see ``gguf.py``). ``--weights int4|int8`` re-encodes the decoded
-fp32 weights (``native_quant.py``): for these two formats that gives back the file's blocks.
+fp32 weights (``native/quant.py``): for these two formats that gives back the file's blocks.
 
 Block layouts (32 weights each, llama.cpp's ``ggml-common.h``):
 

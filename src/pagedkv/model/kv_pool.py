@@ -1,70 +1,89 @@
-"""The KV pools: per layer, K and V of shape ``[num_blocks, block_size, num_kv_heads, head_dim]``."""
+"""The KV pools: per layer, K and V of shape ``[num_blocks, block_size, num_kv_heads, head_dim]``,
+sized by one object, the page format (``pages/page_format.py``: block size, layers, KV heads,
+head dim, KV dtype), so every pool of an engine (device, swap, host tier) has the same pages."""
 
 from __future__ import annotations
 
 import torch
 
 from pagedkv.pages.layout import KVLayout, mha_layout
+from pagedkv.pages.page_format import PageFormat
 from pagedkv.units import check_block_size
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
 
+# The engine's KV dtypes (a page format's ``kv_dtype``) as torch dtypes.
+TORCH_KV_DTYPES: dict[str, torch.dtype] = {
+    "fp32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+}
+
+
+def torch_kv_dtype(page: PageFormat) -> torch.dtype:
+    """The torch dtype of ``page``'s K and V values (ValueError for a format torch has none
+    of, e.g. a quantized one)."""
+    if page.kv_dtype not in TORCH_KV_DTYPES:
+        raise ValueError(f"no torch pool for KV dtype {page.kv_dtype!r}")
+    return TORCH_KV_DTYPES[page.kv_dtype]
+
+
 def allocate_kv_caches(
-    num_layers: int,
-    num_blocks: int,
-    block_size: int,
-    num_kv_heads: int,
-    head_dim: int,
-    dtype: torch.dtype = torch.float32,
-    device: torch.device | str = "cpu",
+    page: PageFormat, num_blocks: int, device: torch.device | str = "cpu"
 ) -> list[KVCache]:
-    """Zero-filled ``(k, v)`` pools per layer, ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+    """Zero-filled ``(k, v)`` pools per layer of ``page`` (its block size, heads, head dim and
+    dtype), ``[num_blocks, block_size, num_kv_heads, head_dim]``.
 
     Zeros matter: masked-out slots are still multiplied by a zero weight, and garbage NaNs from
     uninitialised memory would poison real rows. The caller owns the tensors.
     """
-    shape = _pool_shape(num_blocks, block_size, num_kv_heads, head_dim)
+    shape, dtype = _pool_shape(page, num_blocks), torch_kv_dtype(page)
     return [
         (
             torch.zeros(shape, dtype=dtype, device=device),
             torch.zeros(shape, dtype=dtype, device=device),
         )
-        for _ in range(num_layers)
+        for _ in range(page.num_layers)
     ]
 
 
 def allocate_host_kv_caches(
-    num_layers: int,
-    num_blocks: int,
-    block_size: int,
-    num_kv_heads: int,
-    head_dim: int,
-    dtype: torch.dtype = torch.float32,
-    pin_memory: bool = False,
+    page: PageFormat, num_blocks: int, pin_memory: bool = False
 ) -> list[KVCache]:
-    """Host ``(k, v)`` pools per layer in the device pool's block layout, for blocks that are
-    only read after a copy wrote them (swap space, the host tier): left uninitialised
+    """Host ``(k, v)`` pools per layer in ``page``'s block layout, for blocks that are only
+    read after a copy wrote them (swap space, the host tier): left uninitialised
     (``torch.empty``: the memory is committed page by page as copies touch it); ``pin_memory``
     for faster transfers to and from a GPU. The caller owns the tensors."""
-    shape = _pool_shape(num_blocks, block_size, num_kv_heads, head_dim)
+    shape, dtype = _pool_shape(page, num_blocks), torch_kv_dtype(page)
     return [
         (
             torch.empty(shape, dtype=dtype, pin_memory=pin_memory),
             torch.empty(shape, dtype=dtype, pin_memory=pin_memory),
         )
-        for _ in range(num_layers)
+        for _ in range(page.num_layers)
     ]
 
 
-def _pool_shape(
-    num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int
-) -> tuple[int, int, int, int]:
-    """One layer's K (or V) pool shape; ValueError for a bad block size or count."""
-    check_block_size(block_size)
+def copy_pool_rows(pool: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+    """``pool[dst[i]] = pool[src[i]]`` (whole blocks of one K or V pool: copy-on-write), with
+    torch ops; the rows are read before any is written."""
+    pool.index_copy_(0, dst, pool.index_select(0, src))
+
+
+def _pool_shape(page: PageFormat, num_blocks: int) -> tuple[int, int, int, int]:
+    """One layer's K (or V) pool shape; ValueError for an MLA page or a bad block count."""
+    if page.attention != "mha":
+        raise ValueError(f"the engine's pools hold MHA pages, not {page.attention}")
+    check_block_size(page.block_size)
     if num_blocks < 1:
         raise ValueError(f"need num_blocks >= 1, got {num_blocks}")
-    return (num_blocks, block_size, num_kv_heads, head_dim)
+    return (num_blocks, page.block_size, page.num_kv_heads, page.head_dim)
+
+
+def page_of_pools(kv_caches: list[KVCache]) -> PageFormat:
+    """The page format of these pools (read off the tensors)."""
+    return PageFormat.from_layout(pool_layout(kv_caches), kv_caches[0][0].shape[1])
 
 
 def pool_layout(kv_caches: list[KVCache]) -> KVLayout:

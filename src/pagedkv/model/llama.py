@@ -3,14 +3,14 @@
 Usage by the engine (one call per step)::
 
     model = build_model(config)                  # on "meta"; then model.load_weights(...)
-    kv = allocate_kv_caches(config.num_layers, num_blocks, block_size, config.num_kv_heads,
-                            config.head_dim, dtype)
+    page = PageFormat.from_layout(layout_from_shape(config.model_shape(), "fp32"), block_size)
+    kv = allocate_kv_caches(page, num_blocks)
     hidden = model(input_ids, positions, kv, AttentionMetadata(...), block_size)  # [T, H]
     logits = model.compute_logits(hidden[last_token_rows])                        # [N, V] fp32
 
 Weights arrive under *canonical* names (``layers.{i}.q_proj.weight`` ...); loaders translate
 file names into them, ``load_weights`` fuses Q/K/V and gate/up into single matmuls and stores
-every projection on pagedkv's kernels (``native_projection.py``), in torch
+every projection on pagedkv's kernels (``native/projection.py``), in torch
 (``projection.Projection``) or quantized (``quant.py``). The layer itself: ``decoder_layer.py``.
 """
 
@@ -22,15 +22,15 @@ import torch
 from torch import nn
 
 from pagedkv.model import native
-from pagedkv.model.attention import AttentionPlan
+from pagedkv.model.attention_backend import AttentionBackend, StepAttention, make_backend
 from pagedkv.model.attention_metadata import AttentionMetadata
 from pagedkv.model.config import ModelConfig
 from pagedkv.model.decoder_layer import DecoderLayer
 from pagedkv.model.kv_pool import KVCache
 from pagedkv.model.layers import RMSNorm, RotaryEmbedding
-from pagedkv.model.native_projection import NativeProjection, native_factory
+from pagedkv.model.native.layer import prepare_fused_decode
+from pagedkv.model.native.projection import NativeProjection, native_factory
 from pagedkv.model.projection import Projection, ProjectionBase, projection_from_pieces
-from pagedkv.model.triton.attention import TritonPlan
 
 # A layer's projections → the canonical pieces their weight (and bias) concatenate, by rows.
 PROJECTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -102,7 +102,7 @@ class CausalLM(nn.Module):
         kv_caches: list[KVCache],
         attn_metadata: AttentionMetadata,
         block_size: int | None = None,
-        plan: TritonPlan | None = None,
+        plan: StepAttention | None = None,
     ) -> torch.Tensor:
         """Run the new tokens of one step; returns the final-normed hidden states ``[T, H]``.
 
@@ -111,8 +111,8 @@ class CausalLM(nn.Module):
         reads ``positions``, the causal mask reads the metadata; they must agree).
         ``kv_caches``: one ``(k, v)`` pair per layer; the new tokens' K/V are written into their
         slots (mutated in place). ``block_size`` defaults to the caches' dimension 1. ``plan``:
-        the Triton backend's for this step (``triton/attention.py``; the runner makes it, or a
-        CUDA graph over its buffers); None = torch attention (pagedkv's C kernels on the CPU).
+        the step's attention on the engine's backend (``attention_backend.py``: the runner
+        makes it, or a CUDA graph over its buffers); None = ``default_backend``'s.
         """
         if len(kv_caches) != self.config.num_layers:
             raise ValueError(f"need {self.config.num_layers} KV caches, got {len(kv_caches)}")
@@ -129,38 +129,19 @@ class CausalLM(nn.Module):
                 f"must both be [{num_tokens}] (one per slot_mapping entry)"
             )
         block_size = block_size or kv_caches[0][0].shape[1]
-        step_plan = plan if plan is not None else self.plan(attn_metadata, kv_caches, block_size)
+        if plan is None:
+            plan = self.default_backend().plan(attn_metadata, kv_caches, block_size)
         positions = positions.to(self.device, non_blocking=True)  # host tensors cross once
         cos, sin = self.rotary.cos_sin(positions, self.dtype)
         hidden = self.embed(input_ids.to(self.device, non_blocking=True))
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden = layer(hidden, cos, sin, kv_cache, step_plan)
+            hidden = layer(hidden, cos, sin, kv_cache, plan)
         return self.norm(hidden)
 
-    def plan(
-        self, meta: AttentionMetadata, kv_caches: list[KVCache], block_size: int
-    ) -> AttentionPlan:
-        """The step's torch attention plan (``meta`` on the host)."""
-        kernels = self._attention_kernels(kv_caches)
-        if kernels is not None:  # C writes and reads where the slots say: check them first
-            _check_slots(meta, kv_caches[0][0].shape[0], block_size)
-        return AttentionPlan(meta, block_size, self.dtype, kernels, self.device)
-
-    def _attention_kernels(self, kv_caches: list[KVCache]):
-        """The native kernels where attention may use them: queries and caches both fp32 or
-        both bf16, contiguous caches, a head size of a multiple of 8 and at most 256."""
-        kernels, dtype, head_dim = self.attention_kernels, self.dtype, self.config.head_dim
-        if (
-            kernels is None
-            or dtype not in (torch.float32, torch.bfloat16)
-            or kv_caches[0][0].dtype != dtype
-            or not all(k.is_contiguous() and v.is_contiguous() for k, v in kv_caches)
-            or head_dim % 8
-            or head_dim > native.MAX_HEAD_DIM
-            or torch.compiler.is_compiling()
-        ):
-            return None
-        return kernels
+    def default_backend(self) -> AttentionBackend:
+        """The backend a forward without a plan attends on: pagedkv's C kernels where the load
+        found them (the CPU), else torch SDPA."""
+        return make_backend("native", self, self.device)
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -240,20 +221,10 @@ class CausalLM(nn.Module):
                 )
                 norm.kernels = kernels if norm.weight.shape[0] % 8 == 0 else None
             layer.mlp.kernels = kernels
-            layer.prepare_fused_decode()
+            prepare_fused_decode(layer)
         if "rope_freqs.weight" in weights:
             self.rotary.scale_frequencies(weights["rope_freqs.weight"])
         self.rotary.to(device)
-
-
-def _check_slots(meta: AttentionMetadata, num_blocks: int, block_size: int) -> None:
-    """ValueError unless every slot written and every block read lies in the pool (the torch
-    path's index ops raise by themselves; the native kernels would touch other memory)."""
-    slots, tables = meta.slot_mapping, meta.block_tables
-    if slots.numel() and (int(slots.min()) < 0 or int(slots.max()) >= num_blocks * block_size):
-        raise ValueError(f"slot_mapping outside the pool of {num_blocks * block_size} slots")
-    if tables.numel() and (int(tables.min()) < 0 or int(tables.max()) >= num_blocks):
-        raise ValueError(f"block_tables name blocks outside the pool of {num_blocks}")
 
 
 def _check_shape(name: str, tensor: torch.Tensor, want: tuple[int, ...]) -> None:

@@ -1,6 +1,6 @@
 """The projections of the model's linear layers: ``ProjectionBase`` (what the layers call),
 ``Projection`` (fp32 or bf16 in torch, an ``[in, out]`` weight, column shards one a thread: the
-path where pagedkv's own kernels do not load, ``native_projection.py``) and the helpers that
+path where pagedkv's own kernels do not load, ``native/projection.py``) and the helpers that
 read a sharded product in place."""
 
 from __future__ import annotations

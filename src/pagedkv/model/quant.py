@@ -2,7 +2,7 @@
 kernel of each projection decided by a rule at load, never by a clock.
 
 The kernels:
-- "native" (``native_quant.py``): GGUF's Q4_1 blocks for int4 (Q8_0 for int8 and for int4's
+- "native" (``native/quant.py``): GGUF's Q4_1 blocks for int4 (Q8_0 for int8 and for int4's
   lm_head) on pagedkv's kernels, fp32 activations. On weights decoded from such blocks (a
   Q4_1 GGUF) the products are the fp32 kernel's, bit for bit.
 - "float32" / "bfloat16": torch's ``_weight_int4pack_mm_for_cpu`` (group-wise asymmetric int4,
@@ -27,8 +27,8 @@ import torch
 from torch import nn
 
 from pagedkv.model import native
-from pagedkv.model.native_projection import native_factory
-from pagedkv.model.native_quant import NativeQuantProjection
+from pagedkv.model.native.projection import native_factory
+from pagedkv.model.native.quant import NativeQuantProjection
 from pagedkv.model.projection import ProjectionBase, projection_from_pieces
 
 GROUP = 32

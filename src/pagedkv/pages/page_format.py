@@ -12,7 +12,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, fields
 
 from pagedkv.errors import UsageError
-from pagedkv.pages.layout import KVLayout
+from pagedkv.pages.layout import KVLayout, mha_layout
 from pagedkv.units import check_block_size
 
 
@@ -44,6 +44,14 @@ class PageFormat:
             qk_rope_head_dim=layout.qk_rope_head_dim,
             record_bytes=layout.record_bytes,
         )
+
+    @classmethod
+    def mha(
+        cls, num_layers: int, num_kv_heads: int, head_dim: int, kv_dtype: str, block_size: int
+    ) -> PageFormat:
+        """The page of an MHA/GQA pool (``layout.mha_layout``): what an engine's pools, and the
+        tests' and benchmarks' own, are sized by."""
+        return cls.from_layout(mha_layout(num_layers, num_kv_heads, head_dim, kv_dtype), block_size)
 
     def to_dict(self) -> dict[str, int | str]:
         return asdict(self)

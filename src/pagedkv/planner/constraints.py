@@ -13,8 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pagedkv.errors import UsageError
-from pagedkv.pages import triton_rules
+from pagedkv.pages import attention_rules
 from pagedkv.pages.layout import KVLayout, int32_max_pool_blocks, is_aligned
+from pagedkv.pages.triton_rules import DEFAULT_BLOCK_SIZE
 from pagedkv.units import check_block_size
 
 ANY_BLOCK_SIZE: tuple[int, ...] = ()  # empty = every block size >= 1 is accepted
@@ -42,6 +43,14 @@ class Backend:
     int32_offsets: bool = False
     note: str = ""
     kernel_problems: Callable[[int, int | None], list[str]] | None = None
+    loops_over_tiles: bool = False  # its loop count is tiles of the context, not ceil(L / B)
+
+    @classmethod
+    def of_rule(cls, rule: attention_rules.BackendRule) -> Backend:
+        """One of pagedkv's own backends, from the declaration its engine backend carries."""
+        return cls(rule.name, DEFAULT_BLOCK_SIZE, ANY_BLOCK_SIZE, DEFAULT_BLOCK_SIZE, rule.layouts,
+                   note=rule.note, kernel_problems=rule.problems,
+                   loops_over_tiles=rule.loops_over_tiles)  # fmt: skip
 
     def allows(self, block_size: int) -> bool:
         """Whether the kernel accepts this block size (alignment and offsets not included)."""
@@ -56,7 +65,6 @@ _MLA = ("mla",)
 BACKENDS: dict[str, Backend] = {
     b.name: b
     for b in (
-        Backend("torch-sdpa", 16, note="pagedkv paged attention (gather + SDPA): any B >= 1"),
         Backend("torch-sdpa-reserved", 16, note="pagedkv contiguous max_len baseline"),
         Backend("flashmla", 64, (64,), 64, _MLA, note="FlashMLA: only 64"),
         Backend("trtllm-mla", 64, (32, 64), 64, _MLA, note="TRT-LLM MLA: 32/64"),
@@ -69,15 +77,8 @@ BACKENDS: dict[str, Backend] = {
         Backend(
             "deepinfer", 128, (128,), 128, alignment_bytes=128, note="fixed 128, 128 B aligned"
         ),
-        Backend(
-            "triton",
-            triton_rules.DEFAULT_BLOCK_SIZE,
-            ANY_BLOCK_SIZE,
-            triton_rules.DEFAULT_BLOCK_SIZE,
-            ("mha",),
-            note=f"pagedkv's Triton kernels (GPU): {triton_rules.block_size_note()}",
-            kernel_problems=triton_rules.block_size_problems,
-        ),
+        # pagedkv's own backends: their engine declarations, read as they are (one copy).
+        *(Backend.of_rule(rule) for rule in attention_rules.RULES.values()),
     )
 }
 

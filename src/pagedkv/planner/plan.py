@@ -209,7 +209,7 @@ def _recommend(
     spec = get_backend(backend)
     if excluded:
         reasons.append("excluded by hard constraints: " + ", ".join(excluded))
-    elif spec.kernel_problems is not None and not spec.allowed_block_sizes:
+    elif spec.kernel_problems is not None:
         reasons.append(f"no block size excluded by backend {backend}: {spec.note}")
     if slow:
         fastest = min(r.decode_step_s or 0.0 for r in allowed)
@@ -225,8 +225,7 @@ def _recommend(
     )
     if larger:
         time_note += f", {larger[0].kernel_block_iterations} at B={larger[0].block_size}"
-    if spec.kernel_problems is not None and not spec.allowed_block_sizes:
-        # pagedkv's own kernels walk tiles, not blocks: the block count is no loop count.
+    if spec.loops_over_tiles:  # the block count is no loop count of these kernels
         time_note = "time ledger (not in W): the kernels loop over tiles of the context, not blocks"
     if best.decode_step_s is not None:
         time_note += f"; one decode step of all K: {best.decode_step_s * 1e3:.2f} ms"

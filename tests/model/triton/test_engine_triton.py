@@ -75,7 +75,7 @@ def test_a_mixed_step_runs_its_decode_rows_on_the_decode_kernel(tiny):
         torch.tensor([20, 5, 9], dtype=torch.int32),
         torch.tensor([0, 7, 8, 9], dtype=torch.int32),  # 7 new tokens, then 1 and 1
     )
-    kernels = _engine(tiny, attention_backend="triton").parts.runner.triton
+    kernels = _engine(tiny, attention_backend="triton").parts.runner.backend.kernels
     plan = TritonPlan(plan_meta, 16, 2, torch.device("cpu"), kernels)
     assert plan.tiles.tolist() == [[0, 0]] and plan.num_decode == 2
     assert plan.decode_rows.tolist() == [7, 8] and plan.decode_lens.tolist() == [5, 9]
@@ -142,7 +142,7 @@ def test_decode_graph_replays_equal_the_eager_step_and_padding_writes_nothing(ti
         assert torch.equal(k0, k1) and torch.equal(v0, v1)  # only the 3 real slots changed
     # The eager steps on the same pool state (their K/V writes are the same values again): on
     # the Triton kernels, and on the native C path.
-    plan = TritonPlan(meta, 16, tiny[0].num_kv_heads, torch.device("cpu"), runner.triton)
+    plan = TritonPlan(meta, 16, tiny[0].num_kv_heads, torch.device("cpu"), runner.backend.kernels)
     eager = runner.model.compute_logits(runner.model(ids, pos, runner.kv_caches, meta, 16, plan))
     torch.testing.assert_close(replayed, eager, rtol=0, atol=1e-6)
     hidden = runner.model(ids, pos, runner.kv_caches, meta, 16, None)

@@ -14,32 +14,25 @@ from __future__ import annotations
 
 import torch
 
-from pagedkv.model.kv_pool import KVCache, allocate_host_kv_caches, pool_layout
+from pagedkv.model.kv_pool import KVCache, allocate_host_kv_caches
+from pagedkv.pages.page_format import PageFormat
 
 
 class HostPool:
     """``num_blocks`` host blocks; the sizes the stats and start-up lines report."""
 
     def __init__(
-        self,
-        num_layers: int,
-        num_blocks: int,
-        block_size: int,
-        num_kv_heads: int,
-        head_dim: int,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
+        self, page: PageFormat, num_blocks: int, device: torch.device | str = "cpu"
     ) -> None:
-        """``device``: where the device pool lives (pinned host memory for a GPU)."""
+        """``page``: the device pool's page format; ``device``: where the device pool lives
+        (pinned host memory for a GPU)."""
         if num_blocks < 1:
             raise ValueError(f"a host KV pool needs num_blocks >= 1, got {num_blocks}")
         pin = torch.device(device).type == "cuda"
-        self.kv_caches: list[KVCache] = allocate_host_kv_caches(
-            num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype, pin_memory=pin
-        )
+        self.kv_caches: list[KVCache] = allocate_host_kv_caches(page, num_blocks, pin_memory=pin)
         self.num_blocks = num_blocks
-        self.block_size = block_size  # tokens per block
-        self.block_bytes = pool_layout(self.kv_caches).block_bytes(block_size)
+        self.block_size = page.block_size  # tokens per block
+        self.block_bytes = page.record_bytes * page.block_size
 
     @property
     def pool_bytes(self) -> int:

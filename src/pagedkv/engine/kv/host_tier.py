@@ -18,6 +18,7 @@ from pagedkv.kvcache.hashing import BlockHash
 from pagedkv.kvcache.tiers.contract import TIER_HOST
 from pagedkv.kvcache.tiers.host_index import HostTierIndex
 from pagedkv.model.kv_pool import KVCache
+from pagedkv.pages.page_format import PageFormat
 
 
 class HostKVTier(HostPool):
@@ -28,18 +29,9 @@ class HostKVTier(HostPool):
     name = TIER_HOST
 
     def __init__(
-        self,
-        index: HostTierIndex,
-        num_layers: int,
-        block_size: int,
-        num_kv_heads: int,
-        head_dim: int,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
+        self, index: HostTierIndex, page: PageFormat, device: torch.device | str = "cpu"
     ) -> None:
-        super().__init__(
-            num_layers, index.num_blocks, block_size, num_kv_heads, head_dim, dtype, device
-        )
+        super().__init__(page, index.num_blocks, device)
         self.index = index
 
     def offload(

@@ -59,17 +59,8 @@ def attach_tiers(
     runner every executor; returns the start-up lines (without the ``pagedkv:`` prefix)."""
     tiers: list[tuple[KVTier, TierExecutor]] = []
     if num_host_blocks:
-        cfg = runner.config
-        k, _ = runner.kv_caches[0]
-        host = HostKVTier(
-            HostTierIndex(num_host_blocks),
-            cfg.num_layers,
-            runner.block_size,
-            cfg.num_kv_heads,
-            cfg.head_dim,
-            k.dtype,
-            k.device,  # pinned host memory when the pool is on a GPU
-        )
+        # Pinned host memory when the pool is on a GPU.
+        host = HostKVTier(HostTierIndex(num_host_blocks), runner.page, runner.device)
         tiers.append((host.index, host))
     tiers.extend(extra)
     if not tiers:

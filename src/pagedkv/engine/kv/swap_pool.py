@@ -20,6 +20,7 @@ import torch
 from pagedkv.engine.kv.block_copy import copy_rows
 from pagedkv.engine.kv.host_pool import HostPool
 from pagedkv.model.kv_pool import KVCache
+from pagedkv.pages.page_format import PageFormat
 from pagedkv.sched.batch import ScheduledBatch
 
 
@@ -28,16 +29,9 @@ class HostSwapPool(HostPool):
     only."""
 
     def __init__(
-        self,
-        num_layers: int,
-        num_blocks: int,
-        block_size: int,
-        num_kv_heads: int,
-        head_dim: int,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
+        self, page: PageFormat, num_blocks: int, device: torch.device | str = "cpu"
     ) -> None:
-        super().__init__(num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype, device)
+        super().__init__(page, num_blocks, device)
         self.blocks_out = 0  # device -> host, counted as copied
         self.blocks_in = 0  # host -> device
         self._last_step: int | None = None  # the last step whose swaps ``apply`` ran

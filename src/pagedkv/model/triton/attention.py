@@ -124,6 +124,10 @@ class TritonPlan:
         assert out is not None  # a step has at least one row
         return out.view(self.num_tokens, -1)
 
+    def run_layer(self, layer, hidden, cos, sin, kv_cache) -> None:
+        """``StepAttention.run_layer``: the layer runs its own ops and calls ``attend``."""
+        return None
+
 
 def _on(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """``t`` as a contiguous ``dtype`` tensor on ``device`` (host memory crosses without

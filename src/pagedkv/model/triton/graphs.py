@@ -10,8 +10,9 @@ reads lives in static device buffers, refilled before each replay:
   padding: slot -1 (the KV write skips it), context 0 (attention reads nothing, writes 0),
   token 0 at position 0; their logits are dropped.
 
-The Triton decode plan reads only those buffers and fixes its split count per bucket at capture
-(the rule's choice at the longest context the table holds), so a replay needs no host value.
+The backend's graph plan (the Triton decode plan) reads only those buffers and fixes its split
+count per bucket at capture (the rule's choice at the longest context the table holds), so a
+replay needs no host value.
 Steps with a prompt chunk, or more sequences than the largest bucket, run eagerly.
 
 ``graph_factory`` makes the graph objects; on a GPU ``torch.cuda.CUDAGraph``. Tests on the CPU
@@ -28,8 +29,6 @@ import torch
 
 from pagedkv.model.attention_metadata import AttentionMetadata
 from pagedkv.model.kv_pool import KVCache
-from pagedkv.model.triton.attention import TritonPlan
-from pagedkv.model.triton.kernels import TritonKernels, num_sms
 
 
 def batch_buckets(max_num_seqs: int) -> tuple[int, ...]:
@@ -40,19 +39,20 @@ def batch_buckets(max_num_seqs: int) -> tuple[int, ...]:
 
 
 class DecodeGraphs:
-    """Captured decode forwards of ``model`` over ``kv_caches`` (the Triton backend's)."""
+    """Captured decode forwards of ``model`` over ``kv_caches``, each step's attention planned by
+    ``backend.graph_plan`` over the static buffers (the Triton backend's)."""
 
     def __init__(
         self,
         model: Any,  # CausalLM (not imported: llama imports this package)
-        kernels: TritonKernels,
+        backend: Any,  # AttentionBackend (likewise)
         kv_caches: list[KVCache],
         block_size: int,
         max_num_seqs: int,
         max_blocks: int,
         graph_factory: Callable[[], Any] | None = None,
     ) -> None:
-        self.model, self.kernels, self.kv_caches = model, kernels, kv_caches
+        self.model, self.backend, self.kv_caches = model, backend, kv_caches
         self.block_size = block_size
         self.buckets = batch_buckets(max_num_seqs)
         self.max_blocks = max_blocks
@@ -76,10 +76,9 @@ class DecodeGraphs:
             self.query_start_loc[: n + 1],
         )
         model = self.model
-        splits = self.kernels.decode_splits(
-            n, model.config.num_kv_heads, self.max_blocks * self.block_size, num_sms(model.device)
-        )
-        plan = TritonPlan.for_graph(meta, self.block_size, self.kernels, splits)
+        plan = self.backend.graph_plan(meta, self.block_size, self.max_blocks * self.block_size)
+        if plan is None:
+            raise ValueError(f"the {self.backend.rule.name} attention backend has no CUDA graphs")
         hidden = model(
             self.input_ids[:n], self.positions[:n], self.kv_caches, meta, self.block_size, plan
         )

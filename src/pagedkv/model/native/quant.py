@@ -23,7 +23,7 @@ from torch import nn
 
 from pagedkv.model import native
 from pagedkv.model.gguf_quants import BLOCK_WEIGHTS
-from pagedkv.model.native_projection import (
+from pagedkv.model.native.projection import (
     BlockWeight,
     dense_added_to,
     dense_halves,

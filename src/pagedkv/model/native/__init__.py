@@ -8,7 +8,7 @@ once per process by rule (``isa()``).
 ``kernels()`` returns the loaded library, or None with ``unavailable_reason()`` saying why
 (not x86-64, no AVX2/FMA, no compiler, a second OpenMP runtime, ``PAGEDKV_NATIVE=0``, a
 ``PAGEDKV_NATIVE_ISA`` this CPU cannot run). Every caller keeps a torch path for None. The C
-code trusts its arguments: the callers (``native_projection``, ``native_quant``,
+code trusts its arguments: the callers (``native/projection``, ``native/quant``,
 ``layers.RMSNorm``/``SwiGLU``, ``decoder_layer``, ``attention``) pass contiguous memory (fp32,
 or uint8 blocks) of the shapes the kernel comments state, and check it before each call. F16C
 (the blocks' fp16 scales) comes with every AVX2 CPU.

@@ -1,0 +1,42 @@
+"""``TritonBackend``: the attention backend on pagedkv's Triton kernels (the GPU's default;
+under Triton's interpreter on the CPU, for tests). A step's plan is ``TritonPlan``
+(``attention.py``); copy-on-write runs on the block-copy kernel."""
+
+from __future__ import annotations
+
+import torch
+
+from pagedkv.model.attention_metadata import AttentionMetadata
+from pagedkv.model.kv_pool import KVCache
+from pagedkv.model.triton.attention import TritonPlan
+from pagedkv.model.triton.kernels import TritonKernels, num_sms
+from pagedkv.pages.attention_rules import TRITON, BackendRule
+
+
+class TritonBackend:
+    """``AttentionBackend`` on ``kernels`` (loaded for ``device``)."""
+
+    def __init__(self, kernels: TritonKernels, device: torch.device, num_kv_heads: int) -> None:
+        self.kernels, self.device, self.num_kv_heads = kernels, device, num_kv_heads
+
+    @property
+    def rule(self) -> BackendRule:
+        return TRITON
+
+    def plan(
+        self, meta: AttentionMetadata, kv_caches: list[KVCache], block_size: int
+    ) -> TritonPlan:
+        return TritonPlan(meta, block_size, self.num_kv_heads, self.device, self.kernels)
+
+    def graph_plan(
+        self, meta: AttentionMetadata, block_size: int, max_context_len: int
+    ) -> TritonPlan:
+        """A decode plan over ``meta``'s static device buffers, its split count fixed by the rule
+        at ``max_context_len``: what a CUDA graph records and replays."""
+        num_seqs, num_kv_heads = meta.num_seqs, self.num_kv_heads
+        splits = self.kernels.decode_splits(num_seqs, num_kv_heads, max_context_len,
+                                            num_sms(self.device))  # fmt: skip
+        return TritonPlan.for_graph(meta, block_size, self.kernels, splits)
+
+    def copy_blocks(self, pool: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+        self.kernels.copy_blocks(pool, src, dst)
