@@ -13,7 +13,19 @@ What it measures first (what the earlier sections lack for the fit and its check
    process, every step timed (shape and seconds): the runs' own step timeline, and by
    difference with the engine section's seconds what a first run pays once (kernel compiles);
 3. ``workload`` and ``model_shape``: how the engine section ran, so the fit needs no outside
-   table.
+   table;
+4. ``host_steps``: the engine section's workload again (and its requests with prompts cut to
+   256 tokens: narrow block tables) on an eager engine whose model's forward is removed
+   (``NoForward``): every step's host work alone (schedule, inputs and their copies, sampling
+   over zero logits, outputs), with its longest context; the clock's host terms (per step,
+   sequence, block-table entry, new token) are fitted to them, apart from the GPU (the H200
+   check's eager steps could not tell the host's per-step cost from the launches);
+5. ``compiles``: every Triton compile of the process (a new specialisation: a kernel's
+   integer arguments are specialised on == 1 and on % 16, e.g. the block table's width),
+   timed, with the part of the check that ran it (``CompileLog``, installed when this module
+   is imported, before any section runs): what the engine section's timed runs paid to
+   compile, which a clock of a warm engine does not price. The warm runs' steps carry their
+   longest context and their compiles too.
 
 Then ``sim.engine_calibrate.calibrate_engine`` on the JSON so far plus these, and: the fitted
 clock (also written beside --output as ``<output>.clock.json``), each decode law's ledger
@@ -24,9 +36,12 @@ H200, numbers without meaning), which is what keeps the path from rotting.
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
+
+import torch
 
 from gpu_check_engine import engine_model, engine_workload, make_engine
 from gpu_check_run import TRACE, WHEELS, Run
@@ -44,8 +59,133 @@ DRY_GPU = "H200-141GB"  # the CPU is no GPU preset: the dry run prices as this o
 DRY_NOTE = "dry run: CPU timings priced as an H200"
 
 
-def _step_record(step) -> dict:
-    return {**asdict(step.shape), "seconds": step.seconds}
+HOST_SHORT_PROMPT = 256  # the second host-only replay's prompt cap: narrow block tables
+# The check's functions whose frames say who compiled a kernel (innermost first), and a label.
+COMPILE_PHASES = (("_host_run", "clock: host-only replay"), ("_timed_run", "clock: warm run"),
+                  ("_graph_steps", "clock: graph grid"), ("capture", "graph capture"),
+                  ("pagedkv_throughput", "engine section"),
+                  ("check_profile_sim", "profile_sim section"),
+                  ("check_ledger", "ledger section"), ("check_kernels", "kernels section"),
+                  ("check_greedy", "greedy section"), ("check_service", "service section"))  # fmt: skip
+
+
+class CompileLog:
+    """Every Triton JIT compile of this process (a kernel's first call with a new
+    specialisation), timed through Triton's compile hooks, with the part of the check that
+    ran it. In the engine section, "timed run" means the compile fell inside the timed
+    ``generate`` (its local ``t0`` was set), "warm-up" before it. No events under Triton's
+    interpreter (nothing compiles) or a Triton without the hooks (``installed`` False)."""
+
+    def __init__(self) -> None:
+        self.events: list[dict] = []
+        self.installed = False
+        self._started = 0.0
+
+    def install(self) -> None:
+        try:
+            from triton import knobs
+        except Exception:  # no triton, or one without knobs: nothing recorded, and said so
+            return
+        rt = knobs.runtime
+        before, after = rt.jit_cache_hook, rt.jit_post_compile_hook
+
+        def starting(**kw):
+            self._started = time.perf_counter()
+            return before(**kw) if before else None  # a true value would skip the compile
+
+        def done(**kw):
+            fn = kw.get("fn")
+            self.events.append({"kernel": getattr(fn, "name", "?"), "during": _phase(),
+                                "seconds": time.perf_counter() - self._started,
+                                "at": self._started})  # fmt: skip
+            return after(**kw) if after else None
+
+        rt.jit_cache_hook, rt.jit_post_compile_hook = starting, done
+        self.installed = True
+
+    def count_since(self, t: float) -> tuple[int, float]:
+        """(compiles, their seconds) that started at or after perf_counter time ``t``."""
+        mine = [e for e in self.events if e["at"] >= t]
+        return len(mine), sum(e["seconds"] for e in mine)
+
+    def summary(self, started: float) -> dict:
+        """Per phase: count and seconds; every event with its time since ``started``."""
+        phases: dict[str, dict] = {}
+        for e in self.events:
+            p = phases.setdefault(e["during"], {"compiles": 0, "seconds": 0.0})
+            p["compiles"] += 1
+            p["seconds"] += e["seconds"]
+        events = [{**{k: v for k, v in e.items() if k != "at"}, "at_s": e["at"] - started}
+                  for e in self.events]  # fmt: skip
+        return {"hooks_installed": self.installed, "by_phase": phases, "events": events}
+
+
+def _phase() -> str:
+    """The check's part on the stack (``COMPILE_PHASES``), innermost first."""
+    frame = sys._getframe(1)
+    names = dict(COMPILE_PHASES)
+    while frame is not None:
+        label = names.get(frame.f_code.co_name)
+        if label == "engine section":
+            mode = "cuda_graphs" if frame.f_locals.get("graphs") else "eager"
+            return f"engine section {mode} " + ("timed run" if "t0" in frame.f_locals
+                                                else "warm-up")  # fmt: skip
+        if label is not None:
+            return label
+        frame = frame.f_back
+    return "elsewhere"
+
+
+# Installed on import: gpu_check.py imports this module before any section runs, and the
+# engine section's compiles are what the clock section must report.
+COMPILES = CompileLog()
+COMPILES.install()
+
+
+class NoForward:
+    """The model with its forward removed: zero hidden states and zero fp32 logits of the
+    shapes the runner expects, on the model's device (the ids still cross to it), so an
+    engine step pays its host work alone; every other attribute is the model's."""
+
+    def __init__(self, model) -> None:
+        self._model = model
+
+    def __getattr__(self, name: str):
+        return getattr(self._model, name)
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, *args, **kwargs):
+        m = self._model
+        input_ids.to(m.device, non_blocking=True)
+        positions.to(m.device, non_blocking=True)
+        return torch.zeros(input_ids.shape[0], m.config.hidden_size, device=m.device,
+                           dtype=m.dtype)  # fmt: skip
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        m = self._model
+        return torch.zeros(hidden.shape[0], m.config.vocab_size, device=m.device,
+                           dtype=torch.float32)  # fmt: skip
+
+
+def _step_record(step, longest: int | None = None) -> dict:
+    record = {**asdict(step.shape), "seconds": step.seconds}
+    if longest is not None:
+        record["max_context_tokens"] = longest
+    return record
+
+
+def _observe_longest(engine) -> list[int]:
+    """A one-item list the engine's scheduler keeps at the longest context of the batch it
+    last scheduled (a wrapper like StepRecorder's: it decides nothing)."""
+    scheduler, longest = engine.scheduler, [0]
+    schedule = scheduler.schedule
+
+    def observed():
+        batch = schedule()
+        longest[0] = max((i.num_computed_tokens + i.num_new_tokens for i in batch.seqs), default=0)
+        return batch
+
+    scheduler.schedule = observed
+    return longest
 
 
 def _graph_steps(run: Run, loaded) -> tuple[list[dict], list[dict]]:
@@ -74,15 +214,43 @@ def _timed_run(run: Run, loaded, ids, outs, graphs: bool) -> dict:
                          kv_cache_memory_bytes=s.kv_cache_bytes)  # fmt: skip
     engine.generate([list(range(300, 316))] * 2, SamplingParams(max_tokens=4, ignore_eos=True))
     rec, steps = StepRecorder(engine), []
+    longest = _observe_longest(engine)
     t0 = time.perf_counter()
+    for prompt, n in zip(ids, outs, strict=True):
+        engine.add_request(prompt, SamplingParams(max_tokens=n, ignore_eos=True))
+    while engine.has_unfinished():
+        started = time.perf_counter()
+        rec.step()
+        if rec.last is not None:
+            count, secs = COMPILES.count_since(started)
+            steps.append({**_step_record(rec.last, longest[0]),
+                          **({"compiles": count, "compile_s": secs} if count else {})})  # fmt: skip
+    seconds = time.perf_counter() - t0
+    return {"seconds": seconds, "num_steps": len(steps), "steps": steps,
+            "compiles": COMPILES.count_since(t0)[0]}  # fmt: skip
+
+
+def _host_run(run: Run, loaded, ids, outs) -> list[dict]:
+    """Section 4's workload on an eager engine of its limits whose model has no forward
+    (``NoForward``): every step timed with its shape and longest context."""
+    from pagedkv.engine.profiling import StepRecorder
+
+    s = run.sizes
+    engine = make_engine(loaded, "bfloat16", "triton", False, max_num_seqs=s.max_num_seqs,
+                         max_num_batched_tokens=s.max_num_batched_tokens,
+                         max_model_len=s.max_prompt + s.max_output + 16,
+                         kv_cache_memory_bytes=s.kv_cache_bytes)  # fmt: skip
+    engine.parts.runner.model = NoForward(engine.parts.runner.model)
+    engine.generate([list(range(300, 316))] * 2, SamplingParams(max_tokens=4, ignore_eos=True))
+    rec, steps = StepRecorder(engine), []
+    longest = _observe_longest(engine)
     for prompt, n in zip(ids, outs, strict=True):
         engine.add_request(prompt, SamplingParams(max_tokens=n, ignore_eos=True))
     while engine.has_unfinished():
         rec.step()
         if rec.last is not None:
-            steps.append(_step_record(rec.last))
-    seconds = time.perf_counter() - t0
-    return {"seconds": seconds, "num_steps": len(steps), "steps": steps}
+            steps.append(_step_record(rec.last, longest[0]))
+    return steps
 
 
 def _workload(run: Run, measured: dict, ids, outs, trace: Path) -> dict:
@@ -145,10 +313,16 @@ def check_clock(run: Run) -> dict:
         run.log(
             f"  warm {label} run: {warm[label]['seconds']:.2f} s, {warm[label]['num_steps']} steps"
         )
+    host_steps = _host_run(run, loaded, ids, outs)
+    host_steps += _host_run(run, loaded, [p[:HOST_SHORT_PROMPT] for p in ids], outs)
+    run.free_memory()
+    run.log(f"  host-only replays: {len(host_steps)} steps, "
+            f"{sum(h['seconds'] for h in host_steps):.2f} s")  # fmt: skip
     trace = _trace_path(run)
-    result = {"graph_steps": graph_steps, "eager_steps": eager_steps,
+    result = {"graph_steps": graph_steps, "eager_steps": eager_steps, "host_steps": host_steps,
               "warm_runs": warm, "workload": _workload(run, measured, ids, outs, trace),
-              "model_shape": _model_shape(run.sizes.engine_model, loaded[0])}  # fmt: skip
+              "model_shape": _model_shape(run.sizes.engine_model, loaded[0]),
+              "compiles": COMPILES.summary(run.started)}  # fmt: skip
     output = Path(run.args.output)
     gpu = DRY_GPU if run.args.dry_run else None
     fitted = calibrate_engine(output, gpu, trace, progress=run.log,
@@ -209,4 +383,12 @@ def clock_markdown(r: dict) -> list[str]:
             out.append(f"| {title} {mode} | {c['measured_s']:.2f} | {c['predicted_s']:.2f} | "
                        f"{pct(c['rel_err'])} | {steps} |")  # fmt: skip
     out += [""] + [f"- {part}: {src}" for part, src in r["clock"]["sources"].items()]
+    compiles = r.get("compiles", {})
+    if not compiles.get("hooks_installed"):
+        out.append("- Triton compiles: not recorded (no compile hooks in this Triton, or none "
+                   "ran: the interpreter)")  # fmt: skip
+    else:
+        out += ["", "| Triton compiles during | count | seconds |", "|---|---|---|"]
+        out += [f"| {phase} | {c['compiles']} | {c['seconds']:.2f} |"
+                for phase, c in compiles.get("by_phase", {}).items()]  # fmt: skip
     return out

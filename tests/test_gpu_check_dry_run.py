@@ -138,3 +138,13 @@ def test_the_clock_section_fits_and_replays_its_own_runs(dry_run):
             assert check["predicted_s"] > 0 and check["steps"]["simulator"] == engine[mode]["steps"]
     for mode, warm in clock["warm_runs"].items():
         assert warm["num_steps"] == len(warm["steps"]) == engine[mode]["steps"]
+        assert all(s["max_context_tokens"] >= 1 for s in warm["steps"])
+    # the host alone: two replays of the workload with the forward removed, each step with its
+    # longest context; the clock's host terms fitted to them (and said so)
+    host = clock["host_steps"]
+    assert len(host) >= 2 * engine["eager"]["steps"] - 2
+    assert all(h["max_context_tokens"] >= 1 and h["seconds"] > 0 for h in host)
+    assert read.sources["host"].startswith(f"fitted on {len(host)} host-only steps")
+    assert clock["steps"]["host_only"]["all"]["steps"] == len(host)
+    # Triton compiles: the hooks ran (nothing compiles under the interpreter)
+    assert set(clock["compiles"]) == {"hooks_installed", "by_phase", "events"}

@@ -90,13 +90,45 @@ def test_a_check_made_from_a_known_clock_is_fitted_back_and_its_runs_predicted(t
         assert fitted.clock.decode[name] == pytest.approx(value, rel=0.02), name
     assert fitted.clock.host_per_seq_s == pytest.approx(clock.host_per_seq_s, rel=0.05)
     assert set(fitted.clock.sources) == {"decode_attention", "gemm", "prefill_attention",
-                                         "elementwise", "host_eager", "host_graphs"}  # fmt: skip
+                                         "elementwise", "host", "host_eager",
+                                         "host_graphs"}  # fmt: skip
+    assert "no host-only step timed" in fitted.clock.sources["host"]
     assert fitted.clock.sources["gemm"].startswith("borrowed: vLLM-class reference clock")
     assert "CUDA-graph steps" in fitted.clock.sources["host_graphs"]
     runs = fitted.meta["runs"]
     for mode in ("eager", "cuda_graphs"):
         assert abs(runs[mode]["rel_err"]) < 0.01, (mode, runs[mode])
         assert runs[mode]["steps"]["engine"] == runs[mode]["steps"]["simulator"]
+
+
+def test_host_only_steps_fit_the_host_and_the_runs_are_still_predicted(tmp_path) -> None:
+    """A check whose clock section timed host-only steps (the forward removed): the four host
+    terms are fitted to them (per table entry and per token included), the rest to the steps,
+    and the runs (whose steps know their longest context) are predicted within 1 %."""
+    pytest.importorskip("scipy")
+    from pagedkv.sim.engine_calibrate import calibrate_engine
+    from pagedkv.sim.engine_fit import HOST_PARAMS
+    from tests.sim.test_engine_clock import _host_steps
+
+    clock = replace(_true_clock(), host_per_table_entry_s=9e-8, host_per_token_s=4e-7)
+    path, trace = _write_check(tmp_path, clock)
+    data = json.loads(path.read_text())
+    data["sections"]["clock"]["result"]["host_steps"] = [
+        {**asdict(s.shape), "seconds": s.seconds} for s in _host_steps(clock)
+    ]
+    path.write_text(json.dumps(data))
+    fitted = calibrate_engine(path, trace=trace)
+    for name in HOST_PARAMS:
+        assert getattr(fitted.clock, name) == pytest.approx(getattr(clock, name), rel=1e-3), name
+    assert fitted.clock.sources["host"].startswith("fitted on 20 host-only steps")
+    assert fitted.meta["steps"]["host_only"]["all"]["max_rel_err"] < 1e-3
+    for mode in ("eager", "cuda_graphs"):
+        assert abs(fitted.meta["runs"][mode]["rel_err"]) < 0.01, mode
+    # a host-only step must know its longest context
+    data["sections"]["clock"]["result"]["host_steps"][0].pop("max_context_tokens")
+    path.write_text(json.dumps(data))
+    with pytest.raises(UsageError, match="every host-only step needs its max_context_tokens"):
+        read_gpu_check(path)
 
 
 def test_the_command_writes_a_clock_simulate_reads(tmp_path, capsys) -> None:

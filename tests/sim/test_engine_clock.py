@@ -186,6 +186,60 @@ def test_the_step_fit_recovers_known_parameters() -> None:
         assert getattr(fitted, name) == pytest.approx(getattr(TRUE, name), rel=0.05), name
 
 
+HOST = replace(TRUE, host_per_table_entry_s=9e-8, host_per_token_s=4e-7)
+
+
+def test_the_host_by_hand() -> None:
+    """Per step, per sequence, per block-table entry (every row padded to the longest
+    sequence's blocks) and per new token; a shape that does not know its longest context
+    stands in its mean blocks."""
+    from pagedkv.sim.step_context import LongestShape
+
+    cost = EngineCostModel(MODEL, GPU, HOST)
+    items = [(99, 1)] * 9 + [(2047, 1)]
+    shape = LongestShape.of(items, 16)  # width 128, 10 rows
+    assert cost.host_s(shape) == pytest.approx(2e-3 + 10 * 2.3e-5 + 10 * 128 * 9e-8 + 10 * 4e-7)
+    plain = StepShape.of(items, 16)  # 9 x 7 + 128 = 191 blocks: 20 a row
+    assert cost.host_s(plain) == pytest.approx(2e-3 + 10 * 2.3e-5 + 10 * 20 * 9e-8 + 10 * 4e-7)
+    assert EngineCostModel(MODEL, GPU, TRUE).host_s(shape) == pytest.approx(2e-3 + 10 * 2.3e-5)
+
+
+def _host_steps(clock: EngineClock) -> list[TimedStep]:
+    """Host-only steps (no forward) of batches of several widths and sizes, priced by ``clock``."""
+    from pagedkv.sim.step_context import LongestShape
+
+    cost = EngineCostModel(MODEL, GPU, clock)
+    shapes = [
+        LongestShape.of([(c, 1)] * (n - 1) + [(longest, 1)], 16)
+        for n in (1, 8, 64, 246)
+        for c in (100, 800)
+        for longest in (500, 2300)
+    ]
+    shapes += [LongestShape.of([(c, 1)] * d + [(0, 8192 - d)], 16) for d in (16, 200)
+               for c in (300, 1700)]  # fmt: skip
+    return [TimedStep(s, cost.host_s(s)) for s in shapes]
+
+
+def test_the_host_fit_recovers_known_parameters_and_the_steps_fit_the_rest() -> None:
+    """Host-only steps fix the four host terms (fit_host); the eager and graph steps then fit
+    the launches, the overlap, the kernels and the replay with the host held."""
+    pytest.importorskip("scipy")
+    from pagedkv.sim.engine_fit import HOST_PARAMS, STARTS, STEP_PARAMS, fit_host, fit_steps
+
+    start = replace(TRUE, **STARTS)
+    host = fit_host(start, _host_steps(HOST))
+    for name in HOST_PARAMS:
+        assert getattr(host, name) == pytest.approx(getattr(HOST, name), rel=1e-3), name
+    eager, graphs = _synthetic_steps(HOST)
+    fitted = fit_steps(host, MODEL, GPU, eager, graphs, host_fixed=True)
+    for name in HOST_PARAMS:
+        assert getattr(fitted, name) == getattr(host, name)
+    for name in (*STEP_PARAMS, "graph_replay_s"):
+        assert getattr(fitted, name) == pytest.approx(getattr(HOST, name), rel=0.05), name
+    with pytest.raises(ValueError, match="longest context"):
+        fit_host(start, _synthetic_steps(TRUE)[1])
+
+
 def test_plan_json_of_a_triton_backend_names_pagedkvs_clock(capsys) -> None:
     """`plan --gpu H200-141GB --backend triton` prices the time column on the shipped
     pagedkv-triton clock: B = 16 slower than B = 64 (the ledger's latency-bound walk)."""

@@ -8,8 +8,9 @@ The story, part by part (each recorded in the clock's ``sources``):
    leave-one-context-out cross-validation; the best one is the clock's;
 2. GEMMs: borrowed from the vLLM-class clock of the GPU (cuBLAS is both engines' library; the
    check times no GEMM alone, and the steps cannot tell a projection's time from the host's);
-3. the steps (``sim/engine_fit.py``): prefill kernel, other kernels, host cost eager and with
-   CUDA graphs, fitted to the timed steps with 1-2 held fixed;
+3. the steps (``sim/engine_fit.py``): the host's work first where the check timed host-only
+   steps; then the prefill kernel, other kernels, launches eager and what a CUDA graph replay
+   costs, fitted to the timed steps with 1-2 (and the host) held fixed;
 4. the check: the engine section's runs replayed on the clock, eager and with graphs, when the
    workload's trace is at hand (``sim/engine_check.py``).
 """
@@ -28,7 +29,7 @@ from pagedkv.sim.decode_law import choose_law
 from pagedkv.sim.engine_check import check_runs, workload_requests
 from pagedkv.sim.engine_clock import EngineClock
 from pagedkv.sim.engine_cost import EngineCostModel
-from pagedkv.sim.engine_fit import STARTS, fit_steps, step_report
+from pagedkv.sim.engine_fit import STARTS, fit_host, fit_steps, host_report, step_report
 from pagedkv.sim.gpu_check_data import GPUCheckData, read_gpu_check
 
 
@@ -91,8 +92,17 @@ def calibrate_engine(
     say(f"fitting decode attention: {len(data.ledger)} ledger rows, laws by leave-one-context-out")
     chosen, scores = choose_law(data.ledger, data.gpu)
     clock = base_clock(data, chosen.law, chosen.params)
+    if data.host_steps:
+        say(f"fitting the host: {len(data.host_steps)} host-only steps")
+        clock = fit_host(clock, data.host_steps)
+        host_note = f"fitted on {len(data.host_steps)} host-only steps of {data.source}"
+    else:
+        host_note = (f"fitted with the eager steps of {data.source} (no host-only step timed: "
+                     "per step and per sequence only; per table entry and per token not "
+                     "measured, 0)")  # fmt: skip
     say(f"fitting steps: {len(data.eager_steps)} eager, {len(data.graph_steps)} with CUDA graphs")
-    clock = fit_steps(clock, model, data.gpu, data.eager_steps, data.graph_steps)
+    clock = fit_steps(clock, model, data.gpu, data.eager_steps, data.graph_steps,
+                      host_fixed=bool(data.host_steps))  # fmt: skip
     steps_note = f"fitted on {len(data.eager_steps)} timed eager steps of {data.source}"
     graphs_note = (
         f"fitted on {len(data.graph_steps)} timed CUDA-graph steps of {data.source}"
@@ -102,7 +112,7 @@ def calibrate_engine(
     )  # fmt: skip
     clock = replace(clock, sources={
         **clock.sources, "prefill_attention": steps_note, "elementwise": steps_note,
-        "host_eager": steps_note, "host_graphs": graphs_note,
+        "host": host_note, "host_eager": steps_note, "host_graphs": graphs_note,
     })  # fmt: skip
     meta: dict[str, Any] = {
         "fitted_on": data.source,
@@ -114,6 +124,8 @@ def calibrate_engine(
     }
     if data.graph_steps:
         meta["steps"]["cuda_graphs"] = step_report(clock, model, data.gpu, data.graph_steps, True)
+    if data.host_steps:
+        meta["steps"]["host_only"] = host_report(clock, model, data.gpu, data.host_steps)
     meta["runs"] = check_engine_runs(data, clock, model, trace, say)
     return Calibration(clock, meta, data, model)
 

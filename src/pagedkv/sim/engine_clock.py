@@ -17,8 +17,12 @@ Fields (seconds; ``*_eff`` are fractions of the datasheet):
   (``ref_block_size``), scaled to others by the decode law's per-token ratio.
 - ``gemm_*``: the projections, ``gpu_clock.gemm_s``'s law; ``gpu_per_token_s``: every other
   kernel of a layer (norms, RoPE, activation, residual adds, KV write) per new token.
-- ``host_base_s`` + ``host_per_seq_s`` x sequences: the step's host work (schedule, inputs,
-  sampling, outputs); ``launch_per_layer_s``: the eager forward's kernel launches per layer,
+- ``host_base_s`` + ``host_per_seq_s`` x sequences + ``host_per_table_entry_s`` x sequences x
+  the block table's width (the longest sequence's blocks: every row is padded to it) +
+  ``host_per_token_s`` x new tokens: the step's host work (schedule, inputs, sampling,
+  outputs: the table is built on the host a row per sequence, and every output snapshot copies
+  its sequence's ids); the last two are 0 in a clock fitted without host-only steps (they are
+  measured by a device check's ``clock`` section); ``launch_per_layer_s``: the eager forward's kernel launches per layer,
   overlapped with the GPU's work as ``(launch^p + gpu^p)^(1/p)``, ``p = overlap_p`` (1: in
   series, large: fully hidden); ``graph_replay_s``: what a decode step replayed from a CUDA
   graph pays instead of the launches.
@@ -43,7 +47,7 @@ DESCRIBES = (
     "host loop eager and with CUDA graphs"
 )
 # The clock's parts, each fitted or borrowed as a whole (``sources`` keys)
-PARTS = ("decode_attention", "prefill_attention", "gemm", "elementwise", "host_eager",
+PARTS = ("decode_attention", "prefill_attention", "gemm", "elementwise", "host", "host_eager",
          "host_graphs")  # fmt: skip
 
 
@@ -68,6 +72,8 @@ class EngineClock:
     launch_per_layer_s: float
     overlap_p: float
     graph_replay_s: float
+    host_per_table_entry_s: float = 0.0
+    host_per_token_s: float = 0.0
     sources: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -9,8 +9,9 @@ law's walk over the mean context and, after it, the longest sequence's chain bey
 context is priced as if every context were the mean); any other
 step runs the prefill kernel over every sequence, a decode row being a tile of one query row
 there (what makes a mixed step's decode rows dear); once a step, the LM head over the sampled
-rows. The host schedules, builds the inputs, samples and hands the tokens back
-(``host_base_s + host_per_seq_s * num_seqs``) and, eagerly, launches the forward's kernels
+rows. The host schedules, builds the inputs, samples and hands the tokens back (``host_s``:
+per step, per sequence, per block-table entry, per new token) and, eagerly, launches the
+forward's kernels
 (``launch_per_layer_s`` per layer), which the GPU's work hides in part::
 
     eager:                 host + (launch^p + gpu^p)^(1/p)         p = overlap_p
@@ -105,7 +106,17 @@ class EngineCostModel:
         return max(1, md.num_layers) * layer + head
 
     def host_s(self, shape: StepShape) -> float:
-        return self.clock.host_base_s + self.clock.host_per_seq_s * shape.num_seqs
+        """The step's host work (``EngineClock``'s fields). The block table's width is the
+        longest sequence's blocks; a shape that does not know its longest context stands in
+        its mean blocks (fewer: the table term is then low)."""
+        c, n = self.clock, shape.num_seqs
+        host = c.host_base_s + c.host_per_seq_s * n + c.host_per_token_s * shape.num_batched_tokens
+        if c.host_per_table_entry_s and n:
+            b = max(1, shape.block_size)
+            longest = longest_context_tokens(shape)
+            width = -(-longest // b) if longest else -(-shape.kv_blocks_read // n)
+            host += c.host_per_table_entry_s * n * width
+        return host
 
     def graphed(self, shape: StepShape) -> bool:
         """Whether the engine replays this step from a CUDA graph (decode rows only)."""

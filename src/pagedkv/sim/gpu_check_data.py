@@ -14,7 +14,9 @@ pagedkv's engine, read and checked (UsageError naming the file for anything unus
   CUDA-graph ones from the ``clock`` section's ``graph_steps``: ``StepShape`` fields +
   ``seconds``, and, where the check recorded it, ``max_context_tokens`` (then the step is a
   ``sim/step_context.LongestShape``); ``STEP_NOTES`` are what a step may carry beside them
-  for people, not read;
+  for people, not read; host-only steps (the engine's steps with the model's forward removed:
+  schedule, inputs, sampling, outputs) from the ``clock`` section's ``host_steps``, each with
+  its ``max_context_tokens``;
 - the engine section's runs (``pagedkv.eager`` / ``pagedkv.cuda_graphs``: ``seconds``,
   ``steps``, ``num_blocks``) and their workload: the ``clock`` section's ``workload`` record,
   or, for a check from before it (the first H200 check), ``ENGINE_SECTION_V1``, the sizes the
@@ -84,6 +86,7 @@ class GPUCheckData:
     kernels: str  # which decode kernel the ledger timed (``ledger_kernels``)
     eager_steps: tuple[TimedStep, ...]
     graph_steps: tuple[TimedStep, ...]
+    host_steps: tuple[TimedStep, ...]
     runs: dict[str, float]  # "eager" / "cuda_graphs" -> measured seconds
     run_steps: dict[str, int]
     workload: EngineWorkload | None
@@ -240,6 +243,12 @@ def read_gpu_check(
     graphs: tuple[TimedStep, ...] = ()
     if clock is not None and "graph_steps" in clock:
         graphs = timed_steps(clock["graph_steps"], f"{where}: sections.clock.graph_steps")
+    host: tuple[TimedStep, ...] = ()
+    if clock is not None and "host_steps" in clock:
+        at = f"{where}: sections.clock.host_steps"
+        host = timed_steps(clock["host_steps"], at)
+        if any(not isinstance(s.shape, LongestShape) for s in host):
+            raise UsageError(f"{at}: every host-only step needs its max_context_tokens")
     engine = _section(data, "engine") or {}
     runs = {k: _num(v["seconds"], f"{where}: engine.pagedkv.{k}.seconds")
             for k, v in engine.get("pagedkv", {}).items()}  # fmt: skip
@@ -253,4 +262,4 @@ def read_gpu_check(
                          "attention to")  # fmt: skip
     return GPUCheckData(label, device, spec, model, shape, paged,
                         ledger_rows(ledger, where, "contiguous"), ledger_kernels(ledger), eager,
-                        graphs, runs, run_steps, _workload(engine, clock, where))  # fmt: skip
+                        graphs, host, runs, run_steps, _workload(engine, clock, where))  # fmt: skip
