@@ -81,13 +81,10 @@ class CompileLog:
         self.installed = False
         self._started = 0.0
 
-    def install(self) -> None:
-        try:
-            from triton import knobs
-        except Exception:  # no triton, or one without knobs: nothing recorded, and said so
-            return
-        rt = knobs.runtime
-        before, after = rt.jit_cache_hook, rt.jit_post_compile_hook
+    def hook_pair(self, before=None, after=None):
+        """(Triton's ``jit_cache_hook``, ``jit_post_compile_hook``): the first called before a
+        compile, the second after it; ``before``/``after``: hooks already installed, still
+        called."""
 
         def starting(**kw):
             self._started = time.perf_counter()
@@ -100,7 +97,17 @@ class CompileLog:
                                 "at": self._started})  # fmt: skip
             return after(**kw) if after else None
 
-        rt.jit_cache_hook, rt.jit_post_compile_hook = starting, done
+        return starting, done
+
+    def install(self) -> None:
+        try:
+            from triton import knobs
+        except Exception:  # no triton, or one without knobs: nothing recorded, and said so
+            return
+        rt = knobs.runtime
+        rt.jit_cache_hook, rt.jit_post_compile_hook = self.hook_pair(
+            rt.jit_cache_hook, rt.jit_post_compile_hook
+        )
         self.installed = True
 
     def count_since(self, t: float) -> tuple[int, float]:

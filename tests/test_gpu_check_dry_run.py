@@ -148,3 +148,43 @@ def test_the_clock_section_fits_and_replays_its_own_runs(dry_run):
     assert clock["steps"]["host_only"]["all"]["steps"] == len(host)
     # Triton compiles: the hooks ran (nothing compiles under the interpreter)
     assert set(clock["compiles"]) == {"hooks_installed", "by_phase", "events"}
+
+
+def test_the_compile_log_names_who_compiled(monkeypatch):
+    """The clock section's ``CompileLog`` (Triton's compile hooks; under the interpreter
+    nothing compiles, so here the hooks are called by hand): each compile is timed and labelled
+    by the check's function on the stack, the engine section's warm-up apart from its timed
+    run (its local ``t0``), eager apart from graphs."""
+    pytest.importorskip("triton")
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    from gpu_check_clock import CompileLog
+
+    log = CompileLog()
+    starting, done = log.hook_pair()
+
+    class Fn:
+        name = "_prefill_kernel"
+
+    def compile_once() -> None:
+        assert not starting(fn=Fn())  # a true value would make Triton skip the compile
+        done(fn=Fn())
+
+    def pagedkv_throughput(graphs):  # the engine section's frame, as gpu_check_engine names it
+        compile_once()  # the warm-up
+        t0 = 0.0  # noqa: F841 (the timed run's clock, read from the frame)
+        compile_once()
+
+    def check_ledger():
+        compile_once()
+
+    pagedkv_throughput(False)
+    pagedkv_throughput(True)
+    check_ledger()
+    compile_once()
+    assert [e["during"] for e in log.events] == [
+        "engine section eager warm-up", "engine section eager timed run",
+        "engine section cuda_graphs warm-up", "engine section cuda_graphs timed run",
+        "ledger section", "elsewhere"]  # fmt: skip
+    summary = log.summary(0.0)
+    assert summary["by_phase"]["ledger section"]["compiles"] == 1
+    assert all(e["kernel"] == "_prefill_kernel" and e["seconds"] >= 0 for e in summary["events"])
