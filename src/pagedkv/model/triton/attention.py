@@ -130,6 +130,10 @@ class TritonPlan:
 
 
 def _on(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """``t`` as a contiguous ``dtype`` tensor on ``device`` (host memory crosses without
-    waiting: the kernels run after the copy on the same stream)."""
-    return t.to(dtype=dtype).contiguous().to(device, non_blocking=True)
+    """``t`` as a contiguous ``dtype`` tensor on ``device``. A host tensor crosses from pinned
+    memory (the runner's are pinned already; one made here is pinned first), so the copy does
+    not wait: the kernels run after it on the same stream."""
+    t = t.to(dtype=dtype).contiguous()
+    if device.type == "cuda" and t.device.type == "cpu" and not t.is_pinned():
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)
