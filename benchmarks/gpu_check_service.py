@@ -233,10 +233,14 @@ def _swap(url: str) -> dict:
                    for i in range(4)]  # fmt: skip
         statuses = [f.result()[0] for f in futures]
     _, metrics = get(f"{url}/metrics")
+    # Sequences, not blocks: a swapped sequence whose blocks the prefix cache still holds
+    # comes back without a copy.
+    out_seqs = metric(metrics, "pagedkv_swap_out_sequences_total")
+    in_seqs = metric(metrics, "pagedkv_swap_in_sequences_total")
     out_blocks = metric(metrics, "pagedkv_swap_out_blocks_total")
-    in_blocks = metric(metrics, "pagedkv_swap_in_blocks_total")
-    ok = all(s == 200 for s in statuses) and (out_blocks or 0) > 0 and (in_blocks or 0) > 0
-    return {"ok": ok, "swap_out_blocks": out_blocks, "swap_in_blocks": in_blocks}
+    ok = all(s == 200 for s in statuses) and (out_seqs or 0) > 0 and in_seqs == out_seqs
+    return {"ok": ok, "swap_out_sequences": out_seqs, "swap_in_sequences": in_seqs,
+            "swap_out_blocks": out_blocks}  # fmt: skip
 
 
 def _route(url: str, replicas: set[str]) -> dict:

@@ -107,7 +107,7 @@ def test_the_service_answers_every_case(dry_run):
                           "cache_salt", "info_and_metrics", "pd_request", "pd_refused",
                           "pd_relayout", "host_tier", "swap", "route", "no_blocks_in_use"}  # fmt: skip
     assert all(c["ok"] for c in cases.values()), {k: c for k, c in cases.items() if not c["ok"]}
-    assert cases["cached"]["cached_tokens"][1] > 0 and cases["swap"]["swap_out_blocks"] > 0
+    assert cases["cached"]["cached_tokens"][1] > 0 and cases["swap"]["swap_out_sequences"] > 0
     assert cases["pd_request"]["text"] == cases["chat"]["text"]
     assert "block_size 32 (decode) vs 16 (prefill)" in cases["pd_refused"]["line"]
     assert service["all_ok"]

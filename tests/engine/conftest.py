@@ -39,6 +39,17 @@ def tiny_llama(tmp_path_factory):
     return load_model(folder, progress=False)
 
 
+@pytest.fixture(scope="module")
+def tiny_long(tmp_path_factory):
+    """The tests' tiny random Llama (tests/model/tiny.py) with a 512-token context."""
+    from pagedkv.model import load_model
+    from tests.model import tiny
+
+    folder = tmp_path_factory.mktemp("tiny-llama-512")
+    tiny.make_tiny_model("llama", folder, context_len=512)
+    return load_model(folder, progress=False)
+
+
 @pytest.fixture
 def redis_server(tmp_path):
     """A real redis-server on a free loopback port, killed by its PID afterwards."""

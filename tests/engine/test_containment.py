@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-import pagedkv.engine.sampler as sampler_module
+import pagedkv.engine.sample_step as sampler_module
 from pagedkv.engine import SamplingParams
 
 from .conftest import assert_no_leaks
@@ -36,14 +36,14 @@ def _run(engine, params) -> dict[str, object]:
 
 def test_a_sampler_failure_fails_only_its_request(make_engine, monkeypatch):
     clean = _clean_tokens(make_engine)
-    real_sample = sampler_module.sample
+    real_sample = sampler_module.draw
 
     def sample(logits, params, generators, tokens=None, matchers=None):
         if any(p is POISON for p in params):
             raise RuntimeError("probability tensor contains either inf, nan or element < 0")
         return real_sample(logits, params, generators, tokens, matchers)
 
-    monkeypatch.setattr(sampler_module, "sample", sample)
+    monkeypatch.setattr(sampler_module, "draw", sample)
     engine = make_engine()
     outs = list(_run(engine, [GREEDY, POISON, GREEDY]).values())
     assert outs[1].error and "probability tensor" in outs[1].error

@@ -17,7 +17,6 @@ import torch
 from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
 from pagedkv.engine.startup import build_parts
 from pagedkv.errors import UsageError
-from pagedkv.model import load_model
 
 from .conftest import assert_no_leaks
 
@@ -41,16 +40,6 @@ CASES = [
     ("llamacpp", None, 250),
 ]
 MAX_MODEL_LEN = 256
-
-
-@pytest.fixture(scope="module")
-def tiny_long(tmp_path_factory):
-    """The tests' tiny random Llama (tests/model/tiny.py) with a 512-token context."""
-    from tests.model import tiny
-
-    folder = tmp_path_factory.mktemp("tiny-llama-512")
-    tiny.make_tiny_model("llama", folder, context_len=512)
-    return load_model(folder, progress=False)
 
 
 def make(loaded, **overrides) -> LLMEngine:

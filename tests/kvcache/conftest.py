@@ -25,6 +25,10 @@ class Seq:
     token_ids: list[int]
     extra_keys: HashExtraKeys = field(default=NO_EXTRA_KEYS)
 
+    @property
+    def num_known_tokens(self) -> int:
+        return len(self.token_ids)
+
 
 def admit(alloc: KVAllocator, seq: Seq) -> int:
     """Admit ``seq`` with its whole prompt, as the scheduler does; returns the prefix hit."""

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-import pagedkv.engine.sampler as sampler_module
+import pagedkv.engine.sample_step as sampler_module
 
 from .conftest import assert_idle, metrics, running_server
 from .test_api import POOL
@@ -27,7 +27,7 @@ GOOD = {"prompt": [1, 2, 3], "max_tokens": 8, "ignore_eos": True, "temperature":
 @pytest.fixture
 def poisoned_sampler(monkeypatch):
     """The sampler raises for the poisoned request's rows from its ``fail_at``-th draw on."""
-    real_sample = sampler_module.sample
+    real_sample = sampler_module.draw
     draws = {"poisoned": 0, "fail_at": 1, "gate": None}
 
     def sample(logits, params, gens, tokens=None, matchers=None):
@@ -39,7 +39,7 @@ def poisoned_sampler(monkeypatch):
                 raise RuntimeError("injected sampler failure")
         return real_sample(logits, params, gens, tokens, matchers)
 
-    monkeypatch.setattr(sampler_module, "sample", sample)
+    monkeypatch.setattr(sampler_module, "draw", sample)
     return draws
 
 

@@ -30,6 +30,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "with --device cuda and the triton backend, where they run; --no-cuda-graphs: eager)",
     )
     g.add_argument(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="schedule the next step while the device computes this one (default: on with "
+        "--device cuda, off on the CPU; the tokens are the same either way)",
+    )
+    g.add_argument(
         "--fixed-threads",
         action="store_true",
         help="CPU: run torch's thread count (OMP_NUM_THREADS) in every step; by default a step "
@@ -169,6 +176,7 @@ def engine_config(args: argparse.Namespace, **overrides):
         device=args.device,
         attention_backend=args.attention_backend,
         cuda_graphs=args.cuda_graphs,
+        async_scheduling=args.async_scheduling,
         adapt_threads=not args.fixed_threads,
         weights=args.weights,
         policy=args.policy,

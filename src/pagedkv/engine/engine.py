@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 
+from pagedkv.engine.ahead import AheadStepper
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.containment import run_contained
 from pagedkv.engine.grammar import GrammarCache
@@ -24,12 +25,13 @@ from pagedkv.engine.prompt_scoring import score_prompts
 from pagedkv.engine.prompts import Prompt, check_params, check_request, pair_prompts, tokenize
 from pagedkv.engine.registry import RequestRegistry
 from pagedkv.engine.requests import RequestState
-from pagedkv.engine.sampler import Draws, sample_batch
+from pagedkv.engine.runner import StepOutput
+from pagedkv.engine.sample_step import Draws, sample_batch
 from pagedkv.engine.startup import EngineParts, build_parts
 from pagedkv.engine.stats import EngineInfo, EngineSnapshot, EngineStats, StatsRecorder
 from pagedkv.errors import UsageError
 from pagedkv.kvcache.hashing import HashExtraKeys
-from pagedkv.sched.batch import ScheduledBatch
+from pagedkv.sched.batch import ScheduledBatch, ScheduledSeq
 from pagedkv.sched.sequence import Seq
 
 log = logging.getLogger("pagedkv.engine")
@@ -61,6 +63,12 @@ class LLMEngine:
         self._store = p.kv_store  # None without ``--kv-store``
         self.recorder.store_counters = self._store.counters if self._store else None
         self.num_failed_requests = 0
+        # Scheduling one step ahead (``engine/ahead.py``): by default where the model runs on
+        # a GPU, whose steps the host can then prepare while the previous one computes.
+        ahead = self.config.async_scheduling
+        if ahead is None:
+            ahead = self.runner.device.type == "cuda"
+        self._ahead = AheadStepper(self) if ahead else None
 
     max_model_len = property(lambda self: self.info.max_model_len)
 
@@ -137,7 +145,8 @@ class LLMEngine:
 
     def has_unfinished(self) -> bool:
         """Whether a request is still running or waits to report."""
-        return self.scheduler.has_unfinished() or bool(self._registry) or bool(self._stash)
+        busy = self._ahead is not None and self._ahead.busy
+        return busy or self.scheduler.has_unfinished() or bool(self._registry) or bool(self._stash)
 
     # -- one step --------------------------------------------------------------------------
 
@@ -146,15 +155,38 @@ class LLMEngine:
         the last time: the engine forgets them afterwards). Never raises because of one
         request: a failure in the forward pass or the sampler fails the requests it is traced
         to (``error`` set, blocks freed) and the others go on."""
+        if self._ahead is not None:  # the next step scheduled while this one computes
+            return self._ahead.step()
         started = time.perf_counter()
+        batch, touched = self.schedule_step()
+        draws, failures = run_contained(batch, self._execute_and_sample)
+        return self.finish_step(batch, draws, failures, touched, started)
+
+    def schedule_step(self) -> tuple[ScheduledBatch, set[str]]:
+        """The scheduler's next batch, its refusals handed to their requests (their ids in the
+        returned set of requests to report). Engine thread only."""
         batch = self.scheduler.schedule()
         owner = self._registry.owner
         touched = {owner(s).request_id for s in batch.refused}
         for seq in batch.refused:
             owner(seq).refuse(seq.finish_detail)
-        draws, failures = run_contained(batch, self._execute_and_sample)
+        return batch, touched
+
+    def finish_step(
+        self,
+        batch: ScheduledBatch,
+        draws: list[Draws | None],
+        failures: list[tuple[ScheduledSeq, Exception]],
+        touched: set[str],
+        started: float,
+    ) -> list[RequestOutput]:
+        """Everything after the draws of ``batch``: its failures, the tokens into each
+        request (stop strings), the scheduler's update, finished samples, stats and KV events;
+        returns the outputs to report. Engine thread only."""
+        owner = self._registry.owner
         for item, exc in failures:
-            touched.add(self._fail(owner(item.seq), exc))
+            if (state := self._registry.find(item.seq)) is not None:  # None: ended already
+                touched.add(self._fail(state, exc))
         self.recorder.record_step(batch, started)  # before update() frees finished sequences
         tokens, stopped = self._record(batch, draws, touched)
         done = self.scheduler.update(batch, tokens, stopped)
@@ -168,11 +200,15 @@ class LLMEngine:
 
     def _execute_and_sample(self, batch: ScheduledBatch) -> list[Draws]:
         out = self.runner.execute(batch, self.allocator)
+        self.score_prompts(batch, out)
+        return sample_batch(batch, out.logits, self.sampling_of)
+
+    def score_prompts(self, batch: ScheduledBatch, out: StepOutput) -> None:
+        """Prompt logprobs of the positions ``batch`` computed (``out``: its forward's)."""
         score_prompts(batch, out.prompt_hidden, self.runner.model.compute_logits,
                       self._registry.find)  # fmt: skip
-        return sample_batch(batch, out.logits, self._sampling_of)
 
-    def _sampling_of(self, seq: Seq) -> tuple[SamplingParams, int, list | None]:
+    def sampling_of(self, seq: Seq) -> tuple[SamplingParams, int, list | None]:
         state = self._registry.owner(seq)
         return state.params, state.sample_index(seq), state.matchers
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import torch
@@ -18,6 +18,7 @@ import torch
 from pagedkv.cpu_share import CpuShare, usable_cores
 from pagedkv.engine.kv.mover import KVMover
 from pagedkv.engine.kv.swap_pool import HostSwapPool
+from pagedkv.engine.sample_step import PendingDraws
 from pagedkv.kvcache.protocol import KVAllocator
 from pagedkv.model.attention_backend import AttentionBackend
 from pagedkv.model.attention_metadata import AttentionMetadata
@@ -42,6 +43,9 @@ class StepInputs:
     # [T]; ``prompt_spans`` (entry of batch.seqs, first position, count), in that order.
     prompt_rows: torch.Tensor = torch.empty(0, dtype=torch.int64)
     prompt_spans: tuple[tuple[int, int, int], ...] = ()
+    # (index in [T], seq_id) of each token scheduled before it was drawn (its id on the host is
+    # ``PLACEHOLDER``; the previous step's draws hold it on the device).
+    placeholders: tuple[tuple[int, int], ...] = ()
 
 
 class PromptHidden(NamedTuple):
@@ -148,10 +152,13 @@ class ModelRunner:
         logit_rows: list[int] = []
         prompt_rows: list[int] = []
         spans: list[tuple[int, int, int]] = []
+        placeholders: list[tuple[int, int]] = []
         for entry, item in enumerate(batch.seqs):
             seq, start = item.seq, item.num_computed_tokens
             end = start + item.num_new_tokens
             input_ids.extend(seq.token_ids[start:end])
+            if end > seq.num_known_tokens:  # the last token, drawn by the step before
+                placeholders.append((len(input_ids) - 1, seq.seq_id))
             positions.extend(range(start, end))
             slots.extend(allocator.slot_mapping(seq, start, end))
             context_lens.append(end)
@@ -178,7 +185,21 @@ class ModelRunner:
             host(logit_rows, torch.int64),
             host(prompt_rows, torch.int64),
             tuple(spans),
+            tuple(placeholders),
         )
+
+    def _drawn_ids(self, inputs: StepInputs, prev: PendingDraws | None) -> torch.Tensor:
+        """The step's input ids on the device, each placeholder's taken from ``prev``'s draws
+        there (one gather and one scatter: the host never waits for them)."""
+        if prev is None or prev.draws is None:
+            raise RuntimeError("a token scheduled ahead, but no draws of the step before")
+        where, rows = zip(*((i, prev.token_rows[s]) for i, s in inputs.placeholders), strict=True)
+        ids = inputs.input_ids.to(self.device, non_blocking=True)
+        drawn = prev.draws.token_ids
+        ids[self._host_tensor(list(where), torch.int64).to(self.device, non_blocking=True)] = drawn[
+            self._host_tensor(list(rows), torch.int64).to(drawn.device, non_blocking=True)
+        ]
+        return ids
 
     def _host_tensor(self, values: list[int], dtype: torch.dtype) -> torch.Tensor:
         """A step tensor made on the host, pinned when the model runs on a GPU: the copies
@@ -186,14 +207,18 @@ class ModelRunner:
         t = torch.tensor(values, dtype=dtype)
         return t.pin_memory() if self._pin else t
 
-    def execute(self, batch: ScheduledBatch, allocator: KVAllocator) -> StepOutput:
+    def execute(
+        self, batch: ScheduledBatch, allocator: KVAllocator, prev: PendingDraws | None = None
+    ) -> StepOutput:
         """Run the step: ``prepare`` -> ``mover.before_forward`` (offloads, swaps, copy-on-write
         copies, loads) -> the forward pass -> ``mover.after_forward`` (write-through saves) ->
         fp32 logits ``[R, vocab]`` for the entries of ``batch.seqs`` that need logits, in batch
         order, plus the hidden states of the prompt positions to score
-        (``engine/prompt_scoring.py`` turns them into logprobs)."""
+        (``engine/prompt_scoring.py`` turns them into logprobs). ``prev``: the previous step's
+        draws, still on the device, when this step computes tokens scheduled before they were
+        drawn (an asynchronous engine): their ids are read from there, on the device."""
         with self._step_threads():
-            return self._execute(batch, allocator)
+            return self._execute(batch, allocator, prev)
 
     @contextmanager
     def _step_threads(self) -> Iterator[None]:
@@ -212,11 +237,15 @@ class ModelRunner:
             keep_shards(1)
             torch.set_num_threads(full)
 
-    def _execute(self, batch: ScheduledBatch, allocator: KVAllocator) -> StepOutput:
+    def _execute(
+        self, batch: ScheduledBatch, allocator: KVAllocator, prev: PendingDraws | None
+    ) -> StepOutput:
         inputs = self.prepare(batch, allocator) if batch.seqs else None
         self.mover.before_forward(batch)
         if inputs is None:
             return StepOutput(torch.empty(0, self.config.vocab_size), [])
+        if inputs.placeholders:
+            inputs = replace(inputs, input_ids=self._drawn_ids(inputs, prev))
         meta = inputs.metadata
         if (
             self.graphs is not None

@@ -2,25 +2,23 @@
 
 Each row's biases and penalties are applied first (``engine/logits_processing.py``, from its
 sequence's own tokens); then temperature, top-k, top-p and min-p are applied to the whole batch
-at once; only the random draw is per row, because each seeded request owns a
-``torch.Generator`` (so its tokens do not depend on which other requests share the batch).
-Greedy rows take the argmax of the processed logits and draw nothing. Reported logprobs are the
-model's own (before processing, temperature and truncation).
+at once. Greedy rows take the argmax of the processed logits and draw nothing; the unseeded
+rows draw in one call; a seeded row draws alone, from a generator of its own (seed, position),
+so its tokens do not depend on which other requests share the batch. Reported logprobs are the
+model's own (before processing, temperature and truncation). ``draw`` leaves everything on the
+logits' device; ``to_host`` is the one copy (``sample_step.py`` splits a step's draws there).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from pagedkv.engine.grammar import accept, apply_masks
+from pagedkv.engine.grammar import apply_masks
 from pagedkv.engine.logits_processing import RowTokens, process_logits
 from pagedkv.engine.params import SamplingParams
-from pagedkv.sched.batch import ScheduledBatch
-from pagedkv.sched.sequence import Seq
 
 
 @dataclass(frozen=True)
@@ -54,17 +52,34 @@ def _truncate(
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
-def sample(
+@dataclass(frozen=True)
+class DeviceDraws:
+    """A batch's draws before their one copy to the host: ``token_ids`` int64 ``[R]`` on the
+    logits' device; for the rows that asked for logprobs (``asked``, with their ``widths``),
+    the chosen token's logprob ``[A]`` and the top values and ids ``[A, k]`` (k the widest)."""
+
+    token_ids: torch.Tensor
+    asked: list[int]
+    widths: list[int]
+    chosen_logprobs: torch.Tensor | None = None
+    top_values: torch.Tensor | None = None
+    top_ids: torch.Tensor | None = None
+
+
+def draw(
     logits: torch.Tensor,
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
     tokens: list[RowTokens | None] | None = None,
     matchers: list[Any | None] | None = None,
-) -> SampleResult:
-    """Pick one token per row of ``logits`` ``[rows, vocab]`` (fp32). ``generators[i]`` is the
-    row's seeded generator or None (global RNG); ``tokens[i]`` what its logit processing reads
-    (None: no processing); ``matchers[i]`` the grammar the token must follow (None: free).
-    Mutates the generators' states only (the caller advances the matchers)."""
+) -> DeviceDraws:
+    """Pick one token per row of ``logits`` ``[rows, vocab]`` (fp32), on their device.
+    ``generators[i]`` is the row's seeded generator or None (global RNG); ``tokens[i]`` what
+    its logit processing reads (None: no processing); ``matchers[i]`` the grammar the token
+    must follow (None: free). Mutates the generators' states only (the caller advances the
+    matchers). No host sync: the unseeded rows draw in one call, a seeded row on a GPU by the
+    exponential race on its own device generator (``seeded_generator``), on the CPU from its
+    host generator."""
     rows, vocab = logits.shape
     logits = logits.float()
     processed = process_logits(logits, params, tokens or [None] * rows)
@@ -80,89 +95,77 @@ def sample(
         min_p = torch.tensor([p.min_p for p in params], dtype=logits.dtype, device=dev)
         scaled = processed / temps.unsqueeze(-1)
         probs = _truncate(scaled, top_k, top_p, min_p).softmax(dim=-1)
+        free = [i for i in range(rows) if not greedy[i] and generators[i] is None]
+        if free:
+            index = torch.tensor(free, device=dev)
+            chosen[index] = torch.multinomial(probs[index], 1).squeeze(1)
         for i in range(rows):
-            if not greedy[i]:
-                row, gen = probs[i], generators[i]
-                if gen is not None and gen.device != row.device:  # seeds are host generators
-                    row = row.cpu()
-                chosen[i] = torch.multinomial(row, 1, generator=gen)[0]
-    # The step's one host sync: the sampled ids (seeded rows and logprobs add their own).
-    token_ids = chosen.cpu().tolist()
+            if not greedy[i] and (gen := generators[i]) is not None:
+                chosen[i] = _seeded_draw(probs[i], gen)
+    asked = [i for i, p in enumerate(params) if p.logprobs is not None]
+    if not asked:
+        return DeviceDraws(chosen, [], [])
+    # Logprobs (the model's own, before processing): one gather and one top-k over the rows
+    # that asked.
+    rows_asked = torch.tensor(asked, device=logits.device)
+    log_probs = logits[rows_asked].log_softmax(dim=-1)
+    chosen_lp = log_probs.gather(1, chosen[rows_asked].unsqueeze(1)).squeeze(1)
+    widths = [params[i].logprobs or 0 for i in asked]
+    values, ids = log_probs.topk(max(max(widths), 1), dim=-1)
+    return DeviceDraws(chosen, asked, widths, chosen_lp, values, ids)
+
+
+def _seeded_draw(row: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """One token from ``row``'s probabilities with ``gen``: on the CPU ``multinomial`` (the
+    tokens pagedkv has always drawn); on a device generator the exponential race (argmax of
+    p / E, E ~ Exp(1): the same distribution, and no host sync)."""
+    if gen.device.type == "cpu":
+        return torch.multinomial(row.cpu(), 1, generator=gen)[0]
+    race = torch.empty_like(row).exponential_(generator=gen)
+    return (row / race).argmax()
+
+
+def to_host(d: DeviceDraws) -> SampleResult:
+    """The draws on the host: the step's one copy of the sampled ids (and logprobs' own)."""
+    token_ids = d.token_ids.cpu().tolist()
+    rows = len(token_ids)
     logprobs: list[float | None] = [None] * rows
     top: list[list[tuple[int, float]] | None] = [None] * rows
-    asked = [i for i, p in enumerate(params) if p.logprobs is not None]
-    if asked:
-        # Logprobs: one gather (and one top-k) over the rows that asked, one copy to the host.
-        rows_asked = torch.tensor(asked, device=logits.device)
-        log_probs = logits[rows_asked].log_softmax(dim=-1)
-        chosen_lp = log_probs.gather(1, chosen[rows_asked].unsqueeze(1)).squeeze(1)
-        k = max(params[i].logprobs or 0 for i in asked)
-        values, ids = log_probs.topk(max(k, 1), dim=-1)
-        chosen_host, values_host, ids_host = (t.cpu().tolist() for t in (chosen_lp, values, ids))
-        for j, i in enumerate(asked):
-            logprobs[i] = chosen_host[j]
-            if w := params[i].logprobs:
-                top[i] = list(zip(ids_host[j][:w], values_host[j][:w], strict=True))
+    if d.asked:
+        assert d.chosen_logprobs is not None and d.top_values is not None
+        assert d.top_ids is not None
+        chosen, values, ids = (t.cpu().tolist() for t in (d.chosen_logprobs, d.top_values,
+                                                           d.top_ids))  # fmt: skip
+        for j, i in enumerate(d.asked):
+            logprobs[i] = chosen[j]
+            if w := d.widths[j]:
+                top[i] = list(zip(ids[j][:w], values[j][:w], strict=True))
     return SampleResult(token_ids, logprobs, top)
 
 
-# One batch entry's draws: (token ids, their logprob info, whether a grammar completed),
-# num_samples long each.
-Draws = tuple[list[int], list[tuple[float | None, list[tuple[int, float]] | None]], list[bool]]
-
-
-def sample_batch(
-    batch: ScheduledBatch,
+def sample(
     logits: torch.Tensor,
-    sampling_of: Callable[[Seq], tuple[SamplingParams, int, list[Any] | None]],
-) -> list[Draws]:
-    """One (token ids, logprob info, grammar complete) triple per entry of ``batch.seqs`` from
-    the logits of the entries that need a token (in batch order); n draws for a request's
-    first token when it has n samples, each from its own seed. ``sampling_of(seq)`` is (its
-    params, its sample index, its request's grammar matchers or None); the matchers of the
-    drawn samples accept their tokens here."""
-    rows, params, gens, owners = [], [], [], []
-    tokens: list[RowTokens | None] = []
-    matchers: list[Any | None] = []
-    r = 0
-    for i, item in enumerate(batch.seqs):
-        if not item.needs_logits:
-            continue
-        p, first, grammar = sampling_of(item.seq)
-        seq = item.seq
-        position = seq.num_output_tokens
-        row_tokens = None
-        if p.processes_logits:
-            row_tokens = RowTokens(seq.prompt_token_ids, seq.output_token_ids, seq.stop_token_ids)
-        for j in range(item.num_samples):
-            rows.append(r)
-            params.append(p)
-            gens.append(seeded_generator(p.sample_seed(first + j), position))
-            owners.append(i)
-            tokens.append(row_tokens)
-            matchers.append(grammar[first + j] if grammar else None)
-        r += 1
-    out: list[Draws] = [([], [], []) for _ in batch.seqs]
-    if rows:
-        constrained = matchers if any(m is not None for m in matchers) else None
-        result = sample(logits[torch.tensor(rows)], params, gens, tokens, constrained)
-        for k, i in enumerate(owners):
-            token = result.token_ids[k]
-            out[i][0].append(token)
-            out[i][1].append((result.logprobs[k], result.top_logprobs[k]))
-            out[i][2].append(matchers[k] is not None and accept(matchers[k], token))
-    return out
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+    tokens: list[RowTokens | None] | None = None,
+    matchers: list[Any | None] | None = None,
+) -> SampleResult:
+    """``draw``, then ``to_host``: one token per row (see ``draw``)."""
+    return to_host(draw(logits, params, generators, tokens, matchers))
 
 
 _GOLDEN = 0x9E3779B97F4A7C15  # spreads consecutive seeds apart before mixing in the position
 
 
-def seeded_generator(seed: int | None, position: int) -> torch.Generator | None:
+def seeded_generator(
+    seed: int | None, position: int, device: torch.device | None = None
+) -> torch.Generator | None:
     """The generator for output token ``position`` of a sample seeded ``seed`` (None: use the
-    global RNG). Stateless: the draw depends only on (seed, position), so a sample's tokens do
-    not depend on batching, preemption or whether it was forked from a parent."""
+    global RNG), on ``device`` (a GPU's draws stay there; default the CPU). Stateless: the draw
+    depends only on (seed, position), so a sample's tokens do not depend on batching,
+    preemption, forking or whether the engine schedules ahead."""
     if seed is None:
         return None
-    gen = torch.Generator()
+    gen = torch.Generator(device=device or torch.device("cpu"))
     gen.manual_seed((seed * _GOLDEN + position) & 0x7FFF_FFFF_FFFF_FFFF)
     return gen

@@ -216,7 +216,10 @@ class PagedAllocator(BlockTableAllocator):
     ) -> None:
         """Hash the blocks of ``st`` that became full and enter them in the index."""
         first = len(st.block_hashes)
-        num_full = st.num_tokens // self._block_size
+        # A placeholder (a token scheduled before it was sampled) is hashed once it is known.
+        num_full = min(st.num_tokens, seq.num_known_tokens) // self._block_size
+        if num_full <= first:
+            return
         if known is not None and len(known) >= num_full:
             new = known[first:num_full]
         else:
@@ -236,6 +239,11 @@ class PagedAllocator(BlockTableAllocator):
         st.block_hashes.extend(new)
         if self.tiers is not None:
             self.tiers.computed(ids[first:num_full], new)
+
+    def tokens_known(self, seq: SeqLike) -> None:
+        st = self._seqs.get(seq.seq_id)
+        if st is not None and self.prefix_caching:
+            self._register_full_blocks(seq, st)
 
     def free(self, seq: SeqLike, preempted: bool = False) -> None:
         st = self._pop(seq, preempted)

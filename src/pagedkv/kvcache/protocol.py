@@ -49,7 +49,15 @@ class SeqLike(Protocol):
 
     @property
     def token_ids(self) -> Sequence[int]:
-        """Every token known so far: the prompt, then the generated tokens."""
+        """The prompt, then the generated tokens; the last may be a placeholder (see
+        ``num_known_tokens``)."""
+        ...
+
+    @property
+    def num_known_tokens(self) -> int:
+        """``token_ids[:num_known_tokens]`` are known; the rest (at most one) is a token an
+        asynchronous engine scheduled before sampling it. Allocators hash known tokens only,
+        and ``tokens_known`` catches up once the engine writes the value."""
         ...
 
     @property
@@ -128,6 +136,11 @@ class KVAllocator(Protocol):
         nothing. On the first call for a sequence, ``num_cached_tokens`` must be the value
         ``match_prefix`` just returned (or less, a multiple of ``block_size``); those blocks are
         shared and the new slots start after them."""
+        ...
+
+    def tokens_known(self, seq: SeqLike) -> None:
+        """``seq``'s placeholder became a known token: enter the blocks it completed in the
+        prefix cache (a no-op for allocators without one, or when nothing completed)."""
         ...
 
     def free(self, seq: SeqLike, preempted: bool = False) -> None:

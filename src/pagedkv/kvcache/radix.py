@@ -190,7 +190,9 @@ class RadixAllocator(BlockTableAllocator):
         (its pages stay private: the other copy may not be computed yet, and two sequences must
         never write one slot); a sequence being freed (``dedup``) switches to the tree's pages
         and releases its duplicates instead."""
-        first, num_full = st.tree_depth, st.num_tokens // self._block_size
+        # A placeholder (a token scheduled before it was sampled) enters once it is known.
+        first = st.tree_depth
+        num_full = min(st.num_tokens, seq.num_known_tokens) // self._block_size
         if num_full <= first:
             return
         keys = page_keys(seq.token_ids, self._block_size, first, num_full, seq.extra_keys)
@@ -238,6 +240,11 @@ class RadixAllocator(BlockTableAllocator):
                 parent = self.tree.add_child(parent, tuple(keys[start:end]), pages[start:end])
                 start = end
         return parent
+
+    def tokens_known(self, seq: SeqLike) -> None:
+        st = self._seqs.get(seq.seq_id)
+        if st is not None:
+            self._insert(seq, st, dedup=False)
 
     def free(self, seq: SeqLike, preempted: bool = False) -> None:
         st = self._state(seq)

@@ -78,6 +78,9 @@ class ReservedAllocator(BlockTableAllocator):
         self._prefix.query_tokens += len(seq.token_ids)
         return True
 
+    def tokens_known(self, seq: SeqLike) -> None:
+        """No prefix cache: nothing to enter."""
+
     def free(self, seq: SeqLike, preempted: bool = False) -> None:
         st = self._pop(seq, preempted)
         heapq.heappush(self._free_regions, st.block_ids[0])

@@ -61,6 +61,8 @@ class RequestQueues:
         self._next_seq_id = 0
         self._blocked = (-1, 0)  # (seq id, free blocks) of the last refused admission
         self._step = 0
+        # Steps ``commit_ahead`` recorded as computed before their samples (async engines).
+        self._committed_steps: set[int] = set()
         self.num_preemptions = 0
         self.num_recomputed_tokens = 0
         self.num_refused = 0
@@ -134,6 +136,7 @@ class RequestQueues:
             if seq.status is SequenceStatus.WAITING:
                 self.waiting.remove(seq)
             self._release(seq)
+            seq.drop_placeholders()
             self._pending_copies.pop(seq.seq_id, None)
             seq.status = SequenceStatus.FINISHED
             seq.finish_reason = FinishReason.ABORT
@@ -196,6 +199,7 @@ class RequestQueues:
 
     def _finish(self, seq: Seq, reason: FinishReason, finished: list[Seq]) -> None:
         self._release(seq)
+        seq.drop_placeholders()  # a token scheduled ahead of the end is never drawn
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         live = self._live.get(seq.request_id)

@@ -54,6 +54,9 @@ class Scheduler(RequestQueues):
             seq = running[i]
             start = seq.num_computed_tokens
             num_new = min(seq.num_tokens - start, budget)
+            if num_new == 0:  # its samples are still being drawn (``commit_ahead``): next step
+                i += 1
+                continue
             while not alloc.allocate(seq, num_new):
                 # Only sequences not yet scheduled this step may give way (the current one too).
                 victim = self.victim_policy(running[i:])
@@ -171,6 +174,34 @@ class Scheduler(RequestQueues):
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
 
+    # -- an asynchronous engine: the next step scheduled before this one's samples ---------
+
+    def commit_ahead(self, batch: ScheduledBatch) -> None:
+        """Record ``batch`` as computed before its samples are drawn, so that the next
+        ``schedule`` can run while the device computes it (vLLM v1's asynchronous scheduling):
+        every entry's tokens count as computed now, and a sequence that draws one token gets
+        that token as a placeholder (``Seq.append_placeholder``), which the next step computes
+        with the drawn id (the engine feeds it from the device) and ``update`` then writes in.
+        A sequence whose draw forks ``n > 1`` samples, or certainly ends it (its last allowed
+        token), gets none: it waits for ``update``, as in a synchronous engine. Call once,
+        right after ``schedule``; ``update(batch, ...)`` then neither advances nor appends."""
+        for item in batch.seqs:
+            seq = item.seq
+            self._advance(seq, item)
+            last = seq.num_output_tokens + 1 >= seq.max_new_tokens
+            if item.num_samples == 1 and not last and seq.status is _RUNNING:
+                seq.append_placeholder()
+        self._committed_steps.add(batch.step)
+
+    def _advance(self, seq: Seq, item: ScheduledSeq) -> None:
+        """``item``'s tokens are computed: ``num_computed_tokens`` and the recompute count."""
+        start = item.num_computed_tokens
+        end = start + item.num_new_tokens
+        if seq.max_computed_tokens > start:
+            self.num_recomputed_tokens += min(end, seq.max_computed_tokens) - start
+        seq.max_computed_tokens = max(seq.max_computed_tokens, end)
+        seq.num_computed_tokens = end
+
     # -- after the forward pass ------------------------------------------------------------
 
     def update(
@@ -187,16 +218,21 @@ class Scheduler(RequestQueues):
         stop string, a stop token or ``max_new_tokens`` (freeing their blocks), and forks the
         children of ``n > 1`` requests (draw ``j`` becomes the child of offset ``j``). Sequences
         aborted since ``schedule`` are skipped (their lists may be empty). Returns what
-        finished and what forked.
+        finished and what forked. After ``commit_ahead(batch)`` (an asynchronous engine, which
+        has scheduled the next step since): nothing advances, each token is written over its
+        placeholder, and a sequence the next step preempted still records its token (its
+        computation ended before the preemption took its blocks).
         ValueError if the lists do not match the batch."""
         if len(sampled_token_ids) != len(batch.seqs) or (
             stopped is not None and len(stopped) != len(batch.seqs)
         ):
             raise ValueError(f"update: token lists do not match the {len(batch.seqs)} sequences")
         result = StepUpdate([], [])
+        ahead = batch.step in self._committed_steps
+        self._committed_steps.discard(batch.step)
         for k, (item, tokens) in enumerate(zip(batch.seqs, sampled_token_ids, strict=True)):
             seq = item.seq
-            if seq.status is not _RUNNING:
+            if seq.is_finished or (seq.status is not _RUNNING and not ahead):
                 continue  # finished or aborted since schedule(): nothing to record
             stops = stopped[k] if stopped is not None else [False] * len(tokens)
             if len(tokens) != item.num_samples or len(stops) != len(tokens):
@@ -204,12 +240,8 @@ class Scheduler(RequestQueues):
                     f"update: sequence {seq.seq_id} needs {item.num_samples} sampled tokens, "
                     f"got {len(tokens)}"
                 )
-            start = item.num_computed_tokens
-            end = start + item.num_new_tokens
-            if seq.max_computed_tokens > start:
-                self.num_recomputed_tokens += min(end, seq.max_computed_tokens) - start
-            seq.max_computed_tokens = max(seq.max_computed_tokens, end)
-            seq.num_computed_tokens = end
+            if not ahead:
+                self._advance(seq, item)
             if not tokens:
                 continue
             if len(tokens) > 1:
@@ -221,10 +253,15 @@ class Scheduler(RequestQueues):
         return result
 
     def _append(self, seq: Seq, token_id: int, stop_string: bool, finished: list[Seq]) -> None:
+        was_placeholder = seq.has_placeholder
         seq.append_token(token_id)
         reason = seq.stop_reason() or (FinishReason.STOP if stop_string else None)
         if reason is not None:
+            if seq.status is SequenceStatus.WAITING:  # preempted by the step scheduled ahead
+                self.waiting.remove(seq)
             self._finish(seq, reason, finished)
+        elif was_placeholder and seq.status is _RUNNING:
+            self.allocator.tokens_known(seq)  # the blocks its placeholder completed
 
     def _fork_child(
         self, parent: Seq, token_id: int, stop_string: bool, finished: list[Seq]
@@ -240,7 +277,7 @@ class Scheduler(RequestQueues):
             self._finish(child, reason, finished)
             return child
         copies = None
-        if len(self.running) < self.max_num_seqs:
+        if parent.status is _RUNNING and len(self.running) < self.max_num_seqs:
             copies = self.allocator.fork(parent, child)
         if copies is None:
             child.num_computed_tokens = 0

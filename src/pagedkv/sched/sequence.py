@@ -19,6 +19,13 @@ from pagedkv.kvcache.hashing import NO_EXTRA_KEYS, HashExtraKeys
 # Token ids are kept as unsigned 32-bit ints: 4 bytes a token, which matters for a simulator
 # that holds thousands of 10k-token prompts, and it is the layout the block hashes read.
 TOKEN_TYPECODE = "I"
+# The id of a token scheduled one step ahead (an asynchronous engine computes a sequence's next
+# token while its value is still being sampled): one of the last two of ``token_ids`` until
+# ``update`` writes the sampled id over it. No vocabulary reaches 2^32 - 1.
+PLACEHOLDER = 0xFFFFFFFF
+# At most this many: the token being computed (drawn by the step before) and the one the step
+# being computed will draw.
+MAX_PLACEHOLDERS = 2
 
 
 class SequenceStatus(enum.Enum):
@@ -63,6 +70,7 @@ class Seq:
         "max_computed_tokens",
         "_token_ids",
         "_num_prompt_tokens",
+        "_num_placeholders",
     )
 
     def __init__(
@@ -106,12 +114,20 @@ class Seq:
         # High-water mark of computed tokens: what a recompute after preemption redoes.
         self.max_computed_tokens = 0
         self._num_prompt_tokens = len(self._token_ids)
+        # The last tokens, scheduled ahead (``PLACEHOLDER``): 0, 1 or 2 of them.
+        self._num_placeholders = 0
 
     # -- SeqLike ---------------------------------------------------------------------------
 
     @property
     def token_ids(self) -> SequenceABC[int]:
         return self._token_ids
+
+    @property
+    def num_known_tokens(self) -> int:
+        """``token_ids[:num_known_tokens]`` are known; the rest (at most two) are placeholders
+        of tokens scheduled ahead (allocators hash known tokens only)."""
+        return len(self._token_ids) - self._num_placeholders
 
     @property
     def cache_salt(self) -> str | None:
@@ -138,7 +154,16 @@ class Seq:
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self._token_ids[self._num_prompt_tokens :].tolist()
+        """The generated tokens known so far (placeholders scheduled ahead left out)."""
+        return self._token_ids[self._num_prompt_tokens : self.num_known_tokens].tolist()
+
+    @property
+    def num_known_output_tokens(self) -> int:
+        return self.num_known_tokens - self._num_prompt_tokens
+
+    @property
+    def has_placeholder(self) -> bool:
+        return self._num_placeholders > 0
 
     @property
     def num_uncomputed_tokens(self) -> int:
@@ -167,21 +192,43 @@ class Seq:
         return self.num_samples if len(self._token_ids) == self._num_prompt_tokens else 1
 
     def stop_reason(self) -> FinishReason | None:
-        """Why this sequence stops after its last appended token, or None if it goes on."""
-        if self._token_ids[-1] in self.stop_token_ids and self.num_output_tokens:
+        """Why this sequence stops after its last known token, or None if it goes on."""
+        known = self.num_known_tokens
+        outputs = known - self._num_prompt_tokens
+        if outputs and self._token_ids[known - 1] in self.stop_token_ids:
             return FinishReason.STOP
-        if self.num_output_tokens >= self.max_new_tokens:
+        if outputs >= self.max_new_tokens:
             return FinishReason.LENGTH
         return None
 
     # -- mutation (scheduler only) ----------------------------------------------------------
 
     def append_token(self, token_id: int) -> None:
-        self._token_ids.append(token_id)
+        """The next sampled token: written over the oldest placeholder, if any."""
+        if self._num_placeholders:
+            self._token_ids[len(self._token_ids) - self._num_placeholders] = token_id
+            self._num_placeholders -= 1
+        else:
+            self._token_ids.append(token_id)
+
+    def drop_placeholders(self) -> None:
+        """Forget the tokens scheduled ahead (the sequence ended before they were drawn)."""
+        if self._num_placeholders:
+            del self._token_ids[-self._num_placeholders :]
+            self._num_placeholders = 0
+
+    def append_placeholder(self) -> None:
+        """Schedule the next token before its value is known (``PLACEHOLDER``)."""
+        if self._num_placeholders >= MAX_PLACEHOLDERS:
+            raise ValueError(f"sequence {self.seq_id}: {MAX_PLACEHOLDERS} tokens ahead already")
+        self._token_ids.append(PLACEHOLDER)
+        self._num_placeholders += 1
 
     def fork(self, seq_id: int) -> Seq:
         """A child holding the same tokens and progress, waiting to be admitted by the
         scheduler (which calls ``allocator.fork``). The child samples once (``n = 1``)."""
+        if self._num_placeholders:
+            raise ValueError(f"sequence {self.seq_id}: no fork while a token is scheduled ahead")
         child = Seq(
             seq_id,
             self.request_id,
