@@ -85,6 +85,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "out other processes on a shared machine (needs --threads 1)",
     )
     add("--seed", type=int, default=0, help="seed of the random prompt token ids")
+    add("--timeline", action="store_true",
+        help="instead of the cost profile: time every step's phases (schedule, prepare, KV "
+        "copies, forward, sampling, record, update; the forward's GPU time on a GPU) over "
+        "--requests requests and print the medians per kind of step (writes --output)")  # fmt: skip
+    add("--requests", type=int, default=32, help="--timeline: requests (%(default)s)")
+    add("--max-prompt", type=int, default=512, help="--timeline: longest prompt (%(default)s)")
+    add("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+        help="--timeline: schedule one step ahead (default: on a GPU)")  # fmt: skip
     add("--quick", action="store_true",
         help="a tiny grid in seconds (tests, a first look); grid flags given still apply")  # fmt: skip
     p.set_defaults(func=run)
@@ -144,6 +152,10 @@ def run(args: argparse.Namespace) -> int:
         attention_backend=args.attention_backend,
         log_startup=False,
     )
+    if args.timeline:
+        from pagedkv.commands.profile_timeline import run_timeline
+
+        return run_timeline(args, base)
     if args.clock == "wall":  # CPU time leaves other processes out already
         warn_if_busy("profile", args.threads, "--threads 1 --clock cpu",
                      "timed steps include the wait for the CPU; --clock cpu leaves it out",

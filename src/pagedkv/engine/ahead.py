@@ -63,13 +63,15 @@ class AheadStepper:
         """A step is computing whose outputs have not been reported yet."""
         return self.inflight is not None
 
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> tuple[list[RequestOutput], ScheduledBatch]:
+        """One call: the outputs of the step it collected, and the batch it scheduled."""
         e = self.engine
         started = time.perf_counter()
         prev = self.inflight
         batch, touched = e.schedule_step()
         if batch.seqs:
             e.scheduler.commit_ahead(batch)
+        e.timeline.mark("schedule")
         pending: PendingDraws | None = None
         drawn_failure: Exception | None = None
         if prev is not None:
@@ -77,6 +79,7 @@ class AheadStepper:
                 pending = launch(prev.batch, prev.out.logits, e.sampling_of)
             except Exception as exc:  # noqa: BLE001 - contained: prev's requests fail below
                 drawn_failure = exc
+            e.timeline.mark("sample")
         out = None
         if batch.seqs and (prev is None or pending is not None):
             try:
@@ -94,7 +97,7 @@ class AheadStepper:
             outputs += e.finish_step(batch, draws, failures, touched, started)
         elif touched or not outputs:  # refusals to report, or an idle step
             outputs += e.finish_step(batch, [], [], touched, started)
-        return outputs
+        return outputs, batch
 
     def _finish_prev(
         self, prev: InFlight, pending: PendingDraws | None, failure: Exception | None
@@ -111,6 +114,7 @@ class AheadStepper:
             draws = list(collect(pending))
         except Exception:  # noqa: BLE001 - contained below
             draws, failures = self._redraw(prev)
+        e.timeline.mark("sample")  # the wait for the ids
         e.score_prompts(prev.batch, prev.out)
         return e.finish_step(prev.batch, draws, failures, prev.touched, prev.started)
 

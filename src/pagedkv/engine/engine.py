@@ -29,6 +29,7 @@ from pagedkv.engine.runner import StepOutput
 from pagedkv.engine.sample_step import Draws, sample_batch
 from pagedkv.engine.startup import EngineParts, build_parts
 from pagedkv.engine.stats import EngineInfo, EngineSnapshot, EngineStats, StatsRecorder
+from pagedkv.engine.timeline import NULL_TIMELINE, NullTimeline, StepTimeline
 from pagedkv.errors import UsageError
 from pagedkv.kvcache.hashing import HashExtraKeys
 from pagedkv.sched.batch import ScheduledBatch, ScheduledSeq
@@ -69,6 +70,7 @@ class LLMEngine:
         if ahead is None:
             ahead = self.runner.device.type == "cuda"
         self._ahead = AheadStepper(self) if ahead else None
+        self.timeline: StepTimeline | NullTimeline = NULL_TIMELINE  # ``attach_timeline``
 
     max_model_len = property(lambda self: self.info.max_model_len)
 
@@ -155,12 +157,24 @@ class LLMEngine:
         the last time: the engine forgets them afterwards). Never raises because of one
         request: a failure in the forward pass or the sampler fails the requests it is traced
         to (``error`` set, blocks freed) and the others go on."""
+        tl = self.timeline
+        tl.begin()
         if self._ahead is not None:  # the next step scheduled while this one computes
-            return self._ahead.step()
-        started = time.perf_counter()
-        batch, touched = self.schedule_step()
-        draws, failures = run_contained(batch, self._execute_and_sample)
-        return self.finish_step(batch, draws, failures, touched, started)
+            outputs, batch = self._ahead.step()
+        else:
+            started = time.perf_counter()
+            batch, touched = self.schedule_step()
+            tl.mark("schedule")
+            draws, failures = run_contained(batch, self._execute_and_sample)
+            outputs = self.finish_step(batch, draws, failures, touched, started)
+        decode_rows = sum(item.num_new_tokens == 1 for item in batch.seqs)
+        tl.end(len(batch.seqs), batch.num_batched_tokens, decode_rows)
+        return outputs
+
+    def attach_timeline(self, timeline: StepTimeline | NullTimeline) -> None:
+        """Time every step's phases into ``timeline`` (``engine/timeline.py``) from now on;
+        ``NULL_TIMELINE`` detaches it."""
+        self.timeline = self.runner.timeline = timeline
 
     def schedule_step(self) -> tuple[ScheduledBatch, set[str]]:
         """The scheduler's next batch, its refusals handed to their requests (their ids in the
@@ -189,6 +203,7 @@ class LLMEngine:
                 touched.add(self._fail(state, exc))
         self.recorder.record_step(batch, started)  # before update() frees finished sequences
         tokens, stopped = self._record(batch, draws, touched)
+        self.timeline.mark("record")
         done = self.scheduler.update(batch, tokens, stopped)
         self._registry.adopt(done.forked)
         for seq in done.finished:
@@ -201,7 +216,9 @@ class LLMEngine:
     def _execute_and_sample(self, batch: ScheduledBatch) -> list[Draws]:
         out = self.runner.execute(batch, self.allocator)
         self.score_prompts(batch, out)
-        return sample_batch(batch, out.logits, self.sampling_of)
+        draws = sample_batch(batch, out.logits, self.sampling_of)
+        self.timeline.mark("sample")
+        return draws
 
     def score_prompts(self, batch: ScheduledBatch, out: StepOutput) -> None:
         """Prompt logprobs of the positions ``batch`` computed (``out``: its forward's)."""

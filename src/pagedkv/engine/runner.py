@@ -19,6 +19,7 @@ from pagedkv.cpu_share import CpuShare, usable_cores
 from pagedkv.engine.kv.mover import KVMover
 from pagedkv.engine.kv.swap_pool import HostSwapPool
 from pagedkv.engine.sample_step import PendingDraws
+from pagedkv.engine.timeline import NULL_TIMELINE, NullTimeline, StepTimeline
 from pagedkv.kvcache.protocol import KVAllocator
 from pagedkv.model.attention_backend import AttentionBackend
 from pagedkv.model.attention_metadata import AttentionMetadata
@@ -101,6 +102,7 @@ class ModelRunner:
         self.mover = KVMover(self.kv_caches, swap_pool, copy_blocks)
         # On a GPU the step's host tensors are pinned, so their copies to it run asynchronously.
         self._pin = self.device.type == "cuda"
+        self.timeline: StepTimeline | NullTimeline = NULL_TIMELINE  # the engine attaches one
         self.graphs: DecodeGraphs | None = None  # ``capture_graphs``: CUDA graphs of decode
         self.cpu_share: CpuShare | None = None  # ``share_cpu``: threads step by step
 
@@ -240,10 +242,14 @@ class ModelRunner:
     def _execute(
         self, batch: ScheduledBatch, allocator: KVAllocator, prev: PendingDraws | None
     ) -> StepOutput:
+        tl = self.timeline
         inputs = self.prepare(batch, allocator) if batch.seqs else None
+        tl.mark("prepare")
         self.mover.before_forward(batch)
+        tl.mark("kv_copies")
         if inputs is None:
             return StepOutput(torch.empty(0, self.config.vocab_size), [])
+        tl.forward_started()
         if inputs.placeholders:
             inputs = replace(inputs, input_ids=self._drawn_ids(inputs, prev))
         meta = inputs.metadata
@@ -255,13 +261,18 @@ class ModelRunner:
             # A decode step (every row one sequence's new token, each needing its logits).
             logits = self.graphs.run(inputs.input_ids, inputs.positions, meta)
             if logits is not None:
+                tl.forward_ended()
+                tl.mark("forward")
                 self.mover.after_forward(batch)
+                tl.mark("kv_saves")
                 return StepOutput(logits, [])
         plan = self.backend.plan(meta, self.kv_caches, self.block_size)
         hidden = self.model(
             inputs.input_ids, inputs.positions, self.kv_caches, meta, self.block_size, plan
         )
+        tl.mark("forward")
         self.mover.after_forward(batch)
+        tl.mark("kv_saves")
         prompt = []
         if inputs.prompt_spans:
             rows = hidden[inputs.prompt_rows.to(hidden.device, non_blocking=True)].split(
@@ -269,7 +280,10 @@ class ModelRunner:
             )
             prompt = [PromptHidden(e, first, h) for (e, first, _), h in
                       zip(inputs.prompt_spans, rows, strict=True)]  # fmt: skip
-        if inputs.logit_rows.numel() == 0:
-            return StepOutput(torch.empty(0, self.config.vocab_size), prompt)
-        last = hidden[inputs.logit_rows.to(hidden.device, non_blocking=True)]
-        return StepOutput(self.model.compute_logits(last), prompt)
+        logits = torch.empty(0, self.config.vocab_size)
+        if inputs.logit_rows.numel():
+            last = hidden[inputs.logit_rows.to(hidden.device, non_blocking=True)]
+            logits = self.model.compute_logits(last)
+        tl.forward_ended()
+        tl.mark("forward")  # the LM head: the forward's last part
+        return StepOutput(logits, prompt)
