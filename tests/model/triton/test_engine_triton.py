@@ -16,6 +16,16 @@ from tests.engine.conftest import assert_no_leaks
 
 
 @pytest.fixture(scope="module")
+def tiny_long_model(tmp_path_factory):
+    """A tiny random Llama's folder (loaded in each test's dtype)."""
+    from tests.model.tiny import make_tiny_model
+
+    folder = tmp_path_factory.mktemp("tiny-llama-fused")
+    make_tiny_model("llama", folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     from pagedkv.model import load_model
     from tests.model.tiny import make_tiny_model
@@ -151,3 +161,46 @@ def test_decode_graph_replays_equal_the_eager_step_and_padding_writes_nothing(ti
         torch.tensor([1, 2]), tables[:1], torch.tensor([5], dtype=torch.int32),
         torch.tensor([0, 2], dtype=torch.int32),
     )) is None  # a prefill chunk is no graph's step  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_fused_layer_equals_the_layers_own_ops(tiny_long_model, dtype, monkeypatch):
+    """``TritonPlan.run_layer`` (RoPE + the K/V store in one kernel; SiLU * up in one in bf16)
+    against the layer's torch ops calling ``attend``: the same hidden states and pool in fp32
+    (bit for bit), within bf16 rounding in bf16."""
+    from pagedkv.model import load_model
+    from tests.model.triton.fused_support import round_bf16_to_nearest_even
+
+    round_bf16_to_nearest_even(monkeypatch)  # the interpreter truncates; a GPU rounds
+    config, model, _ = load_model(tiny_long_model, dtype, progress=False)
+    kernels = _engine((config, model, None), attention_backend="triton",
+                      dtype=dtype).parts.runner.backend.kernels  # fmt: skip
+    page_tokens = [5, 23]  # two sequences: a prompt of 5, one of 23 in two chunks
+    tables = torch.tensor([[3, 0], [1, 6]], dtype=torch.int32)
+    ctx = torch.tensor(page_tokens, dtype=torch.int32)
+    pos = torch.cat([torch.arange(n) for n in page_tokens])
+    slots = torch.cat([tables[i, torch.arange(n) // 16].long() * 16 + torch.arange(n) % 16
+                       for i, n in enumerate(page_tokens)])  # fmt: skip
+    meta = AttentionMetadata(slots, tables, ctx, torch.tensor([0, 5, 28], dtype=torch.int32))
+    ids = torch.randint(0, config.vocab_size, (28,), generator=torch.Generator().manual_seed(1))
+
+    def forward(fused: bool):
+        from pagedkv.model.kv_pool import allocate_kv_caches
+        from tests.model.helpers import page_of
+
+        kv = allocate_kv_caches(page_of(config, 16, model.dtype), 8)
+        plan = TritonPlan(meta, 16, config.num_kv_heads, torch.device("cpu"), kernels)
+        if not fused:
+            monkeypatch.setattr(plan, "run_layer", lambda *args: None)
+        return model(ids, pos, kv, meta, 16, plan), kv
+
+    (fused, kv_fused), (own, kv_own) = forward(True), forward(False)
+    if dtype == "float32":
+        assert torch.equal(fused, own)
+    else:
+        torch.testing.assert_close(fused.float(), own.float(), rtol=3e-2, atol=3e-2)
+    # RoPE + store is bit-equal: every layer's pool in fp32; in bf16 the first layer's (the
+    # later layers' inputs differ by SiLU's ulps).
+    layers = len(kv_own) if dtype == "float32" else 1
+    for (k1, v1), (k2, v2) in list(zip(kv_fused, kv_own, strict=True))[:layers]:
+        assert torch.equal(k1, k2) and torch.equal(v1, v2)

@@ -108,8 +108,13 @@ class TritonPlan:
         """One layer: ``q`` ``[T, Hq, D]``, ``k``/``v`` ``[T, Hkv, D]`` (RoPE applied) ->
         ``[T, Hq * D]``. Writes the new K/V into ``kv_cache`` first (a prefill reads itself)."""
         k_cache, v_cache = kv_cache
+        self.kernels.write_kv(k, v, k_cache, v_cache, self.slot_mapping)
+        return self._attend_stored(q, kv_cache, scale)
+
+    def _attend_stored(self, q: torch.Tensor, kv_cache: KVCache, scale: float) -> torch.Tensor:
+        """``attend`` once the step's K/V are in the pool: prefill tiles, then decode rows."""
+        k_cache, v_cache = kv_cache
         kernels = self.kernels
-        kernels.write_kv(k, v, k_cache, v_cache, self.slot_mapping)
         out = None
         if self.tiles is not None:
             out = kernels.paged_prefill(
@@ -124,9 +129,23 @@ class TritonPlan:
         assert out is not None  # a step has at least one row
         return out.view(self.num_tokens, -1)
 
-    def run_layer(self, layer, hidden, cos, sin, kv_cache) -> None:
-        """``StepAttention.run_layer``: the layer runs its own ops and calls ``attend``."""
-        return None
+    def run_layer(self, layer, hidden, cos, sin, kv_cache: KVCache) -> torch.Tensor:
+        """``StepAttention.run_layer``: the layer with fewer launches. RoPE on Q and K and the
+        K/V store in one kernel (``rope_kv_write.py``: bit-equal to the torch ops it replaces),
+        attention on the stored K/V, and in bf16 SiLU * up in one (``silu_mul.py``; in fp32 the
+        layer's own: a fused ``exp`` differs by ulps, and fp32 is the path greedy tokens are
+        checked on against the CPU)."""
+        k_cache, v_cache = kv_cache
+        kernels = self.kernels
+        qkv = layer.qkv_proj(layer.input_norm(hidden))
+        q, _, _ = kernels.rope_write_kv(qkv, cos, sin, k_cache, v_cache, self.slot_mapping,
+                                        layer.num_heads, in_place=True)  # fmt: skip
+        hidden = layer.o_proj.added_to(hidden, self._attend_stored(q, kv_cache, layer.scale))
+        normed = layer.post_attention_norm(hidden)
+        if hidden.dtype != torch.bfloat16:
+            return layer.mlp.added_to(hidden, normed)
+        gated = kernels.silu_mul(layer.mlp.gate_up_proj(normed))
+        return layer.mlp.down_proj.added_to(hidden, gated)
 
 
 def _on(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:

@@ -19,7 +19,8 @@ import torch
 
 from pagedkv.errors import UsageError
 
-_MODULES = ("decode", "decode_split", "prefill", "kv_write", "block_copy")
+_MODULES = ("decode", "decode_split", "prefill", "kv_write", "block_copy", "rope_kv_write",
+            "silu_mul")  # fmt: skip
 _loaded: dict[str, TritonKernels] = {}
 
 
@@ -34,6 +35,8 @@ class TritonKernels:
     prefill_tiles: Any
     write_kv: Any
     copy_blocks: Any
+    rope_write_kv: Any  # RoPE + the K/V store in one launch (TritonPlan.run_layer)
+    silu_mul: Any
 
 
 def load_kernels(device: torch.device) -> TritonKernels:
@@ -66,6 +69,8 @@ def load_kernels(device: torch.device) -> TritonKernels:
         prefill_tiles=modules["prefill"].prefill_tiles,
         write_kv=modules["kv_write"].write_kv,
         copy_blocks=modules["block_copy"].copy_blocks,
+        rope_write_kv=modules["rope_kv_write"].rope_write_kv,
+        silu_mul=modules["silu_mul"].silu_mul,
     )
     _loaded[kind] = kernels
     return kernels
