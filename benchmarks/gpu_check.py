@@ -24,9 +24,14 @@ Sections (each timed and caught: a failing one records its error and the next on
    fused attention on the same shapes.
 5. ``engine``: a Llama-3-8B-shaped model with random bf16 weights made on the GPU; 256 Azure
    conversation requests at t = 0 (prompts <= 2048, outputs <= 256 tokens, EOS ignored):
-   pagedkv's output tok/s with CUDA graphs off and on, beside transformers ``generate`` on the
-   same tensors (static left-padded batches of 64, greedy, stopped after 90 s); then an engine
-   with default settings on it (the pool sized from the card), its pool's size recorded.
+   pagedkv's output tok/s eager and with CUDA graphs (both synchronous, as issue 24's check ran
+   them) and with graphs and scheduling one step ahead (the GPU's default), each after a warm-up
+   that compiles its kernels and with its step timeline (``engine/timeline.py``: host phases
+   and the forward's GPU time per kind of step), beside transformers ``generate`` on the
+   same tensors (static left-padded batches of 64, greedy, stopped after 30 s); batch-1 decode
+   (a 2,048-token prompt, 64 tokens) against the memory limit, and a layer's prompt GEMMs at
+   8,192 rows against ``F.linear`` and the square bf16 rate (``gpu_check_speed.py``); then an
+   engine with default settings on it (the pool sized from the card), its pool's size recorded.
 6. ``profile_sim``: ``pagedkv profile``'s ``measure`` (a small grid) on that model writes a
    cost profile (beside --output); the simulator replays section 4's eager run on it.
 7. ``clock`` (last): graph-replayed and more eager steps, the engine section's runs again warm with every
@@ -40,6 +45,10 @@ tool's ``run`` with carry ["wheels"]; what is under $OUT comes back, even from a
       --find-links wheels -r wheels/requirements.txt && export PYTHONPATH=/tmp/site:src \\
       PYTHONUNBUFFERED=1 && python3 benchmarks/gpu_check.py --output $OUT/gpu_check.json \\
       | tee $OUT/gpu_check.md
+
+The fused kernels' timings (RMSNorm + residual, RoPE + KV write, SiLU x up against their torch
+forms) are a separate benchmark for the same call: ``python3 benchmarks/bench_fused.py
+--output $OUT/bench_fused.json``.
 
 About 5 minutes there (--deadline-s skips sections not started by 450 s). ``--dry-run``: the
 same code on this CPU under Triton's interpreter at tiny sizes (a 2-layer copy of the embedded
@@ -68,6 +77,7 @@ import torch  # noqa: E402
 from common import finish_meta, machine_meta, write_json  # noqa: E402
 from gpu_check_clock import check_clock  # noqa: E402
 from gpu_check_engine import (  # noqa: E402
+    ENGINE_RUNS,
     GREEDY_TEXTS,
     default_pool,
     engine_model,
@@ -88,6 +98,7 @@ from gpu_check_profile import check_profile_sim  # noqa: E402
 from gpu_check_report import summary_markdown, versions  # noqa: E402
 from gpu_check_run import DEVICE_SIZES, DRY_SIZES, GIB, SMALL_GGUF, TRACE, Run, attempt  # noqa: E402
 from gpu_check_service import check_service  # noqa: E402
+from gpu_check_speed import batch1_latency, prompt_gemms  # noqa: E402
 from gpu_check_timing import copy_bandwidth_gb_s, decode_times, prefill_times  # noqa: E402
 from pagedkv.model.triton.kernels import load_kernels  # noqa: E402
 from pagedkv.pages.triton_rules import block_size_problems, kv_tile  # noqa: E402
@@ -131,10 +142,10 @@ def check_greedy(run: Run) -> dict:
     loaded = load_model(path, "float32", progress=False, device=run.device)
     prompts = [loaded[2].encode(text) for text in GREEDY_TEXTS[:n]]
     tokens, errors = {}, {}
-    for graphs in (False, True):
-        label = "pagedkv triton" + (" + cuda graphs" if graphs else "")
+    for graphs in (False, True):  # synchronous eager, and the GPU's default engine
+        label = "pagedkv triton" + (" + cuda graphs + async" if graphs else "")
         tokens[label] = attempt(errors, label, pagedkv_greedy, loaded, prompts, new_tokens,
-                                "triton", graphs)  # fmt: skip
+                                "triton", graphs, graphs)  # fmt: skip
         run.log(f"  {label}: {errors.get(label, 'done')}")
     # The reference path on the device too: torch SDPA over K/V gathered by the plan.
     label = "pagedkv torch sdpa"
@@ -238,22 +249,35 @@ def paged_over_contiguous(rows: list[dict]) -> list[dict]:
 
 
 def check_engine(run: Run) -> dict:
-    """pagedkv (CUDA graphs off and on) beside transformers on one trace workload."""
+    """pagedkv (``ENGINE_RUNS``: synchronous eager and CUDA graphs, and the GPU's default,
+    graphs with scheduling one step ahead) beside transformers on one trace workload; batch-1
+    decode and the prompt GEMMs against the card's limits; the default pool."""
     s = run.sizes
     loaded, weights = engine_model(run)
     ids, outs = engine_workload(run, loaded[0].vocab_size)
     result = {"model": s.engine_model, "requests": len(ids), "prompt_tokens": sum(map(len, ids)),
               "output_tokens": sum(outs), "pagedkv": {}, "errors": {}}  # fmt: skip
-    errors = result["errors"]
-    for graphs in (False, True):
-        label = "cuda_graphs" if graphs else "eager"
-        row = attempt(errors, label, pagedkv_throughput, run, loaded, ids, outs, graphs)
+    errors, tokens = result["errors"], {}
+    for label, (graphs, ahead) in ENGINE_RUNS.items():
+        row = attempt(errors, label, pagedkv_throughput, run, loaded, ids, outs, graphs, ahead)
         run.free_memory()
         if row is not None:
+            tokens[label] = row.pop("_tokens")
             result["pagedkv"][label] = row
         run.log(f"  pagedkv {label}: {errors.get(label) or row['tokens_per_s']} tok/s")
+    if "eager" in tokens:  # bf16: graphs pad batches, so a GEMM may round differently
+        result["same_tokens_as_eager"] = {
+            k: sum(a == b for a, b in zip(v, tokens["eager"], strict=True)) / len(v)
+            for k, v in tokens.items() if k != "eager"}  # fmt: skip
+    if "cuda_graphs" in tokens and "cuda_graphs_async" in tokens:  # the same shapes: equal
+        pairs = zip(tokens["cuda_graphs_async"], tokens["cuda_graphs"], strict=True)
+        result["async_same_tokens"] = sum(a == b for a, b in pairs) / len(tokens["cuda_graphs"])
     hf = attempt(errors, "transformers", hf_throughput, loaded[0], weights, ids, outs, run)
     del weights
+    run.free_memory()
+    result["batch1"] = attempt(errors, "batch1", batch1_latency, run, loaded)
+    run.free_memory()
+    result["prompt_gemms"] = attempt(errors, "prompt_gemms", prompt_gemms, run, loaded)
     run.free_memory()
     result["default_pool"] = attempt(errors, "default_pool", default_pool, run, loaded)
     if hf is not None:
@@ -262,8 +286,10 @@ def check_engine(run: Run) -> dict:
     rates = {k: v["tokens_per_s"] for k, v in result["pagedkv"].items()}
     if hf is not None:
         result["ratio_vs_transformers"] = {k: r / hf["tokens_per_s"] for k, r in rates.items()}
-    if len(rates) == 2:
+    if "eager" in rates and "cuda_graphs" in rates:
         result["cuda_graphs_speedup"] = rates["cuda_graphs"] / rates["eager"]
+    if "cuda_graphs" in rates and "cuda_graphs_async" in rates:
+        result["async_speedup"] = rates["cuda_graphs_async"] / rates["cuda_graphs"]
     return result
 
 

@@ -64,6 +64,7 @@ HOST_SHORT_PROMPT = 256  # the second host-only replay's prompt cap: narrow bloc
 COMPILE_PHASES = (("_host_run", "clock: host-only replay"), ("_timed_run", "clock: warm run"),
                   ("_graph_steps", "clock: graph grid"), ("capture", "graph capture"),
                   ("pagedkv_throughput", "engine section"),
+                  ("batch1_latency", "engine section: batch 1"),
                   ("check_profile_sim", "profile_sim section"),
                   ("check_ledger", "ledger section"), ("check_kernels", "kernels section"),
                   ("check_greedy", "greedy section"), ("check_service", "service section"))  # fmt: skip
@@ -135,6 +136,7 @@ def _phase() -> str:
         label = names.get(frame.f_code.co_name)
         if label == "engine section":
             mode = "cuda_graphs" if frame.f_locals.get("graphs") else "eager"
+            mode += "_async" if frame.f_locals.get("ahead") else ""
             return f"engine section {mode} " + ("timed run" if "t0" in frame.f_locals
                                                 else "warm-up")  # fmt: skip
         if label is not None:
@@ -215,7 +217,7 @@ def _timed_run(run: Run, loaded, ids, outs, graphs: bool) -> dict:
     from pagedkv.engine.profiling import StepRecorder
 
     s = run.sizes
-    engine = make_engine(loaded, "bfloat16", "triton", graphs, max_num_seqs=s.max_num_seqs,
+    engine = make_engine(loaded, "bfloat16", "triton", graphs, False, max_num_seqs=s.max_num_seqs,
                          max_num_batched_tokens=s.max_num_batched_tokens,
                          max_model_len=s.max_prompt + s.max_output + 16,
                          kv_cache_memory_bytes=s.kv_cache_bytes)  # fmt: skip
@@ -243,7 +245,7 @@ def _host_run(run: Run, loaded, ids, outs) -> list[dict]:
     from pagedkv.engine.profiling import StepRecorder
 
     s = run.sizes
-    engine = make_engine(loaded, "bfloat16", "triton", False, max_num_seqs=s.max_num_seqs,
+    engine = make_engine(loaded, "bfloat16", "triton", False, False, max_num_seqs=s.max_num_seqs,
                          max_num_batched_tokens=s.max_num_batched_tokens,
                          max_model_len=s.max_prompt + s.max_output + 16,
                          kv_cache_memory_bytes=s.kv_cache_bytes)  # fmt: skip

@@ -24,6 +24,7 @@ from gpu_check_models import (
 from gpu_check_run import SMALL_GGUF, TRACE, WHEELS, Run
 from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
 from pagedkv.engine.startup import build_parts
+from pagedkv.engine.timeline import StepTimeline, summarize
 
 # -- 2. greedy ------------------------------------------------------------------------------------
 
@@ -52,13 +53,16 @@ def greedy_model(run: Run) -> tuple[Path, str]:
         return WHEELS / SMALL_GGUF, f"SmolLM2-135M-Instruct, first 6 of 30 layers ({SMALL_GGUF})"
 
 
-def make_engine(loaded, dtype: str, backend: str, graphs: bool, **limits) -> LLMEngine:
-    """An engine on ``loaded``'s device. CUDA graphs on the CPU (the dry run): the same
+def make_engine(loaded, dtype: str, backend: str, graphs: bool, ahead: bool | None = None,
+                **limits) -> LLMEngine:  # fmt: skip
+    """An engine on ``loaded``'s device; ``ahead``: scheduling one step ahead (None: the
+    engine's default, on on a GPU). CUDA graphs on the CPU (the dry run): the same
     ``DecodeGraphs``, recorded with the tests' stand-in graph."""
     device = loaded[1].device
     on_gpu = device.type == "cuda"
     config = EngineConfig(device=str(device), dtype=dtype, attention_backend=backend,
-                          cuda_graphs=graphs and on_gpu, log_startup=False, **limits)  # fmt: skip
+                          cuda_graphs=graphs and on_gpu, async_scheduling=ahead,
+                          log_startup=False, **limits)  # fmt: skip
     engine = LLMEngine(config, parts=build_parts(config, loaded))
     if graphs and not on_gpu:
         engine.parts.runner.capture_graphs(config.max_num_seqs, engine.max_model_len,
@@ -66,9 +70,10 @@ def make_engine(loaded, dtype: str, backend: str, graphs: bool, **limits) -> LLM
     return engine
 
 
-def pagedkv_greedy(loaded, prompts, new_tokens: int, backend: str, graphs: bool):
+def pagedkv_greedy(loaded, prompts, new_tokens: int, backend: str, graphs: bool,
+                   ahead: bool = False):  # fmt: skip
     """pagedkv's greedy tokens of each prompt (fp32, on ``loaded``'s device)."""
-    engine = make_engine(loaded, "float32", backend, graphs, max_num_seqs=len(prompts),
+    engine = make_engine(loaded, "float32", backend, graphs, ahead, max_num_seqs=len(prompts),
                          kv_cache_memory_bytes=256 << 20)  # fmt: skip
     outs = engine.generate(prompts, SamplingParams(max_tokens=new_tokens, ignore_eos=True))
     graphs_obj = engine.parts.runner.graphs
@@ -124,18 +129,44 @@ def engine_workload(run: Run, vocab_size: int):
                           run.sizes.max_output, run.args.seed)  # fmt: skip
 
 
-def pagedkv_throughput(run: Run, loaded, ids, outs, graphs: bool) -> dict:
+# The engine section's runs: (CUDA graphs, scheduling one step ahead). "eager" and
+# "cuda_graphs" step synchronously, as the H200 check of issue 24 ran them (the clock section
+# and profile_sim model those); "cuda_graphs_async" is the GPU's default engine.
+ENGINE_RUNS = {"eager": (False, False), "cuda_graphs": (True, False),
+               "cuda_graphs_async": (True, True)}  # fmt: skip
+
+
+def warm_up(engine: LLMEngine, max_prompt: int) -> None:
+    """Compile what the timed run will call before it is timed: prompts whose lengths differ
+    by parity and by 16 (Triton specialises integer arguments on == 1 and % 16), a prefill
+    step, a mixed step (decode rows beside a new prompt) and decode steps of several sizes."""
+    greedy = SamplingParams(max_tokens=6, ignore_eos=True)
+    lengths = sorted({min(n, max_prompt) for n in (16, 17, 100, 777, max_prompt)})
+    engine.add_request(list(range(300, 300 + lengths[0])), greedy)
+    engine.step()  # the first prompt's prefill: the next ones arrive beside a decode row
+    for n in lengths[1:]:
+        engine.add_request([300 + i % 16 for i in range(n)], greedy)
+    while engine.has_unfinished():
+        engine.step()
+
+
+def pagedkv_throughput(run: Run, loaded, ids, outs, graphs: bool, ahead: bool = False) -> dict:
     """One timed ``generate`` of the whole workload on a fresh engine (after a warm-up that
-    compiles the kernels); the eager run is kept in ``run.state`` for section 5."""
+    compiles the kernels), every step's phases in a ``StepTimeline`` (its summary per kind of
+    step in the row); the synchronous eager run is kept in ``run.state`` for the later
+    sections."""
     s = run.sizes
-    engine = make_engine(loaded, "bfloat16", "triton", graphs, max_num_seqs=s.max_num_seqs,
+    engine = make_engine(loaded, "bfloat16", "triton", graphs, ahead,
+                         max_num_seqs=s.max_num_seqs,
                          max_num_batched_tokens=s.max_num_batched_tokens,
                          max_model_len=s.max_prompt + s.max_output + 16,
                          kv_cache_memory_bytes=s.kv_cache_bytes)  # fmt: skip
-    engine.generate([list(range(300, 316))] * 2, SamplingParams(max_tokens=4, ignore_eos=True))
+    warm_up(engine, s.max_prompt)
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in outs]
     graphs_obj = engine.parts.runner.graphs
     steps_before, replays_before = engine.stats().num_steps, graphs_obj.replays if graphs else 0
+    timeline = StepTimeline(loaded[1].device)
+    engine.attach_timeline(timeline)
     t0 = time.perf_counter()
     results = engine.generate(ids, params)
     seconds = time.perf_counter() - t0
@@ -144,8 +175,11 @@ def pagedkv_throughput(run: Run, loaded, ids, outs, graphs: bool) -> dict:
     row = {"tokens_per_s": generated / seconds, "seconds": seconds, "generated_tokens": generated,
            "steps": stats.num_steps - steps_before, "preemptions": stats.preemptions,
            "peak_running": stats.peak_running, "num_blocks": engine.info.num_blocks,
-           "graph_replays": graphs_obj.replays - replays_before if graphs else 0}  # fmt: skip
-    if not graphs:
+           "graph_replays": graphs_obj.replays - replays_before if graphs else 0,
+           "async_scheduling": engine.steps_ahead,
+           "timeline": summarize(timeline.records()),
+           "_tokens": [list(r.outputs[0].token_ids) for r in results]}  # fmt: skip
+    if not graphs and not ahead:
         run.state["engine_run"] = {"seconds": seconds, "config": engine.config, "ids": ids,
                                    "outs": outs, "num_blocks": engine.info.num_blocks,
                                    "block_size": engine.info.block_size,

@@ -113,13 +113,45 @@ def _engine(r: dict) -> list[str]:
     pool_lines = ["", f"default settings: a KV pool of {pool['kv_cache_gib']:.1f} GiB = "
                   f"{pool['num_blocks']} blocks of {pool['block_size']} tokens",
                   *[f"- {line}" for line in pool["startup"]]] if pool else []  # fmt: skip
+    same = r.get("same_tokens_as_eager") or {}
+    same_lines = [f"- {k}: {v:.0%} of outputs token-for-token equal to eager's" for k, v in
+                  same.items()]  # fmt: skip
+    if (both := r.get("async_same_tokens")) is not None:
+        same_lines.append(f"- one step ahead vs synchronous, both graphed: {both:.0%} of "
+                          "outputs equal")  # fmt: skip
     return [f"{r['model']}, {r['requests']} requests, {r['prompt_tokens']} prompt and "
             f"{r['output_tokens']} output tokens"
-            + (f"; CUDA graphs {speedup:.2f}x eager" if speedup else ""), "",
+            + (f"; CUDA graphs {speedup:.2f}x eager" if speedup else "")
+            + (f"; one step ahead {r['async_speedup']:.2f}x" if r.get("async_speedup") else ""),
+            "",
             *_table(["run", "output tok/s", "s", "steps", "graph replays", "preemptions",
                      "vs transformers"], rows),
+            *same_lines,
             *[f"- {name} failed: {error}" for name, error in r["errors"].items()],
-            *pool_lines]  # fmt: skip
+            *_batch1(r.get("batch1")), *_gemms(r.get("prompt_gemms")), *pool_lines]  # fmt: skip
+
+
+def _batch1(b: dict | None) -> list[str]:
+    if not b:
+        return []
+    return ["", f"batch 1 ({b['prompt_tokens']}-token prompt, graphs, one step ahead): "
+            f"{b['ms_per_token']:.2f} ms/token; memory limit {b['memory_limit_ms']:.2f} ms "
+            f"({(b['weight_bytes'] + b['kv_bytes_per_step']) / 1e9:.1f} GB at "
+            f"{b['copy_gb_s']:.0f} GB/s): {b['of_memory_limit']:.0%} of it"]  # fmt: skip
+
+
+def _gemms(g: dict | None) -> list[str]:
+    if not g:
+        return []
+    sq = g["square"]
+    return ["", f"prompt GEMMs at {g['rows']} rows (square {sq['dim']}^3 bf16: "
+            f"{sq['tflop_s']:.0f} TFLOP/s)", "",
+            *_table(["projection", "in x out", "engine TFLOP/s", "F.linear TFLOP/s",
+                     "engine / linear", "of square"],
+                    [[k, f"{p['in']} x {p['out']}", f"{p['engine']['tflop_s']:.0f}",
+                      f"{p['linear']['tflop_s']:.0f}", f"{p['engine_over_linear']:.2f}",
+                      f"{p['engine_of_square']:.0%}"]
+                     for k, p in g["projections"].items()])]  # fmt: skip
 
 
 def _service(r: dict) -> list[str]:

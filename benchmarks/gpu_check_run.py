@@ -46,6 +46,9 @@ class Sizes:
     kv_cache_bytes: int
     hf_batch: int
     hf_max_s: float  # transformers starts no batch after this much time
+    batch1_prompt: int  # the batch-1 latency run: its prompt's tokens
+    batch1_tokens: int  # and its decode steps
+    gemm_peak_dim: int  # the square bf16 product the prompt GEMMs are held against
     profile_plan: dict = field(default_factory=dict)  # ProfilePlan's fields
 
 
@@ -57,7 +60,7 @@ DEVICE_SIZES = Sizes(
     prefill_contexts=(1024, 4096, 16384), copy_bytes=2 * GIB, flush_bytes=256 << 20,
     engine_model="llama-3-8b", engine_requests=256, max_prompt=2048, max_output=256,
     max_num_seqs=256, max_num_batched_tokens=8192, kv_cache_bytes=40 * GIB, hf_batch=64,
-    hf_max_s=90.0,
+    hf_max_s=30.0, batch1_prompt=2048, batch1_tokens=64, gemm_peak_dim=8192,
     profile_plan=dict(block_sizes=(16,), batch_sizes=(1, 8, 32, 128, 256),
                       context_lens=(256, 1024), prefill_lens=(64, 512, 2048), steps_per_point=3,
                       max_num_batched_tokens=8192),
@@ -69,6 +72,7 @@ DRY_SIZES = Sizes(
     copy_bytes=8 << 20, flush_bytes=0,
     engine_model="tiny", engine_requests=3, max_prompt=24, max_output=4, max_num_seqs=2,
     max_num_batched_tokens=64, kv_cache_bytes=8 << 20, hf_batch=2, hf_max_s=float("inf"),
+    batch1_prompt=16, batch1_tokens=4, gemm_peak_dim=128,
     profile_plan=dict(block_sizes=(16,), batch_sizes=(1, 2), context_lens=(16,),
                       prefill_lens=(8, 32), steps_per_point=2, max_num_batched_tokens=64),
 )  # fmt: skip

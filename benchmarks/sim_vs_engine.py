@@ -73,6 +73,7 @@ def engine_config(args: argparse.Namespace, loaded) -> EngineConfig:
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_prompt + args.max_output + 1,
         log_startup=False,
+        async_scheduling=False,  # StepRecorder times synchronous steps
     )
 
 

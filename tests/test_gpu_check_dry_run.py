@@ -65,7 +65,8 @@ def test_greedy_tokens_equal_on_every_path(dry_run):
     greedy = dry_run[0]["sections"]["greedy"]["result"]
     assert greedy["errors"] == {}
     assert set(greedy["comparisons"]) == {
-        "pagedkv triton", "pagedkv triton + cuda graphs", "pagedkv torch sdpa", "transformers"
+        "pagedkv triton", "pagedkv triton + cuda graphs + async", "pagedkv torch sdpa",
+        "transformers",
     }  # fmt: skip
     for name, comparison in greedy["comparisons"].items():
         assert comparison["identical"] == greedy["prompts"], name
@@ -86,6 +87,20 @@ def test_ledger_engine_and_simulator_recorded(dry_run):
     assert all(run["generated_tokens"] == engine["output_tokens"]
                for run in engine["pagedkv"].values())  # fmt: skip
     assert engine["transformers"]["useful_tokens"] == engine["output_tokens"]
+    runs = engine["pagedkv"]
+    assert [runs[k]["async_scheduling"] for k in ("eager", "cuda_graphs", "cuda_graphs_async")] == [
+        False,
+        False,
+        True,
+    ]
+    assert engine["async_same_tokens"] == 1.0  # one step ahead changes no token
+    for run in runs.values():  # every timed step in the timeline, each kind's phases present
+        kinds = run["timeline"]
+        assert sum(v["steps"] for k, v in kinds.items() if k != "idle") == run["steps"]
+    b1 = engine["batch1"]
+    assert b1["generated_tokens"] == b1["decode_steps"] + 1 and b1["graph_replays"] > 0
+    assert b1["memory_limit_ms"] > 0 and b1["weight_bytes"] > 0
+    assert set(engine["prompt_gemms"]["projections"]) == {"qkv", "o", "gate_up", "down"}
     sim = sections["profile_sim"]["result"]
     assert sim["predicted_s"] > 0 and Path(sim["profile_path"]).is_file()
 

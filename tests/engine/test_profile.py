@@ -39,6 +39,15 @@ def test_step_shape_counts_a_mixed_batch_by_hand():
     assert shape == StepShape(6, 16, 26, 2, 1, 2 + 3, 4, 11)
 
 
+def test_the_recorder_refuses_an_engine_one_step_ahead(tiny_folder):
+    # One step ahead, a call returns the previous batch's tokens: its time is no batch's.
+    loaded = load_model(tiny_folder, progress=False)
+    config = EngineConfig(model=str(tiny_folder), async_scheduling=True, log_startup=False)
+    engine = LLMEngine(config, parts=build_parts(config, loaded))
+    with pytest.raises(ValueError, match="async_scheduling=False"):
+        StepRecorder(engine)
+
+
 def test_the_recorder_notes_each_step_the_engine_ran(tiny_folder):
     loaded = load_model(tiny_folder, progress=False)
     config = EngineConfig(model=str(tiny_folder), block_size=4, log_startup=False)

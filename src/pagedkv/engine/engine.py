@@ -73,6 +73,8 @@ class LLMEngine:
         self.timeline: StepTimeline | NullTimeline = NULL_TIMELINE  # ``attach_timeline``
 
     max_model_len = property(lambda self: self.info.max_model_len)
+    # Whether ``step`` schedules one step ahead: a step's outputs then come back one call later.
+    steps_ahead = property(lambda self: self._ahead is not None)
 
     def flush_kv_store(self, timeout_s: float = 30.0) -> bool:
         """Wait until every block written through to the KV store so far has been sent (True;

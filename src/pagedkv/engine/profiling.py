@@ -53,9 +53,13 @@ class StepRecorder:
     ``last_running`` the running sequences right after scheduling, before finished ones leave
     (where the simulator counts its peak); ``first_token_s`` maps each request id to the
     ``clock`` time its first token came back. Observes the scheduler without changing what it
-    decides. ``clock``: a ``CLOCKS`` name."""
+    decides. ``clock``: a ``CLOCKS`` name. The engine must step synchronously
+    (``async_scheduling=False``): one step ahead, a call's time is not its batch's."""
 
     def __init__(self, engine: LLMEngine, clock: str = "wall") -> None:
+        if engine.steps_ahead:
+            raise ValueError("StepRecorder times synchronous steps: build the engine with "
+                             "async_scheduling=False")  # fmt: skip
         self.engine = engine
         self.clock = CLOCKS[clock]
         self.block_size = engine.info.block_size
@@ -168,6 +172,7 @@ def _engine_config(base: EngineConfig, model_config: Any, plan: ProfilePlan, blo
         max_model_len=min(model_config.max_position_embeddings, seq_tokens),
         kv_cache_memory_bytes=(batch * seq_tokens + 2 * block_size) * record_bytes,
         log_startup=False,
+        async_scheduling=False,  # each step timed alone: what the simulator's step model prices
     )
 
 

@@ -51,8 +51,12 @@ class TimedPhases:
 
     @property
     def kind(self) -> str:
-        """``decode`` (one new token a sequence), ``prefill`` (no decode row) or ``mixed``."""
-        if self.num_tokens and self.num_tokens == self.num_decode_rows:
+        """``decode`` (one new token a sequence), ``prefill`` (no decode row), ``mixed``, or
+        ``idle``: a call that scheduled nothing (one step ahead, the call after a batch whose
+        sequences all ended only collects that batch's tokens)."""
+        if not self.num_tokens:
+            return "idle"
+        if self.num_tokens == self.num_decode_rows:
             return "decode"
         return "mixed" if self.num_decode_rows else "prefill"
 
