@@ -50,7 +50,7 @@ The fused kernels' timings (RMSNorm + residual, RoPE + KV write, SiLU x up again
 forms) are a separate benchmark for the same call: ``python3 benchmarks/bench_fused.py
 --output $OUT/bench_fused.json``.
 
-About 5 minutes there (--deadline-s skips sections not started by 450 s). ``--dry-run``: the
+About 8 minutes there (--deadline-s skips sections not started by 450 s). ``--dry-run``: the
 same code on this CPU under Triton's interpreter at tiny sizes (a 2-layer copy of the embedded
 GGUF, a tiny random llama for sections 4-5), under a minute: what keeps this script from
 rotting (``tests/test_gpu_check_dry_run.py``). Both write --output (JSON, rewritten after each

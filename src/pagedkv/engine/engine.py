@@ -12,17 +12,18 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 from pagedkv.engine.ahead import AheadStepper
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.containment import run_contained
 from pagedkv.engine.grammar import GrammarCache
 from pagedkv.engine.kv.events import describe_replica
-from pagedkv.engine.outputs import CompletionOutput, RequestOutput
+from pagedkv.engine.offline import OfflineCalls
+from pagedkv.engine.outputs import RequestOutput
 from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.prompt_scoring import score_prompts
-from pagedkv.engine.prompts import Prompt, check_params, check_request, pair_prompts, tokenize
+from pagedkv.engine.prompts import Prompt, check_params, check_request, tokenize
 from pagedkv.engine.registry import RequestRegistry
 from pagedkv.engine.requests import RequestState
 from pagedkv.engine.runner import StepOutput
@@ -38,7 +39,7 @@ from pagedkv.sched.sequence import Seq
 log = logging.getLogger("pagedkv.engine")
 
 
-class LLMEngine:
+class LLMEngine(OfflineCalls):
     """Not thread-safe: one caller (or the server's engine loop) drives ``step``; ``info`` and
     ``check_request`` read fixed facts only and may be used from any thread."""
 
@@ -262,67 +263,6 @@ class LLMEngine:
             self.scheduler.abort(state.request_id)
             state.fail(f"the request failed inside the engine: {type(exc).__name__}: {exc}")
         return state.request_id
-
-    # -- conveniences ----------------------------------------------------------------------
-
-    def generate(
-        self,
-        prompts: Prompt | Sequence[Prompt],
-        params: SamplingParams | Sequence[SamplingParams] | None = None,
-    ) -> list[RequestOutput]:
-        """Run every prompt (a bare string or one list of ids is one) to completion, batched;
-        outputs in prompt order. A prompt that can never run (empty, too long) gets an output
-        with ``error`` set; a prompt of the wrong type raises ``UsageError`` before anything
-        is queued. Others' requests advance too; their outputs wait for the next ``step()``."""
-        pairs = pair_prompts(prompts, params)
-        tokenized = [tokenize(self.tokenizer, p) for p, _ in pairs]  # raises before queueing
-        results: dict[str, RequestOutput] = {}
-        order: list[str] = []
-        for (text, ids), (_, p) in zip(tokenized, pairs, strict=True):
-            request_id = self._registry.new_id("gen")
-            order.append(request_id)
-            try:
-                self._add(text, ids, p, request_id, None)
-            except UsageError as exc:
-                n = p.n
-                outs = [CompletionOutput(i, finish_reason="refused") for i in range(n)]
-                results[request_id] = RequestOutput(request_id, text, ids, outs, error=str(exc))
-        mine = set(order)
-        while len(results) < len(order):
-            for out in self.step():
-                if out.request_id not in mine:
-                    self._stash[out.request_id] = out
-                elif out.finished:
-                    results[out.request_id] = out
-        return [results[r] for r in order]
-
-    def stream(
-        self, prompt: Prompt, params: SamplingParams | None = None
-    ) -> Iterator[tuple[str, RequestOutput]]:
-        """Run one request (other queued requests advance too, and their outputs wait for the
-        next ``step()``); yields (new text of sample 0, the request's output) after every step
-        that changed it. Ends after the final output, also when the request is aborted. A
-        consumer that stops early (``break``, or closing the generator) aborts the request, so
-        its blocks come back."""
-        request_id = self.add_request(prompt, params)
-        printed = 0
-        try:
-            while request_id in self._registry:  # gone without a final output: aborted
-                mine = None
-                for out in self.step():  # stash the others first: the consumer may stop here
-                    if out.request_id == request_id:
-                        mine = out
-                    else:
-                        self._stash[out.request_id] = out
-                if mine is None:
-                    continue
-                text = mine.outputs[0].text
-                yield text[printed:], mine
-                printed = len(text)
-                if mine.finished:
-                    return
-        finally:
-            self.abort(request_id)  # no-op once it finished
 
     # -- the engine's one face for the edges -----------------------------------------------
 
