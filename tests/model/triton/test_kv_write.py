@@ -4,15 +4,14 @@ Runs under the Triton interpreter (conftest.py)."""
 
 from __future__ import annotations
 
-import os
-
-import numpy as np
 import pytest
 import torch
 
 from pagedkv.errors import UsageError
 from pagedkv.model.triton.block_copy import copy_blocks
 from pagedkv.model.triton.kv_write import write_kv
+
+from .fused_support import round_bf16_to_nearest_even
 
 
 def shuffled_slots(num_blocks, block_size, num_tokens, gen):
@@ -49,24 +48,9 @@ def test_write_kv_shuffled_slots_with_padding(block_size, num_kv_heads, head_dim
 
 @pytest.fixture
 def interpreter_rounds_to_nearest_even(monkeypatch):
-    """Triton 3.9's interpreter casts fp32 to bf16 by truncating the mantissa; a GPU (LLVM's
-    fptrunc) and torch round to nearest even. Make the interpreter round like the GPU, through
-    torch, so the stored bits can be compared exactly; a compiled kernel never meets this."""
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        return
-    import triton.language as tl
-    from triton.runtime import interpreter
-
-    original = interpreter.InterpreterBuilder.cast_impl
-
-    def cast_impl(self, src, dst_type):
-        if src.dtype.scalar != tl.float32 or dst_type.scalar != tl.bfloat16:
-            return original(self, src, dst_type)
-        rounded = torch.from_numpy(np.ascontiguousarray(src.data)).to(torch.bfloat16)
-        bits = rounded.view(torch.int16).numpy().view(np.uint16)  # the interpreter's bf16
-        return interpreter.TensorHandle(bits, tl.bfloat16)
-
-    monkeypatch.setattr(interpreter.InterpreterBuilder, "cast_impl", cast_impl)
+    """The interpreter's fp32 -> bf16 cast rounds as a GPU's does (``fused_support``), so the
+    stored bits can be compared exactly."""
+    round_bf16_to_nearest_even(monkeypatch)
 
 
 @pytest.mark.usefixtures("interpreter_rounds_to_nearest_even")
