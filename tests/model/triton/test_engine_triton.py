@@ -165,7 +165,8 @@ def test_decode_graph_replays_equal_the_eager_step_and_padding_writes_nothing(ti
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_fused_layer_equals_the_layers_own_ops(tiny_long_model, dtype, monkeypatch):
-    """``TritonPlan.run_layer`` (RoPE + the K/V store in one kernel; SiLU * up in one in bf16)
+    """``TritonPlan.run_layer`` (RoPE + the K/V store in one kernel; in bf16 also RMSNorm,
+    add + RMSNorm and SiLU * up in one each)
     against the layer's torch ops calling ``attend``: the same hidden states and pool in fp32
     (bit for bit), within bf16 rounding in bf16."""
     from pagedkv.model import load_model
@@ -199,8 +200,8 @@ def test_the_fused_layer_equals_the_layers_own_ops(tiny_long_model, dtype, monke
         assert torch.equal(fused, own)
     else:
         torch.testing.assert_close(fused.float(), own.float(), rtol=3e-2, atol=3e-2)
-    # RoPE + store is bit-equal: every layer's pool in fp32; in bf16 the first layer's (the
-    # later layers' inputs differ by SiLU's ulps).
+    # RoPE + store is bit-equal: every layer's pool in fp32; in bf16 the first layer's (its
+    # input norm's bf16 outputs equal torch's here; later layers' inputs differ by SiLU's ulps).
     layers = len(kv_own) if dtype == "float32" else 1
     for (k1, v1), (k2, v2) in list(zip(kv_fused, kv_own, strict=True))[:layers]:
         assert torch.equal(k1, k2) and torch.equal(v1, v2)

@@ -132,18 +132,27 @@ class TritonPlan:
     def run_layer(self, layer, hidden, cos, sin, kv_cache: KVCache) -> torch.Tensor:
         """``StepAttention.run_layer``: the layer with fewer launches. RoPE on Q and K and the
         K/V store in one kernel (``rope_kv_write.py``: bit-equal to the torch ops it replaces),
-        attention on the stored K/V, and in bf16 SiLU * up in one (``silu_mul.py``; in fp32 the
-        layer's own: a fused ``exp`` differs by ulps, and fp32 is the path greedy tokens are
-        checked on against the CPU)."""
+        attention on the stored K/V; in bf16 also each RMSNorm in one launch, the second with
+        the residual add before it (``rms_norm.py``), and SiLU * up in one (``silu_mul.py``).
+        fp32 keeps the layer's own norms and SwiGLU: a Triton sum of squares or ``exp``
+        differs from torch's by ulps, and fp32 is the path greedy tokens are checked on
+        against the CPU; in bf16 those ulps vanish in the rounding but at a boundary."""
         k_cache, v_cache = kv_cache
         kernels = self.kernels
-        qkv = layer.qkv_proj(layer.input_norm(hidden))
+        bf16 = hidden.dtype == torch.bfloat16
+        if bf16:
+            norm = layer.input_norm
+            qkv = layer.qkv_proj(kernels.rms_norm(hidden, norm.weight, norm.eps))
+        else:
+            qkv = layer.qkv_proj(layer.input_norm(hidden))
         q, _, _ = kernels.rope_write_kv(qkv, cos, sin, k_cache, v_cache, self.slot_mapping,
                                         layer.num_heads, in_place=True)  # fmt: skip
-        hidden = layer.o_proj.added_to(hidden, self._attend_stored(q, kv_cache, layer.scale))
-        normed = layer.post_attention_norm(hidden)
-        if hidden.dtype != torch.bfloat16:
-            return layer.mlp.added_to(hidden, normed)
+        attn = self._attend_stored(q, kv_cache, layer.scale)
+        if not bf16:
+            hidden = layer.o_proj.added_to(hidden, attn)
+            return layer.mlp.added_to(hidden, layer.post_attention_norm(hidden))
+        norm = layer.post_attention_norm
+        normed, hidden = kernels.rms_norm(layer.o_proj(attn), norm.weight, norm.eps, hidden)
         gated = kernels.silu_mul(layer.mlp.gate_up_proj(normed))
         return layer.mlp.down_proj.added_to(hidden, gated)
 

@@ -20,7 +20,7 @@ import torch
 from pagedkv.errors import UsageError
 
 _MODULES = ("decode", "decode_split", "prefill", "kv_write", "block_copy", "rope_kv_write",
-            "silu_mul")  # fmt: skip
+            "silu_mul", "rms_norm")  # fmt: skip
 _loaded: dict[str, TritonKernels] = {}
 
 
@@ -37,6 +37,7 @@ class TritonKernels:
     copy_blocks: Any
     rope_write_kv: Any  # RoPE + the K/V store in one launch (TritonPlan.run_layer)
     silu_mul: Any
+    rms_norm: Any  # RMSNorm, alone or after the residual add, in one launch
 
 
 def load_kernels(device: torch.device) -> TritonKernels:
@@ -71,6 +72,7 @@ def load_kernels(device: torch.device) -> TritonKernels:
         copy_blocks=modules["block_copy"].copy_blocks,
         rope_write_kv=modules["rope_kv_write"].rope_write_kv,
         silu_mul=modules["silu_mul"].silu_mul,
+        rms_norm=modules["rms_norm"].rms_norm,
     )
     _loaded[kind] = kernels
     return kernels
