@@ -4,8 +4,10 @@ Sections (each timed and caught: a failing one records its error and the next on
 
 1. ``kernels``: every Triton kernel against a float64 torch reference on the device: paged
    decode (one pass and split-K), paged prefill (cached prefix, ragged batch, a decode row),
-   KV write (slot -1 skipped), block copy; fp32 and bf16, block sizes 16 and 64, GQA 4, head
-   dim 128; max abs error, pass at 1e-4 (fp32) / 3e-2 (bf16).
+   KV write (slot -1 skipped), block copy; fp32 and bf16, block sizes 1, 3, 16, 64 and 2048,
+   GQA 4, head dim 128; max abs error, pass at 1e-4 (fp32) / 3e-2 (bf16); and the fused
+   kernels of the Triton layer (RMSNorm, add + RMSNorm, SiLU * up, RoPE + KV write) against
+   the torch ops they replace, in ulps within the tests' bounds.
 2. ``greedy``: greedy tokens of SmolLM2-135M in fp32 (8 prompts x 32 tokens): pagedkv on the
    GPU (Triton, eager and CUDA graphs) and transformers on the GPU, each against pagedkv's CPU
    path; identical sequences and the first divergence. The embedded GGUF when installed, else
@@ -92,6 +94,7 @@ from gpu_check_engine import (  # noqa: E402
 from gpu_check_kernels import (  # noqa: E402
     KERNEL_HEADS,
     TOLERANCE,
+    fused_cases,
     kernel_cases,
 )
 from gpu_check_profile import check_profile_sim  # noqa: E402
@@ -122,9 +125,12 @@ def check_kernels(run: Run) -> dict:
                 case.update(max_abs_error=err, ok=err is not None and err <= tolerance)
                 cases.append(case)
                 run.log(f"  {kernel} {case['dtype']} B={block_size}: {err}")
+    fused = fused_cases(run.device, run.args.dry_run, run.args.seed)
+    run.log(f"  fused kernels: {sum(f['ok'] for f in fused)}/{len(fused)} within bounds")
     q_heads, kv_heads, head_dim = KERNEL_HEADS
     return {"num_q_heads": q_heads, "num_kv_heads": kv_heads, "head_dim": head_dim,
-            "cases": cases, "all_pass": all(c["ok"] for c in cases),
+            "cases": cases, "fused": fused,
+            "all_pass": all(c["ok"] for c in cases + fused),
             "interpreted": kernels.interpreted}  # fmt: skip
 
 

@@ -186,3 +186,42 @@ def max_abs_error(got: torch.Tensor, want: torch.Tensor) -> float:
     """Largest |got - want| (NaN anywhere: inf, so it never passes a tolerance)."""
     diff = (got.cpu().double() - want.cpu().double()).abs()
     return float("inf") if torch.isnan(diff).any() else float(diff.max()) if diff.numel() else 0.0
+
+
+FUSED_TOKENS = {"device": (1, 77, 4096), "dry": (1, 3)}
+
+
+def fused_cases(device: torch.device, dry_run: bool, seed: int) -> list[dict]:
+    """The fused kernels the Triton backend's layer runs (``bench_fused.cases``: RMSNorm,
+    add + RMSNorm, SiLU * up, RoPE + KV write) against the torch ops they replace, in ulps, at
+    Llama-3-8B's shapes (the dry run's tiny ones), within the tests' bounds. The dry run
+    rounds the interpreter's bf16 casts as a GPU does while these run, and restores them."""
+    from bench_fused import BOUNDS, DRY_SHAPE, GPU_SHAPE, cases, compare
+
+    restore = None
+    if dry_run:
+        from triton.runtime import interpreter
+
+        from bench_fused import interpreter_rounds_to_nearest_even
+
+        restore = interpreter.InterpreterBuilder.cast_impl
+        interpreter_rounds_to_nearest_even()
+    rows = []
+    try:
+        for dtype in (torch.float32, torch.bfloat16):
+            for tokens in FUSED_TOKENS["dry" if dry_run else "device"]:
+                shape = DRY_SHAPE if dry_run else GPU_SHAPE
+                for name, (torch_fn, fused_fn, _) in cases(shape, tokens, dtype, device,
+                                                           seed + tokens).items():  # fmt: skip
+                    row = {"kernel": name, "dtype": str(dtype).removeprefix("torch."),
+                           "tokens": tokens, "bound_ulps": BOUNDS[name, dtype]}  # fmt: skip
+                    try:
+                        row.update(compare(torch_fn(), fused_fn()))
+                        row["ok"] = row["max_ulps"] <= row["bound_ulps"]
+                    except Exception as exc:  # a kernel that does not compile: said, not lost
+                        row.update(error=f"{type(exc).__name__}: {exc}", ok=False)
+                    rows.append(row)
+    finally:
+        if restore is not None:
+            interpreter.InterpreterBuilder.cast_impl = restore
+    return rows

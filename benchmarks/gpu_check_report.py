@@ -50,9 +50,14 @@ def _kernels(r: dict) -> list[str]:
     rows = [[c["kernel"], c["dtype"], c["block_size"],
              c.get("error") or f"{c['max_abs_error']:.2e}", f"{c['tolerance']:g}",
              "ok" if c["ok"] else "**FAIL**"] for c in r["cases"]]  # fmt: skip
+    fused = r.get("fused", [])
+    fused_rows = [[f["kernel"], f["dtype"], f["tokens"], f.get("error") or f["max_ulps"],
+                   f["bound_ulps"], "ok" if f["ok"] else "**FAIL**"] for f in fused]  # fmt: skip
     return [f"{passed}/{len(rows)} cases pass (GQA {r['num_q_heads']}/{r['num_kv_heads']}, "
             f"head dim {r['head_dim']})", "",
-            *_table(["kernel", "dtype", "B", "max abs error", "tolerance", ""], rows)]  # fmt: skip
+            *_table(["kernel", "dtype", "B", "max abs error", "tolerance", ""], rows),
+            "", f"fused kernels: {sum(f['ok'] for f in fused)}/{len(fused)} within bounds", "",
+            *_table(["kernel", "dtype", "tokens", "max ulps", "bound", ""], fused_rows)]  # fmt: skip
 
 
 def _greedy(r: dict) -> list[str]:

@@ -59,6 +59,11 @@ def test_kernels_pass_their_tolerances(dry_run):
             "copy_blocks"} <= names  # fmt: skip
     assert {c["block_size"] for c in kernels["cases"]} == {1, 16}
     assert {c["dtype"] for c in kernels["cases"]} == {"float32", "bfloat16"}
+    fused = kernels["fused"]  # every fused kernel, both dtypes, within the tests' ulp bounds
+    assert {(f["kernel"], f["dtype"]) for f in fused} == {
+        (k, d) for k in ("rms_norm", "add_rms_norm", "silu_mul", "rope_kv_write")
+        for d in ("float32", "bfloat16")}  # fmt: skip
+    assert all(f["ok"] for f in fused)
 
 
 def test_greedy_tokens_equal_on_every_path(dry_run):
