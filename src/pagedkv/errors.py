@@ -2,10 +2,15 @@
 
 ``UsageError``: the user asked for something invalid (a flag, a file, a request field). Edges
 print it as one line (the CLI, exit 2) or answer it as a 400 (the server, ``param`` names the
-field). Any other exception is an internal error and is reported as one.
+field). Any other exception is an internal error and is reported as one. ``read_json``: a
+file the user named, as JSON, or that UsageError.
 """
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
 
 
 class UsageError(ValueError):
@@ -20,3 +25,12 @@ class UsageError(ValueError):
         super().__init__(message)
         self.param = param
         self.code = code  # a machine-readable kind, e.g. "context_length_exceeded"
+
+
+def read_json(path: str | Path, what: str) -> Any:
+    """The JSON in ``path``; UsageError "cannot read WHAT 'PATH': why" when the file cannot be
+    read, is not UTF-8 or is not JSON (what it holds is the caller's to check)."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(f"cannot read {what} {str(path)!r}: {exc}") from None

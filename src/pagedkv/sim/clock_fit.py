@@ -21,7 +21,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from pagedkv.errors import UsageError
+from pagedkv.errors import UsageError, read_json
 from pagedkv.sim.clock_data import FAMILIES, OpRow, price
 from pagedkv.sim.gpu_clock import ELEMENTWISE_OPS, GPUClock, KernelPrice
 from pagedkv.sim.gpus import GPUSpec
@@ -181,12 +181,7 @@ def parse_clock(data: Any, source: str) -> tuple[GPUClock, dict[str, Any]]:
 
 
 def read_clock(path: str | Path) -> tuple[GPUClock, dict[str, Any]]:
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UsageError(f"cannot read GPU clock {str(path)!r}: {exc}") from None
-    return parse_clock(data, str(path))
+    return parse_clock(read_json(path, "GPU clock"), str(path))
 
 
 __all__ = ["FAMILIES", "fit_clock", "read_clock", "write_clock", "errors", "summarize_errors"]

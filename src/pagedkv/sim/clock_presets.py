@@ -21,7 +21,7 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 
-from pagedkv.errors import UsageError
+from pagedkv.errors import UsageError, read_json
 from pagedkv.sim.clock_fit import parse_clock, read_clock
 from pagedkv.sim.engine_clock import EngineClock, is_engine_clock, parse_engine_clock
 from pagedkv.sim.gpu_clock import GPUClock
@@ -117,10 +117,7 @@ def engine_clock_for(gpu: GPUSpec) -> tuple[EngineClock, str]:
 
 def read_any_clock(path: str) -> tuple[str, GPUClock | EngineClock, str]:
     """A clock file of either kind: (kind, clock, a line naming it). UsageError otherwise."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UsageError(f"cannot read GPU clock {path!r}: {exc}") from None
+    data = read_json(path, "GPU clock")
     if is_engine_clock(data):
         clock, meta = parse_engine_clock(data, path)
         return (

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from pagedkv.errors import UsageError
+from pagedkv.errors import UsageError, read_json
 from pagedkv.sim.decode_law import check_params
 
 ENGINE_CLOCK_FORMAT = "pagedkv-engine-clock"
@@ -145,9 +145,4 @@ def parse_engine_clock(data: Any, source: str) -> tuple[EngineClock, dict[str, A
 def read_engine_clock(path: str | Path) -> tuple[EngineClock, dict[str, Any]]:
     """The engine clock in ``path``; UsageError naming the file when it cannot be read, is not
     JSON or not a valid engine clock."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UsageError(f"cannot read engine clock {str(path)!r}: {exc}") from None
-    return parse_engine_clock(data, str(path))
+    return parse_engine_clock(read_json(path, "engine clock"), str(path))

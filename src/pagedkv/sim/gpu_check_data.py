@@ -35,7 +35,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from pagedkv.errors import UsageError
+from pagedkv.errors import UsageError, read_json
 from pagedkv.sched.step_shape import StepShape, TimedStep
 from pagedkv.sim.decode_law import DecodeCall, LedgerRow
 from pagedkv.sim.gpus import GPUSpec, get_gpu
@@ -205,10 +205,7 @@ def read_gpu_check(
     (name -> a section's record) are taken as if the file held them too: the check's own
     clock section fits before its result is written."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UsageError(f"cannot read device check {str(path)!r}: {exc}") from None
+    data = read_json(path, "device check")
     if sections and isinstance(data, dict) and isinstance(data.get("sections"), dict):
         data["sections"].update(sections)
     where = str(path)
