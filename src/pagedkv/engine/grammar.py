@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from pagedkv.engine.device_copies import to_device, upload
 from pagedkv.engine.json_schema import guidance_schema
 from pagedkv.engine.structured import StructuredOutput
 from pagedkv.errors import UsageError
@@ -120,9 +121,9 @@ def apply_masks(logits: torch.Tensor, matchers: list[Any | None]) -> None:
     bitmask = llt.allocate_token_bitmask(len(rows), logits.shape[-1])
     for k, i in enumerate(rows):
         llt.fill_next_token_bitmask(matchers[i], bitmask, k)
-    index = torch.tensor(rows, device=logits.device)
+    index = to_device(rows, torch.int64, logits.device)
     masked = logits.index_select(0, index)
-    llt.apply_token_bitmask_inplace(masked, bitmask.to(logits.device))
+    llt.apply_token_bitmask_inplace(masked, upload(bitmask, logits.device))
     logits.index_copy_(0, index, masked)
 
 

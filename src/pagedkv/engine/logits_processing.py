@@ -11,11 +11,13 @@ process nothing are left untouched and cost nothing.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from pagedkv.engine.device_copies import to_device
 from pagedkv.engine.params import SamplingParams
 
 
@@ -38,25 +40,27 @@ def process_logits(
     if not todo:
         return logits
     out = logits.clone()
-    vocab, dev = out.shape[-1], out.device  # index tensors live where the logits do
+    dev = out.device  # index tensors go where the logits are, from pinned memory on a GPU
     for i in todo:
         p, tokens, row = params[i], rows[i], out[i]
         assert tokens is not None
         if p.min_tokens and len(tokens.output_ids) < p.min_tokens and tokens.stop_ids:
-            row[torch.tensor(sorted(tokens.stop_ids), device=dev)] = float("-inf")
+            row[to_device(sorted(tokens.stop_ids), torch.int64, dev)] = float("-inf")
         if p.logit_bias:
-            ids = torch.tensor([t for t, _ in p.logit_bias], device=dev)
-            biases = torch.tensor([b for _, b in p.logit_bias], dtype=row.dtype, device=dev)
+            ids = to_device([t for t, _ in p.logit_bias], torch.int64, dev)
+            biases = to_device([b for _, b in p.logit_bias], row.dtype, dev)
             row.index_add_(0, ids, biases)
         if p.repetition_penalty != 1.0:
-            seen = torch.tensor([*tokens.prompt_ids, *tokens.output_ids], device=dev).unique()
+            seen = to_device(sorted({*tokens.prompt_ids, *tokens.output_ids}), torch.int64, dev)
             values = row[seen]
             r = p.repetition_penalty
             row[seen] = torch.where(values > 0, values / r, values * r)
         if (p.frequency_penalty or p.presence_penalty) and tokens.output_ids:
-            counts = torch.bincount(
-                torch.tensor(list(tokens.output_ids), device=dev), minlength=vocab
+            # counted on the host, where the ids are (a device bincount reads its max back)
+            counted = Counter(tokens.output_ids)
+            ids = to_device(list(counted), torch.int64, dev)
+            counts = to_device(list(counted.values()), row.dtype, dev)
+            row[ids] -= counts * p.frequency_penalty + (counts > 0).to(row.dtype) * (
+                p.presence_penalty
             )
-            counts = counts[:vocab].to(row.dtype)
-            row -= counts * p.frequency_penalty + (counts > 0).to(row.dtype) * p.presence_penalty
     return out

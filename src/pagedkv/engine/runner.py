@@ -16,6 +16,7 @@ from typing import NamedTuple
 import torch
 
 from pagedkv.cpu_share import CpuShare, usable_cores
+from pagedkv.engine.device_copies import host_tensor, to_device
 from pagedkv.engine.kv.mover import KVMover
 from pagedkv.engine.kv.swap_pool import HostSwapPool
 from pagedkv.engine.sample_step import PendingDraws
@@ -198,16 +199,15 @@ class ModelRunner:
         where, rows = zip(*((i, prev.token_rows[s]) for i, s in inputs.placeholders), strict=True)
         ids = inputs.input_ids.to(self.device, non_blocking=True)
         drawn = prev.draws.token_ids
-        ids[self._host_tensor(list(where), torch.int64).to(self.device, non_blocking=True)] = drawn[
-            self._host_tensor(list(rows), torch.int64).to(drawn.device, non_blocking=True)
+        ids[to_device(where, torch.int64, self.device)] = drawn[
+            to_device(rows, torch.int64, drawn.device)
         ]
         return ids
 
     def _host_tensor(self, values: list[int], dtype: torch.dtype) -> torch.Tensor:
         """A step tensor made on the host, pinned when the model runs on a GPU: the copies
         there (``.to(device, non_blocking=True)``) then overlap instead of blocking."""
-        t = torch.tensor(values, dtype=dtype)
-        return t.pin_memory() if self._pin else t
+        return host_tensor(values, dtype, self._pin)
 
     def execute(
         self, batch: ScheduledBatch, allocator: KVAllocator, prev: PendingDraws | None = None

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from pagedkv.engine.device_copies import to_device
 from pagedkv.engine.grammar import accept
 from pagedkv.engine.logits_processing import RowTokens
 from pagedkv.engine.params import SamplingParams
@@ -77,7 +78,7 @@ def launch(
     drawn = None
     if rows:
         constrained = matchers if any(m is not None for m in matchers) else None
-        index = torch.tensor(rows, device=logits.device)
+        index = to_device(rows, torch.int64, logits.device)
         drawn = draw(logits[index], params, gens, tokens, constrained)
     return PendingDraws(batch, owners, matchers, drawn, token_rows)
 

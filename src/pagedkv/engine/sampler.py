@@ -6,7 +6,9 @@ at once. Greedy rows take the argmax of the processed logits and draw nothing; t
 rows draw in one call; a seeded row draws alone, from a generator of its own (seed, position),
 so its tokens do not depend on which other requests share the batch. Reported logprobs are the
 model's own (before processing, temperature and truncation). ``draw`` leaves everything on the
-logits' device; ``to_host`` is the one copy (``sample_step.py`` splits a step's draws there).
+logits' device and queues the one copy to the host right behind the draws; ``to_host`` waits for
+that copy only (``sample_step.py`` splits a step's draws there). No host sync before it: every
+index and parameter tensor goes up from pinned memory (``device_copies.py``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 import torch
 
+from pagedkv.engine.device_copies import HostCopy, start_host_copy, to_device
 from pagedkv.engine.grammar import apply_masks
 from pagedkv.engine.logits_processing import RowTokens, process_logits
 from pagedkv.engine.params import SamplingParams
@@ -56,11 +59,13 @@ def _truncate(
 class DeviceDraws:
     """A batch's draws before their one copy to the host: ``token_ids`` int64 ``[R]`` on the
     logits' device; for the rows that asked for logprobs (``asked``, with their ``widths``),
-    the chosen token's logprob ``[A]`` and the top values and ids ``[A, k]`` (k the widest)."""
+    the chosen token's logprob ``[A]`` and the top values and ids ``[A, k]`` (k the widest);
+    ``host``: their copies to the host, queued right behind the draws."""
 
     token_ids: torch.Tensor
     asked: list[int]
     widths: list[int]
+    host: HostCopy
     chosen_logprobs: torch.Tensor | None = None
     top_values: torch.Tensor | None = None
     top_ids: torch.Tensor | None = None
@@ -88,31 +93,41 @@ def draw(
     greedy = [p.greedy for p in params]
     chosen = processed.argmax(dim=-1)
     if not all(greedy):
-        dev = logits.device  # the logits' device: a GPU's stay there
-        temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=dev)
-        top_k = torch.tensor([min(p.top_k, vocab) for p in params], device=dev)
-        top_p = torch.tensor([p.top_p for p in params], dtype=logits.dtype, device=dev)
-        min_p = torch.tensor([p.min_p for p in params], dtype=logits.dtype, device=dev)
+        dev, f32 = logits.device, logits.dtype  # the logits' device: a GPU's stay there
+        temps = to_device([1.0 if p.greedy else p.temperature for p in params], f32, dev)
+        top_k = to_device([min(p.top_k, vocab) for p in params], torch.int64, dev)
+        top_p = to_device([p.top_p for p in params], f32, dev)
+        min_p = to_device([p.min_p for p in params], f32, dev)
         scaled = processed / temps.unsqueeze(-1)
         probs = _truncate(scaled, top_k, top_p, min_p).softmax(dim=-1)
         free = [i for i in range(rows) if not greedy[i] and generators[i] is None]
         if free:
-            index = torch.tensor(free, device=dev)
-            chosen[index] = torch.multinomial(probs[index], 1).squeeze(1)
+            index = to_device(free, torch.int64, dev)
+            chosen[index] = _free_draw(probs[index])
         for i in range(rows):
             if not greedy[i] and (gen := generators[i]) is not None:
                 chosen[i] = _seeded_draw(probs[i], gen)
     asked = [i for i, p in enumerate(params) if p.logprobs is not None]
     if not asked:
-        return DeviceDraws(chosen, [], [])
+        return DeviceDraws(chosen, [], [], start_host_copy(chosen))
     # Logprobs (the model's own, before processing): one gather and one top-k over the rows
     # that asked.
-    rows_asked = torch.tensor(asked, device=logits.device)
+    rows_asked = to_device(asked, torch.int64, logits.device)
     log_probs = logits[rows_asked].log_softmax(dim=-1)
     chosen_lp = log_probs.gather(1, chosen[rows_asked].unsqueeze(1)).squeeze(1)
     widths = [params[i].logprobs or 0 for i in asked]
     values, ids = log_probs.topk(max(max(widths), 1), dim=-1)
-    return DeviceDraws(chosen, asked, widths, chosen_lp, values, ids)
+    host = start_host_copy(chosen, chosen_lp, values, ids)
+    return DeviceDraws(chosen, asked, widths, host, chosen_lp, values, ids)
+
+
+def _free_draw(probs: torch.Tensor) -> torch.Tensor:
+    """One token per row of ``probs`` from the global RNG: ``multinomial`` on the CPU (the
+    tokens pagedkv has always drawn); on a GPU the exponential race (argmax of p / E, E ~
+    Exp(1): the same distribution, vLLM's way), whose kernels check nothing on the host."""
+    if probs.device.type == "cpu":
+        return torch.multinomial(probs, 1).squeeze(1)
+    return (probs / torch.empty_like(probs).exponential_()).argmax(dim=-1)
 
 
 def _seeded_draw(row: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
@@ -126,16 +141,17 @@ def _seeded_draw(row: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
 
 
 def to_host(d: DeviceDraws) -> SampleResult:
-    """The draws on the host: the step's one copy of the sampled ids (and logprobs' own)."""
-    token_ids = d.token_ids.cpu().tolist()
+    """The draws on the host: the step's one wait, for the copy of the sampled ids (and
+    logprobs' own) that ``draw`` queued."""
+    ids_host, *lp_host = d.host.wait()  # (the ids, then logprobs' three when asked)
+    assert ids_host is not None
+    token_ids = ids_host.cpu().tolist()
     rows = len(token_ids)
     logprobs: list[float | None] = [None] * rows
     top: list[list[tuple[int, float]] | None] = [None] * rows
     if d.asked:
-        assert d.chosen_logprobs is not None and d.top_values is not None
-        assert d.top_ids is not None
-        chosen, values, ids = (t.cpu().tolist() for t in (d.chosen_logprobs, d.top_values,
-                                                           d.top_ids))  # fmt: skip
+        assert len(lp_host) == 3 and all(t is not None for t in lp_host)
+        chosen, values, ids = (t.cpu().tolist() for t in lp_host if t is not None)
         for j, i in enumerate(d.asked):
             logprobs[i] = chosen[j]
             if w := d.widths[j]:

@@ -25,7 +25,7 @@ from pagedkv.kvcache.protocol import KVAllocator
 from pagedkv.kvstore.tier import StoreTier
 from pagedkv.model.attention_backend import backend_rule, make_backend
 from pagedkv.model.config import ModelConfig
-from pagedkv.model.device import Placement, resolve_placement
+from pagedkv.model.device import Placement, make_current, resolve_placement
 from pagedkv.model.llama import CausalLM
 from pagedkv.model.loader import load_model, read_model_shape
 from pagedkv.model.tokenizer import Tokenizer
@@ -103,6 +103,7 @@ def build_parts(
     check_swap_space(config, layout, block_size)
     num_host_kv_blocks = host_tier_blocks(config, policy, layout, block_size)
     check_store_policy(config, policy)
+    make_current(placement.device)
     start = card_start(placement.device) if card_sized else None
     if loaded is None:
         loaded = load_model(

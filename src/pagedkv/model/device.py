@@ -50,6 +50,14 @@ def resolve_device(name: str) -> torch.device:
     return torch.device("cuda", index)
 
 
+def make_current(device: torch.device) -> None:
+    """Make a GPU ``device`` the current one: Triton launches, CUDA graph capture, events and
+    streams act on the current device, so ``--device cuda:1`` would otherwise run kernels in
+    cuda:0's context on cuda:1's memory. Nothing on the CPU."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+
+
 def resolve_placement(
     device_name: str, dtype: str | None, attention_backend: str | None
 ) -> Placement:
