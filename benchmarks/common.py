@@ -246,7 +246,15 @@ def machine_line(meta: Mapping[str, Any]) -> str:
 
 def write_json(path: str | os.PathLike[str], data: Any, indent: int = 2) -> Path:
     """Write ``data`` as JSON (and a final newline) to ``path``, making its folders; the path."""
+    return write_text(path, json.dumps(data, indent=indent) + "\n")
+
+
+def write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` to ``path`` whole or not at all (a temporary file renamed over it: a
+    process killed mid-write leaves the previous version), making its folders; the path."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=indent) + "\n", encoding="utf-8")
+    partial = out.with_name(out.name + ".partial")
+    partial.write_text(text, encoding="utf-8")
+    os.replace(partial, out)
     return out

@@ -30,7 +30,7 @@ Sections (each timed and caught: a failing one records its error and the next on
    them) and with graphs and scheduling one step ahead (the GPU's default), each after a warm-up
    that compiles its kernels and with its step timeline (``engine/timeline.py``: host phases
    and the forward's GPU time per kind of step), beside transformers ``generate`` on the
-   same tensors (static left-padded batches of 64, greedy, stopped after 30 s); batch-1 decode
+   same tensors (static left-padded batches of 64, greedy, no batch begun that would end past 30 s); batch-1 decode
    (a 2,048-token prompt, 64 tokens) against the memory limit, and a layer's prompt GEMMs at
    8,192 rows against ``F.linear`` and the square bf16 rate (``gpu_check_speed.py``); then an
    engine with default settings on it (the pool sized from the card), its pool's size recorded.
@@ -46,13 +46,17 @@ tool's ``run`` with carry ["wheels"]; what is under $OUT comes back, even from a
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \\
       --find-links wheels -r wheels/requirements.txt && export PYTHONPATH=/tmp/site:src \\
       PYTHONUNBUFFERED=1 && python3 benchmarks/gpu_check.py --output $OUT/gpu_check.json \\
-      | tee $OUT/gpu_check.md
+      2> >(tee $OUT/gpu_check.err >&2) >/dev/null
+
+on the kind ``nvidia-h200`` (an H100's 80 GB cannot hold the engine and clock sections). The
+JSON and its markdown summary (``$OUT/gpu_check.md``) are rewritten after every section, so a
+call cut short keeps what finished; the progress log goes to ``$OUT/gpu_check.err``.
 
 The fused kernels' timings (RMSNorm + residual, RoPE + KV write, SiLU x up against their torch
 forms) are a separate benchmark for the same call: ``python3 benchmarks/bench_fused.py
 --output $OUT/bench_fused.json``.
 
-About 8 minutes there (--deadline-s skips sections not started by 450 s). ``--dry-run``: the
+About 8 minutes there (a section that would end past --deadline-s, 540 s, is skipped). ``--dry-run``: the
 same code on this CPU under Triton's interpreter at tiny sizes (a 2-layer copy of the embedded
 GGUF, a tiny random llama for sections 4-5), under a minute: what keeps this script from
 rotting (``tests/test_gpu_check_dry_run.py``). Both write --output (JSON, rewritten after each
@@ -76,7 +80,7 @@ from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
-from common import finish_meta, machine_meta, write_json  # noqa: E402
+from common import finish_meta, machine_meta, write_json, write_text  # noqa: E402
 from gpu_check_clock import check_clock  # noqa: E402
 from gpu_check_engine import (  # noqa: E402
     ENGINE_RUNS,
@@ -201,6 +205,7 @@ def check_ledger(run: Run) -> dict:
     v_flat = torch.empty_like(k_flat).normal_()
     flush = torch.empty(s.flush_bytes, dtype=torch.uint8, device=device) if s.flush_bytes else None
     rows, t0 = [], time.perf_counter()
+    budget_s = min(s.ledger_budget_s, run.seconds_left())
     for c, n, b in points:
         row = {"block_size": b or c, "context_len": c, "batch": n,
                "layout": "paged" if b else "contiguous"}  # fmt: skip
@@ -208,7 +213,7 @@ def check_ledger(run: Run) -> dict:
             rows.append({**row, "refused": problems})
         elif (c, n, b) not in runnable:
             rows.append({**row, "skipped": f"pool over {s.ledger_pool_bytes / GIB:.0f} GiB"})
-        elif time.perf_counter() - t0 > s.ledger_budget_s:
+        elif time.perf_counter() - t0 > budget_s:
             rows.append({**row, "skipped": "ledger time budget spent"})
         else:
             timed = attempt(row, "error", decode_times, kernels, k_flat, v_flat, c, n, b or c,
@@ -320,8 +325,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--greedy-gguf", help="the greedy section's GGUF (default: the embedded "
                    f"model, else wheels/{SMALL_GGUF})")  # fmt: skip
     p.add_argument("--engine-requests", type=int, help="section 4's requests (device: 256)")
-    p.add_argument("--deadline-s", type=float, default=450.0,
-                   help="sections not started by then are skipped (%(default)s s)")  # fmt: skip
+    p.add_argument("--deadline-s", type=float, default=540.0,
+                   help="the check ends by then: a section that would end later (by its likely "
+                   "time on an H200) is skipped (%(default)s s)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     if unknown := set(args.sections.split(",")) - set(SECTIONS):
@@ -354,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     device = torch.device("cpu") if args.dry_run else torch.device("cuda", 0)
     started = time.perf_counter()
+    markdown_path = Path(args.output).with_suffix(".md")
     results = {"meta": machine_meta(
         dry_run=args.dry_run, argv=sys.argv[1:], versions=versions(),
         device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -362,18 +369,28 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as scratch:
         run = Run(args, DRY_SIZES if args.dry_run else DEVICE_SIZES, device, Path(scratch),
                   started)  # fmt: skip
+        if device.type == "cuda" and (total := torch.cuda.mem_get_info(device)[1]) < 120 * GIB:
+            run.log(f"warning: {total / GIB:.0f} GiB on this card; the engine and clock sections "
+                    "are sized for an H200's 141 GB (the device tool's kind nvidia-h200)")  # fmt: skip
         for name in args.sections.split(","):
-            if time.perf_counter() - started > args.deadline_s:
-                results["sections"][name] = {"ok": False, "wall_s": 0.0,
-                                             "error": "skipped: --deadline-s passed"}  # fmt: skip
+            expected = run.sizes.section_s.get(name, 0.0)
+            if expected > run.seconds_left():
+                results["sections"][name] = {"ok": False, "wall_s": 0.0, "error": (
+                    f"skipped: its likely {expected:.0f} s would end past --deadline-s "
+                    f"({run.seconds_left():.0f} s left)")}  # fmt: skip
+                run.log(f"section {name}: {results['sections'][name]['error']}")
             else:
                 run_section(name, run, results)
-            write_json(args.output, results)  # after every section: a cut call keeps the rest
+            # after every section: a call cut short keeps the JSON and the summary so far
+            write_json(args.output, results)
+            write_text(markdown_path, summary_markdown(results))
         run.state.clear()
     finish_meta(results["meta"])
     results["meta"]["wall_s"] = round(time.perf_counter() - started, 1)
     write_json(args.output, results)
-    print(summary_markdown(results))
+    summary = summary_markdown(results)
+    write_text(markdown_path, summary)
+    print(summary)
     run.log(f"wrote {args.output}")
     return 0
 

@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 
 from gpu_check_engine import engine_model, engine_workload, make_engine
-from gpu_check_run import TRACE, WHEELS, Run
+from gpu_check_run import TRACE, WHEELS, Run, attempt
 from pagedkv.engine import EngineConfig, SamplingParams
 
 # The graph grid (ProfilePlan's fields), device run and dry run. Its pool holds the largest
@@ -334,8 +334,17 @@ def check_clock(run: Run) -> dict:
               "compiles": COMPILES.summary(run.started)}  # fmt: skip
     output = Path(run.args.output)
     gpu = DRY_GPU if run.args.dry_run else None
-    fitted = calibrate_engine(output, gpu, trace, progress=run.log,
-                              sections={"clock": {"ok": True, "result": result}})  # fmt: skip
+    errors: dict = {}
+    fitted = attempt(
+        errors,
+        "fit_error",
+        lambda: calibrate_engine(
+            output, gpu, trace, progress=run.log, sections={"clock": {"ok": True, "result": result}}
+        ),
+    )
+    if fitted is None:  # the measurements above are the device time: keep them for a refit
+        run.log(f"  clock fit failed: {errors['fit_error']}")
+        return {**result, **errors}
     clock_path = output.with_suffix(".clock.json")
     write_engine_clock(clock_path, fitted.clock, fitted.meta)
     data, model, clock = fitted.data, fitted.model, fitted.clock
@@ -364,6 +373,13 @@ def clock_markdown(r: dict) -> list[str]:
     def pct(v) -> str:
         return "-" if v is None else f"{v:+.1%}"
 
+    if "fit_error" in r:
+        return [
+            f"the clock's fit failed: {r['fit_error']}; its measurements are in the JSON "
+            f"({len(r['graph_steps'])} graph steps, {len(r['eager_steps'])} eager steps, "
+            f"{len(r['host_steps'])} host-only steps, warm runs "
+            f"{', '.join(r['warm_runs'])}): refit with `pagedkv calibrate --from-gpu-check`"
+        ]
     out = [f"clock of pagedkv's engine on {r['gpu']} written to {r['clock_path']}"
            + (f" ({r['dry_run_note']})" if r.get("dry_run_note") else ""), "",
            "| decode law | median | p90 | max | leave-one-context-out median |",

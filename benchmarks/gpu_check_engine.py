@@ -190,9 +190,10 @@ def pagedkv_throughput(run: Run, loaded, ids, outs, graphs: bool, ahead: bool = 
 def default_pool(run: Run, loaded) -> dict:
     """An engine with default settings on the section's model (on a GPU its pool is sized from
     the card: --gpu-memory-utilization 0.9): the pool's size and the start-up lines saying
-    how it was sized. The engine is dropped before the next section."""
+    how it was sized. The engine is dropped before the next section. CUDA graphs off: they are
+    captured after the pool is sized, so they change nothing here but the time it takes."""
     s = run.sizes
-    config = EngineConfig(device=str(loaded[1].device), log_startup=False,
+    config = EngineConfig(device=str(loaded[1].device), log_startup=False, cuda_graphs=False,
                           max_num_seqs=s.max_num_seqs,
                           max_num_batched_tokens=s.max_num_batched_tokens)  # fmt: skip
     parts = build_parts(config, loaded)

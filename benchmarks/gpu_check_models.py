@@ -163,14 +163,15 @@ def trace_workload(path, count: int, vocab_size: int, max_prompt: int, max_outpu
 def hf_generate(model, prompts, new_tokens, batch_size: int, pad_id: int, max_s: float):
     """transformers ``generate``, greedy, EOS ignored, in static left-padded batches of
     ``batch_size`` in order; a batch runs to its longest output (only the requested tokens
-    count). Stops starting batches once ``max_s`` seconds are spent. Returns (seconds, useful
-    tokens, requests run, the tokens of each request run)."""
+    count). Starts no batch that would end past ``max_s`` seconds if it took as long as the
+    last one (the first always runs). Returns (seconds, useful tokens, requests run, the
+    tokens of each request run)."""
     from transformers import GenerationConfig
 
     device = model.device
-    elapsed, useful, done, tokens = 0.0, 0, 0, []
+    elapsed, last, useful, done, tokens = 0.0, 0.0, 0, 0, []
     for start in range(0, len(prompts), batch_size):
-        if elapsed > max_s:
+        if elapsed + last > max_s:
             break
         chunk, outs = prompts[start : start + batch_size], new_tokens[start : start + batch_size]
         width = max(map(len, chunk))
@@ -183,7 +184,8 @@ def hf_generate(model, prompts, new_tokens, batch_size: int, pad_id: int, max_s:
         with torch.inference_mode():
             out = model.generate(input_ids=ids, attention_mask=mask, generation_config=cfg)
         _sync(device)
-        elapsed += time.perf_counter() - t0
+        last = time.perf_counter() - t0
+        elapsed += last
         useful += sum(outs)
         done += len(chunk)
         tokens += [row[width : width + n].tolist() for row, n in zip(out, outs, strict=True)]

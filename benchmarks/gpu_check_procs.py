@@ -18,7 +18,8 @@ from pathlib import Path
 
 from gpu_check_run import WHEELS
 
-START_TIMEOUT_S = 240.0  # a CUDA start: context, Triton compiles, CUDA graph capture
+START_TIMEOUT_S = 120.0  # a CUDA start: context, Triton compiles, CUDA graph capture (a bound:
+# a server not up by then fails its own cases, and the check has a deadline)
 
 
 def free_port() -> int:

@@ -45,11 +45,13 @@ class Sizes:
     max_num_batched_tokens: int
     kv_cache_bytes: int
     hf_batch: int
-    hf_max_s: float  # transformers starts no batch after this much time
+    hf_max_s: float  # transformers starts no batch that would end past this much time
     batch1_prompt: int  # the batch-1 latency run: its prompt's tokens
     batch1_tokens: int  # and its decode steps
     gemm_peak_dim: int  # the square bf16 product the prompt GEMMs are held against
     profile_plan: dict = field(default_factory=dict)  # ProfilePlan's fields
+    # each section's likely seconds: one that would end past --deadline-s is not started
+    section_s: dict = field(default_factory=dict)
 
 
 DEVICE_SIZES = Sizes(
@@ -64,6 +66,9 @@ DEVICE_SIZES = Sizes(
     profile_plan=dict(block_sizes=(16,), batch_sizes=(1, 8, 32, 128, 256),
                       context_lens=(256, 1024), prefill_lens=(64, 512, 2048), steps_per_point=3,
                       max_num_batched_tokens=8192),
+    # From the H200 run of 2026-12-04 (gpu_check.err) and what each section added since.
+    section_s=dict(kernels=45, greedy=40, service=80, ledger=60, engine=150, profile_sim=15,
+                   clock=80),
 )  # fmt: skip
 DRY_SIZES = Sizes(
     kernel_block_sizes=(1, 16), greedy_prompts=2, greedy_tokens=4, greedy_layers=2,
@@ -89,6 +94,10 @@ class Run:
     scratch: Path
     started: float
     state: dict = field(default_factory=dict)
+
+    def seconds_left(self) -> float:
+        """Until ``--deadline-s``, the time by which the check must have ended."""
+        return self.args.deadline_s - (time.perf_counter() - self.started)
 
     def log(self, message: str) -> None:
         print(f"[{time.perf_counter() - self.started:7.1f} s] {message}", file=sys.stderr,

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from gpu_check_engine import greedy_model
 from gpu_check_procs import get, metric, pagedkv, post, redis_server, stream
-from gpu_check_run import Run
+from gpu_check_run import Run, attempt
 from pagedkv.pages.layout import load_layout
 
 BLOCK = 16  # tokens
@@ -46,9 +46,14 @@ def check_service(run: Run) -> dict:
     record = load_layout(str(gguf), "fp32").record_bytes
     tiny_pool = str(record * BLOCK * (POOL_BLOCKS + 1))  # and the null block
     out: dict = {"model": source, "cases": {}, "startup": {}, "errors": {}}
-    procs, redis = {}, redis_server(run.scratch)
+    procs: dict = {}
+    # A server that does not start (or a redis-server that cannot run here) fails its own
+    # cases only, never the section.
+    redis = attempt(out["errors"], "redis", redis_server, run.scratch)
     if redis is None:
-        out["errors"]["redis"] = "no redis-server: the P/D pair and KV events are not checked"
+        out["errors"].setdefault(
+            "redis", "no redis-server: the P/D pair and KV events are not checked"
+        )
     try:
 
         def start(name: str, *args: str):
@@ -58,14 +63,14 @@ def check_service(run: Run) -> dict:
         if redis is not None:  # the pair first, one at a time: each measures its own card share
             store = ["--kv-store", redis.url]
             start("prefill", "serve", *base, *card, *store, "--role", "prefill")
-            _ready(run, out, procs, "prefill")
-            start("decode", "serve", *base, *card, *store, "--role", "decode", "--prefill-url",
-                  procs["prefill"].url)  # fmt: skip
-            _ready(run, out, procs, "decode")
-            pd = [*store, "--role", "decode", "--prefill-url", procs["prefill"].url]
-            start("decode_b32", "serve", *base, *fixed, *pd, "--block-size", "32")
-            start("relayout", "serve", *base, *fixed, *pd, "--block-size", "32", "--kv-import",
-                  "relayout")  # fmt: skip
+            if _ready(run, out, procs, "prefill"):
+                start("decode", "serve", *base, *card, *store, "--role", "decode",
+                      "--prefill-url", procs["prefill"].url)  # fmt: skip
+                _ready(run, out, procs, "decode")
+                pd = [*store, "--role", "decode", "--prefill-url", procs["prefill"].url]
+                start("decode_b32", "serve", *base, *fixed, *pd, "--block-size", "32")
+                start("relayout", "serve", *base, *fixed, *pd, "--block-size", "32",
+                      "--kv-import", "relayout")  # fmt: skip
         events = ["--kv-events", redis.url] if redis is not None else []
         start("single", "serve", *base, *fixed, *events)
         start("tiers", "serve", *base, "--kv-cache-memory", tiny_pool,
@@ -87,18 +92,31 @@ def check_service(run: Run) -> dict:
     return out
 
 
-def _ready(run: Run, out: dict, procs: dict, name: str, path: str = "/health") -> None:
-    """Wait for ``name``; keep its start-up lines (the pool's sizing, the device)."""
-    code = procs[name].wait_ready(path=path)
+def _ready(run: Run, out: dict, procs: dict, name: str, path: str = "/health") -> bool:
+    """Wait for ``name``; keep its start-up lines (the pool's sizing, the device). False, and
+    the reason in ``out["errors"]``, when it exited or never answered."""
+    try:
+        code = procs[name].wait_ready(path=path)
+    except Exception as exc:  # a start that times out fails this server's cases only
+        code = f"{type(exc).__name__}: {exc}"
     lines = [ln for ln in procs[name].log().splitlines() if ln.startswith("pagedkv")]
     out["startup"][name] = [ln for ln in lines if any(w in ln for w in
                             ("KV pool", "device", "CUDA graphs", "P/D", "route:"))]  # fmt: skip
     if code is not None:
-        raise RuntimeError(f"{name} exited {code}: {procs[name].log()[-1500:]}")
+        out["errors"][name] = f"did not start ({code}): {procs[name].log()[-1500:]}"
+        run.log(f"  {name} did not start: {code}")
+        return False
+    out.setdefault("ready", []).append(name)
     run.log(f"  {name} ready at {procs[name].url}")
+    return True
 
 
-def _case(out: dict, name: str, fn, *args) -> None:
+def _case(out: dict, name: str, fn, *args, needs: tuple[str, ...] = ()) -> None:
+    """Case ``name``: ``fn(*args)``'s record, or a failure naming the servers in ``needs``
+    that did not start."""
+    if missing := [n for n in needs if n not in out.get("ready", [])]:
+        out["cases"][name] = {"ok": False, "error": f"not run: {', '.join(missing)} not started"}
+        return
     try:
         out["cases"][name] = fn(*args)
     except Exception as exc:  # one failing case must not lose the others
@@ -110,17 +128,20 @@ def _cases(run: Run, out: dict, procs: dict) -> None:
     for name, fn in [("chat", _chat), ("stream", _stream), ("n4", _n4), ("cached", _cached),
                      ("logprobs_echo", _echo), ("json_schema", _json), ("cache_salt", _salt),
                      ("info_and_metrics", _info)]:  # fmt: skip
-        _case(out, name, fn, single, run.device.type)
+        _case(out, name, fn, single, run.device.type, needs=("single",))
         run.log(f"  {name}: {out['cases'][name].get('ok')}")
     reference = out["cases"].get("chat", {}).get("text")
     if "decode" in procs:
-        _case(out, "pd_request", _same_text, procs["decode"].url, reference)
+        _case(out, "pd_request", _same_text, procs["decode"].url, reference, needs=("decode",))
         _case(out, "pd_refused", _refused, procs["decode_b32"])
-        _case(out, "pd_relayout", _same_text, procs["relayout"].url, reference)
-    _case(out, "host_tier", _host_tier, procs["tiers"].url)
-    _case(out, "swap", _swap, procs["tiers"].url)
-    _case(out, "route", _route, procs["router"].url, {single, procs["tiers"].url})
-    servers = [n for n in ("single", "tiers", "prefill", "decode", "relayout") if n in procs]
+        _case(out, "pd_relayout", _same_text, procs["relayout"].url, reference,
+              needs=("relayout",))  # fmt: skip
+    _case(out, "host_tier", _host_tier, procs["tiers"].url, needs=("tiers",))
+    _case(out, "swap", _swap, procs["tiers"].url, needs=("tiers",))
+    _case(out, "route", _route, procs["router"].url, {single, procs["tiers"].url},
+          needs=("router", "single", "tiers"))  # fmt: skip
+    servers = [n for n in ("single", "tiers", "prefill", "decode", "relayout")
+               if n in out.get("ready", [])]  # fmt: skip
     _case(out, "no_blocks_in_use", _idle, {n: procs[n].url for n in servers})
     for name in ("pd_request", "pd_refused", "pd_relayout", "host_tier", "swap", "route"):
         if name in out["cases"]:
@@ -203,7 +224,7 @@ def _same_text(url: str, reference: str | None) -> dict:
 
 
 def _refused(proc) -> dict:
-    code = proc.wait_ready(timeout_s=240)  # None would be a start: this one must exit
+    code = proc.wait_ready()  # None would be a start: this one must exit
     last = [ln for ln in proc.log().splitlines() if "error" in ln][-1:]
     return {"ok": code == 2 and bool(last) and "block_size" in last[0], "exit": code,
             "line": last[0] if last else None}  # fmt: skip

@@ -37,7 +37,25 @@ def dry_run(tmp_path_factory):
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # the summary is also written beside the JSON (after every section: a cut call keeps it)
+    assert output.with_suffix(".md").read_text() + "\n" == proc.stdout
     return json.loads(output.read_text()), proc.stdout
+
+
+def test_sections_that_would_end_past_the_deadline_are_skipped(tmp_path):
+    pytest.importorskip("triton")
+    output = tmp_path / "gpu_check.json"
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/gpu_check.py", "--dry-run", "--output", str(output),
+         "--deadline-s", "0", "--sections", "kernels,ledger"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sections = json.loads(output.read_text())["sections"]
+    assert list(sections) == ["kernels", "ledger"]
+    for entry in sections.values():
+        assert not entry["ok"] and entry["error"].startswith("skipped: its likely 0 s")
+    assert "skipped" in output.with_suffix(".md").read_text()
 
 
 def test_every_section_ran_without_error(dry_run):
