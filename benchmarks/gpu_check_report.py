@@ -142,7 +142,10 @@ def _batch1(b: dict | None) -> list[str]:
     return ["", f"batch 1 ({b['prompt_tokens']}-token prompt, graphs, one step ahead): "
             f"{b['ms_per_token']:.2f} ms/token; memory limit {b['memory_limit_ms']:.2f} ms "
             f"({(b['weight_bytes'] + b['kv_bytes_per_step']) / 1e9:.1f} GB at "
-            f"{b['copy_gb_s']:.0f} GB/s): {b['of_memory_limit']:.0%} of it"]  # fmt: skip
+            f"{b['copy_gb_s']:.0f} GB/s): {b['of_memory_limit']:.0%} of it"
+            + ("" if b.get("host_syncs") is None else
+               f"; hidden host syncs in the run: {b['host_syncs']} "
+               f"over {b['decode_steps']} decode steps")]  # fmt: skip
 
 
 def _gemms(g: dict | None) -> list[str]:

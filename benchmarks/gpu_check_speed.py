@@ -3,7 +3,8 @@
 - ``batch1_latency``: one sequence (a prompt of ``batch1_prompt`` tokens, then
   ``batch1_tokens`` decode steps) on an engine with CUDA graphs and scheduling one step ahead,
   the GPU's defaults: milliseconds per output token (the decode steps of its step timeline)
-  beside the memory limit, the bytes a decode step must read (every weight but the embedding
+  and the hidden host syncs of the whole run (``host_syncs``: 0 expected) beside the memory
+  limit, the bytes a decode step must read (every weight but the embedding
   table, and the sequence's K and V at its mean context) over the measured copy bandwidth;
 - ``prompt_gemms``: each of a layer's four projections at ``max_num_batched_tokens`` rows (a
   full prefill step's GEMMs), as the engine computes it (``x @ weight_t``, the weight stored
@@ -15,6 +16,9 @@ from __future__ import annotations
 
 import statistics
 import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -50,9 +54,10 @@ def batch1_latency(run: Run, loaded) -> dict:
     engine.generate([prompt[::-1]], greedy)  # warm-up: the same shapes, other tokens
     timeline = StepTimeline(model.device)
     engine.attach_timeline(timeline)
-    t0 = time.perf_counter()
-    out = engine.generate([prompt], greedy)[0].outputs[0]
-    seconds = time.perf_counter() - t0
+    with host_syncs(model.device) as syncs:
+        t0 = time.perf_counter()
+        out = engine.generate([prompt], greedy)[0].outputs[0]
+        seconds = time.perf_counter() - t0
     decode = [st for st in timeline.records() if st.kind == "decode"]
     if not decode:
         raise RuntimeError("the batch-1 run took no decode step")
@@ -67,7 +72,28 @@ def batch1_latency(run: Run, loaded) -> dict:
             "weight_bytes": weight_bytes, "kv_bytes_per_step": kv_bytes, "copy_gb_s": copy_gb_s,
             "memory_limit_ms": limit_ms, "of_memory_limit": limit_ms / ms_per_token,
             "graph_replays": engine.parts.runner.graphs.replays,
+            "host_syncs": len(syncs) if model.device.type == "cuda" else None,
             "timeline": summarize(timeline.records())}  # fmt: skip
+
+
+@contextmanager
+def host_syncs(device: torch.device) -> Iterator[list[str]]:
+    """The synchronizing CUDA calls made inside the block (torch's sync debug mode: blocking
+    copies, stream and device syncs, ``.item()``), one message each, filled when the block
+    ends; none on the CPU. The step loop's one wait a step is an event's, which it does not
+    count: a sync counted here is a hidden one."""
+    found: list[str] = []
+    if device.type != "cuda":
+        yield found
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield found
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    found += [str(w.message) for w in caught if "synchroniz" in str(w.message)]
 
 
 def prompt_gemms(run: Run, loaded) -> dict:
