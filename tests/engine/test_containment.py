@@ -97,6 +97,39 @@ def test_a_step_that_fails_for_everyone_fails_that_batch_and_the_engine_goes_on(
     assert after.error is None and len(after.outputs[0].token_ids) == 8
 
 
+def test_a_device_fault_is_raised_not_retried_entry_by_entry(make_engine, monkeypatch):
+    """A CUDA error (an illegal address) poisons the context: nothing can be blamed on one
+    entry or retried, so the step raises it (the server then fails the engine's requests and,
+    when it repeats, the engine) instead of failing every request forever, one by one."""
+    engine = make_engine()
+    calls = {"n": 0}
+
+    def execute(batch, allocator):
+        calls["n"] += 1
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(engine.runner, "execute", execute)
+    for prompt in PROMPTS:
+        engine.add_request(prompt, GREEDY)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        engine.step()
+    assert calls["n"] == 1  # the batch once, no entry alone
+
+
+def test_which_failures_are_device_faults():
+    from pagedkv.engine.containment import device_fault
+
+    class AcceleratorError(RuntimeError):  # torch's name for CUDA errors since 2.8
+        pass
+
+    assert device_fault(AcceleratorError("an illegal instruction was encountered"))
+    assert device_fault(RuntimeError("CUDA error: misaligned address"))
+    # out of memory is contained like any failure: smaller batches may fit
+    assert not device_fault(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert not device_fault(MemoryError("out of memory"))
+    assert not device_fault(RuntimeError("simulated kernel fault"))
+
+
 def test_top_p_that_underflows_is_refused_before_it_can_reach_the_sampler():
     from pagedkv.errors import UsageError
 

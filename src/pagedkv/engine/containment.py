@@ -4,7 +4,10 @@ The forward pass and the sampler run the whole batch at once. When that raises, 
 run again on its own (same slots, same tokens, stateless seeded draws: a repeat writes the same
 KV and samples the same token), so the entries that fail alone are the ones to blame and every
 other entry keeps its result. A failure that every entry meets alone (out of memory, a broken
-kernel) fails them all, and the engine still goes on to the next step.
+kernel) fails them all, and the engine still goes on to the next step. Except a device fault
+(``device_fault``): a CUDA error such as an illegal address leaves the context unusable and
+surfaces at whatever call comes next, so no entry can be blamed or retried; it is raised, and
+the caller's own failure handling (the server marks a failing engine failed) takes over.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ def run_contained(
     (None where the entry failed) and the failed entries with their exceptions."""
     try:
         return list(run(batch)), []
-    except Exception as exc:  # noqa: BLE001 - any failure is traced below, never re-raised
+    except Exception as exc:  # noqa: BLE001 - any failure but a device fault is traced below
+        if device_fault(exc):
+            raise
         if len(batch.seqs) <= 1:
             return [None] * len(batch.seqs), [(item, exc) for item in batch.seqs]
     results: list[T | None] = []
@@ -35,6 +40,15 @@ def run_contained(
         try:
             results.append(run(alone)[0])
         except Exception as exc:  # noqa: BLE001
+            if device_fault(exc):
+                raise
             results.append(None)
             failures.append((item, exc))
     return results, failures
+
+
+def device_fault(exc: BaseException) -> bool:
+    """Whether ``exc`` is a CUDA error that poisons the device context (torch raises them as
+    ``AcceleratorError``, older releases as a ``RuntimeError`` saying "CUDA error"). Out of
+    memory is not one: it is contained like any other failure."""
+    return type(exc).__name__ == "AcceleratorError" or "CUDA error" in str(exc)

@@ -97,6 +97,7 @@ class StepTimeline:
         self._last = 0.0
         self._start = 0.0
         self._events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
+        self._forward_ended = False  # a forward that raised records no end: nothing to read
         self._pending: list[tuple[TimedPhases, torch.cuda.Event, torch.cuda.Event]] = []
 
     def records(self) -> list[TimedPhases]:
@@ -128,12 +129,13 @@ class StepTimeline:
         if self.cuda and self._current is not None:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            self._events = (start, end)
+            self._events, self._forward_ended = (start, end), False
 
     def forward_ended(self) -> None:
         """On CUDA: an event after the forward's last launch (read at the end of the step)."""
         if self._events is not None:
             self._events[1].record()
+            self._forward_ended = True
 
     def end(self, num_seqs: int, num_tokens: int, num_decode_rows: int) -> TimedPhases | None:
         """The step ended now: closes ``update``, fills in the batch and the GPU time, keeps
@@ -144,9 +146,9 @@ class StepTimeline:
         self.mark("update")
         step.wall_s = self._last - self._start
         step.num_seqs, step.num_tokens, step.num_decode_rows = num_seqs, num_tokens, num_decode_rows
-        if self._events is not None:  # read in ``records``: waiting here would stall the GPU
-            self._pending.append((step, *self._events))
-            self._events = None
+        if self._events is not None and self._forward_ended:
+            self._pending.append((step, *self._events))  # read in ``records``: not to stall
+        self._events = None
         self.steps.append(step)
         self._current = None
         return step
