@@ -59,6 +59,16 @@ BOUNDS = {
     ("silu_mul", torch.float32): 8, ("silu_mul", torch.bfloat16): 2,
     ("rope_kv_write", torch.float32): 0, ("rope_kv_write", torch.bfloat16): 0,
 }  # fmt: skip
+# Compiled on a GPU, triton's fp32 exp is ex2.approx of g * log2(e): that product's rounding
+# grows with |g| (~3 ulps of exp at |g| ~ 11, random gates at 4,096 tokens reach it), ex2.approx
+# adds up to ~2 and torch's own CUDA expf up to 2: the interpreter's bound would flag noise.
+DEVICE_BOUNDS = {("silu_mul", torch.float32): 16}
+
+
+def bound_ulps(name: str, dtype: torch.dtype, device: torch.device) -> int:
+    """The max ulps a fused kernel may be from its torch side on ``device``."""
+    on_gpu = device.type == "cuda"
+    return DEVICE_BOUNDS.get((name, dtype), BOUNDS[name, dtype]) if on_gpu else BOUNDS[name, dtype]
 
 
 class _Product(nn.Module):
@@ -215,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
                 shape, tokens, dtype, device, seed=tokens
             ).items():
                 row = {"kernel": name, "dtype": dtype_name, "tokens": tokens,
-                       "bound_ulps": BOUNDS[name, dtype], **compare(torch_fn(), fused_fn())}  # fmt: skip
+                       "bound_ulps": bound_ulps(name, dtype, device), **compare(torch_fn(), fused_fn())}  # fmt: skip
                 row["ok"] = row["max_ulps"] <= row["bound_ulps"]
                 out_of_bounds += not row["ok"]
                 # the dry run times too (once), so the timing code cannot rot unseen

@@ -196,7 +196,7 @@ def fused_cases(device: torch.device, dry_run: bool, seed: int) -> list[dict]:
     add + RMSNorm, SiLU * up, RoPE + KV write) against the torch ops they replace, in ulps, at
     Llama-3-8B's shapes (the dry run's tiny ones), within the tests' bounds. The dry run
     rounds the interpreter's bf16 casts as a GPU does while these run, and restores them."""
-    from bench_fused import BOUNDS, DRY_SHAPE, GPU_SHAPE, cases, compare
+    from bench_fused import DRY_SHAPE, GPU_SHAPE, bound_ulps, cases, compare
 
     restore = None
     if dry_run:
@@ -214,7 +214,7 @@ def fused_cases(device: torch.device, dry_run: bool, seed: int) -> list[dict]:
                 for name, (torch_fn, fused_fn, _) in cases(shape, tokens, dtype, device,
                                                            seed + tokens).items():  # fmt: skip
                     row = {"kernel": name, "dtype": str(dtype).removeprefix("torch."),
-                           "tokens": tokens, "bound_ulps": BOUNDS[name, dtype]}  # fmt: skip
+                           "tokens": tokens, "bound_ulps": bound_ulps(name, dtype, device)}  # fmt: skip
                     try:
                         row.update(compare(torch_fn(), fused_fn()))
                         row["ok"] = row["max_ulps"] <= row["bound_ulps"]
