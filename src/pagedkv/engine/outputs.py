@@ -36,8 +36,10 @@ class CompletionOutput:
 class RequestOutput:
     """The state of one request. ``num_cached_tokens`` is the prompt's prefix hit (tokens whose
     KV was reused). ``error`` is set (and ``finished``) when the request could not run.
-    ``prompt_logprobs`` (asked for in ``SamplingParams``): one entry per prompt token, None for
-    the first (nothing predicts it) and for positions the prefill has not reached yet."""
+    ``error_param``: the request field the error is traced to (its output constraint, whose
+    grammar failed inside a step), else None. ``prompt_logprobs`` (asked for in
+    ``SamplingParams``): one entry per prompt token, None for the first (nothing predicts it)
+    and for positions the prefill has not reached yet."""
 
     request_id: str
     prompt: str | None
@@ -45,6 +47,7 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     num_cached_tokens: int = 0
     error: str | None = None
+    error_param: str | None = None
     prompt_logprobs: list[PromptTokenScore | None] | None = None
 
     @property
