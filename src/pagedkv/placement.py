@@ -1,15 +1,13 @@
 """The names of where and how an engine runs, torch-free so that flags are checked before
-torch loads: ``--device`` and ``--attention-backend`` (``model/device.py`` resolves them on
-torch) and ``--weights`` (``model/quant.py`` builds the quantized ones)."""
+torch loads: ``--device`` (``model/device.py`` resolves it on torch), ``--attention-backend``
+(the names of ``pages/backends.py``'s table) and ``--weights`` (``model/quant.py`` builds the
+quantized ones)."""
 
 from __future__ import annotations
 
 from pagedkv.errors import UsageError
 
 DEVICES = ("auto", "cpu", "cuda")  # "cuda:N" names one GPU of several
-# torch: pagedkv's C kernels on the CPU, torch SDPA over gathered K/V elsewhere (the reference);
-# triton: pagedkv's Triton kernels (model/triton/), the GPU default.
-ATTENTION_BACKENDS = ("torch", "triton")
 # float: in --dtype, the reference. int4 / int8: exact on pagedkv's block kernels where they
 # load. *-bf16: torch's int kernels with bf16 activations, rounding differently.
 WEIGHT_FORMATS = ("float", "int8", "int4", "int8-bf16", "int4-bf16")
@@ -21,12 +19,3 @@ def check_device_name(name: str) -> None:
     if name in DEVICES or (index != name and index.isdigit()):
         return
     raise UsageError(f"device must be auto, cpu, cuda or cuda:N, got {name!r}", "device")
-
-
-def check_attention_backend(name: str | None) -> None:
-    """``UsageError`` naming ``attention_backend`` unless None (the device's default) or known."""
-    if name is not None and name not in ATTENTION_BACKENDS:
-        raise UsageError(
-            f"attention backend must be one of {', '.join(ATTENTION_BACKENDS)}, got {name!r}",
-            "attention_backend",
-        )

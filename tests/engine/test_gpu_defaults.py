@@ -12,8 +12,9 @@ from pagedkv.commands import busy_machine
 from pagedkv.engine import EngineConfig
 from pagedkv.errors import UsageError
 from pagedkv.model.device import Placement
+from pagedkv.pages.backends import resolve_backend
 
-GPU = Placement(torch.device("cuda", 0), "bfloat16", "triton")
+GPU = Placement(torch.device("cuda", 0), "bfloat16", resolve_backend("triton", "cuda")[0])
 
 
 @pytest.fixture
@@ -22,7 +23,8 @@ def on_a_gpu(monkeypatch):
     triton)."""
 
     def resolve(device, dtype, backend):
-        return Placement(GPU.device, dtype or "bfloat16", backend or "triton")
+        rule, note = resolve_backend(backend, "cuda")
+        return Placement(GPU.device, dtype or "bfloat16", rule, note)
 
     monkeypatch.setattr(startup, "resolve_placement", resolve)
 
@@ -32,10 +34,13 @@ def test_cuda_graphs_default_on_a_gpu_with_triton_only(on_a_gpu):
     assert placement == GPU
     assert startup.graphs_wanted(EngineConfig(device="cuda"), placement)
     assert not startup.graphs_wanted(EngineConfig(device="cuda", cuda_graphs=False), placement)
-    torch_sdpa = startup.engine_placement(EngineConfig(attention_backend="torch"))
+    torch_sdpa = startup.engine_placement(EngineConfig(attention_backend="torch-sdpa"))
     assert not startup.graphs_wanted(EngineConfig(), torch_sdpa)
     with pytest.raises(UsageError, match="--cuda-graphs needs --device cuda and the triton"):
-        startup.engine_placement(EngineConfig(attention_backend="torch", cuda_graphs=True))
+        startup.engine_placement(EngineConfig(attention_backend="torch-sdpa", cuda_graphs=True))
+    # The old name of an earlier vocabulary still works, and says what it became.
+    old = startup.engine_placement(EngineConfig(attention_backend="torch"))
+    assert old.attention_backend == "torch-sdpa" and "now called torch-sdpa" in old.backend_note
 
 
 def test_cuda_graphs_stay_off_on_the_cpu():

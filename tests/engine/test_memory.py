@@ -108,5 +108,5 @@ def test_cpu_defaults_are_unchanged(make_engine):
     info = engine.info
     assert engine.config.kv_cache_memory_bytes is None and engine.config.cuda_graphs is None
     assert info.kv_cache_bytes <= 512 << 20 < info.kv_cache_bytes + info.record_bytes * 16 * 2
-    assert info.placement() == {"device": "cpu", "dtype": "float32", "attention_backend": "torch"}
+    assert info.placement() == {"device": "cpu", "dtype": "float32", "attention_backend": "native"}
     assert engine.runner.graphs is None

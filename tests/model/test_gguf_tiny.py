@@ -14,7 +14,7 @@ from tests.model.tiny import VOCAB_SIZE, make_tiny_model, write_tiny_gguf
 STEPS = [[Chunk(0, 0, 11), Chunk(1, 0, 5)], [Chunk(1, 5, 6), Chunk(0, 11, 30)]]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_gguf_written_like_llama_cpp_matches_transformers(arch, tmp_path):
     hf_model = make_tiny_model(arch, tmp_path / "hf")
     path = tmp_path / f"tiny-{arch}.gguf"
@@ -34,7 +34,7 @@ def test_gguf_written_like_llama_cpp_matches_transformers(arch, tmp_path):
     assert from_hf.num_params == num_params
     assert from_gguf.num_params == num_params + (8 if arch == "llama" else 0)
     assert config.shape == from_gguf
-    assert config.tie_word_embeddings == (arch == "qwen2")
+    assert config.tie_word_embeddings == (arch in ("qwen2", "qwen3"))
     assert config.attention_bias == (arch == "qwen2")
     gen = torch.Generator().manual_seed(2)
     sequences = [torch.randint(0, VOCAB_SIZE, (n,), generator=gen).tolist() for n in (30, 6)]

@@ -16,7 +16,7 @@ from pagedkv.engine import EngineConfig
 from pagedkv.errors import UsageError
 from pagedkv.model import native
 from pagedkv.model.gguf_quants import dequantize_q4_1, dequantize_q8_0
-from pagedkv.model.native.layer import all_native
+from pagedkv.model.native.backend import chain_of
 from pagedkv.model.native.quant import NativeQuantProjection
 from pagedkv.model.projection import ProjectionBase
 from pagedkv.model.quant import (
@@ -161,8 +161,8 @@ def test_where_no_int_kernel_runs_the_float_path_is_kept_exactly(kind, tmp_path,
     kinds = [type(m) for m in model.modules() if isinstance(m, ProjectionBase)]
     assert kinds == [type(m) for m in reference.modules() if isinstance(m, ProjectionBase)]
     assert not {QuantProjection, NativeQuantProjection} & set(kinds) and len(kinds) > 1
-    assert [all_native(layer) for layer in model.layers] == [
-        all_native(layer) for layer in reference.layers
+    assert [chain_of(layer) is not None for layer in model.layers] == [
+        chain_of(layer) is not None for layer in reference.layers
     ]
     assert all(line.endswith(": fp32") for line in model.weights_report.splitlines()[1:])
     ids = [[(7 * i + 3) % 250 + 5 for i in range(20)], [(11 * i + 1) % 250 + 5 for i in range(9)]]

@@ -1,4 +1,4 @@
-"""Tiny random Llama / Qwen2 / Mistral checkpoints: our paged forward against transformers.
+"""Tiny random Llama / Qwen2 / Mistral / Qwen3 checkpoints: our paged forward against transformers.
 
 One teacher-forced scenario per block size: three sequences, steps mixing a prefill chunk on
 top of a cached prefix with decode tokens, in varying batch order. Every new token's logits
@@ -44,7 +44,7 @@ class Tiny:
     reference: list[torch.Tensor]  # transformers' fp32 logits [len, V] per sequence
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "mistral"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "mistral", "qwen3"])
 def tiny(request, tmp_path_factory) -> Tiny:
     folder = tmp_path_factory.mktemp(f"tiny-{request.param}")
     hf_model = make_tiny_model(request.param, folder)
@@ -72,7 +72,7 @@ def test_config_is_parsed_from_the_folder(tiny):
     config = tiny.config
     assert config.architecture == tiny.arch
     assert config.attention_bias == (tiny.arch == "qwen2")
-    assert config.tie_word_embeddings == (tiny.arch == "qwen2")
+    assert config.tie_word_embeddings == (tiny.arch in ("qwen2", "qwen3"))
     assert (config.rope_scaling is not None) == (tiny.arch == "llama")
     assert config.num_queries_per_kv == 2
 

@@ -74,6 +74,8 @@ def hf_config(arch: str, context_len: int | None = None):
         return transformers.Qwen2Config(**common, tie_word_embeddings=True)
     if arch == "mistral":
         return transformers.MistralConfig(**common, tie_word_embeddings=False)
+    if arch == "qwen3":  # per-head q/k RMSNorm; head_dim apart from hidden / heads (64 / 4)
+        return transformers.Qwen3Config(**common, head_dim=32, tie_word_embeddings=True)
     raise ValueError(arch)
 
 
@@ -133,6 +135,8 @@ _TO_GGUF = {
     "self_attn.k_proj.bias": "attn_k.bias",
     "self_attn.v_proj.bias": "attn_v.bias",
     "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",

@@ -299,7 +299,7 @@ def test_metrics_exposition(client, server):
     assert len(info) == 1 and f"block_size={BLOCK_SIZE_TOKENS}," in info[0]
     assert "policy=vllm" in info[0] and "kv_dtype=fp32" in info[0]
     engine = [k for k in m if k.startswith("pagedkv_engine_info{")]
-    assert engine == ["pagedkv_engine_info{attention_backend=torch,device=cpu,dtype=float32}"]
+    assert engine == ["pagedkv_engine_info{attention_backend=native,device=cpu,dtype=float32}"]
     assert (
         m["pagedkv_kv_blocks_total"]
         == m["pagedkv_kv_blocks_free"] + m["pagedkv_kv_blocks_used"] + m["pagedkv_kv_blocks_cached"]

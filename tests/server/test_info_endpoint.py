@@ -34,7 +34,11 @@ def test_info_schema(tiny_loaded, policy, allocator, block_size, prefix_caching)
     assert len(info["instance_id"]) == 32 and int(info["instance_id"], 16) >= 0
     assert isinstance(info["model_identity"], str) and len(info["model_identity"]) == 32
     assert info["tokenizer"] == tiny_loaded[2].fingerprint()
-    assert (info["device"], info["dtype"], info["attention_backend"]) == ("cpu", "float32", "torch")
+    assert (info["device"], info["dtype"], info["attention_backend"]) == (
+        "cpu",
+        "float32",
+        "native",
+    )
 
 
 def test_info_is_fresh_per_engine_and_needs_the_key(tiny_loaded):

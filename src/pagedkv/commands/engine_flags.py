@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 
 from pagedkv.engine.memory import DEFAULT_GPU_MEMORY_UTILIZATION
+from pagedkv.pages.backends import ALIASES, RULES
 from pagedkv.pages.kv_dtypes import ENGINE_DTYPES
-from pagedkv.placement import ATTENTION_BACKENDS
 from pagedkv.sched.config import SchedulerConfig
 from pagedkv.sched.preemption import PREEMPTION_MODES
 from pagedkv.units import parse_bytes
@@ -124,10 +124,11 @@ def add_placement_args(g: argparse._ArgumentGroup | argparse.ArgumentParser) -> 
     )
     g.add_argument(
         "--attention-backend",
-        choices=ATTENTION_BACKENDS,
-        help="triton: pagedkv's Triton kernels (the GPU default; on the CPU Triton's "
-        "interpreter, for tests); torch: pagedkv's C kernels on the CPU (its default), "
-        "torch SDPA over gathered K/V on a GPU (the reference)",
+        choices=[*RULES, *ALIASES],
+        metavar="|".join(RULES),
+        help="native: pagedkv's C kernels (the CPU default); triton: pagedkv's Triton kernels "
+        "(the GPU default; on the CPU Triton's interpreter, for tests); torch-sdpa: torch SDPA "
+        "over gathered K/V (the reference, any device). 'torch' (the old name) still works",
     )
 
 

@@ -15,6 +15,7 @@ import sys
 from pagedkv.commands.overwrite import add_force_flag
 from pagedkv.commands.plot_path import prepare_plot_path
 from pagedkv.errors import UsageError
+from pagedkv.pages.backends import RULES
 from pagedkv.units import parse_bytes, parse_count, parse_int_list, parse_tokens
 
 
@@ -232,9 +233,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _decode_clock(args: argparse.Namespace, layout, workload):
     """(B -> seconds of one decode step of the workload on --gpu, the clock's name), or
-    (None, None) without --gpu. ``--backend triton`` is pagedkv's own engine: its
-    pagedkv-triton clock (CUDA graphs, as the engine runs decode); any other backend the
-    vLLM-class reference clock of the GPU."""
+    (None, None) without --gpu. A backend of pagedkv's own engine with a fitted clock
+    (``pages/backends.py``: triton) is priced by its pagedkv-triton clock (CUDA graphs, as the
+    engine runs decode); any other backend by the vLLM-class reference clock of the GPU."""
     if args.gpu is None:
         return None, None
     if args.model is None:
@@ -243,7 +244,8 @@ def _decode_clock(args: argparse.Namespace, layout, workload):
 
     context = max(1, round(workload.mean_len_tokens))
     batch = [(context, 1)] * workload.num_seqs
-    if args.backend == "triton":
+    rule = RULES.get(args.backend)
+    if rule is not None and rule.engine_clock:
         from pagedkv.pages.sources import load_shape
         from pagedkv.sim.clock_presets import engine_clock_for
         from pagedkv.sim.cost_model import ModelCost

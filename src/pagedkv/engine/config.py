@@ -8,8 +8,9 @@ from pagedkv.engine.memory import DEFAULT_GPU_MEMORY_UTILIZATION, check_utilizat
 from pagedkv.errors import UsageError
 from pagedkv.kvcache.policies import get_policy
 from pagedkv.kvstore.address import parse_store_url
+from pagedkv.pages.backends import check_backend_name
 from pagedkv.pages.kv_dtypes import ENGINE_DTYPES
-from pagedkv.placement import WEIGHT_FORMATS, check_attention_backend, check_device_name
+from pagedkv.placement import WEIGHT_FORMATS, check_device_name
 from pagedkv.sched.config import SchedulerConfig
 from pagedkv.sched.limits import check_limits, check_preemption, check_swap_space
 from pagedkv.units import check_block_size
@@ -63,7 +64,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         """Every check raises ``UsageError`` naming the field (these are the user's flags)."""
         check_device_name(self.device)
-        check_attention_backend(self.attention_backend)
+        check_backend_name(self.attention_backend)
         if self.dtype is not None and self.dtype not in ENGINE_DTYPES:
             raise UsageError(f"dtype must be one of {ENGINE_DTYPES}, got {self.dtype!r}", "dtype")
         if self.weights not in WEIGHT_FORMATS:

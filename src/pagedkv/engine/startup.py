@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pagedkv.engine.card_memory import (
+    CardStart,
     card_start,
     free_memory_bytes,
     measure_card,
@@ -26,15 +27,16 @@ from pagedkv.engine.memory import (
 )
 from pagedkv.engine.runner import ModelRunner
 from pagedkv.errors import UsageError
-from pagedkv.kvcache.policies import Policy, build_allocator, get_policy
+from pagedkv.kvcache.policies import Policy, get_policy
 from pagedkv.kvcache.protocol import KVAllocator
 from pagedkv.kvstore.tier import StoreTier
-from pagedkv.model.attention_backend import backend_rule, make_backend
+from pagedkv.model.attention_backend import make_backend
 from pagedkv.model.config import ModelConfig
 from pagedkv.model.device import Placement, make_current, resolve_placement
 from pagedkv.model.llama import CausalLM
 from pagedkv.model.loader import load_model, read_model_shape
 from pagedkv.model.tokenizer import Tokenizer
+from pagedkv.pages.backends import RULES
 from pagedkv.pages.kv_dtypes import get_kv_dtype
 from pagedkv.pages.layout import KVLayout, layout_from_shape
 from pagedkv.pages.page_format import PageFormat
@@ -75,35 +77,90 @@ class EngineParts:
 def build_parts(
     config: EngineConfig, loaded: tuple[ModelConfig, CausalLM, Tokenizer] | None = None
 ) -> EngineParts:
-    """Build an engine's parts; ``loaded`` skips loading (an already built model).
+    """Build an engine's parts; ``loaded`` skips loading (an already built model), its model
+    may be None (tests of the sizing alone: no runner's backend then).
 
-    Everything that depends only on the model's shape (its ``config.json`` or GGUF header) is
-    decided and checked *before* the 10-25 s weight load: a ``max_model_len`` beyond the
-    model's context or a ``kv_cache_memory`` too small for the pool is a ``UsageError`` at once.
+    Four sections, each returning the lines it prints: the pool's plan (everything that
+    depends only on the model's shape, its ``config.json`` or GGUF header, decided and checked
+    *before* the 10-25 s weight load: a ``max_model_len`` beyond the model's context or a
+    ``kv_cache_memory`` too small for the pool is a ``UsageError`` at once), the weights and
+    the pool's size (from the card where it is not given), the runtime (allocator, scheduler,
+    runner), and the extras (tiers, the store, KV events).
     """
     model_config = loaded[0] if loaded else ModelConfig.from_shape(read_model_shape(config.model))
-    max_model_len = config.max_model_len or min(
-        model_config.max_position_embeddings, DEFAULT_MAX_MODEL_LEN
+    plan = plan_pool(config, model_config)
+    make_current(plan.placement.device)
+    start = card_start(plan.placement.device) if plan.num_blocks is None else None
+    if loaded is None:
+        p = plan.placement
+        loaded = load_model(config.model, p.dtype, weights=config.weights, device=p.device)
+    _, model, tokenizer = loaded
+    if model is not None and model.device != plan.placement.device:
+        raise UsageError(f"the model is on {model.device}, the engine on {plan.placement.device}")
+    backend = None if model is None else make_backend(plan.placement.backend, model, model.device)
+    num_blocks, card_lines = size_pool(config, plan, model, backend, start)
+    runtime = build_runtime(config, plan, model, backend, num_blocks)
+    extras = attach_extras(config, plan, runtime, model)
+    lines = [
+        *startup_report(plan.policy, plan.resolution, runtime.allocator, runtime.runner,
+                        plan.layout, plan.max_model_len),
+        *plan.lines, *card_lines, *runtime.lines, *extras.lines,
+        "page format " + ", ".join(f"{k}={v}" for k, v in plan.page_format.to_dict().items()),
+    ]  # fmt: skip
+    return EngineParts(
+        model_config=model_config,
+        model=model,
+        tokenizer=tokenizer,
+        policy=plan.policy,
+        layout=plan.layout,
+        resolution=plan.resolution,
+        page_format=plan.page_format,
+        max_model_len=plan.max_model_len,
+        allocator=runtime.allocator,
+        scheduler=runtime.scheduler,
+        runner=runtime.runner,
+        startup_report="\n".join(f"pagedkv: {line}" for line in lines),
+        kv_events=extras.kv_events,
+        instance_id=extras.instance_id,
+        kv_store=extras.kv_store,
+        placement=plan.placement,
     )
-    if max_model_len > model_config.max_position_embeddings:
-        raise UsageError(
-            f"max_model_len {max_model_len} exceeds the model's context of "
-            f"{model_config.max_position_embeddings} tokens",
-            param="max_model_len",
-        )
-    policy = get_policy(config.policy)
-    placement = engine_placement(config)
-    notes: list[str] = []
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    """What the model's shape and the flags decide before the weights load. ``num_blocks``:
+    the pool's blocks, None where the card sizes it (a GPU without ``--kv-cache-memory``)."""
+
+    max_model_len: int
+    policy: Policy
+    placement: Placement
+    layout: KVLayout
+    resolution: BlockSizeResolution
+    page_format: PageFormat
+    num_blocks: int | None
+    num_host_kv_blocks: int
+    lines: list[str]
+
+
+def plan_pool(config: EngineConfig, model_config: ModelConfig) -> PoolPlan:
+    """Section 1, the pool's plan: the context, the policy, the placement, the block size (the
+    backend's rule) and, for a given or CPU pool, its blocks, checked against the memory."""
+    context = model_config.max_position_embeddings
+    max_model_len = config.max_model_len or min(context, DEFAULT_MAX_MODEL_LEN)
+    if max_model_len > context:
+        raise UsageError(f"max_model_len {max_model_len} exceeds the model's context of "
+                         f"{context} tokens", param="max_model_len")  # fmt: skip
+    policy, placement = get_policy(config.policy), engine_placement(config)
     layout = layout_from_shape(model_config.model_shape(), get_kv_dtype(placement.dtype).name)
     reserved = policy.allocator == "reserved"
-    rule = backend_rule(placement.attention_backend, placement.device)
     # Reserved: one region of max_model_len slots per sequence is the whole point of this
     # baseline, one block, which every backend reads (the Triton tiles gather through the table).
     requested = max_model_len if reserved else config.block_size or policy.block_size
-    resolution = resolve_block_size(requested, rule.name, layout)
+    resolution = resolve_block_size(requested, placement.backend.name, layout)
     block_size = resolution.block_size
-    card_sized = config.kv_cache_memory_bytes is None and placement.device.type == "cuda"
-    if not card_sized:  # a fixed pool is checked before the weights load
+    num_blocks = None
+    if config.kv_cache_memory_bytes is not None or placement.device.type != "cuda":
         memory_bytes = config.kv_cache_memory_bytes or CPU_KV_CACHE_MEMORY_BYTES
         num_blocks = fixed_pool_blocks(memory_bytes, layout, block_size, reserved)
         pool_bytes = num_blocks * layout.block_bytes(block_size)
@@ -111,89 +168,86 @@ def build_parts(
     check_swap_space(config, layout, block_size)
     num_host_kv_blocks = host_tier_blocks(config, policy, layout, block_size)
     check_store_policy(config, policy)
-    make_current(placement.device)
-    start = card_start(placement.device) if card_sized else None
-    if loaded is None:
-        loaded = load_model(
-            config.model, placement.dtype, weights=config.weights, device=placement.device
-        )
-    _, model, tokenizer = loaded
-    if model is not None and model.device != placement.device:  # None: tests of the sizing
-        raise UsageError(f"the model is on {model.device}, the engine on {placement.device}")
-    backend = None if model is None else make_backend(rule.name, model, placement.device)
+    lines = [placement.describe(), *([placement.backend_note] if placement.backend_note else [])]
     page_format = PageFormat.from_layout(layout, block_size)
-    if start is not None:
+    return PoolPlan(max_model_len, policy, placement, layout, resolution, page_format,
+                    num_blocks, num_host_kv_blocks, lines)  # fmt: skip
 
-        def peak() -> int:
-            return profile_peak_bytes(model, backend, page_format, config.max_num_batched_tokens,
-                                      max_model_len, config.max_num_seqs)  # fmt: skip
 
-        size = kv_bytes_from_card(
-            measure_card(placement.device, start, peak), config.gpu_memory_utilization
-        )
-        num_blocks = size.kv_bytes // layout.block_bytes(block_size)
-        # The allocator keeps one block back (the null block that pads block tables).
-        notes.append(check_fits_one_sequence(size, num_blocks - 1, block_size, max_model_len))
-    allocator = build_allocator(policy, num_blocks * block_size, max_model_len, block_size)
+def size_pool(
+    config: EngineConfig, plan: PoolPlan, model, backend, start: CardStart | None
+) -> tuple[int, list[str]]:
+    """Section 2, the pool's size: the plan's blocks, or on a GPU without a given size what
+    ``--gpu-memory-utilization`` of the card leaves once the weights and the largest step are
+    in (``engine/memory.py``), with the line that says whether one sequence fits."""
+    if plan.num_blocks is not None or start is None:
+        assert plan.num_blocks is not None
+        return plan.num_blocks, []
+
+    def peak() -> int:
+        return profile_peak_bytes(model, backend, plan.page_format, config.max_num_batched_tokens,
+                                  plan.max_model_len, config.max_num_seqs)  # fmt: skip
+
+    device, block_size = plan.placement.device, plan.page_format.block_size
+    size = kv_bytes_from_card(measure_card(device, start, peak), config.gpu_memory_utilization)
+    num_blocks = size.kv_bytes // plan.layout.block_bytes(block_size)
+    # The allocator keeps one block back (the null block that pads block tables).
+    return num_blocks, [check_fits_one_sequence(size, num_blocks - 1, block_size,
+                                                plan.max_model_len)]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Runtime:
+    allocator: KVAllocator
+    scheduler: Scheduler
+    runner: ModelRunner
+    lines: list[str]
+
+
+def build_runtime(config: EngineConfig, plan: PoolPlan, model, backend, num_blocks: int) -> Runtime:
+    """Section 3, the runtime: the allocator over ``num_blocks``, the scheduler, the runner
+    with its pools (and host swap pool), CUDA graphs where wanted, the CPU threads."""
+    allocator = plan.policy.build(num_blocks, plan.max_model_len, plan.page_format.block_size)
     scheduler = SchedulerConfig(
         max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=config.max_num_batched_tokens,
-        max_model_len=max_model_len,
+        max_model_len=plan.max_model_len,
         preemption=config.preemption,
         preemption_mode=config.preemption_mode,
-        swap_space_slots=config.swap_space_bytes // layout.record_bytes,
+        swap_space_slots=config.swap_space_bytes // plan.layout.record_bytes,
     ).build(allocator)
     # The scheduler's SwapSpace hands out host block ids: the host pool has exactly its blocks.
     num_host_blocks = scheduler.swap_space.num_blocks if scheduler.swap_space else 0
-    runner = ModelRunner(model, model_config, page_format, num_blocks, num_host_blocks, backend)
-    cuda_graphs = graphs_wanted(config, placement)
-    if cuda_graphs:
-        graphs_line = runner.capture_graphs(config.max_num_seqs, max_model_len)
-    threads_line = runner.share_cpu(config.adapt_threads)
-    report = startup_report(policy, resolution, allocator, runner, layout, max_model_len)
-    report += f"\npagedkv: {placement.describe()}" + (
-        " (Triton's interpreter on the CPU: for tests, slow)"
-        if rule.name == "triton" and placement.device.type == "cpu"
-        else ""
-    )
-    for line in notes:
-        report += f"\npagedkv: {line}"
-    if cuda_graphs:
-        report += f"\npagedkv: {graphs_line}"
-    if threads_line:
-        report += f"\npagedkv: {threads_line}"
-    store = store_tiers(config, page_format, model, runner.kv_caches)
-    for line in attach_tiers(allocator, runner, num_host_kv_blocks, store):
-        report += f"\npagedkv: {line}"
+    runner = ModelRunner(model, model.config if model is not None else None, plan.page_format,
+                         num_blocks, num_host_blocks, backend)  # fmt: skip
+    lines = []
+    if graphs_wanted(config, plan.placement):
+        lines.append(runner.capture_graphs(config.max_num_seqs, plan.max_model_len))
+    if threads_line := runner.share_cpu(config.adapt_threads):
+        lines.append(threads_line)
+    return Runtime(allocator, scheduler, runner, lines)
+
+
+@dataclass(frozen=True)
+class Extras:
+    kv_store: StoreTier | None
+    kv_events: EngineKVEvents | None
+    instance_id: str
+    lines: list[str]
+
+
+def attach_extras(config: EngineConfig, plan: PoolPlan, runtime: Runtime, model) -> Extras:
+    """Section 4, the extras: the host tier and the Redis store under the allocator, the KV
+    event stream (after the tiers: the allocator hands its log to a host tier too), and how
+    the projections compute (the loader's report)."""
+    runner, allocator = runtime.runner, runtime.allocator
+    store = store_tiers(config, plan.page_format, model, runner.kv_caches)
+    lines = list(attach_tiers(allocator, runner, plan.num_host_kv_blocks, store))
     instance_id = new_instance_id()
-    # After the tiers: the allocator hands the event log to a host tier too.
-    kv_events, lines = open_kv_events(config, allocator, instance_id)
-    for line in lines:
-        report += f"\npagedkv: {line}"
-    # How the projections compute (the quantized kernels chosen at load), when the loader said.
-    for line in getattr(model, "weights_report", "").splitlines():
-        report += f"\npagedkv: {line}"
-    report += "\npagedkv: page format " + ", ".join(
-        f"{k}={v}" for k, v in page_format.to_dict().items()
-    )
-    return EngineParts(
-        model_config,
-        model,
-        tokenizer,
-        policy,
-        layout,
-        resolution,
-        page_format,
-        max_model_len,
-        allocator,
-        scheduler,
-        runner,
-        report,
-        kv_events,
-        instance_id,
-        store[0][0] if store else None,
-        placement,
-    )
+    kv_events, event_lines = open_kv_events(config, allocator, instance_id)
+    lines += event_lines
+    lines += (model.weights_report if model is not None else "").splitlines()
+    return Extras(store[0][0] if store else None, kv_events, instance_id, lines)
 
 
 def engine_placement(config: EngineConfig) -> Placement:
@@ -201,16 +255,17 @@ def engine_placement(config: EngineConfig) -> Placement:
     CUDA graphs asked for without a GPU and the Triton backend."""
     placement = resolve_placement(config.device, config.dtype, config.attention_backend)
     if config.cuda_graphs and not graphs_possible(placement):
+        recorded = " or ".join(r.name for r in RULES.values() if r.cuda_graphs)
         raise UsageError(
-            "--cuda-graphs needs --device cuda and the triton attention backend",
+            f"--cuda-graphs needs --device cuda and the {recorded} attention backend",
             param="cuda_graphs",
         )
     return placement
 
 
 def graphs_possible(placement: Placement) -> bool:
-    """CUDA graphs replay the Triton backend's decode steps on a GPU, nothing else."""
-    return placement.device.type == "cuda" and placement.attention_backend == "triton"
+    """CUDA graphs replay decode steps on a GPU, of a backend whose steps can be recorded."""
+    return placement.device.type == "cuda" and placement.backend.cuda_graphs
 
 
 def graphs_wanted(config: EngineConfig, placement: Placement) -> bool:
@@ -225,7 +280,7 @@ def startup_report(
     runner: ModelRunner,
     layout: KVLayout,
     max_model_len: int,
-) -> str:
+) -> list[str]:
     """The start-up lines. The pool is counted in *usable* blocks, the allocator's own count,
     which every snapshot, metric and refusal message uses too; blocks the runner holds beyond
     them (the null block that pads block tables) are named apart."""
@@ -235,16 +290,14 @@ def startup_report(
     preset_size = policy.block_size
     overridden = policy.allocator != "reserved" and preset_size not in (None, size)
     override = f"; its block size {preset_size} replaced by {size}" if overridden else ""
-    return "\n".join(
-        [
-            f"pagedkv: policy {policy.name} ({policy.description}{override})",
-            f"pagedkv: {resolution.log_line()}",
-            f"pagedkv: KV pool {usable} usable blocks x {size} tokens = {usable * size} slots"
-            f"{null if num_null else ''}, {runner.kv_cache_bytes / 2**20:.1f} MiB "
-            f"({layout.record_bytes} bytes per token); max_model_len {max_model_len}",
-        ]
-        + swap_report_lines(runner)
-    )
+    return [
+        f"policy {policy.name} ({policy.description}{override})",
+        resolution.log_line(),
+        f"KV pool {usable} usable blocks x {size} tokens = {usable * size} slots"
+        f"{null if num_null else ''}, {runner.kv_cache_bytes / 2**20:.1f} MiB "
+        f"({layout.record_bytes} bytes per token); max_model_len {max_model_len}",
+        *swap_report_lines(runner),
+    ]
 
 
 def check_swap_space(config: EngineConfig, layout: KVLayout, block_size: int) -> None:
@@ -264,7 +317,7 @@ def swap_report_lines(runner: ModelRunner) -> list[str]:
     if pool is None:
         return []
     return [
-        f"pagedkv: host swap pool {pool.num_blocks} blocks x {pool.block_size} tokens = "
+        f"host swap pool {pool.num_blocks} blocks x {pool.block_size} tokens = "
         f"{pool.num_blocks * pool.block_size} slots, {pool.pool_bytes / 2**20:.1f} MiB in host "
         "memory (preemption swaps KV out, recompute when it is full)"
     ]

@@ -38,7 +38,7 @@ class EngineInfo:
     page_format: dict[str, str]  # the page-format fingerprint, as strings
     device: str = "cpu"  # where the model runs: "cpu", "cuda:0"
     dtype: str = "float32"  # activations and weights (the KV dtype is the page format's)
-    attention_backend: str = "torch"
+    attention_backend: str = "native"
 
     def labels(self) -> dict[str, str]:
         """The page format plus policy and backend: labels for a metrics info series."""

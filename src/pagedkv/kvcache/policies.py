@@ -37,6 +37,20 @@ class Policy:
         if self.block_size is not None:
             check_block_size(self.block_size)
 
+    def build(
+        self, num_blocks: int, max_model_len: int, block_size: int | None = None
+    ) -> KVAllocator:
+        """This policy's allocator over ``num_blocks`` blocks of ``block_size`` tokens (None:
+        the preset's; ``reserved``: a block is one ``max_model_len`` region). A pool of less
+        than two blocks is a ValueError."""
+        policy = self.with_block_size(block_size)
+        if policy.allocator == "reserved":
+            return ReservedAllocator(num_blocks * max_model_len, max_model_len)
+        assert policy.block_size is not None
+        if policy.allocator == "radix":
+            return RadixAllocator(num_blocks * policy.block_size, page_size=policy.block_size)
+        return PagedAllocator(num_blocks, policy.block_size, prefix_caching=policy.prefix_caching)
+
     def with_block_size(self, block_size: int | None) -> Policy:
         """The same policy at another block size (``None`` keeps the preset's)."""
         if block_size is None or self.allocator == "reserved":
@@ -82,16 +96,13 @@ def get_policy(name: str) -> Policy:
 def build_allocator(
     policy: Policy | str, num_slots: int, max_model_len: int, block_size: int | None = None
 ) -> KVAllocator:
-    """An allocator over a pool of ``num_slots`` token slots. ``block_size`` overrides the
-    preset's (ignored for ``reserved``). A pool of less than two blocks is a ValueError."""
+    """An allocator over a pool of ``num_slots`` token slots (the simulator's unit: one pool's
+    bytes, whatever each policy's block), ``Policy.build`` over its whole blocks.
+    ``block_size`` overrides the preset's (ignored for ``reserved``)."""
     if isinstance(policy, str):
         policy = get_policy(policy)
     policy = policy.with_block_size(block_size)
-    if policy.allocator == "reserved":
+    if policy.allocator == "reserved":  # its utilisation counts every slot, a partial region too
         return ReservedAllocator(num_slots, max_model_len)
     assert policy.block_size is not None
-    if policy.allocator == "radix":
-        return RadixAllocator(num_slots, page_size=policy.block_size)
-    return PagedAllocator(
-        num_slots // policy.block_size, policy.block_size, prefix_caching=policy.prefix_caching
-    )
+    return policy.build(num_slots // policy.block_size, max_model_len)

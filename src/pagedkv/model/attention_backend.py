@@ -1,58 +1,118 @@
-"""One attention-backend interface (in the spirit of mini-sglang's ``BaseAttnBackend``):
-``plan`` a step once, ``attend`` one layer (the new K/V written first), ``copy_blocks`` for
-copy-on-write, and a ``rule`` declaring the block sizes it accepts and why (torch-free:
-``pages/attention_rules.py``, which the planner's ``--backend`` reads too). Three backends
-implement it:
+"""One attention-backend interface (in the spirit of mini-sglang's ``BaseAttnBackend``): a
+backend ``plan``s a step once, and the step's plan supplies the *ops* the one decoder layer
+(``decoder_layer.py``) calls in its one order. A backend never runs a layer of its own.
 
-=============  ============================================  ===================================
-``native``     pagedkv's C kernels (``model/native/``)       the CPU's default (fp32, bf16)
-``torch-sdpa`` torch ops, K/V gathered by slot, then SDPA    any device: the reference path
-``triton``     pagedkv's Triton kernels (``model/triton/``)  the GPU's default
-=============  ============================================  ===================================
+The ops a step supplies (``StepOps``; ``LayerOps`` is the plain torch form of each, which a
+backend overrides where it has a fused kernel):
 
-The model knows nothing of which one runs: ``DecoderLayer`` asks the step's plan to run the
-whole layer in the backend's own fused form (``run_layer``; only the native backend has one:
-a decode step in one C call, RoPE and the K/V store in another), else computes Q, K, V and
-calls ``attend``. Built by ``make_backend`` once per engine.
+- ``norm``: an RMSNorm (a Triton launch in bf16);
+- ``rope_attend``: RoPE on Q and K, this step's K/V written to their slots, attention over the
+  paged pool (RoPE + the store in one C call or one Triton launch where the backend has it);
+- ``add_norm``: a projection added to the residual stream, then the next RMSNorm (one Triton
+  launch for the add and the norm in bf16);
+- ``silu_mul``: SwiGLU's ``silu(gate(x)) * up(x)`` from the gate/up product of ``x`` (one C
+  call, or one Triton launch);
+- ``layer_chain``: the whole layer at once where a backend compiled the same order into one
+  call (the native C decode chain), else None.
+
+Which backends exist, where they run and what block sizes they accept is one torch-free table,
+``pages/backends.py``; ``make_backend`` builds the entry's factory.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+import importlib
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import torch
 
 from pagedkv.model.attention_metadata import AttentionMetadata
 from pagedkv.model.kv_pool import KVCache
-from pagedkv.pages.attention_rules import RULES, BackendRule
+from pagedkv.pages.backends import BackendRule
 
-if TYPE_CHECKING:  # the layer imports this module
-    from pagedkv.model.decoder_layer import DecoderLayer
+if TYPE_CHECKING:  # only types: the layers import this module, never the reverse
+    from pagedkv.model.layers import RMSNorm, SwiGLU
+    from pagedkv.model.projection import ProjectionBase
 
 
-class StepAttention(Protocol):
-    """One step's attention on one backend: planned once from the step's metadata, then used
-    by every layer in turn. Holds device tensors the layers read; valid for that step only."""
+class HeadShape(NamedTuple):
+    """A layer's attention heads: query heads, KV heads, and the width of one."""
 
-    def attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache, scale: float
-    ) -> torch.Tensor:
-        """One layer: ``q`` ``[T, Hq, D]``, ``k``/``v`` ``[T, Hkv, D]`` (RoPE applied) ->
-        ``[T, Hq * D]``. Writes the new K/V into ``kv_cache`` first (a prefill reads itself);
-        mutates nothing else."""
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+
+
+class StepOps(Protocol):
+    """One step's ops on one backend: planned once from the step's metadata, then used by every
+    layer in turn. Holds device tensors the layers read; valid for that step only."""
+
+    def norm(self, norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
+        """``norm(x)``, a new tensor."""
         ...
 
-    def run_layer(
+    def rope_attend(
         self,
-        layer: DecoderLayer,
+        qkv: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: KVCache,
+        heads: HeadShape,
+        scale: float,
+    ) -> torch.Tensor:
+        """Attention of one layer from its fused QKV product ``[T, (Hq + 2 Hkv) * D]``: RoPE on
+        Q and K, the new K/V written into ``kv_cache`` first (a prefill reads itself), then
+        ``[T, Hq * D]``. May overwrite ``qkv``; mutates nothing else."""
+        ...
+
+    def add_norm(
+        self, norm: RMSNorm, residual: torch.Tensor, proj: ProjectionBase, x: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(norm(r), r)`` with ``r = residual + proj(x)``, new tensors."""
+        ...
+
+    def silu_mul(self, mlp: SwiGLU, x: torch.Tensor) -> torch.Tensor:
+        """``silu(gate(x)) * up(x)`` ``[T, I]`` of ``mlp``'s gate/up product, a new tensor."""
+        ...
+
+    def layer_chain(
+        self,
+        index: int,
         hidden: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
         kv_cache: KVCache,
     ) -> torch.Tensor | None:
-        """The whole layer in the backend's own fused form (its output, K/V written), or None:
-        the layer then runs its ops and calls ``attend``."""
+        """Layer ``index`` in one call where the backend compiled its order (its output, K/V
+        written), or None: the layer runs its ops."""
         ...
+
+
+class LayerOps:
+    """Every op in plain torch (the modules' own forms), but attention, which each backend
+    supplies: the base a step's ops override where their backend fuses."""
+
+    def norm(self, norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
+        return norm(x)
+
+    def add_norm(
+        self, norm: RMSNorm, residual: torch.Tensor, proj: ProjectionBase, x: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        residual = proj.added_to(residual, x)
+        return norm(residual), residual
+
+    def silu_mul(self, mlp: SwiGLU, x: torch.Tensor) -> torch.Tensor:
+        return mlp.gated(x)
+
+    def layer_chain(
+        self,
+        index: int,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: KVCache,
+    ) -> torch.Tensor | None:
+        return None
 
 
 class AttentionBackend(Protocol):
@@ -60,21 +120,19 @@ class AttentionBackend(Protocol):
 
     @property
     def rule(self) -> BackendRule:
-        """The block sizes and head dims it accepts, and why (the planner reads the same)."""
+        """Its entry of ``pages/backends.py``: block sizes, head dims, devices, graphs."""
         ...
 
-    def plan(
-        self, meta: AttentionMetadata, kv_caches: list[KVCache], block_size: int
-    ) -> StepAttention:
-        """The step's attention from its metadata (host tensors, as the runner makes them)."""
+    def plan(self, meta: AttentionMetadata, kv_caches: list[KVCache], block_size: int) -> StepOps:
+        """The step's ops from its metadata (host tensors, as the runner makes them)."""
         ...
 
     def graph_plan(
         self, meta: AttentionMetadata, block_size: int, max_context_len: int
-    ) -> StepAttention | None:
+    ) -> StepOps | None:
         """A decode plan over ``meta``'s static device buffers that a CUDA graph can record and
         replay (no host value read), for contexts up to ``max_context_len``; None: this
-        backend's steps cannot be captured."""
+        backend's steps cannot be captured (``rule.cuda_graphs`` False)."""
         ...
 
     def copy_blocks(self, pool: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
@@ -83,29 +141,8 @@ class AttentionBackend(Protocol):
         ...
 
 
-def backend_rule(attention_backend: str, device: torch.device) -> BackendRule:
-    """The rule of the backend a placement runs (``--attention-backend triton|torch``), known
-    before the weights load: ``torch`` is the native C kernels on the CPU where they build,
-    torch SDPA elsewhere."""
-    from pagedkv.model import native
-
-    if attention_backend == "triton":
-        return RULES["triton"]
-    native_cpu = device.type == "cpu" and native.kernels() is not None
-    return RULES["native" if native_cpu else "torch-sdpa"]
-
-
-def make_backend(name: str, model, device: torch.device) -> AttentionBackend:
-    """The backend called ``name`` (a ``BackendRule`` name) for ``model`` (a ``CausalLM``:
-    its dtype, heads and kernels) on ``device``; ``native`` where the model's load found no C
-    kernels (an fp16 model, say) is torch SDPA."""
-    if name == "triton":
-        from pagedkv.model.triton.backend import TritonBackend
-        from pagedkv.model.triton.kernels import load_kernels
-
-        return TritonBackend(load_kernels(device), device, model.config.num_kv_heads)
-    from pagedkv.model.torch_backend import NativeBackend, TorchBackend
-
-    if name == "native" and model.attention_kernels is not None:
-        return NativeBackend(model)
-    return TorchBackend(device, model.dtype)
+def make_backend(rule: BackendRule, model, device: torch.device) -> AttentionBackend:
+    """The backend of ``rule`` (its table entry's factory) for ``model`` (a ``CausalLM``: its
+    dtype, heads and layers) on ``device``."""
+    module, _, name = rule.factory.partition(":")
+    return getattr(importlib.import_module(module), name)(model, device)

@@ -17,19 +17,25 @@ from pagedkv.pages.shape import Llama3RopeScaling, ModelShape, check_head_groups
 
 @dataclass(frozen=True)
 class ArchitectureSpec:
-    """What differs between the supported families. All of them run the same forward pass."""
+    """What differs between the supported families: a row of this table, read by the one
+    decoder layer (``decoder_layer.py``) and the loaders. All of them run the same forward."""
 
     name: str
     default_attention_bias: bool
     # llama.cpp's converter permutes the Q/K rows of Llama-family weights so that its RoPE can
-    # rotate adjacent pairs; Qwen2 files use the half-split ("NeoX") RoPE and are stored as is.
+    # rotate adjacent pairs; Qwen files use the half-split ("NeoX") RoPE and are stored as is.
     gguf_qk_permuted: bool
+    # Q and K normalised per head (an RMSNorm over head_dim) before RoPE: Qwen3.
+    qk_norm: bool = False
 
 
 ARCHITECTURES: dict[str, ArchitectureSpec] = {
     "llama": ArchitectureSpec("llama", default_attention_bias=False, gguf_qk_permuted=True),
     "mistral": ArchitectureSpec("mistral", default_attention_bias=False, gguf_qk_permuted=True),
     "qwen2": ArchitectureSpec("qwen2", default_attention_bias=True, gguf_qk_permuted=False),
+    "qwen3": ArchitectureSpec(
+        "qwen3", default_attention_bias=False, gguf_qk_permuted=False, qk_norm=True
+    ),
 }
 
 
@@ -91,6 +97,11 @@ class ModelConfig:
             raise UsageError(f"rms_norm_eps must be > 0, got {self.rms_norm_eps}")
         if not (self.rope_theta > 0 and math.isfinite(self.rope_theta)):
             raise UsageError(f"rope_theta must be > 0, got {self.rope_theta}")
+
+    @property
+    def family(self) -> ArchitectureSpec:
+        """What this model's family changes in the one decoder layer (``ARCHITECTURES``)."""
+        return ARCHITECTURES[self.architecture]
 
     @property
     def num_queries_per_kv(self) -> int:

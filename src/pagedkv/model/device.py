@@ -13,23 +13,33 @@ from dataclasses import dataclass
 import torch
 
 from pagedkv.errors import UsageError
-from pagedkv.placement import check_attention_backend, check_device_name
+from pagedkv.pages.backends import BackendRule, resolve_backend
+from pagedkv.placement import check_device_name
 
 
 @dataclass(frozen=True)
 class Placement:
-    """The device, activation dtype and attention backend of one engine."""
+    """The device, activation dtype and attention backend of one engine. ``backend_note``: why
+    the backend asked for was rewritten ("" when it was not)."""
 
     device: torch.device
     dtype: str  # an ENGINE_DTYPES name
-    attention_backend: str
+    backend: BackendRule  # its entry of pages/backends.py
+    backend_note: str = ""
+
+    @property
+    def attention_backend(self) -> str:
+        return self.backend.name
 
     def describe(self) -> str:
         """The start-up line's words: ``cuda:0 (NVIDIA H200), bfloat16, attention triton``."""
         where = str(self.device)
         if self.device.type == "cuda":
             where += f" ({torch.cuda.get_device_name(self.device)})"
-        return f"device {where}, {self.dtype}, attention {self.attention_backend}"
+        note = self.backend.cpu_note if self.device.type == "cpu" else ""
+        return f"device {where}, {self.dtype}, attention {self.backend.name}" + (
+            f" ({note})" if note else ""
+        )
 
 
 def resolve_device(name: str) -> torch.device:
@@ -62,12 +72,8 @@ def resolve_placement(
     device_name: str, dtype: str | None, attention_backend: str | None
 ) -> Placement:
     """The device, then the dtype (given, or fp32 on the CPU and bf16 on a GPU) and the backend
-    (given, or ``triton`` on a GPU and ``torch`` on the CPU)."""
+    (given, or the device's default: ``pages/backends.py``)."""
     device = resolve_device(device_name)
-    on_gpu = device.type == "cuda"
-    check_attention_backend(attention_backend)
-    return Placement(
-        device,
-        dtype or ("bfloat16" if on_gpu else "float32"),
-        attention_backend or ("triton" if on_gpu else "torch"),
-    )
+    rule, note = resolve_backend(attention_backend, device.type)
+    dtype = dtype or ("bfloat16" if device.type == "cuda" else "float32")
+    return Placement(device, dtype, rule, note)

@@ -38,6 +38,8 @@ GGUF_LAYER_NAMES: dict[str, str] = {
     "attn_k.bias": "k_proj.bias",
     "attn_v.bias": "v_proj.bias",
     "attn_output.weight": "o_proj.weight",
+    "attn_q_norm.weight": "q_norm.weight",  # qwen3
+    "attn_k_norm.weight": "k_norm.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
     "ffn_gate.weight": "gate_proj.weight",
     "ffn_up.weight": "up_proj.weight",

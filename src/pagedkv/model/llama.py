@@ -22,15 +22,15 @@ import torch
 from torch import nn
 
 from pagedkv.model import native
-from pagedkv.model.attention_backend import AttentionBackend, StepAttention, make_backend
+from pagedkv.model.attention_backend import AttentionBackend, StepOps, make_backend
 from pagedkv.model.attention_metadata import AttentionMetadata
 from pagedkv.model.config import ModelConfig
 from pagedkv.model.decoder_layer import DecoderLayer
 from pagedkv.model.kv_pool import KVCache
 from pagedkv.model.layers import RMSNorm, RotaryEmbedding
-from pagedkv.model.native.layer import prepare_fused_decode
 from pagedkv.model.native.projection import NativeProjection, native_factory
 from pagedkv.model.projection import Projection, ProjectionBase, projection_from_pieces
+from pagedkv.pages.backends import resolve_backend
 
 # A layer's projections → the canonical pieces their weight (and bias) concatenate, by rows.
 PROJECTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -40,10 +40,15 @@ PROJECTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "mlp.gate_up_proj": (("gate_proj.weight", "up_proj.weight"), ()),
     "mlp.down_proj": (("down_proj.weight",), ()),
 }  # fmt: skip
-# Layer parameters stored one to one: ours → canonical.
+# Layer parameters stored one to one: ours → canonical (the q/k norms where the family has
+# them: ``config.ARCHITECTURES``).
 LAYER_PARAMETERS: dict[str, str] = {
     "input_norm.weight": "input_layernorm.weight",
     "post_attention_norm.weight": "post_attention_layernorm.weight",
+}
+HEAD_NORM_PARAMETERS: dict[str, str] = {
+    "q_norm.weight": "q_norm.weight",
+    "k_norm.weight": "k_norm.weight",
 }
 # Builds one projection (a ``ProjectionBase``) from its fused weight ``[out, in]`` and bias or
 # None: by default ``Projection`` in the model dtype; ``quant.py`` makes the quantized ones.
@@ -63,7 +68,7 @@ class CausalLM(nn.Module):
             config.hidden_size,
             _weight=torch.empty(config.vocab_size, config.hidden_size),
         )
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head: nn.Module = Projection(config.hidden_size, config.vocab_size)
         # Computed, not loaded: on the CPU even inside build_model's meta device (ops on meta
@@ -71,8 +76,8 @@ class CausalLM(nn.Module):
         with torch.device("cpu"):
             self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
         self.weights_report = ""  # how the projections compute, set by the loader
-        self.kernels = None  # native.kernels() when load_weights found them (fp32 only)
-        self.attention_kernels = None  # the same on the CPU: paged attention in fp32 or bf16
+        self.kernels = None  # native.kernels() when load_weights put the weights on them (fp32)
+        self._default: AttentionBackend | None = None  # ``default_backend``, built once loaded
         self.requires_grad_(False)
 
     @property
@@ -102,7 +107,7 @@ class CausalLM(nn.Module):
         kv_caches: list[KVCache],
         attn_metadata: AttentionMetadata,
         block_size: int | None = None,
-        plan: StepAttention | None = None,
+        plan: StepOps | None = None,
     ) -> torch.Tensor:
         """Run the new tokens of one step; returns the final-normed hidden states ``[T, H]``.
 
@@ -111,8 +116,8 @@ class CausalLM(nn.Module):
         reads ``positions``, the causal mask reads the metadata; they must agree).
         ``kv_caches``: one ``(k, v)`` pair per layer; the new tokens' K/V are written into their
         slots (mutated in place). ``block_size`` defaults to the caches' dimension 1. ``plan``:
-        the step's attention on the engine's backend (``attention_backend.py``: the runner
-        makes it, or a CUDA graph over its buffers); None = ``default_backend``'s.
+        the step's ops on the engine's backend (``attention_backend.py``: the runner makes
+        them, or a CUDA graph over its buffers); None = ``default_backend``'s.
         """
         if len(kv_caches) != self.config.num_layers:
             raise ValueError(f"need {self.config.num_layers} KV caches, got {len(kv_caches)}")
@@ -139,9 +144,12 @@ class CausalLM(nn.Module):
         return self.norm(hidden)
 
     def default_backend(self) -> AttentionBackend:
-        """The backend a forward without a plan attends on: pagedkv's C kernels where the load
-        found them (the CPU), else torch SDPA."""
-        return make_backend("native", self, self.device)
+        """The backend a forward without a plan runs on: its device's default
+        (``pages/backends.py``), built on first use after the weights are loaded."""
+        if self._default is None:
+            rule, _ = resolve_backend(None, self.device.type)
+            self._default = make_backend(rule, self, self.device)
+        return self._default
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -168,7 +176,7 @@ class CausalLM(nn.Module):
         device = torch.device(device)
         on_cpu = device.type == "cpu"
         kernels = self.kernels = native.kernels() if dtype == torch.float32 and on_cpu else None
-        self.attention_kernels = native.kernels() if on_cpu else None
+        self._default = None  # a backend built before took the old weights' addresses
         if not on_cpu:  # on the device in the model dtype (4x less to move than fp32 for bf16)
             if make_projection is not None:
                 raise ValueError("quantized weights run on the CPU only")
@@ -214,14 +222,13 @@ class CausalLM(nn.Module):
                 )
                 owner, _, leaf = ours.rpartition(".")
                 setattr(layer.get_submodule(owner) if owner else layer, leaf, new)
-            for ours, canonical in LAYER_PARAMETERS.items():
+            for ours, canonical in _layer_parameters(cfg).items():
                 norm = layer.get_submodule(ours.rpartition(".")[0])
                 norm.weight = _parameter(
                     f"layers.{i}.{canonical}", weights[f"layers.{i}.{canonical}"], norm, dtype
                 )
                 norm.kernels = kernels if norm.weight.shape[0] % 8 == 0 else None
             layer.mlp.kernels = kernels
-            prepare_fused_decode(layer)
         if "rope_freqs.weight" in weights:
             self.rotary.scale_frequencies(weights["rope_freqs.weight"])
         self.rotary.to(device)
@@ -239,12 +246,16 @@ def _parameter(
     return nn.Parameter(tensor.detach().to(dtype).contiguous(), requires_grad=False)
 
 
+def _layer_parameters(config: ModelConfig) -> dict[str, str]:
+    return {**LAYER_PARAMETERS, **(HEAD_NORM_PARAMETERS if config.family.qk_norm else {})}
+
+
 def _canonical_names(config: ModelConfig) -> set[str]:
     names = {"embed_tokens.weight", "norm.weight"}
     if not config.tie_word_embeddings:
         names.add("lm_head.weight")
     for i in range(config.num_layers):
-        per_layer = [*LAYER_PARAMETERS.values()]
+        per_layer = [*_layer_parameters(config).values()]
         for weight_names, bias_names in PROJECTIONS.values():
             per_layer.extend(weight_names)
             if config.attention_bias:
@@ -258,6 +269,7 @@ MODEL_CLASSES: dict[str, type[CausalLM]] = {
     "llama": CausalLM,
     "mistral": CausalLM,
     "qwen2": CausalLM,
+    "qwen3": CausalLM,
 }
 
 

@@ -13,7 +13,7 @@ import torch
 from pagedkv.errors import UsageError
 from pagedkv.model.config import ModelConfig
 
-# Hugging Face tensor name → canonical name (see llama.py). Llama, Mistral and Qwen2 agree.
+# Hugging Face tensor name → canonical name (see llama.py). Llama, Mistral, Qwen2 and Qwen3 agree.
 HF_GLOBAL_NAMES: dict[str, str] = {
     "model.embed_tokens.weight": "embed_tokens.weight",
     "model.norm.weight": "norm.weight",
@@ -29,6 +29,8 @@ HF_LAYER_NAMES: dict[str, str] = {
     "self_attn.k_proj.bias": "k_proj.bias",
     "self_attn.v_proj.bias": "v_proj.bias",
     "self_attn.o_proj.weight": "o_proj.weight",
+    "self_attn.q_norm.weight": "q_norm.weight",  # Qwen3
+    "self_attn.k_norm.weight": "k_norm.weight",
     "mlp.gate_proj.weight": "gate_proj.weight",
     "mlp.up_proj.weight": "up_proj.weight",
     "mlp.down_proj.weight": "down_proj.weight",

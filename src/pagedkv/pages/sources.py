@@ -88,10 +88,10 @@ def shape_from_hf_config(
 
 
 def estimate_dense_num_params(config: Mapping[str, Any]) -> int | None:
-    """Parameter count of a dense Llama/Qwen2/Mistral config (None if a needed key is missing).
-
-    Embeddings (+ an untied LM head), per layer q/k/v/o projections (+ q/k/v biases for Qwen2),
-    a gated MLP of three matrices and two RMSNorms, and the final norm.
+    """Parameter count of a dense Llama/Qwen2/Qwen3/Mistral config (None if a needed key is
+    missing). Embeddings (+ an untied LM head), per layer q/k/v/o projections (+ q/k/v biases
+    for Qwen2, + Q and K's head norms for Qwen3), a gated MLP of three matrices and two RMSNorms,
+    and the final norm.
     """
     try:
         hidden = int(config["hidden_size"])
@@ -108,6 +108,8 @@ def estimate_dense_num_params(config: Mapping[str, Any]) -> int | None:
     archs = " ".join(config.get("architectures") or [])
     if config.get("attention_bias") or "Qwen2" in archs or config.get("model_type") == "qwen2":
         per_layer += q_dim + 2 * kv_dim
+    if config.get("model_type") == "qwen3" or "Qwen3" in archs:  # per-head Q and K RMSNorms
+        per_layer += 2 * head_dim
     per_layer += 3 * hidden * intermediate + 2 * hidden
     embeddings = vocab * hidden * (1 if config.get("tie_word_embeddings") else 2)
     return num_layers * per_layer + embeddings + hidden

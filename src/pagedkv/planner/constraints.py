@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pagedkv.errors import UsageError
-from pagedkv.pages import attention_rules
+from pagedkv.pages import backends
 from pagedkv.pages.layout import KVLayout, int32_max_pool_blocks, is_aligned
 from pagedkv.pages.triton_rules import DEFAULT_BLOCK_SIZE
 from pagedkv.units import check_block_size
@@ -46,7 +46,7 @@ class Backend:
     loops_over_tiles: bool = False  # its loop count is tiles of the context, not ceil(L / B)
 
     @classmethod
-    def of_rule(cls, rule: attention_rules.BackendRule) -> Backend:
+    def of_rule(cls, rule: backends.BackendRule) -> Backend:
         """One of pagedkv's own backends, from the declaration its engine backend carries."""
         return cls(rule.name, DEFAULT_BLOCK_SIZE, ANY_BLOCK_SIZE, DEFAULT_BLOCK_SIZE, rule.layouts,
                    note=rule.note, kernel_problems=rule.problems,
@@ -78,7 +78,7 @@ BACKENDS: dict[str, Backend] = {
             "deepinfer", 128, (128,), 128, alignment_bytes=128, note="fixed 128, 128 B aligned"
         ),
         # pagedkv's own backends: their engine declarations, read as they are (one copy).
-        *(Backend.of_rule(rule) for rule in attention_rules.RULES.values()),
+        *(Backend.of_rule(rule) for rule in backends.RULES.values()),
     )
 }
 

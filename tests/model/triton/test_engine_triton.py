@@ -108,7 +108,7 @@ def test_the_start_up_report_names_the_backend_and_keeps_any_block_size(tiny):
     assert "device cpu, float32, attention triton (Triton's interpreter" in report
     assert engine.allocator.block_size == 12
     native = _engine(tiny, block_size=12)
-    assert "attention torch" in native.parts.startup_report
+    assert "attention native" in native.parts.startup_report
     assert native.allocator.block_size == 12
 
 

@@ -1,9 +1,10 @@
 """``TritonPlan``: one step's attention on pagedkv's Triton kernels, the GPU backend.
 
 Built once per forward from the step's ``AttentionMetadata`` (host tensors, as the runner
-makes them; moved to the device here, once, not per layer), then ``attend`` per layer:
+makes them; moved to the device here, once, not per layer), then ``rope_attend`` per layer:
 
-1. ``write_kv``: the new tokens' K/V into their slots (slot -1: a padded row, skipped);
+1. ``rope_write_kv``: RoPE, and the new tokens' K/V into their slots (slot -1: a padded row,
+   skipped);
 2. the decode rows (one new token each): ``paged_decode``, one program per (sequence, KV
    head[, split]), the split count fixed for the step by ``decode_splits`` (or by the CUDA graph
    it runs in); in a mixed step they are found by their rows, among the prefill chunks;
@@ -21,8 +22,15 @@ not import triton (the kernels are loaded by ``kernels.load_kernels``).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
+if TYPE_CHECKING:
+    from pagedkv.model.layers import RMSNorm, SwiGLU
+    from pagedkv.model.projection import ProjectionBase
+
+from pagedkv.model.attention_backend import HeadShape, LayerOps
 from pagedkv.model.attention_metadata import AttentionMetadata
 from pagedkv.model.kv_pool import KVCache
 from pagedkv.model.triton.kernels import TritonKernels, num_sms
@@ -30,8 +38,9 @@ from pagedkv.model.triton.kernels import TritonKernels, num_sms
 PREFILL_BLOCK_M = 16  # query rows per prefill program: tl.dot's smallest tile
 
 
-class TritonPlan:
-    """What every layer's Triton attention reads, on the device. ``num_splits`` (decode only):
+class TritonPlan(LayerOps):
+    """The step's ops on the Triton kernels (``attention_backend.StepOps``) and what every
+    layer's attention reads, on the device. ``num_splits`` (decode only):
     None = ``decode_splits``'s rule for this step."""
 
     def __init__(
@@ -97,24 +106,22 @@ class TritonPlan:
         plan.num_decode, plan.num_splits = meta.num_seqs, num_splits
         return plan
 
-    def attend(
+    def rope_attend(
         self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
+        qkv: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
         kv_cache: KVCache,
+        heads: HeadShape,
         scale: float,
     ) -> torch.Tensor:
-        """One layer: ``q`` ``[T, Hq, D]``, ``k``/``v`` ``[T, Hkv, D]`` (RoPE applied) ->
-        ``[T, Hq * D]``. Writes the new K/V into ``kv_cache`` first (a prefill reads itself)."""
-        k_cache, v_cache = kv_cache
-        self.kernels.write_kv(k, v, k_cache, v_cache, self.slot_mapping)
-        return self._attend_stored(q, kv_cache, scale)
-
-    def _attend_stored(self, q: torch.Tensor, kv_cache: KVCache, scale: float) -> torch.Tensor:
-        """``attend`` once the step's K/V are in the pool: prefill tiles, then decode rows."""
+        """RoPE on Q and K and the K/V store in one launch (``rope_kv_write.py``: bit-equal to
+        the torch ops it replaces, Q rotated in ``qkv``), then attention on the stored K/V:
+        prefill tiles, then decode rows."""
         k_cache, v_cache = kv_cache
         kernels = self.kernels
+        q, _, _ = kernels.rope_write_kv(qkv, cos, sin, k_cache, v_cache, self.slot_mapping,
+                                        heads.num_heads, in_place=True)  # fmt: skip
         out = None
         if self.tiles is not None:
             out = kernels.paged_prefill(
@@ -129,32 +136,27 @@ class TritonPlan:
         assert out is not None  # a step has at least one row
         return out.view(self.num_tokens, -1)
 
-    def run_layer(self, layer, hidden, cos, sin, kv_cache: KVCache) -> torch.Tensor:
-        """``StepAttention.run_layer``: the layer with fewer launches. RoPE on Q and K and the
-        K/V store in one kernel (``rope_kv_write.py``: bit-equal to the torch ops it replaces),
-        attention on the stored K/V; in bf16 also each RMSNorm in one launch, the second with
-        the residual add before it (``rms_norm.py``), and SiLU * up in one (``silu_mul.py``).
-        fp32 keeps the layer's own norms and SwiGLU: a Triton sum of squares or ``exp``
-        differs from torch's by ulps, and fp32 is the path greedy tokens are checked on
-        against the CPU; in bf16 those ulps vanish in the rounding but at a boundary."""
-        k_cache, v_cache = kv_cache
-        kernels = self.kernels
-        bf16 = hidden.dtype == torch.bfloat16
-        if bf16:
-            norm = layer.input_norm
-            qkv = layer.qkv_proj(kernels.rms_norm(hidden, norm.weight, norm.eps))
-        else:
-            qkv = layer.qkv_proj(layer.input_norm(hidden))
-        q, _, _ = kernels.rope_write_kv(qkv, cos, sin, k_cache, v_cache, self.slot_mapping,
-                                        layer.num_heads, in_place=True)  # fmt: skip
-        attn = self._attend_stored(q, kv_cache, layer.scale)
-        if not bf16:
-            hidden = layer.o_proj.added_to(hidden, attn)
-            return layer.mlp.added_to(hidden, layer.post_attention_norm(hidden))
-        norm = layer.post_attention_norm
-        normed, hidden = kernels.rms_norm(layer.o_proj(attn), norm.weight, norm.eps, hidden)
-        gated = kernels.silu_mul(layer.mlp.gate_up_proj(normed))
-        return layer.mlp.down_proj.added_to(hidden, gated)
+    # In bf16 each RMSNorm is one launch, the second with the residual add before it
+    # (``rms_norm.py``), and SiLU * up is one (``silu_mul.py``). fp32 keeps the modules' own
+    # ops: a Triton sum of squares or ``exp`` differs from torch's by ulps, and fp32 is the path
+    # greedy tokens are checked on against the CPU; in bf16 those ulps vanish in the rounding.
+
+    def norm(self, norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.bfloat16:
+            return norm(x)
+        return self.kernels.rms_norm(x, norm.weight, norm.eps)
+
+    def add_norm(
+        self, norm: RMSNorm, residual: torch.Tensor, proj: ProjectionBase, x: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual.dtype != torch.bfloat16:
+            return super().add_norm(norm, residual, proj, x)
+        return self.kernels.rms_norm(proj(x), norm.weight, norm.eps, residual)
+
+    def silu_mul(self, mlp: SwiGLU, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.bfloat16:
+            return mlp.gated(x)
+        return self.kernels.silu_mul(mlp.gate_up(x))
 
 
 def _on(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:

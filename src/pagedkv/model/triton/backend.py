@@ -9,15 +9,17 @@ import torch
 from pagedkv.model.attention_metadata import AttentionMetadata
 from pagedkv.model.kv_pool import KVCache
 from pagedkv.model.triton.attention import TritonPlan
-from pagedkv.model.triton.kernels import TritonKernels, num_sms
-from pagedkv.pages.attention_rules import TRITON, BackendRule
+from pagedkv.model.triton.kernels import TritonKernels, load_kernels, num_sms
+from pagedkv.pages.backends import TRITON, BackendRule
 
 
 class TritonBackend:
     """``AttentionBackend`` on ``kernels`` (loaded for ``device``)."""
 
-    def __init__(self, kernels: TritonKernels, device: torch.device, num_kv_heads: int) -> None:
-        self.kernels, self.device, self.num_kv_heads = kernels, device, num_kv_heads
+    def __init__(self, model, device: torch.device, kernels: TritonKernels | None = None) -> None:
+        """For ``model`` (its KV heads) on ``device``; ``kernels``: loaded here unless given."""
+        self.kernels = load_kernels(device) if kernels is None else kernels
+        self.device, self.num_kv_heads = device, model.config.num_kv_heads
 
     @property
     def rule(self) -> BackendRule:
