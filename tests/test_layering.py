@@ -67,9 +67,11 @@ def test_blocker_really_blocks():
     assert result.returncode != 0 and "torch is blocked" in result.stderr
 
 
-def _import_graph() -> dict[str, set[str]]:
-    """module -> the pagedkv modules it imports (anywhere in the file, lazy imports included,
-    ``if TYPE_CHECKING:`` imports excluded), read from the source with ``ast``."""
+def _import_graph(type_checking: bool = True) -> dict[str, set[str]]:
+    """module -> the pagedkv modules it imports (anywhere in the file: lazy imports inside
+    functions included, and ``if TYPE_CHECKING:`` imports unless ``type_checking`` is False:
+    a circle a type checker walks is a circle all the same), read from the source with
+    ``ast``."""
     import ast
     from pathlib import Path
 
@@ -83,8 +85,12 @@ def _import_graph() -> dict[str, set[str]]:
         package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
         targets: set[str] = set()
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        for node in ast.walk(tree):  # imports only for type checkers never run: drop them
-            if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING"):
+        for node in ast.walk(tree):  # imports only for type checkers never run
+            if (
+                not type_checking
+                and isinstance(node, ast.If)
+                and ast.unparse(node.test).endswith("TYPE_CHECKING")
+            ):
                 node.body = []
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):

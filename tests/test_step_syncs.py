@@ -30,7 +30,7 @@ from tests.device_fake import on_device
 SRC = Path(__file__).resolve().parents[1] / "src" / "pagedkv"
 # What runs every step between a forward pass being queued and the next one.
 STEP_LOOP = (
-    "engine/ahead.py", "engine/grammar.py", "engine/logits_processing.py", "engine/runner.py",
+    "engine/step_loop.py", "engine/step_record.py", "engine/grammar.py", "engine/logits_processing.py", "engine/runner.py",
     "engine/sample_step.py", "engine/sampler.py", "model/triton",
 )  # fmt: skip
 SIZED_BY_DATA = {"unique", "unique_consecutive", "nonzero", "masked_select", "bincount"}

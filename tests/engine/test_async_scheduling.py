@@ -1,4 +1,4 @@
-"""Scheduling one step ahead (``engine/ahead.py``) gives the synchronous engine's tokens.
+"""Scheduling one step ahead (``engine/step_loop.py``) gives the synchronous engine's tokens.
 
 The same requests run twice, the engine synchronous and one step ahead: greedy and seeded
 sampling, ``n > 1`` (forks), stop strings, logprobs, penalties, structured output, prefix hits,

@@ -63,10 +63,10 @@ def test_a_forward_failure_is_traced_to_its_sequence(make_engine, monkeypatch):
     engine = make_engine()
     real_execute = engine.runner.execute
 
-    def execute(batch, allocator):
+    def execute(batch, allocator, prev=None):
         if any(item.seq.request_id == "req-2" for item in batch.seqs):
             raise RuntimeError("simulated kernel fault")
-        return real_execute(batch, allocator)
+        return real_execute(batch, allocator, prev)
 
     monkeypatch.setattr(engine.runner, "execute", execute)
     outs = list(_run(engine, [GREEDY, GREEDY, GREEDY]).values())
@@ -83,11 +83,11 @@ def test_a_step_that_fails_for_everyone_fails_that_batch_and_the_engine_goes_on(
     real_execute = engine.runner.execute
     calls = {"n": 0}
 
-    def execute(batch, allocator):
+    def execute(batch, allocator, prev=None):
         calls["n"] += 1
         if calls["n"] <= 4:  # the batch, then each of its three sequences alone
             raise MemoryError("out of memory")
-        return real_execute(batch, allocator)
+        return real_execute(batch, allocator, prev)
 
     monkeypatch.setattr(engine.runner, "execute", execute)
     outs = list(_run(engine, [GREEDY, GREEDY, GREEDY]).values())
@@ -104,7 +104,7 @@ def test_a_device_fault_is_raised_not_retried_entry_by_entry(make_engine, monkey
     engine = make_engine()
     calls = {"n": 0}
 
-    def execute(batch, allocator):
+    def execute(batch, allocator, prev=None):
         calls["n"] += 1
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 

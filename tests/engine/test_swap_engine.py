@@ -181,7 +181,7 @@ def test_containment_reruns_do_not_swap_twice(tiny_long, reference):
     engine = make(
         tiny_long, **_pool("vllm", 16, 304, preemption_mode="swap", swap_space_bytes=1 << 20)
     )
-    real = engine._execute_and_sample
+    real = engine.loop._forward_and_draw
     failed_steps = []
 
     def flaky(batch):
@@ -191,7 +191,7 @@ def test_containment_reruns_do_not_swap_twice(tiny_long, reference):
             raise RuntimeError("injected after the batch ran")
         return draws
 
-    engine._execute_and_sample = flaky
+    engine.loop._forward_and_draw = flaky
     assert run_checked(engine) == reference
     assert failed_steps, "no step swapped in with company: the test forced nothing"
     pool, sched = engine.runner.swap_pool, engine.scheduler

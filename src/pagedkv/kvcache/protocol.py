@@ -39,6 +39,11 @@ from pagedkv.kvcache.events import KVEventLog
 from pagedkv.kvcache.hashing import BlockHash, HashExtraKeys
 from pagedkv.kvcache.tiers.contract import KVTier, TierOrders
 
+# The placeholder contract, stated once: a sequence of an engine that schedules one step ahead
+# ends in at most this many tokens not drawn yet: the one being computed (drawn by the step
+# before) and the one the step being computed will draw.
+MAX_PLACEHOLDERS = 2
+
 
 @runtime_checkable
 class SeqLike(Protocol):
@@ -55,9 +60,10 @@ class SeqLike(Protocol):
 
     @property
     def num_known_tokens(self) -> int:
-        """``token_ids[:num_known_tokens]`` are known; the rest (at most one) is a token an
-        asynchronous engine scheduled before sampling it. Allocators hash known tokens only,
-        and ``tokens_known`` catches up once the engine writes the value."""
+        """``token_ids[:num_known_tokens]`` are known; the rest (at most
+        ``MAX_PLACEHOLDERS``) are tokens an asynchronous engine scheduled before sampling
+        them. Allocators hash known tokens only, and ``tokens_known`` catches up once the
+        engine writes the values."""
         ...
 
     @property

@@ -15,17 +15,16 @@ from collections.abc import Iterable
 from collections.abc import Sequence as SequenceABC
 
 from pagedkv.kvcache.hashing import NO_EXTRA_KEYS, HashExtraKeys
+from pagedkv.kvcache.protocol import MAX_PLACEHOLDERS
 
 # Token ids are kept as unsigned 32-bit ints: 4 bytes a token, which matters for a simulator
 # that holds thousands of 10k-token prompts, and it is the layout the block hashes read.
 TOKEN_TYPECODE = "I"
 # The id of a token scheduled one step ahead (an asynchronous engine computes a sequence's next
-# token while its value is still being sampled): one of the last two of ``token_ids`` until
-# ``update`` writes the sampled id over it. No vocabulary reaches 2^32 - 1.
+# token while its value is still being sampled): one of the last ``MAX_PLACEHOLDERS`` of
+# ``token_ids`` (the contract, ``kvcache/protocol.py``) until ``update`` writes the sampled id
+# over it. No vocabulary reaches 2^32 - 1.
 PLACEHOLDER = 0xFFFFFFFF
-# At most this many: the token being computed (drawn by the step before) and the one the step
-# being computed will draw.
-MAX_PLACEHOLDERS = 2
 
 
 class SequenceStatus(enum.Enum):
@@ -125,8 +124,8 @@ class Seq:
 
     @property
     def num_known_tokens(self) -> int:
-        """``token_ids[:num_known_tokens]`` are known; the rest (at most two) are placeholders
-        of tokens scheduled ahead (allocators hash known tokens only)."""
+        """``token_ids[:num_known_tokens]`` are known; the rest (at most ``MAX_PLACEHOLDERS``)
+        are placeholders of tokens scheduled ahead (allocators hash known tokens only)."""
         return len(self._token_ids) - self._num_placeholders
 
     @property
