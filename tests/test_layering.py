@@ -156,6 +156,13 @@ def test_page_facts_import_nothing_above_them():
 def test_the_circle_check_sees_real_imports_and_finds_circles():
     graph = _import_graph()
     assert "pagedkv.errors" in graph["pagedkv.cli"]  # the graph sees real imports
+    # ... imports inside functions (the command's lazy import of its engine) ...
+    assert "pagedkv.commands.profile_timeline" in graph["pagedkv.commands.profile"]
+    # ... and ``if TYPE_CHECKING:`` ones, which a type checker walks (issue 54's circles hid
+    # there: the step loop and the engine, the layer and the backends).
+    typed = "pagedkv.model.layers"
+    assert typed in graph["pagedkv.model.triton.attention"]
+    assert typed not in _import_graph(type_checking=False)["pagedkv.model.triton.attention"]
     # The first version's circle, as it was: layout imported gguf_meta lazily, and back.
     edges = {"pages.layout": {"pages.gguf_header"}, "pages.gguf_header": {"pages.layout"}}
     assert _cycles(edges) == [["pages.gguf_header", "pages.layout", "pages.gguf_header"]]

@@ -25,10 +25,10 @@ from pagedkv.kvcache.protocol import KVAllocator
 from pagedkv.model.attention_backend import AttentionBackend
 from pagedkv.model.attention_metadata import AttentionMetadata
 from pagedkv.model.config import ModelConfig
+from pagedkv.model.graphs import DecodeGraphs
 from pagedkv.model.kv_pool import KVCache, allocate_kv_caches
 from pagedkv.model.llama import CausalLM
 from pagedkv.model.projection import keep_shards
-from pagedkv.model.triton.graphs import DecodeGraphs
 from pagedkv.pages.page_format import PageFormat
 from pagedkv.sched.batch import ScheduledBatch
 

@@ -30,8 +30,8 @@ class Chain(NamedTuple):
     """One layer's operands of ``pk_decode_layer``: its norms, projection formats and weight
     addresses, taken once when the backend is built (the modules stay as loaded from then on)."""
 
-    input_norm: int  # addresses of the two RMSNorm weights, in op order
-    post_norm: int
+    first_norm: int  # addresses of the two RMSNorm weights, in op order
+    second_norm: int
     eps: float
     formats: ctypes.Array  # the four projections' weight formats (0: fp32 rows)
     qkv: int
@@ -98,7 +98,7 @@ class NativeStep(TorchStep):
         size = rows * (width + c.qkv_width + num_heads * head_dim + 3 * c.intermediate)
         work = plan.scratch("decode_layer", (size,), torch.float32)
         status = plan.kernels.pk_decode_layer(
-            hidden.data_ptr(), rows, width, c.input_norm, c.post_norm, c.eps, c.formats, c.qkv,
+            hidden.data_ptr(), rows, width, c.first_norm, c.second_norm, c.eps, c.formats, c.qkv,
             c.qkv_bias, c.out, c.gate_up, c.down, c.intermediate, num_heads, num_kv_heads,
             head_dim, cos.data_ptr(), sin.data_ptr(), plan.slot_mapping.data_ptr(),
             k_cache.data_ptr(), v_cache.data_ptr(), g.tables.data_ptr(), g.tables.stride(0),
@@ -179,8 +179,8 @@ def chain_of(layer) -> Chain | None:
     qkv, out, gate_up, down = (address for _, address in operands)
     bias = projections[0].bias
     return Chain(
-        input_norm=norms[0].weight.data_ptr(),
-        post_norm=norms[1].weight.data_ptr(),
+        first_norm=norms[0].weight.data_ptr(),
+        second_norm=norms[1].weight.data_ptr(),
         eps=norms[0].eps,
         formats=formats,
         qkv=qkv,

@@ -10,9 +10,10 @@ reads lives in static device buffers, refilled before each replay:
   padding: slot -1 (the KV write skips it), context 0 (attention reads nothing, writes 0),
   token 0 at position 0; their logits are dropped.
 
-The backend's graph plan (the Triton decode plan) reads only those buffers and fixes its split
-count per bucket at capture (the rule's choice at the longest context the table holds), so a
-replay needs no host value.
+The backend's graph plan (``AttentionBackend.graph_plan``; of the backends in
+``pages/backends.py``, those with ``cuda_graphs``: the Triton decode plan) reads only those
+buffers and fixes what it decides per step at capture (Triton's split count: the rule's choice
+at the longest context the table holds), so a replay needs no host value.
 Steps with a prompt chunk, or more sequences than the largest bucket, run eagerly.
 
 ``graph_factory`` makes the graph objects; on a GPU ``torch.cuda.CUDAGraph``. Tests on the CPU
@@ -27,8 +28,10 @@ from typing import Any
 
 import torch
 
+from pagedkv.model.attention_backend import AttentionBackend
 from pagedkv.model.attention_metadata import AttentionMetadata
 from pagedkv.model.kv_pool import KVCache
+from pagedkv.model.llama import CausalLM
 
 
 def batch_buckets(max_num_seqs: int) -> tuple[int, ...]:
@@ -39,13 +42,13 @@ def batch_buckets(max_num_seqs: int) -> tuple[int, ...]:
 
 
 class DecodeGraphs:
-    """Captured decode forwards of ``model`` over ``kv_caches``, each step's attention planned by
-    ``backend.graph_plan`` over the static buffers (the Triton backend's)."""
+    """Captured decode forwards of ``model`` over ``kv_caches``, each step's ops planned by
+    ``backend.graph_plan`` over the static buffers."""
 
     def __init__(
         self,
-        model: Any,  # CausalLM (not imported: llama imports this package)
-        backend: Any,  # AttentionBackend (likewise)
+        model: CausalLM,
+        backend: AttentionBackend,
         kv_caches: list[KVCache],
         block_size: int,
         max_num_seqs: int,
