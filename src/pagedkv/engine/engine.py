@@ -60,9 +60,8 @@ class LLMEngine(OfflineCalls):
         self.recorder.tier_counts = mover.counts if mover.has_tiers else None
         self._store = p.kv_store  # None without ``--kv-store``
         self.recorder.store_counters = self._store.counters if self._store else None
-        logits = self.runner.model.compute_logits
         record = StepRecord(
-            self._registry, self.scheduler, self.recorder, self.grammars, logits, p.kv_events
+            self._registry, self.scheduler, self.recorder, self.grammars, self.runner, p.kv_events
         )
         # Scheduling one step ahead (``engine/step_loop.py``): by default where the model runs
         # on a GPU, whose steps the host can then prepare while the previous one computes.

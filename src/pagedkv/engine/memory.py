@@ -151,3 +151,16 @@ def check_pool_fits(pool_bytes: int, free_bytes: int | None, device_type: str) -
         f"({format_bytes(free_bytes)}): give a smaller size",
         param="kv_cache_memory",
     )
+
+
+def check_swap_holds_a_block(
+    preemption_mode: str, swap_space_bytes: int, layout: KVLayout, block_size: int
+) -> None:
+    """``UsageError`` when swap preemption's host space cannot hold one block."""
+    block_bytes = layout.block_bytes(block_size)
+    if preemption_mode == "swap" and swap_space_bytes < block_bytes:
+        raise UsageError(
+            f"--swap-space of {swap_space_bytes} bytes holds no KV block of {block_size} "
+            f"tokens ({block_bytes} bytes each): give {block_bytes} bytes or more",
+            param="swap_space",
+        )

@@ -22,10 +22,12 @@ from pagedkv.engine.memory import (
     CPU_KV_CACHE_MEMORY_BYTES,
     check_fits_one_sequence,
     check_pool_fits,
+    check_swap_holds_a_block,
     fixed_pool_blocks,
     kv_bytes_from_card,
 )
 from pagedkv.engine.runner import ModelRunner
+from pagedkv.engine.startup_report import startup_report
 from pagedkv.errors import UsageError
 from pagedkv.kvcache.policies import Policy, get_policy
 from pagedkv.kvcache.protocol import KVAllocator
@@ -165,7 +167,7 @@ def plan_pool(config: EngineConfig, model_config: ModelConfig) -> PoolPlan:
         num_blocks = fixed_pool_blocks(memory_bytes, layout, block_size, reserved)
         pool_bytes = num_blocks * layout.block_bytes(block_size)
         check_pool_fits(pool_bytes, free_memory_bytes(placement.device), placement.device.type)
-    check_swap_space(config, layout, block_size)
+    check_swap_holds_a_block(config.preemption_mode, config.swap_space_bytes, layout, block_size)
     num_host_kv_blocks = host_tier_blocks(config, policy, layout, block_size)
     check_store_policy(config, policy)
     lines = [placement.describe(), *([placement.backend_note] if placement.backend_note else [])]
@@ -271,53 +273,3 @@ def graphs_possible(placement: Placement) -> bool:
 def graphs_wanted(config: EngineConfig, placement: Placement) -> bool:
     """``config.cuda_graphs``, or by default on wherever they can run."""
     return graphs_possible(placement) if config.cuda_graphs is None else config.cuda_graphs
-
-
-def startup_report(
-    policy: Policy,
-    resolution: BlockSizeResolution,
-    allocator: KVAllocator,
-    runner: ModelRunner,
-    layout: KVLayout,
-    max_model_len: int,
-) -> list[str]:
-    """The start-up lines. The pool is counted in *usable* blocks, the allocator's own count,
-    which every snapshot, metric and refusal message uses too; blocks the runner holds beyond
-    them (the null block that pads block tables) are named apart."""
-    usable, size = allocator.num_total_blocks, allocator.block_size
-    num_null = runner.num_blocks - usable
-    null = f" (+{num_null} null block)" if num_null == 1 else f" (+{num_null} null blocks)"
-    preset_size = policy.block_size
-    overridden = policy.allocator != "reserved" and preset_size not in (None, size)
-    override = f"; its block size {preset_size} replaced by {size}" if overridden else ""
-    return [
-        f"policy {policy.name} ({policy.description}{override})",
-        resolution.log_line(),
-        f"KV pool {usable} usable blocks x {size} tokens = {usable * size} slots"
-        f"{null if num_null else ''}, {runner.kv_cache_bytes / 2**20:.1f} MiB "
-        f"({layout.record_bytes} bytes per token); max_model_len {max_model_len}",
-        *swap_report_lines(runner),
-    ]
-
-
-def check_swap_space(config: EngineConfig, layout: KVLayout, block_size: int) -> None:
-    """``UsageError`` when swap preemption's host space cannot hold one block."""
-    block_bytes = layout.block_bytes(block_size)
-    if config.preemption_mode == "swap" and config.swap_space_bytes < block_bytes:
-        raise UsageError(
-            f"--swap-space of {config.swap_space_bytes} bytes holds no KV block of {block_size} "
-            f"tokens ({block_bytes} bytes each): give {block_bytes} bytes or more",
-            param="swap_space",
-        )
-
-
-def swap_report_lines(runner: ModelRunner) -> list[str]:
-    """The host swap pool's line, when swap preemption is on."""
-    pool = runner.swap_pool
-    if pool is None:
-        return []
-    return [
-        f"host swap pool {pool.num_blocks} blocks x {pool.block_size} tokens = "
-        f"{pool.num_blocks * pool.block_size} slots, {pool.pool_bytes / 2**20:.1f} MiB in host "
-        "memory (preemption swaps KV out, recompute when it is full)"
-    ]

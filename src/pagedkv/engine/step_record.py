@@ -6,9 +6,7 @@ to their requests (``containment.py``), the stats and the KV events."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-
-import torch
+from collections.abc import Sequence
 
 from pagedkv.engine.containment import Failures
 from pagedkv.engine.grammar import GrammarCache, GrammarError
@@ -18,7 +16,7 @@ from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.prompt_scoring import score_prompts
 from pagedkv.engine.registry import RequestRegistry
 from pagedkv.engine.requests import RequestState
-from pagedkv.engine.runner import StepOutput
+from pagedkv.engine.runner import ModelRunner, StepOutput
 from pagedkv.engine.sample_step import Draws
 from pagedkv.engine.stats import StatsRecorder
 from pagedkv.engine.timeline import NullTimeline, StepTimeline
@@ -39,11 +37,11 @@ class StepRecord:
         scheduler: Scheduler,
         recorder: StatsRecorder,
         grammars: GrammarCache,
-        compute_logits: Callable[[torch.Tensor], torch.Tensor],
+        runner: ModelRunner,
         kv_events: EngineKVEvents | None,
     ) -> None:
         self.registry, self.scheduler, self.recorder = registry, scheduler, recorder
-        self.grammars, self.compute_logits, self.kv_events = grammars, compute_logits, kv_events
+        self.grammars, self.runner, self.kv_events = grammars, runner, kv_events
         self.num_failed_requests = 0
 
     def refuse(self, refused: Sequence[Seq]) -> set[str]:
@@ -60,7 +58,8 @@ class StepRecord:
 
     def score_prompts(self, batch: ScheduledBatch, out: StepOutput) -> None:
         """Prompt logprobs of the positions ``batch`` computed (``out``: its forward's)."""
-        score_prompts(batch, out.prompt_hidden, self.compute_logits, self.registry.find)
+        logits = self.runner.model.compute_logits
+        score_prompts(batch, out.prompt_hidden, logits, self.registry.find)
 
     def finish(
         self,
