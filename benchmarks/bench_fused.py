@@ -125,7 +125,7 @@ def cases(shape: dict, tokens: int, dtype: torch.dtype, device: torch.device, se
         ),
         "rms_norm": (lambda: (norm(x),), lambda: (rms_norm(x, norm.weight, EPS),),
                      2 * tokens * hidden * elt),
-        "silu_mul": (lambda: (mlp._gated(gate_up),), lambda: (silu_mul(gate_up),),
+        "silu_mul": (lambda: (mlp.gated(gate_up),), lambda: (silu_mul(gate_up),),
                      3 * tokens * inter * elt),
         "rope_kv_write": (torch_rope, fused_rope,
                           tokens * (2 * heads + 5 * kv_heads) * dim * elt),

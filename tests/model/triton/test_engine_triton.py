@@ -10,7 +10,9 @@ import torch
 
 from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
 from pagedkv.engine.startup import build_parts
+from pagedkv.model.attention_backend import LayerOps
 from pagedkv.model.attention_metadata import AttentionMetadata
+from pagedkv.model.layers import rotated_qkv
 from pagedkv.model.triton.attention import TritonPlan
 from tests.engine.conftest import assert_no_leaks
 
@@ -163,12 +165,24 @@ def test_decode_graph_replays_equal_the_eager_step_and_padding_writes_nothing(ti
     )) is None  # a prefill chunk is no graph's step  # fmt: skip
 
 
+class OwnOps(TritonPlan):
+    """The layer's own torch ops (``LayerOps``), RoPE by torch and the K/V store by
+    ``write_kv``, attention on the same Triton kernels."""
+
+    norm, add_norm, silu_mul = LayerOps.norm, LayerOps.add_norm, LayerOps.silu_mul
+
+    def rope_attend(self, qkv, cos, sin, kv_cache, heads, scale):
+        q, k, v = rotated_qkv(qkv, cos, sin, heads)
+        self.kernels.write_kv(k, v, *kv_cache, self.slot_mapping)
+        return self.attend_stored(q, kv_cache, scale)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_fused_layer_equals_the_layers_own_ops(tiny_long_model, dtype, monkeypatch):
-    """``TritonPlan.run_layer`` (RoPE + the K/V store in one kernel; in bf16 also RMSNorm,
-    add + RMSNorm and SiLU * up in one each)
-    against the layer's torch ops calling ``attend``: the same hidden states and pool in fp32
-    (bit for bit), within bf16 rounding in bf16."""
+    """``TritonPlan``'s ops (RoPE + the K/V store in one kernel; in bf16 also RMSNorm,
+    add + RMSNorm and SiLU * up in one each) against the layer's torch ops with the K/V written
+    by ``write_kv`` and the same attention: the same hidden states and pool in fp32 (bit for
+    bit), within bf16 rounding in bf16."""
     from pagedkv.model import load_model
     from tests.model.triton.fused_support import round_bf16_to_nearest_even
 
@@ -190,9 +204,8 @@ def test_the_fused_layer_equals_the_layers_own_ops(tiny_long_model, dtype, monke
         from tests.model.helpers import page_of
 
         kv = allocate_kv_caches(page_of(config, 16, model.dtype), 8)
-        plan = TritonPlan(meta, 16, config.num_kv_heads, torch.device("cpu"), kernels)
-        if not fused:
-            monkeypatch.setattr(plan, "run_layer", lambda *args: None)
+        kind = TritonPlan if fused else OwnOps
+        plan = kind(meta, 16, config.num_kv_heads, torch.device("cpu"), kernels)
         return model(ids, pos, kv, meta, 16, plan), kv
 
     (fused, kv_fused), (own, kv_own) = forward(True), forward(False)

@@ -1,4 +1,4 @@
-"""The fused SiLU * mul against ``layers.SwiGLU``'s own activation (``_gated``: the gate is the
+"""The fused SiLU * mul against ``layers.SwiGLU``'s own activation (``gated``: the gate is the
 first half of the fused gate/up product), under the Triton interpreter on tiny shapes.
 
 Equality: the arithmetic is torch's op for op (``g / (1 + exp(-g))`` rounded to the dtype, then
@@ -40,10 +40,10 @@ class _Product(nn.Module):
 
 
 def torch_reference(gate_up: torch.Tensor) -> torch.Tensor:
-    """``layers.SwiGLU._gated`` on ``gate_up`` as if it were the gate/up projection's output."""
+    """``layers.SwiGLU.gated`` on ``gate_up`` as if it were the gate/up projection's output."""
     mlp = SwiGLU(1, gate_up.shape[1] // 2)
     mlp.gate_up_proj = _Product()
-    return mlp._gated(gate_up)
+    return mlp.gated(gate_up)
 
 
 def make_gate_up(num_tokens, inter, dtype, seed):

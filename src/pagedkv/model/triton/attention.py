@@ -116,12 +116,17 @@ class TritonPlan(LayerOps):
         scale: float,
     ) -> torch.Tensor:
         """RoPE on Q and K and the K/V store in one launch (``rope_kv_write.py``: bit-equal to
-        the torch ops it replaces, Q rotated in ``qkv``), then attention on the stored K/V:
-        prefill tiles, then decode rows."""
+        the torch ops it replaces, Q rotated in ``qkv``), then ``attend_stored``."""
+        k_cache, v_cache = kv_cache
+        q, _, _ = self.kernels.rope_write_kv(qkv, cos, sin, k_cache, v_cache, self.slot_mapping,
+                                             heads.num_heads, in_place=True)  # fmt: skip
+        return self.attend_stored(q, kv_cache, scale)
+
+    def attend_stored(self, q: torch.Tensor, kv_cache: KVCache, scale: float) -> torch.Tensor:
+        """``[T, Hq * D]`` of ``q`` ``[T, Hq, D]`` once the step's K/V are in ``kv_cache``:
+        the prefill chunks' tiles, then the decode rows."""
         k_cache, v_cache = kv_cache
         kernels = self.kernels
-        q, _, _ = kernels.rope_write_kv(qkv, cos, sin, k_cache, v_cache, self.slot_mapping,
-                                        heads.num_heads, in_place=True)  # fmt: skip
         out = None
         if self.tiles is not None:
             out = kernels.paged_prefill(
