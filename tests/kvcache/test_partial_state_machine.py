@@ -176,4 +176,3 @@ for _machine in (PartialMachine, Partial8Unit4Machine, PartialTierMachine):
 TestPartial16Unit1 = PartialMachine.TestCase
 TestPartial8Unit4 = Partial8Unit4Machine.TestCase
 TestPartialHostTier4Unit1 = PartialTierMachine.TestCase
-

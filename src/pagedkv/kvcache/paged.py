@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from pagedkv.kvcache.allocator_base import BlockTableAllocator, SeqBlocks, ceil_div
-from pagedkv.kvcache.paged_admit import admit
 from pagedkv.kvcache.block_pool import BlockPool
 from pagedkv.kvcache.events import KVEventLog
 from pagedkv.kvcache.hashing import (
@@ -27,6 +26,7 @@ from pagedkv.kvcache.hashing import (
     get_hash_fn,
     hash_blocks,
 )
+from pagedkv.kvcache.paged_admit import admit
 from pagedkv.kvcache.partial import PartialReuse, check_prefix_match_unit
 from pagedkv.kvcache.protocol import KVCacheStats, SeqLike
 from pagedkv.kvcache.tiers.chain import TierChain

@@ -40,9 +40,7 @@ def check_admission(
     return total
 
 
-def admit(
-    alloc: PagedAllocator, seq: SeqLike, num_new_tokens: int, num_cached_tokens: int
-) -> bool:
+def admit(alloc: PagedAllocator, seq: SeqLike, num_new_tokens: int, num_cached_tokens: int) -> bool:
     """Admit ``seq`` with ``num_cached_tokens`` reused and ``num_new_tokens`` to compute (the
     module docstring); False when the pool cannot hold it."""
     total = check_admission(alloc, seq, num_new_tokens, num_cached_tokens)
