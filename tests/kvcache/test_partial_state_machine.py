@@ -85,8 +85,8 @@ class PartialMachine(AllocatorMachine):
             assert self.alloc.pool.block_hashes[src] is not None, "copy from an unindexed block"
             source = self._block(src)[:n]
             assert None not in source, "a prefix copy reads slots nobody wrote yet"
-            (owner,) = [sid for sid, q in self.live.items()
-                        if dst in self.alloc.block_table(q)][:1]  # fmt: skip
+            owners = [sid for sid, q in self.live.items() if dst in self.alloc.block_table(q)]
+            owner = owners[0]  # the admitted sequence (others only share it if it filled)
             for offset, token in enumerate(source):
                 self._check_write(dst, offset, token, owner)
             self._block(dst)[:n] = source
