@@ -160,6 +160,11 @@ class PartialTierMachine(TierMachine):
         self.alloc.enable_events(self.events)
         self.held = list(self.alloc.pool.block_hashes)
 
+    @rule()
+    def reset_cache(self) -> None:  # between steps, as the engine resets it
+        self.end_step()
+        AllocatorMachine.reset_cache(self)
+
     def teardown(self) -> None:
         self.end_step()
         super().teardown()
