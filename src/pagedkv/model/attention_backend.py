@@ -1,6 +1,6 @@
 """One attention-backend interface (in the spirit of mini-sglang's ``BaseAttnBackend``):
 ``plan`` a step once, ``attend`` one layer (the new K/V written first), ``copy_blocks`` for
-copy-on-write, and a ``rule`` declaring the block sizes it accepts and why (torch-free:
+copy-on-write and partial prefix hits, and a ``rule`` declaring the block sizes it accepts and why (torch-free:
 ``pages/attention_rules.py``, which the planner's ``--backend`` reads too). Three backends
 implement it:
 
@@ -77,9 +77,17 @@ class AttentionBackend(Protocol):
         backend's steps cannot be captured."""
         ...
 
-    def copy_blocks(self, pool: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+    def copy_blocks(
+        self,
+        pool: torch.Tensor,
+        src: torch.Tensor,
+        dst: torch.Tensor,
+        num_tokens: torch.Tensor | None = None,
+    ) -> None:
         """``pool[dst[i]] = pool[src[i]]`` for one K or V pool (copy-on-write); ``src``/``dst``
-        int64 on the pool's device."""
+        int64 on the pool's device. ``num_tokens`` (int64, same device): copy only slots
+        ``[0, num_tokens[i])`` of each block, keeping the rest of ``dst[i]`` (the matched
+        tokens of a partial prefix hit, ``kvcache/partial.py``)."""
         ...
 
 
