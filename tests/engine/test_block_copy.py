@@ -19,8 +19,8 @@ from pagedkv.engine.kv.block_copy import (
 from pagedkv.engine.kv.mover import KVMover
 from pagedkv.kvcache.tiers.contract import PrefixCopy
 from pagedkv.model.kv_pool import allocate_host_kv_caches, allocate_kv_caches, copy_pool_rows
-from pagedkv.sched.batch import ScheduledBatch
 from pagedkv.pages.page_format import PageFormat
+from pagedkv.sched.batch import ScheduledBatch
 
 LAYERS, HEADS, HEAD_DIM, BLOCK_SIZE = 3, 2, 4, 5
 PAGE = PageFormat.mha(LAYERS, HEADS, HEAD_DIM, "fp32", BLOCK_SIZE)

@@ -59,7 +59,7 @@ class LLMEngine(OfflineCalls):
         # Outputs that generate() / stream() stepped past (other requests', aborts), newest per
         # request: handed to the next step() caller instead of being lost.
         self._stash: dict[str, RequestOutput] = {}
-        self.recorder = StatsRecorder(self.allocator, self.runner.swap_pool)
+        self.recorder = StatsRecorder(self.allocator, self.runner.swap_pool, self.info.record_bytes)
         mover = self.runner.mover
         self.recorder.tier_counts = mover.counts if mover.has_tiers else None
         self._store = p.kv_store  # None without ``--kv-store``
@@ -239,13 +239,20 @@ class LLMEngine(OfflineCalls):
         build ``update``'s arguments. Entries whose request failed pass no tokens."""
         tokens: list[list[int]] = []
         stopped: list[list[bool]] = []
+        copied = {c.dst_block: c.num_tokens for c in batch.prefix_copies}
+        bs = self.info.block_size
         for item, drawn in zip(batch.seqs, draws, strict=True):
             state = self._registry.find(item.seq)
             if drawn is None or state is None or item.seq.is_finished:
                 tokens.append([])
                 stopped.append([])
                 continue
-            state.note_admission(item.seq, item.prefix_hit_tokens)
+            partial = item.prefix_hit_tokens % bs  # a hit's full blocks are multiples of B
+            num_copied = 0
+            if partial and self.allocator.has_seq(item.seq):  # copied, or claimed in place
+                block = self.allocator.block_table(item.seq)[item.prefix_hit_tokens // bs]
+                num_copied = copied.get(block, 0)
+            state.note_admission(item.seq, item.prefix_hit_tokens, partial, num_copied)
             ids, logprobs, complete = drawn
             first = state.sample_index(item.seq)
             pairs = enumerate(zip(ids, logprobs, complete, strict=True))

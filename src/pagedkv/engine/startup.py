@@ -96,6 +96,8 @@ def build_parts(
     requested = max_model_len if reserved else config.block_size or policy.block_size
     resolution = resolve_block_size(requested, rule.name, layout)
     block_size = resolution.block_size
+    if not reserved:  # the prefix match unit must divide the block size the kernel took
+        policy = config.engine_policy(block_size)
     card_sized = config.kv_cache_memory_bytes is None and placement.device.type == "cuda"
     if not card_sized:  # a fixed pool is checked before the weights load
         memory_bytes = config.kv_cache_memory_bytes or CPU_KV_CACHE_MEMORY_BYTES
@@ -227,6 +229,9 @@ def startup_report(
     preset_size = policy.block_size
     overridden = policy.allocator != "reserved" and preset_size not in (None, size)
     override = f"; its block size {preset_size} replaced by {size}" if overridden else ""
+    unit = policy.prefix_match_unit
+    if unit is not None and unit < size:
+        override += f"; prefix matches in units of {unit} tokens (partial blocks reused)"
     return "\n".join(
         [
             f"pagedkv: policy {policy.name} ({policy.description}{override})",

@@ -46,7 +46,10 @@ def _block_copy_kernel(
 
 
 def copy_blocks(
-    cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, num_tokens: torch.Tensor | None = None
+    cache: torch.Tensor,
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    num_tokens: torch.Tensor | None = None,
 ) -> None:
     """cache [N, B, Hkv, D] (one layer's K or V pool): block dst[i] becomes a copy of block
     src[i] (int64 [n] each, on the cache's device); with ``num_tokens`` (int64 [n], same
