@@ -45,6 +45,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(default: skip it with a warning naming its line)",
     )  # fmt: skip
     p.add_argument("--block-sizes", default="1,8,16,32,64,128", help="candidates (tokens)")
+    p.add_argument(
+        "--prefix-match-unit", metavar="U", help="partial-block reuse: prefixes match in units "
+        "of U tokens at every B that U divides (B <= U: whole blocks), so a hit loses P mod U "
+        "tokens, not P mod B; the tokens reused out of a partial block are copied (with --gpu: "
+        "priced against recomputing them)",
+    )  # fmt: skip
     p.add_argument("--backend", default="torch-sdpa", help="attention backend (hard limits)")
     p.add_argument("--alignment-bytes", default="128", help="block base alignment reported")
     p.add_argument(
@@ -194,7 +200,13 @@ def run(args: argparse.Namespace) -> int:
         prepare_plot_path(args.plot, args.force)
     layout = _layout(args)
     workload = _workload(args)
-    decode_step_s, clock_source = _decode_clock(args, layout, workload)
+    unit = None
+    if args.prefix_match_unit is not None:
+        unit = parse_count("--prefix-match-unit", args.prefix_match_unit)
+        if unit < 1:
+            raise UsageError("--prefix-match-unit must be >= 1 token", "--prefix-match-unit")
+    decode_step_s, clock_source, cost = _decode_clock(args, layout, workload)
+    copy_s, recompute_s = (None, None) if cost is None else _copy_clocks(args, cost, workload)
     plan = build_plan(
         layout,
         workload,
@@ -205,6 +217,9 @@ def run(args: argparse.Namespace) -> int:
         alignment_bytes=max(1, parse_bytes("--alignment-bytes", args.alignment_bytes)),
         decode_step_s=decode_step_s,
         clock_source=clock_source,
+        prefix_match_unit=unit,
+        copy_s=copy_s,
+        recompute_s=recompute_s,
     )
     log_line = None
     if plan.recommended_block_size is not None:
@@ -236,7 +251,7 @@ def _decode_clock(args: argparse.Namespace, layout, workload):
     pagedkv-triton clock (CUDA graphs, as the engine runs decode); any other backend the
     vLLM-class reference clock of the GPU."""
     if args.gpu is None:
-        return None, None
+        return None, None, None
     if args.model is None:
         raise UsageError("--gpu prices the model's layers: give --model, not --record-bytes")
     from pagedkv.sched.step_shape import StepShape
@@ -254,11 +269,45 @@ def _decode_clock(args: argparse.Namespace, layout, workload):
         clock, source = engine_clock_for(gpu)
         model = ModelCost.from_shape(load_shape(args.model), layout.kv_dtype)
         engine = EngineCostModel(model, gpu, clock, cuda_graphs=True, source=source)
-        return (lambda b: engine.step_time_s(StepShape.of(batch, b))), f"{source}, CUDA graphs"
+        return (
+            (lambda b: engine.step_time_s(StepShape.of(batch, b))),
+            f"{source}, CUDA graphs",
+            engine,
+        )
     from pagedkv.sim.fitted_cost import fitted_cost_model
 
     cost = fitted_cost_model(args.model, args.gpu, kv_dtype=layout.kv_dtype)
-    return (lambda b: cost.step_time_s(StepShape.of(batch, b))), cost.source
+    return (lambda b: cost.step_time_s(StepShape.of(batch, b))), cost.source, cost
+
+
+# The prompt tokens after the hit that its prefill computes anyway (assumed: a short turn).
+_SUFFIX_TOKENS = 256
+
+
+def _copy_clocks(args: argparse.Namespace, cost, workload):
+    """With --gpu: (bytes -> seconds of a partial hit's copy in the GPU's memory, the
+    simulator's ``DeviceCopy``; (B, tokens) -> seconds to recompute those tokens instead: what
+    they add to a prefill chunk of ``_SUFFIX_TOKENS`` more at the median prefix, on the same
+    clock as the decode step)."""
+    import statistics
+
+    from pagedkv.sched.step_shape import StepShape
+    from pagedkv.sim.gpus import get_gpu
+    from pagedkv.sim.links import device_copy
+
+    gpu = get_gpu(args.gpu)
+    copier = device_copy(gpu.name, gpu.mem_bandwidth_bytes_per_s, cost.model.num_layers)
+    prefixes = workload.prefix_lens_tokens
+    context = int(statistics.median(prefixes)) if prefixes else 0
+
+    def recompute_s(block_size: int, tokens: float) -> float:
+        start = max(0, context - max(1, round(tokens)))  # the hit ends here instead
+        more = StepShape.of([(start, context - start + _SUFFIX_TOKENS)], block_size)
+        return cost.step_time_s(more) - cost.step_time_s(
+            StepShape.of([(context, _SUFFIX_TOKENS)], block_size)
+        )
+
+    return copier.time_s, recompute_s
 
 
 def _save_plot(plan, path: str) -> None:

@@ -31,6 +31,24 @@ def _int_list(option: str, text: str | None) -> tuple[int, ...]:
     return values
 
 
+def _units(text: str | None) -> tuple[int | None, ...]:
+    """``--prefix-match-unit U[,U]``: whole numbers >= 1, or B (whole blocks)."""
+    if text is None:
+        return ()
+    units: list[int | None] = []
+    for part in (p.strip() for p in text.split(",")):
+        if part.upper() == "B":
+            units.append(None)
+        elif part.isdecimal() and int(part) >= 1:
+            units.append(int(part))
+        else:
+            raise UsageError(
+                f"--prefix-match-unit: expected whole numbers >= 1 or B, got {text!r}",
+                "--prefix-match-unit",
+            )
+    return tuple(units)
+
+
 def validate(a: argparse.Namespace) -> SimulateConfig:
     """The flags as a validated ``SimulateConfig`` (UsageError naming the flag otherwise)."""
     from pagedkv.sim.scenario import SimulateConfig
@@ -67,6 +85,7 @@ def validate(a: argparse.Namespace) -> SimulateConfig:
         preemption=a.preemption,
         policies=policies,
         block_sizes=_int_list("--block-sizes", a.block_sizes),
+        prefix_match_units=_units(a.prefix_match_unit),
         max_requests=parse_count("--max-requests", a.max_requests) if a.max_requests else None,
         strict=a.strict,
         rate_scale=parse_number("--rate-scale", a.rate_scale, minimum=1e-9),
@@ -178,6 +197,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(paged:32, paged-nocache:16, radix:1)",
     )
     pol.add_argument("--block-sizes", metavar="B,B", help="run each paged/radix policy at each")
+    pol.add_argument(
+        "--prefix-match-unit",
+        metavar="U[,U]",
+        help="run each policy with a prefix cache matching prefixes in units of U tokens, once "
+        "per U (B: whole blocks); U must divide the block size. Below it a hit may end inside "
+        "a block, whose matched slots are copied (priced on the GPU's memory) or claimed",
+    )
     rt = p.add_argument_group("replicas and routing")
     rt.add_argument(
         "--replicas", default="1", metavar="N", help="N engines, each with its own scheduler "

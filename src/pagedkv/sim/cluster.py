@@ -36,7 +36,7 @@ from pagedkv.kvcache.policies import Policy
 from pagedkv.routing import PrefixIndex, ReplicaLoad, build_policy, prompt_block_hashes
 from pagedkv.sched import SchedulerConfig
 from pagedkv.sim.cost_model import CostModel
-from pagedkv.sim.links import Link
+from pagedkv.sim.links import DeviceCopy, Link
 from pagedkv.sim.metrics import RequestRecord
 from pagedkv.sim.replica import ProgressFn, Replica, RunResult
 from pagedkv.traces import TraceRequest, segment_tokens
@@ -93,6 +93,7 @@ class Cluster:
         link: Link | None = None,
         kv_record_bytes: int = 0,
         transfers_per_block: int = 1,
+        device_copy: DeviceCopy | None = None,
     ) -> None:
         if isinstance(num_replicas, bool) or not isinstance(num_replicas, int) or num_replicas < 1:
             raise UsageError(f"replicas must be an integer >= 1, got {num_replicas!r}")
@@ -115,6 +116,7 @@ class Cluster:
                 kv_record_bytes=kv_record_bytes,
                 transfers_per_block=transfers_per_block,
                 events=events,
+                device_copy=device_copy,
             )  # fmt: skip
             for _ in range(num_replicas)
         ]
