@@ -65,19 +65,36 @@ def reference(tiny_long):
     return {name: _tokens(engine, [p])[0] for name, p in (("A", A), ("B", B_))}
 
 
-def test_one_after_the_other_the_block_is_claimed_and_the_text_is_the_reference(
+def test_one_after_the_other_a_prefix_ending_inside_a_block_is_reused_to_the_token(
     tiny_long, reference
 ):
     engine = _engine(tiny_long, block_size=B, prefix_match_unit=1)
     assert _tokens(engine, [A]) == [reference["A"]]
     (out,) = engine.generate([B_], GREEDY)
     assert [_sample(c) for c in out.outputs] == reference["B"]
-    # Reused to the token: the 37 shared tokens, 5 of them from inside the third block.
+    # Reused to the token: the 37 shared tokens, 5 of them from inside the third block, copied
+    # (A's third block is no leaf: A's kept partial tail follows it).
     assert out.num_cached_tokens == len(STEM)
-    assert out.num_partial_cached_tokens == len(STEM) % B
-    s = engine.allocator.stats()
-    assert s.num_partial_claims == 1 and s.partial_copied_tokens == 0  # A's block was unused
+    assert out.num_partial_cached_tokens == out.num_prefix_copied_tokens == len(STEM) % B
+    assert_no_leaks(engine)
+
+
+def test_a_follow_up_turn_claims_the_previous_turns_partial_tail(tiny_long, reference):
+    """The next turn of A's conversation (A, its answer, new text) reuses A's last block, only
+    partly filled when A finished: claimed in place, nothing copied, all but A's last token
+    (whose KV was never computed) reused."""
+    engine = _engine(tiny_long, block_size=B, prefix_match_unit=1)
+    (first,) = engine.generate([A], GREEDY)
+    answer = first.outputs[0].token_ids
+    follow_up = A + answer + [9, 8, 7]
+    want = _tokens(_engine(tiny_long, policy=f"paged-nocache:{B}"), [follow_up])
+    (out,) = engine.generate([follow_up], GREEDY)
+    assert [_sample(c) for c in out.outputs] == want[0]
+    assert out.num_cached_tokens == len(A) + len(answer) - 1
+    assert out.num_partial_cached_tokens == out.num_cached_tokens % B > 0
     assert out.num_prefix_copied_tokens == 0
+    s = engine.allocator.stats()
+    assert s.num_partial_claims == 1 and s.partial_copied_tokens == 0
     assert_no_leaks(engine)
 
 

@@ -53,8 +53,8 @@ class PagedAllocator(BlockTableAllocator):
         if unit < block_size and not prefix_caching:
             raise ValueError("a prefix match unit below the block size needs prefix caching")
         self.prefix_match_unit = unit
-        self.partial = PartialReuse(self.pool, unit) if unit < block_size else None
         self._hash_fn = get_hash_fn(hash_algorithm)
+        self.partial = PartialReuse(self.pool, unit, self._hash_fn) if unit < block_size else None
         self._roots = RootHashes(self._hash_fn)  # the parent hash of block 0, per tenant
         # The hashes computed by the last match_prefix, reused by the admission right after it.
         self._last_match: tuple[int, int, HashExtraKeys, list[BlockHash]] | None = None
@@ -67,9 +67,15 @@ class PagedAllocator(BlockTableAllocator):
         if not self.prefix_caching:
             raise ValueError("lower KV tiers need prefix caching (they are keyed by block hash)")
         self.tiers = TierChain(tiers)
-        self.pool.on_evict = self.tiers.evicted
+        self.pool.on_evict = self.tiers.evicted if self.partial is None else self._evicted
         if self.events is not None:
             self.tiers.enable_events(self.events, self._block_size)
+
+    def _evicted(self, block_id: int, block_hash: BlockHash) -> None:
+        """The pool evicts a block: offered to the tiers unless it is a kept partial tail."""
+        assert self.tiers is not None and self.partial is not None
+        if self.partial.offered(block_hash):
+            self.tiers.evicted(block_id, block_hash)
 
     def drain_tier_orders(self) -> TierOrders:
         orders = self.tiers.drain() if self.tiers is not None else NO_TIER_ORDERS
@@ -211,8 +217,13 @@ class PagedAllocator(BlockTableAllocator):
     def free(self, seq: SeqLike, preempted: bool = False) -> None:
         st = self._pop(seq, preempted)
         # Tail first, so that the tail is evicted before the head. Exactly the first
-        # len(block_hashes) blocks hold a hash (checked by check_invariants).
-        self.pool.release_table(st.block_ids, len(st.block_hashes))
+        # len(block_hashes) blocks hold a hash (checked by check_invariants), and a partly
+        # filled tail kept for partial reuse holds its key.
+        num_hashed = len(st.block_hashes)
+        if self.partial is not None:
+            root = self._roots(seq.extra_keys)
+            num_hashed += self.partial.keep_tail(seq, st, root, self.events)
+        self.pool.release_table(st.block_ids, num_hashed)
 
     def fork(self, parent: SeqLike, child: SeqLike) -> list[tuple[int, int]] | None:
         st = self._check_fork(parent, child)

@@ -3,11 +3,11 @@
 With whole-block reuse (``U = B``, the default) every shared prefix loses its last partial
 block: up to ``B - 1`` tokens are recomputed per hit, the first article's third ledger. With a
 prefix-match unit ``U`` dividing ``B``, ``PagedAllocator.match_prefix`` continues where the
-block chain (device, then lower tiers) stops: among the cached full blocks that follow the last
+block chain (device, then lower tiers) stops: among the indexed blocks that follow the last
 matched block, it finds the one sharing the most leading tokens with the prompt's next block,
 rounded down to a multiple of ``U``. The admission then
 
-* **claims that block in place** when nothing else references it and no cached block follows
+* **claims that block in place** when nothing else references it and no indexed block follows
   it (an unused leaf, TensorRT-LLM's rule): the block loses its hash, as if evicted (offered to
   the host tier, a removal event), keeps its first ``m`` slots and the forward pass overwrites
   the rest;
@@ -17,15 +17,21 @@ rounded down to a multiple of ``U``. The admission then
 
 Either way the ``m`` tokens count as a prefix hit, and the rest of the block is computed.
 
-**The index: a per-block token trie, flattened.** For each parent hash (the chained hash of a
-block, or a tenant's root) the index keeps the token ids of the cached full blocks that follow
-it, as byte strings in sorted order. The string sharing the longest prefix with a query is one
-of the query's two neighbours in that order, so a lookup is one ``bisect`` and two
-binary-searched comparisons: O(log children + log B), whatever ``U``. Chosen over chained
+The indexed blocks are the cached full blocks and, as TensorRT-LLM keeps them, the **partly
+filled last blocks of freed sequences** (``keep_tail``): a conversation's next turn repeats the
+previous turn's prompt and answer, whose KV ends inside that block. A kept tail is a cached
+block under a key no block chain holds (hash of parent, tokens and a mark), evicted like any
+other, never offered to a lower tier, and only ever claimed (nothing else holds it).
+
+**The index: a per-block token trie, flattened** (``sibling_index.py``). For each parent hash
+(the chained hash of a block, or a tenant's root) it keeps the token ids of the indexed blocks
+that follow it, as byte strings in sorted order; a lookup is one ``bisect`` and two
+binary-searched comparisons, O(log children + log B), whatever ``U``. Chosen over chained
 hashes per unit because those cost ``B / U`` hashes and index entries per block (128 per
-block at ``U = 1``, ``B = 128``) on every prompt, whereas this index costs one entry of ``4B``
-bytes per cached block, is touched only where a match stops, and answers every ``U`` at once.
-The block-chain hashes, their index and their events stay exactly those of ``U = B``.
+block at ``U = 1``, ``B = 128``) on every prompt, whereas this index costs one entry of at most
+``4B`` bytes per indexed block, is touched only where a match stops, answers every ``U`` at
+once, and takes a partly filled tail as it is. The block-chain hashes, their index and their
+events stay exactly those of ``U = B``.
 
 **What is never reused partially.** A block computed in the current step (its KV is written by
 the forward pass, after the step's copies): ``fresh`` blocks are not sources until the next
@@ -36,91 +42,16 @@ and a prompt block with spans. Lower tiers (host, store) return whole blocks onl
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from pagedkv.kvcache.allocator_base import SeqBlocks
 from pagedkv.kvcache.block_pool import BlockPool
-from pagedkv.kvcache.hashing import BlockHash, HashExtraKeys, token_bytes
+from pagedkv.kvcache.events import KVEventLog
+from pagedkv.kvcache.hashing import BlockHash, HashExtraKeys, HashFn, token_bytes
 from pagedkv.kvcache.protocol import KVCacheStats, SeqLike
+from pagedkv.kvcache.sibling_index import SiblingIndex
 from pagedkv.kvcache.tiers.contract import PrefixCopy
-
-_TOKEN_BYTES = 4  # ``hashing.token_bytes``: little-endian uint32
-
-
-def common_prefix_tokens(a: bytes, b: bytes) -> int:
-    """Leading tokens two serialised token strings share (binary search on slice equality:
-    O(log n) C-level comparisons)."""
-    n = min(len(a), len(b)) // _TOKEN_BYTES
-    if a[: n * _TOKEN_BYTES] == b[: n * _TOKEN_BYTES]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi], in tokens
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[: mid * _TOKEN_BYTES] == b[: mid * _TOKEN_BYTES]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
-class SiblingIndex:
-    """Parent hash -> ``(token bytes, child hash)`` of its indexed children, sorted."""
-
-    def __init__(self) -> None:
-        self._children: dict[BlockHash, list[tuple[bytes, BlockHash]]] = {}
-        self._parent_of: dict[BlockHash, tuple[BlockHash, bytes]] = {}
-
-    def __len__(self) -> int:
-        return len(self._parent_of)
-
-    def __contains__(self, child: BlockHash) -> bool:
-        return child in self._parent_of
-
-    def add(self, parent: BlockHash, child: BlockHash, tokens: bytes) -> None:
-        """Index ``child`` (a full block's hash) under ``parent``; idempotent."""
-        if child in self._parent_of:
-            return
-        self._parent_of[child] = (parent, tokens)
-        insort(self._children.setdefault(parent, []), (tokens, child))
-
-    def remove(self, child: BlockHash) -> None:
-        """Forget ``child`` (no-op for a hash never added)."""
-        entry = self._parent_of.pop(child, None)
-        if entry is None:
-            return
-        parent, tokens = entry
-        siblings = self._children[parent]
-        del siblings[bisect_left(siblings, (tokens, child))]
-        if not siblings:
-            del self._children[parent]
-
-    def has_children(self, parent: BlockHash) -> bool:
-        return parent in self._children
-
-    def candidates(self, parent: BlockHash, query: bytes) -> list[tuple[int, BlockHash]]:
-        """``(shared tokens, child)`` of the (at most two) children next to ``query`` in sorted
-        order, most shared first; one of them shares the most tokens of any child."""
-        siblings = self._children.get(parent)
-        if not siblings:
-            return []
-        i = bisect_left(siblings, (query,))
-        out = [
-            (common_prefix_tokens(siblings[j][0], query), siblings[j][1])
-            for j in (i - 1, i)
-            if 0 <= j < len(siblings)
-        ]
-        return sorted((c for c in out if c[0] > 0), reverse=True)
-
-    def check_invariants(self, indexed: set[BlockHash] | dict[BlockHash, int]) -> None:
-        count = 0
-        for parent, siblings in self._children.items():
-            assert siblings == sorted(siblings), f"children of {parent.hex()[:8]} unsorted"
-            for tokens, child in siblings:
-                assert self._parent_of[child] == (parent, tokens), "sibling entry drifted"
-                assert child in indexed, "a partial-match entry outlives its block's hash"
-            count += len(siblings)
-        assert count == len(self._parent_of), "sibling entries counted twice"
 
 
 @dataclass
@@ -149,7 +80,9 @@ class PartialReuse:
 
     pool: BlockPool
     unit: int  # tokens; divides pool.block_size and is below it
+    hash_fn: HashFn
     index: SiblingIndex = field(default_factory=SiblingIndex)
+    tails: set[BlockHash] = field(default_factory=set)  # the kept tails' keys (see keep_tail)
     counters: PartialCounters = field(default_factory=PartialCounters)
     fresh: set[int] = field(default_factory=set)  # blocks hashed this step (KV not yet written)
     pins: list[int] = field(default_factory=list)  # copy sources held until the step ends
@@ -157,7 +90,42 @@ class PartialReuse:
     plan: _Plan | None = None
 
     def __post_init__(self) -> None:
-        self.pool.on_unindex = self.index.remove
+        self.pool.on_unindex = self._unindexed
+
+    def _unindexed(self, block_hash: BlockHash) -> None:
+        self.index.remove(block_hash)
+        self.tails.discard(block_hash)
+
+    def keep_tail(
+        self, seq: SeqLike, st: SeqBlocks, root: BlockHash, events: KVEventLog | None
+    ) -> bool:
+        """``seq`` is being freed: keep its partly filled last block reusable. It is indexed
+        (and cached, evictable like any cached block) under a key of its own, the hash of its
+        parent, its known tokens and ``_TAIL_MARK``, which no full block's chain ever holds,
+        so only a partial match finds it (and always claims it: no one else holds it). Not
+        offered to lower tiers (``offered``). True when kept: the block now holds that key."""
+        bs, num_full = self.pool.block_size, len(st.block_hashes)
+        start, end = num_full * bs, min(st.num_tokens, seq.num_known_tokens)
+        tail = st.block_ids[-1]
+        one_partial_tail = len(st.block_ids) == num_full + 1 and end - start >= self.unit
+        if not one_partial_tail or self.pool.ref_counts[tail] != 1:
+            return False
+        if _has_spans(seq.extra_keys, start, end):
+            return False
+        parent = st.block_hashes[-1] if num_full else root
+        tokens = token_bytes(seq.token_ids[start:end])
+        key = self.hash_fn(parent + tokens + _TAIL_MARK)
+        if self.pool.set_hash(tail, key) and events is not None:  # new to the index
+            event_parent = st.block_hashes[-1] if num_full else None
+            events.stored([key], event_parent, bs, seq.extra_keys.lora_id)
+        self.index.add(parent, key, tokens)
+        self.tails.add(key)
+        return True
+
+    def offered(self, block_hash: BlockHash) -> bool:
+        """Whether an evicted block's hash may go to a lower tier (a kept tail's key may not:
+        the tiers serve whole blocks of a chain)."""
+        return block_hash not in self.tails
 
     def hashed(
         self,
@@ -272,6 +240,11 @@ class PartialReuse:
         self.fresh.clear()
         self.plan = None
         return out
+
+
+# Ends a kept tail's key (``keep_tail``): a full block's hash input ends with its token bytes
+# (a multiple of 4) or multimodal spans, never with this.
+_TAIL_MARK = b"\x00pagedkv-partial-tail"
 
 
 def _has_spans(extra: HashExtraKeys, start: int, end: int) -> bool:
