@@ -108,9 +108,12 @@ class PagedAllocator(BlockTableAllocator):
         block 0)."""
         set_hash = self.pool.set_hash
         is_new = [set_hash(b, h) for b, h in zip(block_ids, hashes, strict=True)]
-        extra = seq.extra_keys
-        if self.events is not None:
-            self.events.stored_new(hashes, is_new, parent, self._block_size, extra.lora_id)
+        extra, bs = seq.extra_keys, self._block_size
+        if self.events is not None:  # with partial reuse, the blocks' tokens too (events.py)
+            tokens = None
+            if self.partial is not None:
+                tokens = seq.token_ids[first_block * bs : (first_block + len(hashes)) * bs]
+            self.events.stored_new(hashes, is_new, parent, bs, extra.lora_id, tokens)
         if self.partial is not None:
             root = parent if parent is not None else self._roots(extra)
             self.partial.hashed(block_ids, hashes, root, seq.token_ids, first_block, extra)

@@ -117,7 +117,8 @@ class PartialReuse:
         key = self.hash_fn(parent + tokens + _TAIL_MARK)
         if self.pool.set_hash(tail, key) and events is not None:  # new to the index
             event_parent = st.block_hashes[-1] if num_full else None
-            events.stored([key], event_parent, bs, seq.extra_keys.lora_id)
+            lora, tail_tokens = seq.extra_keys.lora_id, seq.token_ids[start:end]
+            events.stored([key], event_parent, bs, lora, token_ids=tail_tokens)
         self.index.add(parent, key, tokens)
         self.tails.add(key)
         return True

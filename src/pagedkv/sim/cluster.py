@@ -125,6 +125,15 @@ class Cluster:
         self.progress = progress
         self.check_invariants = check_invariants
 
+    def _matched(self, tokens: Sequence[int], block_size: int) -> dict[str, int]:
+        """Replica -> its cached prefix of ``tokens`` for the router: whole blocks, or tokens
+        when the replicas reuse partial blocks (their events carry token ids)."""
+        hashes = prompt_block_hashes(tokens, block_size)
+        unit = self.policy.prefix_match_unit
+        if unit is None or unit >= block_size:
+            return self.index.match(hashes)
+        return self.index.match_tokens(hashes, tokens, block_size)
+
     def run(self) -> ClusterResult:
         """Replay every request once (build a new ``Cluster`` for another run)."""
         wall_start = time.perf_counter()
@@ -148,9 +157,7 @@ class Cluster:
                 i, req = next_req, reqs[next_req]
                 next_req += 1
                 tokens = segment_tokens(req.prompt)
-                matched = (
-                    index.match(prompt_block_hashes(tokens, block_size)) if self.use_index else {}
-                )
+                matched = self._matched(tokens, block_size) if self.use_index else {}
                 loads = [
                     ReplicaLoad(
                         name, rep.scheduler.num_running + rep.scheduler.num_waiting + len(p)
