@@ -46,11 +46,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     p.add_argument("--block-sizes", default="1,8,16,32,64,128", help="candidates (tokens)")
     p.add_argument(
-        "--prefix-match-unit", metavar="U", help="partial-block reuse: prefixes match in units "
-        "of U tokens at every B that U divides (B <= U: whole blocks), so a hit loses P mod U "
-        "tokens, not P mod B; the tokens reused out of a partial block are copied (with --gpu: "
-        "priced against recomputing them)",
-    )  # fmt: skip
+        "--prefix-match-unit",
+        metavar="U",
+        help="partial-block reuse: prefixes match in units of U tokens at every B that U "
+        "divides (B <= U: whole blocks), so a hit loses P mod U tokens, not P mod B; the tokens "
+        "reused out of a partial block are copied (with --gpu: priced against recomputing them)",
+    )
     p.add_argument("--backend", default="torch-sdpa", help="attention backend (hard limits)")
     p.add_argument("--alignment-bytes", default="128", help="block base alignment reported")
     p.add_argument(
