@@ -63,3 +63,22 @@ def test_simulate_refuses_a_unit_in_one_line(flags, message, capsys):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
+
+
+def test_generate_json_splits_the_cached_tokens(tmp_path, capsys):
+    """One request after the other (one running at a time): the second's 38 cached tokens
+    (BOS + 37 shared characters) are 32 of two whole blocks and 6 of a third, copied."""
+    import json
+
+    from tests.model.tiny import make_tiny_model
+
+    make_tiny_model("llama", tmp_path)
+    stem = "the quick brown fox jumps over a lazy"
+    prompts = [stem + " dog and runs away quickly", stem + " cat sat"]
+    flags = ["--block-size", "16", "--prefix-match-unit", "1", "--max-num-seqs", "1"]
+    argv = ["generate", "--model", str(tmp_path), "--json", "--max-tokens", "3", *flags, *prompts]
+    assert cli.main(argv) == 0
+    first, second = (json.loads(line) for line in capsys.readouterr().out.splitlines())
+    assert (first["cached_tokens"], first["partial_cached_tokens"]) == (0, 0)
+    assert (second["cached_tokens"], second["partial_cached_tokens"]) == (38, 6)
+    assert second["prefix_copied_bytes"] == 6 * 512  # the tiny model: 512 bytes a token
