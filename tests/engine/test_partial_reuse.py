@@ -98,10 +98,14 @@ def test_a_follow_up_turn_claims_the_previous_turns_partial_tail(tiny_long, refe
     assert_no_leaks(engine)
 
 
+@pytest.mark.parametrize("ahead", [False, True], ids=["sync", "one-step-ahead"])
 def test_at_the_same_time_the_block_is_copied_and_both_texts_are_the_reference(
-    tiny_long, reference
+    tiny_long, reference, ahead
 ):
-    engine = _engine(tiny_long, block_size=B, prefix_match_unit=1)
+    """B arrives while A decodes: A's third block is in use, so B's 5 tokens of it are copied
+    before B's forward pass; scheduling one step ahead too (the copy of step N + 1 still runs
+    after step N's forward pass wrote its source)."""
+    engine = _engine(tiny_long, block_size=B, prefix_match_unit=1, async_scheduling=ahead)
     engine.add_request(A, GREEDY, request_id="a")
     engine.step()  # A's prompt is computed; it decodes on while B arrives
     engine.add_request(B_, GREEDY, request_id="b")
