@@ -5,11 +5,15 @@
   beside U = 1: the Mooncake conversation trace (``--sim-requests`` of it), whose shared prefixes
   are its 512-token hash blocks, and a synthetic workload of a shared 300-token system prompt
   and 3-turn conversations (lengths that are no multiple of anything);
-* ``engine``: the same counts from the real engine beside the simulator on a slice of each
-  (requests arriving at once, the same scheduler limits and pool in blocks, so the schedules
-  are the same and any difference is a bug). The engine runs a tiny random Llama with a
-  vocabulary large enough to give every distinct token of the slice its own id (the counts are
-  the scheduler's and the allocator's, not the model's);
+* ``engine``: the same counts from the real engine beside the simulator on a slice of each,
+  the engine replayed on the simulator's clock (every step costs ``STEP_S``, requests join at
+  step boundaries once arrived), with the same scheduler limits and pool in blocks: the same
+  schedule. It runs a tiny random Llama whose vocabulary gives every distinct token of the
+  slice its own id and which samples only ids no prompt holds, like the simulator's answers
+  (the counts are the scheduler's and the allocator's, not the model's). With whole blocks any
+  difference would be a bug; with U = 1 a tie between cached blocks sharing the longest prefix
+  is broken by the tokens after it (the engine's answers, the simulator's fresh ids), so one
+  side may claim a block the other copies, and the caches drift apart a little;
 * ``copy``: the CPU cost of a partial copy per block against recomputing its tokens, on the
   embedded SmolLM2-135M (fp32): the copy of B - 1 slots of every layer (the mover's own path,
   the native backend's block copy), and the time-to-first-token of one request whose hit ends
@@ -19,7 +23,7 @@
 
     python benchmarks/bench_partial_reuse.py [--sections sim,engine,copy,plan] [--repeats 7]
 
-Writes results/bench_partial_reuse.json and prints markdown tables (docs/prefix_cache.md).
+Writes results/bench_partial_reuse.json (``--out``); the numbers are in docs/partial_reuse.md.
 """
 
 from __future__ import annotations
@@ -140,7 +144,7 @@ def slices(args: argparse.Namespace) -> dict[str, list[TraceRequest]]:
 
 
 def replay_engine(
-    engine, prompts: list[list[int]], reqs: list[TraceRequest], step_s: float
+    engine, prompts: list[list[int]], reqs: list[TraceRequest], step_s: float, fresh_base: int
 ) -> None:
     """The requests through ``engine`` on the simulator's clock (``LinearCostModel(step_s)``:
     every step that runs a batch costs ``step_s``): before each step every request that has
@@ -159,11 +163,18 @@ def replay_engine(
         before = recorder.num_steps
         for out in engine.step():
             assert out.error is None, out.error
+            assert min(out.outputs[0].token_ids, default=fresh_base) >= fresh_base
         now += step_s if recorder.num_steps > before else 0.0
 
 
-def tiny_model(folder: Path, vocab_size: int, context: int):
-    """A tiny random Llama (2 layers, hidden 32) whose vocabulary holds ``vocab_size`` ids."""
+FRESH_IDS = 1024  # ids above the prompts' the tiny model's samples come from
+
+
+def tiny_model(folder: Path, num_prompt_ids: int, context: int):
+    """A tiny random Llama (2 layers, hidden 32) with ``num_prompt_ids`` ids for the prompts'
+    tokens and ``FRESH_IDS`` above them, the only ones it samples (their output rows are zero,
+    the others random): like the simulator's fresh answer tokens, an answer never repeats a
+    prompt's token, so a block holding one matches no prompt."""
     import torch
     import transformers
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -172,18 +183,22 @@ def tiny_model(folder: Path, vocab_size: int, context: int):
 
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
-        vocab_size=vocab_size,
+        vocab_size=num_prompt_ids + FRESH_IDS,
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=2,
         num_attention_heads=2,
         num_key_value_heads=1,
         max_position_embeddings=context,
-        tie_word_embeddings=True,
+        tie_word_embeddings=False,
         bos_token_id=0,
         eos_token_id=1,
     )
-    transformers.LlamaForCausalLM(config).float().save_pretrained(folder)
+    model = transformers.LlamaForCausalLM(config).float()
+    with torch.no_grad():
+        model.lm_head.weight[:num_prompt_ids] = 0.0  # logit 0, below the best fresh id's
+        model.lm_head.weight[num_prompt_ids:].normal_(0.0, 1.0)
+    model.save_pretrained(folder)
     tok = Tokenizer(models.WordLevel({"<s>": 0, "</s>": 1, "[UNK]": 2}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.save(str(folder / "tokenizer.json"))
@@ -202,6 +217,7 @@ def engine_section(args: argparse.Namespace) -> dict:
     remap = {t: i + 3 for i, t in enumerate(ids)}  # one id each: equal tokens stay equal
     with tempfile.TemporaryDirectory() as folder:
         loaded = tiny_model(Path(folder), len(ids) + 3, args.engine_context)
+    fresh_base = len(ids) + 3
     record_bytes = 2 * 2 * 1 * 16 * 4  # layers x (K, V) x KV heads x head dim x fp32
     out = {}
     for name, reqs in work.items():
@@ -223,7 +239,7 @@ def engine_section(args: argparse.Namespace) -> dict:
                     **limits,
                 )
                 engine = LLMEngine(config, parts=build_parts(config, loaded))
-                replay_engine(engine, prompts, reqs, STEP_S)
+                replay_engine(engine, prompts, reqs, STEP_S, fresh_base)
                 e = engine.allocator.stats()
                 sim = Simulation(
                     reqs,
