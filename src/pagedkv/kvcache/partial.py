@@ -252,11 +252,12 @@ def _has_spans(extra: HashExtraKeys, start: int, end: int) -> bool:
     return any(s.offset < end and s.offset + s.length > start for s in extra.mm_spans)
 
 
-def check_prefix_match_unit(unit: int, block_size: int) -> None:
-    """ValueError unless ``unit`` is a whole number of tokens >= 1 dividing ``block_size``."""
+def check_prefix_match_unit(unit: int, block_size: int | None = None) -> None:
+    """ValueError unless ``unit`` is a whole number of tokens >= 1 (dividing ``block_size``
+    when given)."""
     if isinstance(unit, bool) or not isinstance(unit, int) or unit < 1:
         raise ValueError(f"the prefix match unit must be an integer >= 1 token, got {unit!r}")
-    if block_size % unit:
+    if block_size is not None and block_size % unit:
         raise ValueError(
             f"the prefix match unit ({unit} tokens) must divide the block size ({block_size})"
         )

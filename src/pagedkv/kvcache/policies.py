@@ -44,7 +44,7 @@ class Policy:
         if self.prefix_match_unit is not None:
             if not self.prefix_caching or self.allocator == "reserved":
                 raise ValueError(f"policy {self.name} has no prefix cache to match prefixes in")
-            check_prefix_match_unit(self.prefix_match_unit, self.prefix_match_unit)
+            check_prefix_match_unit(self.prefix_match_unit)  # its block size: unit_problem
 
     def unit_problem(self, block_size: int | None = None) -> str | None:
         """Why this policy cannot match prefixes in its unit at ``block_size`` (None: its
@@ -61,11 +61,6 @@ class Policy:
                 "use page 1 (sglang, radix:1)"
             )
         return None
-
-    @property
-    def match_unit(self) -> int | None:
-        """Tokens a prefix match counts in: ``prefix_match_unit``, else the block size."""
-        return self.prefix_match_unit or self.block_size
 
     def with_block_size(self, block_size: int | None) -> Policy:
         """The same policy at another block size (``None`` keeps the preset's)."""
