@@ -22,7 +22,9 @@ Fields (times in simulated seconds unless the name says otherwise):
   ``wall_time_s`` (real replay time);
 * with a prefix match unit below the block size (partial-block reuse, ``kvcache/partial.py``)
   only: ``prefix_match_unit``, ``partial_hits`` (admissions whose hit ended inside a block),
-  ``partial_hit_tokens`` (of ``prefix_hit_tokens``, those in such blocks), ``partial_claims``
+  ``partial_hit_tokens`` (the tokens of those blocks; counted over every admission, so a
+  preempted sequence re-admitted onto its own kept tail counts here and not in
+  ``prefix_hit_tokens``, which counts first admissions), ``partial_claims``
   (blocks claimed in place), ``prefix_copy_bytes`` and ``prefix_copy_time_s`` (the other
   blocks' matched slots copied, and the simulated seconds that took on the clock).
 """
