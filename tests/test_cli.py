@@ -201,3 +201,62 @@ def test_profile_quick_never_overrides_a_flag_the_user_gave():
     full = _plan(parse(["profile", "--steps", "4"]))
     assert full.steps_per_point == 4 and full.block_sizes == (16, 64)
     assert DEFAULT_GRID["block_sizes"] == "16,64"
+
+
+# Issue 53's CLI cases: each was a traceback, an allocator's error (exit 1), a silent exit 0 or a
+# message naming an internal field.
+@pytest.fixture
+def bad_json_files(tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)  # RecursionError in json.loads
+    null_meta = tmp_path / "null_meta.json"
+    null_meta.write_text('{"meta": null, "sections": {}}')
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["calibrate", "--from-gpu-check", "{d}/deep.json", "-o", "{d}/x.json"],
+         "it nests too deep"),
+        (["simulate", "--clock", "{d}/deep.json", "--synthetic", "requests=5"],
+         "it nests too deep"),
+        (["calibrate", "--from-gpu-check", "{d}/null_meta.json", "-o", "{d}/x.json"],
+         "no GPU preset"),
+        (["simulate", "--synthetic", "requests=5", "--clock", "vllm-class", "--cuda-graphs", "on"],
+         "--cuda-graphs applies to a pagedkv-triton clock only"),
+        (["profile", "--requests", "5", "-o", "{d}/p.json"], "--requests applies to --timeline only"),
+        (["serve", "--kv-cache-memory", "0"], "--kv-cache-memory must be at least 1 B"),
+    ],
+)  # fmt: skip
+def test_bad_files_and_flags_are_one_line_and_exit_2(
+    no_model_load, bad_json_files, capsys, argv, words
+):
+    argv = [a.format(d=bad_json_files) for a in argv]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"pagedkv {argv[0]}: error: ") and words in err, err
+    assert err.count("\n") == 1
+
+
+def test_a_pool_larger_than_the_host_is_a_usage_error(tmp_path, capsys):
+    from tests.model.tiny import make_tiny_model
+
+    make_tiny_model("llama", tmp_path)
+    capsys.readouterr()
+    argv = ["generate", "--model", str(tmp_path), "--kv-cache-memory", "1000TB", "hi"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--kv-cache-memory 909.494 TiB is more than this machine's available memory" in err
+    assert err.count("\n") == 1
+
+
+def test_profile_timeline_refuses_prompts_past_the_context(tmp_path, capsys):
+    from tests.model.tiny import make_tiny_model
+
+    make_tiny_model("llama", tmp_path)  # a context of 128 tokens
+    capsys.readouterr()
+    argv = ["profile", "--timeline", "--model", str(tmp_path), "--max-prompt", "100000000"]
+    assert cli.main([*argv, "-o", str(tmp_path / "t.json")]) == 2
+    err = capsys.readouterr().err
+    assert "--max-prompt 100000000 + up to 64 new tokens is more than the model's context" in err

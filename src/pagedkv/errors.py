@@ -29,8 +29,11 @@ class UsageError(ValueError):
 
 def read_json(path: str | Path, what: str) -> Any:
     """The JSON in ``path``; UsageError "cannot read WHAT 'PATH': why" when the file cannot be
-    read, is not UTF-8 or is not JSON (what it holds is the caller's to check)."""
+    read, is not UTF-8, is not JSON or nests too deep for the parser (what it holds is the
+    caller's to check)."""
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UsageError(f"cannot read {what} {str(path)!r}: {exc}") from None
+    except RecursionError:
+        raise UsageError(f"cannot read {what} {str(path)!r}: it nests too deep") from None

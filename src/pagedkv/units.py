@@ -26,10 +26,10 @@ MAX_TOKENS = 2**40  # token counts (lengths, budgets): about 10^12
 MAX_COUNT = 2**40  # counts of things (sequences, hits, requests)
 
 
-def parse_bytes(option: str, text: str) -> int:
+def parse_bytes(option: str, text: str, minimum: int = 0) -> int:
     """'58GiB' -> 62277025792, '80GB' -> 8e10, '4096' -> 4096 (bare numbers are bytes).
 
-    Computed exactly (no float), then refused above ``MAX_BYTES``."""
+    Computed exactly (no float), then refused below ``minimum`` or above ``MAX_BYTES``."""
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text, re.ASCII)
     unit = match.group(2).lower() if match else None
     if match is None or unit not in _SIZE_UNITS:
@@ -41,6 +41,8 @@ def parse_bytes(option: str, text: str) -> int:
     value = round(Fraction(match.group(1)) * _SIZE_UNITS[unit])
     if value > MAX_BYTES:
         raise UsageError(f"{option}: {text!r} is more than {MAX_BYTES} bytes (1 EiB)", option)
+    if value < minimum:
+        raise UsageError(f"{option} must be at least {format_bytes(minimum)}, got {text!r}", option)
     return value
 
 

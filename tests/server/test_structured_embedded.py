@@ -197,3 +197,16 @@ def test_a_second_call_cut_keeps_the_first_and_says_length(client):
     assert [t.function.arguments for t in c.message.tool_calls] == [
         whole.choices[0].message.tool_calls[0].function.arguments
     ]
+
+
+@pytest.mark.parametrize("max_tokens", [17, 18])
+def test_a_cut_inside_the_next_calls_tag_says_length_and_shows_no_tag(client, max_tokens):
+    """Greedy, the second call's ``<tool_call>`` is being written at token 17-18 (issue 53:
+    content ``"<tool_call"`` and ``tool_calls`` before)."""
+    kw = dict(messages=ASK, tools=TOOLS[:1], tool_choice="required", max_tokens=max_tokens)
+    (c,) = chat(client, **kw).choices
+    assert c.finish_reason == "length" and c.message.content is None
+    assert [t.function.name for t in c.message.tool_calls] == ["get_weather"]
+    chunks = list(chat(client, stream=True, **kw))
+    assert not "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert chunks[-1].choices[0].finish_reason == "length"

@@ -185,6 +185,13 @@ def test_a_call_is_a_call_once_its_arguments_close():
         assert parsed.content is None
     cut = use.parse_text(whole + '\n<tool_call>\n{"name": "get_time", "argu', at_length=True)
     assert [n for _, n, _ in cut.calls] == ["get_time"] and cut.cut and cut.content is None
+    # cut inside a tag after a whole call: the call kept, no tag text, ``length``
+    for tail in ("\n<tool_call", "\n<", "\n<tool_call>\n"):
+        cut = use.parse_text(whole + tail, at_length=True)
+        assert [n for _, n, _ in cut.calls] == ["get_time"] and cut.cut, tail
+        assert cut.content is None, tail
+    own = use.parse_text(whole[: -len("call>")], at_length=True)  # its own closing tag cut
+    assert [n for _, n, _ in own.calls] == ["get_time"] and own.cut and own.content is None
     partial = 'Let me see. <tool_call>\n{"name": "get_weather", "arguments": {"ci'
     assert use.parse_text(partial, at_length=True) == ParsedCalls("Let me see.", [], True)
     # not cut by length (the model stopped): text it did not finish as a call stays content

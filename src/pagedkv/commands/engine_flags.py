@@ -198,7 +198,7 @@ def engine_config(args: argparse.Namespace, **overrides):
         kv_cache_memory_bytes=(
             None
             if args.kv_cache_memory is None
-            else parse_bytes("--kv-cache-memory", args.kv_cache_memory)
+            else parse_bytes("--kv-cache-memory", args.kv_cache_memory, minimum=1)
         ),
         gpu_memory_utilization=args.gpu_memory_utilization,
         max_num_seqs=args.max_num_seqs,

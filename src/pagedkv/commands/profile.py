@@ -89,8 +89,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="instead of the cost profile: time every step's phases (schedule, prepare, KV "
         "copies, forward, sampling, record, update; the forward's GPU time on a GPU) over "
         "--requests requests and print the medians per kind of step (writes --output)")  # fmt: skip
-    add("--requests", type=int, default=32, help="--timeline: requests (%(default)s)")
-    add("--max-prompt", type=int, default=512, help="--timeline: longest prompt (%(default)s)")
+    add("--requests", type=int, help="--timeline: requests (32)")
+    add("--max-prompt", type=int, help="--timeline: longest prompt in tokens (512)")
     add("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
         help="--timeline: schedule one step ahead (default: on a GPU)")  # fmt: skip
     add("--quick", action="store_true",
@@ -156,6 +156,9 @@ def run(args: argparse.Namespace) -> int:
         from pagedkv.commands.profile_timeline import run_timeline
 
         return run_timeline(args, base)
+    timeline_only = ("requests", "max_prompt", "async_scheduling")
+    if given := [f"--{n.replace('_', '-')}" for n in timeline_only if getattr(args, n) is not None]:
+        raise UsageError(f"{', '.join(given)} applies to --timeline only", given[0].lstrip("-"))
     if args.clock == "wall":  # CPU time leaves other processes out already
         warn_if_busy("profile", args.threads, "--threads 1 --clock cpu",
                      "timed steps include the wait for the CPU; --clock cpu leaves it out",

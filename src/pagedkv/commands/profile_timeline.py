@@ -17,6 +17,8 @@ from pathlib import Path
 
 from pagedkv.errors import UsageError
 
+MAX_NEW_TOKENS = 64
+
 
 def run_timeline(args: argparse.Namespace, base) -> int:
     """The timeline run (``base``: the ``EngineConfig`` the flags give)."""
@@ -28,15 +30,28 @@ def run_timeline(args: argparse.Namespace, base) -> int:
     from pagedkv.engine import LLMEngine, SamplingParams
     from pagedkv.engine.timeline import PHASES, StepTimeline, summarize
 
-    if args.requests < 1 or args.max_prompt < 16:
-        raise UsageError("--requests must be >= 1 and --max-prompt >= 16", "requests")
+    num_requests = 32 if args.requests is None else args.requests
+    max_prompt = 512 if args.max_prompt is None else args.max_prompt
+    if num_requests < 1:
+        raise UsageError(f"--requests must be >= 1, got {num_requests}", "requests")
+    if max_prompt < 16:
+        raise UsageError(f"--max-prompt must be >= 16, got {max_prompt}", "max_prompt")
     config = dataclasses.replace(base, log_startup=False, async_scheduling=args.async_scheduling)
     engine = LLMEngine(config)
+    if max_prompt + MAX_NEW_TOKENS > engine.max_model_len:
+        raise UsageError(
+            f"--max-prompt {max_prompt} + up to {MAX_NEW_TOKENS} new tokens is more "
+            f"than the model's context ({engine.max_model_len} tokens)",
+            "max_prompt",
+        )
     rng = random.Random(args.seed)
     vocab = engine.info.vocab_size
-    prompts = [[rng.randrange(vocab) for _ in range(rng.randrange(16, args.max_prompt + 1))]
-               for _ in range(args.requests)]  # fmt: skip
-    params = [SamplingParams(max_tokens=rng.randrange(8, 65), ignore_eos=True) for _ in prompts]
+    prompts: list[list[int]] = []
+    for _ in range(num_requests):
+        length = rng.randrange(16, max_prompt + 1)
+        prompts.append([rng.randrange(vocab) for _ in range(length)])
+    new_tokens = [rng.randrange(8, MAX_NEW_TOKENS + 1) for _ in prompts]
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in new_tokens]
     engine.generate(prompts[:1], params[:1])  # warm-up: kernels compiled, caches touched
     timeline = StepTimeline(engine.runner.device)
     engine.attach_timeline(timeline)
@@ -53,7 +68,7 @@ def run_timeline(args: argparse.Namespace, base) -> int:
                       "-" if gpu is None else f"{gpu * 1e3:.2f}")  # fmt: skip
     Console().print(table)
     Path(args.output).write_text(json.dumps(
-        {"device": str(engine.runner.device), "async_scheduling": engine._ahead is not None,
+        {"device": str(engine.runner.device), "async_scheduling": engine.steps_ahead,
          "summary": summary, "steps": [r.to_dict() for r in records]}, indent=1))  # fmt: skip
     print(f"wrote {args.output}")
     return 0

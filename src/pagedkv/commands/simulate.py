@@ -94,7 +94,7 @@ def validate(a: argparse.Namespace) -> SimulateConfig:
         sample_interval_s=parse_number("--sample-interval", a.sample_interval, minimum=1e-6),
         cost=a.cost,
         clock=a.clock,
-        cuda_graphs=a.cuda_graphs == "on",
+        cuda_graphs=None if a.cuda_graphs is None else a.cuda_graphs == "on",
         tensor_parallel=parse_count("--tp", a.tp),
         kernel=a.kernel,
         cost_profile=a.cost_profile,
@@ -164,9 +164,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "calibrate` JSON, or the kind shipped for the GPU: vllm-class (default: the "
                     "reference, fitted to Vidur's vLLM profiles) or pagedkv-triton (pagedkv's own "
                     "engine, fitted to its device check; docs/gpu_clock.md)")  # fmt: skip
-    hw.add_argument("--cuda-graphs", choices=("on", "off"), default="on", help="a pagedkv-triton "
-                    "clock: decode steps replayed from CUDA graphs (the engine's default) or "
-                    "eager (on)")  # fmt: skip
+    hw.add_argument(
+        "--cuda-graphs",
+        choices=("on", "off"),
+        help="a pagedkv-triton clock: decode steps replayed from CUDA graphs (the engine's "
+        "default: on) or eager",
+    )
     hw.add_argument(
         "--kernel", metavar="BACKEND", help="price every paged policy with this attention "
         "kernel (vllm, trtllm-mha, flashinfer, fa4, flashmla, torch-sdpa); default: each "

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from pagedkv.engine.containment import run_contained
+from pagedkv.engine.containment import run_contained, split_failures
 from pagedkv.engine.outputs import RequestOutput
 from pagedkv.engine.runner import StepOutput
 from pagedkv.engine.sample_step import Draws, PendingDraws, collect, launch, sample_batch
@@ -106,12 +106,12 @@ class AheadStepper:
         failed are drawn again entry by entry from the same logits (``containment.py``), so
         only the entries that fail alone are failed."""
         e = self.engine
-        failures: list[tuple[ScheduledSeq, Exception]] = []
+        failures: list[tuple[ScheduledSeq, Exception]]
         draws: list[Draws | None]
         try:
             if pending is None:
                 raise failure or RuntimeError("the step's draws were not launched")
-            draws = list(collect(pending))
+            draws, failures = split_failures(prev.batch, collect(pending))
         except Exception:  # noqa: BLE001 - contained below
             draws, failures = self._redraw(prev)
         e.timeline.mark("sample")  # the wait for the ids
@@ -125,7 +125,7 @@ class AheadStepper:
         need = [item for item in prev.batch.seqs if item.needs_logits]
         row_of = {id(item): r for r, item in enumerate(need)}
 
-        def draw_batch(batch: ScheduledBatch) -> list[Draws]:
+        def draw_batch(batch: ScheduledBatch) -> list[Draws | Exception]:
             rows = [row_of[id(item)] for item in batch.seqs if item.needs_logits]
             return sample_batch(batch, logits[rows], e.sampling_of)
 

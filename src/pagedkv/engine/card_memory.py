@@ -33,6 +33,21 @@ class CardStart:
     torch_reserved_bytes: int  # what torch in this process held already
 
 
+def free_memory_bytes(device: torch.device) -> int | None:
+    """Memory free where a pool on ``device`` goes: the card's free memory, or the host's
+    available memory (Linux's MemAvailable; None where it cannot be read)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def card_start(device: torch.device) -> CardStart:
     """The card's figures now (creates the CUDA context first, so it counts as ours)."""
     free, total = torch.cuda.mem_get_info(device)

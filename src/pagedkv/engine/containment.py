@@ -20,20 +20,23 @@ from pagedkv.sched.batch import ScheduledBatch, ScheduledSeq
 T = TypeVar("T")
 
 
+Failures = list[tuple[ScheduledSeq, Exception]]
+
+
 def run_contained(
-    batch: ScheduledBatch, run: Callable[[ScheduledBatch], list[T]]
-) -> tuple[list[T | None], list[tuple[ScheduledSeq, Exception]]]:
-    """``run(batch)`` returns one result per entry of ``batch.seqs``. Returns the results
-    (None where the entry failed) and the failed entries with their exceptions."""
+    batch: ScheduledBatch, run: Callable[[ScheduledBatch], list[T | Exception]]
+) -> tuple[list[T | None], Failures]:
+    """``run(batch)`` returns one result per entry of ``batch.seqs``, or the exception an entry
+    already failed with alone (``split_failures``). Returns the results (None where the entry
+    failed) and the failed entries with their exceptions."""
     try:
-        return list(run(batch)), []
+        return split_failures(batch, run(batch))
     except Exception as exc:  # noqa: BLE001 - any failure but a device fault is traced below
         if device_fault(exc):
             raise
         if len(batch.seqs) <= 1:
             return [None] * len(batch.seqs), [(item, exc) for item in batch.seqs]
-    results: list[T | None] = []
-    failures: list[tuple[ScheduledSeq, Exception]] = []
+    results: list[T | Exception] = []
     for item in batch.seqs:
         # Each retry applies the step's block copies again: copying a block twice is a no-op
         # (a prefix copy's source is a full block nobody writes).
@@ -45,9 +48,18 @@ def run_contained(
         except Exception as exc:  # noqa: BLE001
             if device_fault(exc):
                 raise
-            results.append(None)
-            failures.append((item, exc))
-    return results, failures
+            results.append(exc)
+    return split_failures(batch, results)
+
+
+def split_failures(
+    batch: ScheduledBatch, results: list[T | Exception]
+) -> tuple[list[T | None], Failures]:
+    """``results`` (one per entry of ``batch.seqs``) with each exception replaced by None and
+    listed with its entry among the failures."""
+    pairs = list(zip(batch.seqs, results, strict=True))
+    failures = [(item, r) for item, r in pairs if isinstance(r, Exception)]
+    return [None if isinstance(r, Exception) else r for r in results], failures
 
 
 def device_fault(exc: BaseException) -> bool:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pagedkv.engine.ahead import AheadStepper
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.containment import run_contained
-from pagedkv.engine.grammar import GrammarCache
+from pagedkv.engine.grammar import GrammarCache, GrammarError
 from pagedkv.engine.kv.events import describe_replica
 from pagedkv.engine.offline import OfflineCalls
 from pagedkv.engine.outputs import RequestOutput
@@ -216,7 +216,7 @@ class LLMEngine(OfflineCalls):
         outputs, self._stash = list(self._stash.values()), {}
         return outputs + self._registry.report(touched)
 
-    def _execute_and_sample(self, batch: ScheduledBatch) -> list[Draws]:
+    def _execute_and_sample(self, batch: ScheduledBatch) -> list[Draws | Exception]:
         out = self.runner.execute(batch, self.allocator)
         self.score_prompts(batch, out)
         draws = sample_batch(batch, out.logits, self.sampling_of)
@@ -264,11 +264,17 @@ class LLMEngine(OfflineCalls):
 
     def _fail(self, state: RequestState, exc: BaseException) -> str:
         """End ``state`` with the failure: abort its sequences (frees their blocks)."""
+        spec = state.params.structured
+        if isinstance(exc, GrammarError) and spec is not None:
+            self.grammars.forget(spec)  # its samples' copies share the prototype's lexer
         if not state.finished:
             log.error("request %s failed inside a step: %r", state.request_id, exc, exc_info=exc)
             self.num_failed_requests += 1
             self.scheduler.abort(state.request_id)
-            state.fail(f"the request failed inside the engine: {type(exc).__name__}: {exc}")
+            if isinstance(exc, GrammarError) and spec is not None:
+                state.fail(f"{spec.param}: {exc}", param=spec.param)
+            else:
+                state.fail(f"the request failed inside the engine: {type(exc).__name__}: {exc}")
         return state.request_id
 
     # -- the engine's one face for the edges -----------------------------------------------

@@ -9,7 +9,13 @@ vLLM runs llguidance as its ``guidance`` backend.
 
 A matcher is built per spec once (``GrammarCache.compile``: the grammar's lexer, milliseconds),
 from ``LLMEngine.check_request``, which the server runs on a worker thread before the request
-reaches the engine thread; each sample then gets a copy (microseconds). JSON follows
+reaches the engine thread; each sample then gets a copy (microseconds). A spec is admitted only
+once it is compiled *and probed* (``_probe``): the first masks computed and a few tokens walked
+on a copy, under llguidance's fuel limits, so a grammar the lexer cannot build (``a{1000000}``)
+or one that admits no output (``{"$ref": "#"}``, ``start: start``) is a ``UsageError`` naming
+the field before the request runs, and only a spec that passed is cached. A grammar that still
+fails inside a step fails its own sample only (``GrammarError``; ``sample_step.collect``) and is
+dropped from the cache (``forget``): copies share their prototype's lexer. JSON follows
 ``engine/json_schema.py``: objects closed unless the schema opens them, blanks bounded and on
 one line. Special tokens are never part of a structure. Once the structure is complete only
 EOS is allowed.
@@ -25,13 +31,18 @@ from typing import Any
 import torch
 
 from pagedkv.engine.device_copies import to_device, upload
+from pagedkv.engine.grammar_probe import CONTENT_KINDS, limits, one_line, oversized, probe, reason
 from pagedkv.engine.json_schema import guidance_schema
 from pagedkv.engine.structured import StructuredOutput
 from pagedkv.errors import UsageError
 from pagedkv.model.tokenizer import Tokenizer
 
 MAX_CACHED_GRAMMARS = 256
-MAX_ERROR_CHARS = 300
+
+
+class GrammarError(RuntimeError):
+    """A constrained sample's grammar failed inside a step (its lexer ran out of fuel or states,
+    or it refused a token): that sample's request fails, no other."""
 
 
 class GrammarCache:
@@ -58,31 +69,52 @@ class GrammarCache:
             return self._ll_tokenizer
 
     def compile(self, spec: StructuredOutput) -> Any:
-        """The prototype matcher of ``spec``; ``UsageError`` naming ``spec.param`` when
-        llguidance refuses it."""
-        import llguidance
-
-        key = (spec.kind, spec.spec, spec.open_objects, spec.whitespace)
+        """The prototype matcher of ``spec``, compiled and probed (module docstring);
+        ``UsageError`` naming ``spec.param`` (or the part at fault) when llguidance refuses
+        it, cannot build it within its limits, or it admits no output. Cached only once it
+        passed."""
+        key = _key(spec)
         with self._lock:
             if key in self._cache:
                 self._cache.move_to_end(key)
                 return self._cache[key]
-        tokenizer = self._tokenizer_of_llguidance()
-        try:
-            grammar = _grammar(spec)
-            error = llguidance.LLMatcher.validate_grammar(grammar, tokenizer)
-        except Exception as exc:  # a GBNF grammar gbnf_to_lark cannot read, a bad schema
-            error = str(exc) or type(exc).__name__
-        if error:
-            reason = " ".join(error.split())[:MAX_ERROR_CHARS]
-            raise UsageError(f"{spec.param} cannot be compiled into a grammar: {reason}",
-                             param=spec.param)  # fmt: skip
-        matcher = llguidance.LLMatcher(tokenizer, grammar)
+        for part in spec.parts:  # each tool's schema alone, so an error names its field
+            self.compile(part)
+        matcher = self._build(spec)
         with self._lock:
             self._cache[key] = matcher
             while len(self._cache) > MAX_CACHED_GRAMMARS:
                 self._cache.popitem(last=False)
         return matcher
+
+    def _build(self, spec: StructuredOutput) -> Any:
+        import llguidance
+
+        tokenizer = self._tokenizer_of_llguidance()
+        try:
+            grammar = _grammar(spec)
+            schema = json.loads(spec.spec) if spec.kind == "json" else None
+            error = oversized(spec, schema) or llguidance.LLMatcher.validate_grammar(
+                grammar, tokenizer, limits=limits()
+            )
+        except Exception as exc:  # a GBNF grammar gbnf_to_lark cannot read, a bad schema
+            error = str(exc) or type(exc).__name__
+        if error:
+            raise _refusal(spec, f"cannot be compiled into a grammar: {one_line(error)}")
+        matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=limits())
+        if why := probe(matcher, self._tokenizer.eos_token_id, spec.kind in CONTENT_KINDS):
+            raise _refusal(spec, f"cannot be used as an output constraint: {why}")
+        return matcher
+
+    def __contains__(self, spec: StructuredOutput) -> bool:
+        with self._lock:
+            return _key(spec) in self._cache
+
+    def forget(self, spec: StructuredOutput) -> None:
+        """Drop ``spec``'s prototype (one of its samples failed inside a step: the copies share
+        its lexer, so the next request compiles it afresh)."""
+        with self._lock:
+            self._cache.pop(_key(spec), None)
 
     def matchers(self, spec: StructuredOutput | None, n: int) -> list[Any] | None:
         """One fresh matcher per sample of a request (None without a spec)."""
@@ -90,6 +122,14 @@ class GrammarCache:
             return None
         prototype = self.compile(spec)
         return [prototype.deep_copy() for _ in range(n)]
+
+
+def _refusal(spec: StructuredOutput, why: str) -> UsageError:
+    return UsageError(f"{spec.param} {why}", param=spec.param)
+
+
+def _key(spec: StructuredOutput) -> tuple[str, str, bool, bool]:
+    return (spec.kind, spec.spec, spec.open_objects, spec.whitespace)
 
 
 def _grammar(spec: StructuredOutput) -> str:
@@ -111,25 +151,50 @@ def _grammar(spec: StructuredOutput) -> str:
     return LLMatcher.grammar_from_lark(text)
 
 
-def apply_masks(logits: torch.Tensor, matchers: list[Any | None]) -> None:
-    """Set to -inf (in place) every logit row ``i``'s tokens that ``matchers[i]`` forbids next."""
+def apply_masks(logits: torch.Tensor, matchers: list[Any | None]) -> dict[int, GrammarError]:
+    """Set to -inf (in place) every logit row ``i``'s tokens that ``matchers[i]`` forbids next.
+    Returns the rows whose matcher failed computing its mask (their rows are left to be drawn
+    and then dropped: the failure is their sample's alone). Never advances a matcher."""
     rows = [i for i, m in enumerate(matchers) if m is not None]
     if not rows:
-        return
+        return {}
     import llguidance.torch as llt
 
     bitmask = llt.allocate_token_bitmask(len(rows), logits.shape[-1])
+    failed: dict[int, GrammarError] = {}
     for k, i in enumerate(rows):
         llt.fill_next_token_bitmask(matchers[i], bitmask, k)
+        if matchers[i].is_error():
+            failed[i] = GrammarError(f"the output constraint failed: {reason(matchers[i])}")
     index = to_device(rows, torch.int64, logits.device)
     masked = logits.index_select(0, index)
     llt.apply_token_bitmask_inplace(masked, upload(bitmask, logits.device))
     logits.index_copy_(0, index, masked)
+    return failed
 
 
 def accept(matcher: Any, token_id: int) -> bool:
     """Advance ``matcher`` by the sampled token; True once the structure is complete and
-    closed (the sample must stop). A token the mask allowed is always accepted."""
+    closed (the sample must stop). ``GrammarError`` when it refuses the token (a token its mask
+    allowed is always accepted) or fails."""
     if not matcher.consume_token(token_id):
-        raise RuntimeError(f"the grammar refused token {token_id}: {matcher.get_error()}")
+        raise GrammarError(f"the output constraint refused token {token_id}: {reason(matcher)}")
     return matcher.is_stopped()
+
+
+def advance(matchers: list[Any | None], token_ids: list[int]) -> list[bool]:
+    """``accept`` for the samples of one entry, all or none: when one refuses its token, the
+    ones already advanced are rolled back before ``GrammarError`` propagates, so every matcher
+    stays where its sample's committed text says."""
+    done: list[Any] = []
+    complete: list[bool] = []
+    try:
+        for matcher, token in zip(matchers, token_ids, strict=True):
+            complete.append(matcher is not None and accept(matcher, token))
+            if matcher is not None:
+                done.append(matcher)
+    except Exception:
+        for matcher in done:
+            matcher.rollback(1)
+        raise
+    return complete

@@ -137,3 +137,17 @@ def fixed_pool_blocks(memory_bytes: int, layout: KVLayout, block_size: int, rese
         f"the KV pool needs at least 2: {fixes}",
         param="kv_cache_memory",
     )
+
+
+def check_pool_fits(pool_bytes: int, free_bytes: int | None, device_type: str) -> None:
+    """``UsageError`` naming ``--kv-cache-memory`` when a given pool is larger than the memory
+    free where it goes (the host's available memory, or the card's free memory; None: unknown,
+    not checked), instead of the allocator's own error once the weights are loaded."""
+    if free_bytes is None or pool_bytes <= free_bytes:
+        return
+    where = "this machine's available memory" if device_type == "cpu" else "the card's free memory"
+    raise UsageError(
+        f"--kv-cache-memory {format_bytes(pool_bytes)} is more than {where} "
+        f"({format_bytes(free_bytes)}): give a smaller size",
+        param="kv_cache_memory",
+    )

@@ -123,8 +123,10 @@ class RequestState:
     def refuse(self, detail: str) -> None:
         self._end("refused", detail)
 
-    def fail(self, detail: str) -> None:
-        """A failure inside a step hit this request: it ends with ``error`` set."""
+    def fail(self, detail: str, param: str | None = None) -> None:
+        """A failure inside a step hit this request: it ends with ``error`` set (and
+        ``error_param``, the field it is traced to, if any)."""
+        self._output.error_param = param
         self._end("error", detail)
 
     def mark_aborted(self) -> None:

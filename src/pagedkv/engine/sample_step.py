@@ -2,7 +2,9 @@
 no host sync), ``collect`` copies them to the host once and advances the grammars. A
 synchronous engine runs both back to back (``sample_batch``); an asynchronous one launches a
 step's draws, then the next step's forward pass, which reads the drawn ids straight from the
-device (``PendingDraws.token_rows``), and collects while that pass runs."""
+device (``PendingDraws.token_rows``), and collects while that pass runs. Grammars advance in
+``collect`` only, entry by entry and all or none, so a failure anywhere before or inside it
+leaves every other request's matchers as its text says (a retry masks from the same state)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from typing import Any
 import torch
 
 from pagedkv.engine.device_copies import to_device
-from pagedkv.engine.grammar import accept
+from pagedkv.engine.grammar import advance
 from pagedkv.engine.logits_processing import RowTokens
 from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.sampler import DeviceDraws, draw, seeded_generator, to_host
@@ -83,19 +85,31 @@ def launch(
     return PendingDraws(batch, owners, matchers, drawn, token_rows)
 
 
-def collect(pending: PendingDraws) -> list[Draws]:
-    """One (token ids, logprob info, grammar complete) triple per entry of the batch: the
-    draws copied to the host (this waits for them), the matchers of the drawn samples
-    advanced by their tokens."""
-    out: list[Draws] = [([], [], []) for _ in pending.batch.seqs]
+def collect(pending: PendingDraws) -> list[Draws | Exception]:
+    """One (token ids, logprob info, grammar complete) triple per entry of the batch, or the
+    exception its grammar failed with: the draws copied to the host (this waits for them),
+    then each entry's matchers advanced by its tokens, all or none (``grammar.advance``). An
+    entry whose grammar fails is that entry's failure alone: every other entry keeps its
+    draws, and every matcher stays where its committed text says."""
+    out: list[Draws | Exception] = [([], [], []) for _ in pending.batch.seqs]
     if pending.draws is None:
         return out
     result = to_host(pending.draws)
+    failed = pending.draws.grammar_errors
+    rows_of: dict[int, list[int]] = {}
     for k, i in enumerate(pending.owners):
-        token, matcher = result.token_ids[k], pending.matchers[k]
-        out[i][0].append(token)
-        out[i][1].append((result.logprobs[k], result.top_logprobs[k]))
-        out[i][2].append(matcher is not None and accept(matcher, token))
+        rows_of.setdefault(i, []).append(k)
+    for i, rows in rows_of.items():
+        tokens = [result.token_ids[k] for k in rows]
+        try:
+            if errors := [failed[k] for k in rows if k in failed]:
+                raise errors[0]
+            complete = advance([pending.matchers[k] for k in rows], tokens)
+        except Exception as exc:  # noqa: BLE001 - this entry's failure, no other's
+            out[i] = exc
+            continue
+        info = [(result.logprobs[k], result.top_logprobs[k]) for k in rows]
+        out[i] = (tokens, info, complete)
     return out
 
 
@@ -103,6 +117,6 @@ def sample_batch(
     batch: ScheduledBatch,
     logits: torch.Tensor,
     sampling_of: Callable[[Seq], tuple[SamplingParams, int, list[Any] | None]],
-) -> list[Draws]:
+) -> list[Draws | Exception]:
     """``launch`` then ``collect``: a synchronous step's draws."""
     return collect(launch(batch, logits, sampling_of))

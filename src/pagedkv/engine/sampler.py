@@ -13,13 +13,13 @@ index and parameter tensor goes up from pinned memory (``device_copies.py``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from pagedkv.engine.device_copies import HostCopy, start_host_copy, to_device
-from pagedkv.engine.grammar import apply_masks
+from pagedkv.engine.grammar import GrammarError, apply_masks
 from pagedkv.engine.logits_processing import RowTokens, process_logits
 from pagedkv.engine.params import SamplingParams
 
@@ -60,7 +60,8 @@ class DeviceDraws:
     """A batch's draws before their one copy to the host: ``token_ids`` int64 ``[R]`` on the
     logits' device; for the rows that asked for logprobs (``asked``, with their ``widths``),
     the chosen token's logprob ``[A]`` and the top values and ids ``[A, k]`` (k the widest);
-    ``host``: their copies to the host, queued right behind the draws."""
+    ``host``: their copies to the host, queued right behind the draws; ``grammar_errors``: the
+    rows whose grammar failed computing their mask (their draws are not to be used)."""
 
     token_ids: torch.Tensor
     asked: list[int]
@@ -69,6 +70,7 @@ class DeviceDraws:
     chosen_logprobs: torch.Tensor | None = None
     top_values: torch.Tensor | None = None
     top_ids: torch.Tensor | None = None
+    grammar_errors: dict[int, GrammarError] = field(default_factory=dict)
 
 
 def draw(
@@ -81,15 +83,18 @@ def draw(
     """Pick one token per row of ``logits`` ``[rows, vocab]`` (fp32), on their device.
     ``generators[i]`` is the row's seeded generator or None (global RNG); ``tokens[i]`` what
     its logit processing reads (None: no processing); ``matchers[i]`` the grammar the token
-    must follow (None: free). Mutates the generators' states only (the caller advances the
-    matchers). No host sync: the unseeded rows draw in one call, a seeded row on a GPU by the
+    must follow (None: free), its mask applied to a copy (the logprobs stay the model's own).
+    Mutates the generators' states only (the caller advances the matchers). No host sync: the unseeded rows draw in one call, a seeded row on a GPU by the
     exponential race on its own device generator (``seeded_generator``), on the CPU from its
     host generator."""
     rows, vocab = logits.shape
     logits = logits.float()
     processed = process_logits(logits, params, tokens or [None] * rows)
+    grammar_errors: dict[int, GrammarError] = {}
     if matchers is not None:
-        apply_masks(processed, matchers)
+        if processed is logits:  # the mask must not reach the logprobs, read from ``logits``
+            processed = logits.clone()
+        grammar_errors = apply_masks(processed, matchers)
     greedy = [p.greedy for p in params]
     chosen = processed.argmax(dim=-1)
     if not all(greedy):
@@ -109,7 +114,7 @@ def draw(
                 chosen[i] = _seeded_draw(probs[i], gen)
     asked = [i for i, p in enumerate(params) if p.logprobs is not None]
     if not asked:
-        return DeviceDraws(chosen, [], [], start_host_copy(chosen))
+        return DeviceDraws(chosen, [], [], start_host_copy(chosen), grammar_errors=grammar_errors)
     # Logprobs (the model's own, before processing): one gather and one top-k over the rows
     # that asked.
     rows_asked = to_device(asked, torch.int64, logits.device)
@@ -118,7 +123,7 @@ def draw(
     widths = [params[i].logprobs or 0 for i in asked]
     values, ids = log_probs.topk(max(max(widths), 1), dim=-1)
     host = start_host_copy(chosen, chosen_lp, values, ids)
-    return DeviceDraws(chosen, asked, widths, host, chosen_lp, values, ids)
+    return DeviceDraws(chosen, asked, widths, host, chosen_lp, values, ids, grammar_errors)
 
 
 def _free_draw(probs: torch.Tensor) -> torch.Tensor:

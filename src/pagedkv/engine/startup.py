@@ -6,7 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pagedkv.engine.card_memory import card_start, measure_card, profile_peak_bytes
+from pagedkv.engine.card_memory import (
+    card_start,
+    free_memory_bytes,
+    measure_card,
+    profile_peak_bytes,
+)
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.kv.events import EngineKVEvents, new_instance_id, open_kv_events
 from pagedkv.engine.kv.identity import model_identity
@@ -15,6 +20,7 @@ from pagedkv.engine.kv.store import check_store_policy, store_tiers
 from pagedkv.engine.memory import (
     CPU_KV_CACHE_MEMORY_BYTES,
     check_fits_one_sequence,
+    check_pool_fits,
     fixed_pool_blocks,
     kv_bytes_from_card,
 )
@@ -102,6 +108,8 @@ def build_parts(
     if not card_sized:  # a fixed pool is checked before the weights load
         memory_bytes = config.kv_cache_memory_bytes or CPU_KV_CACHE_MEMORY_BYTES
         num_blocks = fixed_pool_blocks(memory_bytes, layout, block_size, reserved)
+        pool_bytes = num_blocks * layout.block_bytes(block_size)
+        check_pool_fits(pool_bytes, free_memory_bytes(placement.device), placement.device.type)
     check_swap_space(config, layout, block_size)
     num_host_kv_blocks = host_tier_blocks(config, policy, layout, block_size)
     check_store_policy(config, policy)

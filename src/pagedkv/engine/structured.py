@@ -28,13 +28,16 @@ class StructuredOutput:
     The JSON rules of ``engine/json_schema.py`` (kinds ``json`` and ``json_object``):
     ``open_objects`` admits keys a schema does not list where it leaves
     ``additionalProperties`` unset (JSON Schema's default; pagedkv's is to refuse them);
-    ``whitespace=False`` allows no blanks at all (``{"a":1}``)."""
+    ``whitespace=False`` allows no blanks at all (``{"a":1}``). ``parts``: constraints the spec
+    is built from, each compiled and probed alone first so an error names its own field (a
+    forced call's grammar: each tool's parameter schema)."""
 
     kind: str
     spec: str = ""
     param: str = "structured_outputs"
     open_objects: bool = False
     whitespace: bool = True
+    parts: tuple[StructuredOutput, ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

@@ -11,8 +11,9 @@ from pagedkv.engine import RequestOutput, SamplingParams
 @dataclass(frozen=True)
 class Failure:
     """Why a request ended without (more) output. ``status_code`` is the HTTP status a handler
-    answers with if nothing was sent yet: 400 the engine refused the input, 503 shutting down
-    or the engine is gone, 500 the request failed inside the engine."""
+    answers with if nothing was sent yet: 400 the engine refused the input (or its own output
+    constraint failed while it ran), 503 shutting down or the engine is gone, 500 the request
+    failed inside the engine."""
 
     message: str
     status_code: int
@@ -41,6 +42,8 @@ def failure_of(out: RequestOutput) -> Failure | None:
     if out.error is None:
         return None
     reasons = {c.finish_reason for c in out.outputs}
+    if out.error_param is not None:  # its own output constraint failed inside a step
+        return Failure(out.error, 400, "invalid_grammar", out.error_param)
     if "error" in reasons:
         return Failure(out.error, 500, "engine_error")
     return Failure(out.error, 400, "kv_pool_too_small", "prompt")  # refused by the scheduler

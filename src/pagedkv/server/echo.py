@@ -87,7 +87,11 @@ def vllm_prompt_logprobs(tokenizer: Tokenizer, out: RequestOutput) -> list[dict 
 def _entry(tokenizer: Tokenizer, token_id: int, score: PromptTokenScore) -> dict:
     entry = {}
     for rank, (t, lp) in enumerate(score.top, start=1):
-        entry[str(t)] = {"logprob": lp, "rank": rank, "decoded_token": token_str(tokenizer, t)}
-    entry[str(token_id)] = {"logprob": score.logprob, "rank": score.rank,
-                            "decoded_token": token_str(tokenizer, token_id)}  # fmt: skip
+        entry[str(t)] = _scored(tokenizer, t, lp, rank)
+    entry[str(token_id)] = _scored(tokenizer, token_id, score.logprob, score.rank)
     return entry
+
+
+def _scored(tokenizer: Tokenizer, token_id: int, logprob: float, rank: int) -> dict:
+    text = token_str(tokenizer, token_id)
+    return {"logprob": p.finite_logprob(logprob), "rank": rank, "decoded_token": text}

@@ -61,7 +61,10 @@ def from_usage(exc: UsageError, renames: dict[str, str] | None = None) -> APIErr
     """A 400 for what the engine's own rules refused; ``param`` is the field it names, renamed
     to the request's spelling where the two differ (``renames``: engine name -> request's)."""
     param = exc.param if exc.param is None else (renames or {}).get(exc.param, exc.param)
-    return APIError(str(exc), param=param, code=exc.code)
+    message = str(exc)
+    if exc.param and param != exc.param and message.startswith(f"{exc.param} "):
+        message = param + message[len(exc.param) :]  # "logprobs must be" -> "top_logprobs ..."
+    return APIError(message, param=param, code=exc.code)
 
 
 def from_validation(exc: ValidationError | RequestValidationError) -> APIError:

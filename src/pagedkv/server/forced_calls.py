@@ -52,17 +52,27 @@ def call_head(name: str) -> str:
 
 
 def forced_calls(
-    tools: list[dict[str, Any]], many: bool, rendered: bool, rules: JsonRules
+    tools: list[dict[str, Any]],
+    many: bool,
+    rendered: bool,
+    rules: JsonRules,
+    indices: list[int] | None = None,
 ) -> ForcedCalls:
     """One call to one of ``tools`` (OpenAI's ``{type, function}`` dicts), or one or more
-    when ``many``; the head rendered when ``rendered`` (``hermes_format``)."""
-    heads, bodies = [], []
-    for t in tools:
+    when ``many``; the head rendered when ``rendered`` (``hermes_format``). ``indices``: each
+    tool's position in the request's ``tools`` (errors name ``tools.i.function.parameters``;
+    default: their order here)."""
+    heads, bodies, parts = [], [], []
+    for t, i in zip(tools, indices or range(len(tools)), strict=True):
         fn = t["function"]
-        schema = guidance_schema(fn.get("parameters") or NO_PARAMETERS,
-                                 open_objects=rules.open_objects, whitespace=rules.whitespace)  # fmt: skip
+        parameters = fn.get("parameters") or NO_PARAMETERS
+        schema = guidance_schema(parameters, open_objects=rules.open_objects,
+                                 whitespace=rules.whitespace)  # fmt: skip
         heads.append(call_head(fn["name"]))
         bodies.append(f"%json {json.dumps(schema)}")
+        param = f"tools.{i}.function.parameters"
+        parts.append(StructuredOutput.of_schema(parameters, param, rules.open_objects,
+                                                rules.whitespace))  # fmt: skip
     call = " | ".join(f"{_lark(h)} {b}" for h, b in zip(heads, bodies, strict=True))
     if not rendered:
         prefix, first = "", call
@@ -74,7 +84,7 @@ def forced_calls(
     close, between = _lark("}\n" + CLOSE), _lark("}\n" + CLOSE + "\n")
     start = f"first ({between} call)* {close}?" if many else "first"
     grammar = f"start: {start}\nfirst: {first}\ncall: {call}\n"
-    return ForcedCalls(prefix, StructuredOutput("lark", grammar, param="tools"))
+    return ForcedCalls(prefix, StructuredOutput("lark", grammar, "tools", parts=tuple(parts)))
 
 
 def _lark(text: str) -> str:

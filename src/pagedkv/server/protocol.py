@@ -6,14 +6,16 @@ refuse unknown keys, and a request's top-level fields beyond these follow
 (``suffix``, ``best_of``) are declared so that clients sending their neutral defaults
 keep working; any other value is refused in ``request_params.py``.
 Responses are plain models dumped to JSON; their shapes follow OpenAI's so that the official
-client parses them unchanged.
+client parses them unchanged. Every float a response carries is a log-probability, and JSON has
+no infinity: ``Logprob`` is the one rule that writes them (``finite_logprob``).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PlainSerializer
 
 from pagedkv.server.protocol_base import Request as _Request
 from pagedkv.server.protocol_base import Strict as _Strict
@@ -113,12 +115,23 @@ class Usage(BaseModel):
     prompt_tokens_details: PromptTokensDetails
 
 
+LOGPROB_FLOOR = -9999.0  # vLLM's floor for a token of probability 0 (-inf in float32)
+
+
+def finite_logprob(value: float) -> float:
+    """``value`` as JSON can carry it: -inf (and NaN) become ``LOGPROB_FLOOR``."""
+    return value if math.isfinite(value) else (0.0 if value > 0 else LOGPROB_FLOOR)
+
+
+Logprob = Annotated[float, PlainSerializer(finite_logprob, return_type=float)]
+
+
 class CompletionLogprobs(BaseModel):
     """The legacy completions layout: parallel lists, one entry per generated token."""
 
     tokens: list[str] = Field(default_factory=list)
-    token_logprobs: list[float | None] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+    token_logprobs: list[Logprob | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, Logprob] | None] = Field(default_factory=list)
     text_offset: list[int] = Field(default_factory=list)
 
 
@@ -143,7 +156,7 @@ class Completion(BaseModel):
 
 class TopLogprob(BaseModel):
     token: str
-    logprob: float
+    logprob: Logprob
     bytes: list[int] | None = None
 
 

@@ -195,4 +195,7 @@ async def _parse(request: Request, kind: type[BaseModel]):
 
 
 def _sse(body: dict) -> str:
-    return f"data: {json.dumps(body, ensure_ascii=False, separators=(',', ':'))}\n\n"
+    """One event; ``allow_nan=False`` as Starlette's JSONResponse: JSON has no infinity (the
+    protocol's ``Logprob`` writes log-probabilities finite)."""
+    text = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return f"data: {text}\n\n"

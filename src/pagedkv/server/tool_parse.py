@@ -5,7 +5,8 @@ A call is a call once its arguments are complete JSON: the closing ``}`` of the 
 the ``</tool_call>`` tag may be missing at the end of the text (a length cut, or a forced call
 whose grammar stops after the arguments, ``server/forced_calls.py``). A call begun but cut
 before its arguments closed is dropped from the content when the sample ended by length, and
-reported (``ParsedCalls.cut``), so the answer says ``length`` and shows no wrapper text. Any
+reported (``ParsedCalls.cut``), so the answer says ``length`` and shows no wrapper text; so is a
+tag cut short after a whole call (``<tool_call`` of a next call, ``</tool_`` of its own). Any
 other ``<tool_call>`` that does not read as a call to an offered function stays content.
 """
 
@@ -54,9 +55,25 @@ def parse_calls(text: str, names: Collection[str], at_length: bool = False) -> P
         kept.append(text[at:start])
         at = search = end
         calls.append((f"call_{uuid.uuid4().hex[:24]}", name, json.dumps(args)))
-    kept.append(text[at:])
+    rest = text[at:]
+    if at_length and calls and _ends_in_cut_tag(text):  # cut inside a wrapper's tag
+        cut = True
+        rest = "" if _cut_tag(rest) else rest  # a next call's ``<tool_call`` is no content
+    kept.append(rest)
     content = "".join(kept).strip() if calls or cut else text
     return ParsedCalls(content or None, calls, cut)
+
+
+def _ends_in_cut_tag(text: str) -> bool:
+    tail = text.rstrip()
+    return any(tail.endswith(tag[:k]) for tag in (OPEN, CLOSE) for k in range(1, len(tag)))
+
+
+def _cut_tag(text: str) -> bool:
+    """Whether ``text`` (blanks aside) is a tag cut short: a proper, non-empty prefix of
+    ``<tool_call>`` or ``</tool_call>``."""
+    tail = text.strip()
+    return bool(tail) and any(tag.startswith(tail) and tag != tail for tag in (OPEN, CLOSE))
 
 
 def streamable(text: str) -> str:
@@ -81,9 +98,12 @@ def _read_call(text: str, i: int) -> tuple[Any, Any, int] | None:
         call = None
     if isinstance(call, dict):
         k = _skip_blanks(text, j)
-        if not (text.startswith(CLOSE, k) or k == len(text)):
+        if text.startswith(CLOSE, k):
+            end = k + len(CLOSE)
+        elif k == len(text) or _cut_tag(text[k:]):  # its closing tag missing, or cut short
+            end = len(text)
+        else:
             return None
-        end = k + len(CLOSE) if k < len(text) else k
         name, args = call.get("name"), call.get("arguments", call.get("parameters", {}))
         return (name, args, end) if isinstance(name, str) else None
     head = _HEAD.match(text, i)

@@ -79,14 +79,15 @@ def tool_use(
     if choice == "auto":
         return ToolUse(tools, parse=True), None
     if choice == "required":
-        offered, many = tools, req.parallel_tool_calls is not False
+        indices, many = list(range(len(tools))), req.parallel_tool_calls is not False
     else:
-        offered = [t for t in tools if t["function"]["name"] == choice.function.name]
-        if not offered:
+        indices = [i for i, t in enumerate(tools) if t["function"]["name"] == choice.function.name]
+        if not indices:
             raise APIError(f"tool_choice names {choice.function.name!r}, which is not in tools",
                            param="tool_choice.function.name", code="invalid_value")  # fmt: skip
         many = False
-    forced = forced_calls(offered, many, hermes_format(tokenizer), json_rules(req))
+    offered = [tools[i] for i in indices]
+    forced = forced_calls(offered, many, hermes_format(tokenizer), json_rules(req), indices)
     return ToolUse(tools, parse=True, prefix=forced.prefix), forced.grammar
 
 
@@ -103,7 +104,11 @@ def tool_messages(
         called = [c.function for c in m.tool_calls or []]
         if m.function_call is not None:  # the deprecated single call
             called.append(m.function_call)
-        calls = [{"name": f.name, "arguments": _arguments(f.arguments, i)} for f in called]
+        paths = _call_params(m, i)
+        calls = [
+            {"name": f.name, "arguments": _arguments(f.arguments, at)}
+            for f, at in zip(called, paths, strict=True)
+        ]
         if template_renders_tools:
             if calls:
                 entry["tool_calls"] = [{"type": "function", "function": c} for c in calls]
@@ -158,9 +163,20 @@ def _part_text(part: ContentPart, i: int, j: int) -> str:
                    code="unsupported")  # fmt: skip
 
 
-def _arguments(text: str, i: int) -> Any:
+def _call_params(m: ChatMessage, i: int) -> list[str]:
+    """The field path of each call's arguments in message ``i`` (``tool_calls`` first, then
+    the deprecated ``function_call``), as errors name them."""
+    paths = [
+        f"messages.{i}.tool_calls.{j}.function.arguments" for j in range(len(m.tool_calls or []))
+    ]
+    if m.function_call is not None:
+        paths.append(f"messages.{i}.function_call.arguments")
+    return paths
+
+
+def _arguments(text: str, param: str) -> Any:
     try:
         return json.loads(text)
-    except ValueError:
-        raise APIError("a tool call's arguments must be JSON text", param=f"messages.{i}",
+    except (ValueError, RecursionError):
+        raise APIError("a tool call's arguments must be JSON text", param=param,
                        code="invalid_value") from None  # fmt: skip

@@ -213,7 +213,18 @@ def read_gpu_check(
         raise UsageError(
             f"{where}: not a device check (no 'sections'; see benchmarks/gpu_check.py)"
         )
-    device = str(data.get("meta", {}).get("device_name", "?"))
+    try:
+        return _read(path, gpu, data, where)
+    except UsageError:
+        raise
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:  # a field of another shape
+        why = f"{type(exc).__name__}: {exc}"
+        raise UsageError(f"{where}: not a device check as gpu_check.py writes it ({why})") from None
+
+
+def _read(path: Path, gpu: str | None, data: dict[str, Any], where: str) -> GPUCheckData:
+    meta = data.get("meta")
+    device = str((meta if isinstance(meta, dict) else {}).get("device_name", "?"))
     try:
         spec = get_gpu(gpu or device.removeprefix("NVIDIA ").strip())
     except UsageError:

@@ -111,7 +111,8 @@ class Scenario:
             return self.cost
         if self.engine_clock is not None:
             engine, source = self.engine_clock
-            return EngineCostModel(self.model, self.gpu, engine, self.config.cuda_graphs, source)
+            graphs = self.config.cuda_graphs is not False
+            return EngineCostModel(self.model, self.gpu, engine, graphs, source)
         if self.gpu_clock is not None:
             clock, source = self.gpu_clock
             tp = self.config.tensor_parallel
@@ -134,7 +135,7 @@ class Scenario:
         elif cfg.cost == "roofline":
             text = "roofline cost model"
         elif self.engine_clock is not None:
-            graphs = "CUDA graphs" if cfg.cuda_graphs else "eager"
+            graphs = "eager" if cfg.cuda_graphs is False else "CUDA graphs"
             text = f"pagedkv's engine ({graphs}): {self.engine_clock[1]}"
         elif self.gpu_clock is not None:
             tp = f", TP {cfg.tensor_parallel}" if cfg.tensor_parallel > 1 else ""
@@ -257,6 +258,12 @@ def load_scenario(config: SimulateConfig) -> Scenario:
         gpu_clock, engine_clock = None, None
         if config.cost == "fitted" and config.cost_profile is None:
             gpu_clock, engine_clock = _fitted_clock(config, gpu, policies)
+        if config.cuda_graphs is not None and engine_clock is None:
+            raise UsageError(
+                "--cuda-graphs applies to a pagedkv-triton clock only (--clock pagedkv-triton, "
+                "or a clock calibrated from a device check)",
+                "cuda_graphs",
+            )
         link = None
         if config.preemption_mode == "swap":
             link = get_link(config.host_link) if config.host_link else host_link_for_gpu(gpu.name)

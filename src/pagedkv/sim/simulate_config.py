@@ -48,7 +48,8 @@ class SimulateConfig:
     # a `pagedkv calibrate` JSON of either kind, "vllm-class" or "pagedkv-triton" (the shipped
     # clock of that kind for the GPU); None: the shipped vLLM-class one
     clock: str | None = None
-    cuda_graphs: bool = True  # a pagedkv-triton clock: decode steps replay CUDA graphs
+    # a pagedkv-triton clock: decode steps replay CUDA graphs (None: its default, on)
+    cuda_graphs: bool | None = None
     tensor_parallel: int = 1  # GPUs per replica (fitted clock only)
     kernel: str | None = None  # one attention kernel for every paged policy; None: per policy
     cost_profile: str | None = None  # a `pagedkv profile` JSON: replaces the GPU cost model
