@@ -13,6 +13,7 @@ import json
 import sys
 
 from pagedkv.commands.overwrite import add_force_flag
+from pagedkv.commands.plan_clocks import copy_clocks, decode_clock
 from pagedkv.commands.plot_path import prepare_plot_path
 from pagedkv.errors import UsageError
 from pagedkv.units import parse_bytes, parse_count, parse_int_list, parse_tokens
@@ -206,8 +207,8 @@ def run(args: argparse.Namespace) -> int:
         unit = parse_count("--prefix-match-unit", args.prefix_match_unit)
         if unit < 1:
             raise UsageError("--prefix-match-unit must be >= 1 token", "--prefix-match-unit")
-    decode_step_s, clock_source, cost = _decode_clock(args, layout, workload)
-    copy_s, recompute_s = (None, None) if cost is None else _copy_clocks(args, cost, workload)
+    decode_step_s, clock_source, cost = decode_clock(args, layout, workload)
+    copy_s, recompute_s = (None, None) if cost is None else copy_clocks(args, cost, workload)
     plan = build_plan(
         layout,
         workload,
@@ -244,71 +245,6 @@ def run(args: argparse.Namespace) -> int:
         if args.plot:
             print(f"plot written to {args.plot}")
     return 0
-
-
-def _decode_clock(args: argparse.Namespace, layout, workload):
-    """(B -> seconds of one decode step of the workload on --gpu, the clock's name), or
-    (None, None) without --gpu. ``--backend triton`` is pagedkv's own engine: its
-    pagedkv-triton clock (CUDA graphs, as the engine runs decode); any other backend the
-    vLLM-class reference clock of the GPU."""
-    if args.gpu is None:
-        return None, None, None
-    if args.model is None:
-        raise UsageError("--gpu prices the model's layers: give --model, not --record-bytes")
-    from pagedkv.sched.step_shape import StepShape
-
-    context = max(1, round(workload.mean_len_tokens))
-    batch = [(context, 1)] * workload.num_seqs
-    if args.backend == "triton":
-        from pagedkv.pages.sources import load_shape
-        from pagedkv.sim.clock_presets import engine_clock_for
-        from pagedkv.sim.cost_model import ModelCost
-        from pagedkv.sim.engine_cost import EngineCostModel
-        from pagedkv.sim.gpus import get_gpu
-
-        gpu = get_gpu(args.gpu)
-        clock, source = engine_clock_for(gpu)
-        model = ModelCost.from_shape(load_shape(args.model), layout.kv_dtype)
-        engine = EngineCostModel(model, gpu, clock, cuda_graphs=True, source=source)
-        return (
-            (lambda b: engine.step_time_s(StepShape.of(batch, b))),
-            f"{source}, CUDA graphs",
-            engine,
-        )
-    from pagedkv.sim.fitted_cost import fitted_cost_model
-
-    cost = fitted_cost_model(args.model, args.gpu, kv_dtype=layout.kv_dtype)
-    return (lambda b: cost.step_time_s(StepShape.of(batch, b))), cost.source, cost
-
-
-# The prompt tokens after the hit that its prefill computes anyway (assumed: a short turn).
-_SUFFIX_TOKENS = 256
-
-
-def _copy_clocks(args: argparse.Namespace, cost, workload):
-    """With --gpu: (bytes -> seconds of a partial hit's copy in the GPU's memory, the
-    simulator's ``DeviceCopy``; (B, tokens) -> seconds to recompute those tokens instead: what
-    they add to a prefill chunk of ``_SUFFIX_TOKENS`` more at the median prefix, on the same
-    clock as the decode step)."""
-    import statistics
-
-    from pagedkv.sched.step_shape import StepShape
-    from pagedkv.sim.gpus import get_gpu
-    from pagedkv.sim.links import device_copy
-
-    gpu = get_gpu(args.gpu)
-    copier = device_copy(gpu.name, gpu.mem_bandwidth_bytes_per_s, cost.model.num_layers)
-    prefixes = workload.prefix_lens_tokens
-    context = int(statistics.median(prefixes)) if prefixes else 0
-
-    def recompute_s(block_size: int, tokens: float) -> float:
-        start = max(0, context - max(1, round(tokens)))  # the hit ends here instead
-        more = StepShape.of([(start, context - start + _SUFFIX_TOKENS)], block_size)
-        return cost.step_time_s(more) - cost.step_time_s(
-            StepShape.of([(context, _SUFFIX_TOKENS)], block_size)
-        )
-
-    return copier.time_s, recompute_s
 
 
 def _save_plot(plan, path: str) -> None:

@@ -12,6 +12,7 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
+from pagedkv import units
 from pagedkv.commands.engine_flags import add_swap_args, swap_space_bytes
 from pagedkv.commands.overwrite import add_force_flag
 from pagedkv.commands.plot_path import prepare_plot_path
@@ -29,24 +30,6 @@ def _int_list(option: str, text: str | None) -> tuple[int, ...]:
     if any(v < 1 for v in values):
         raise UsageError(f"{option}: values must be >= 1, got {text!r}", option)
     return values
-
-
-def _units(text: str | None) -> tuple[int | None, ...]:
-    """``--prefix-match-unit U[,U]``: whole numbers >= 1, or B (whole blocks)."""
-    if text is None:
-        return ()
-    units: list[int | None] = []
-    for part in (p.strip() for p in text.split(",")):
-        if part.upper() == "B":
-            units.append(None)
-        elif part.isdecimal() and int(part) >= 1:
-            units.append(int(part))
-        else:
-            raise UsageError(
-                f"--prefix-match-unit: expected whole numbers >= 1 or B, got {text!r}",
-                "--prefix-match-unit",
-            )
-    return tuple(units)
 
 
 def validate(a: argparse.Namespace) -> SimulateConfig:
@@ -85,7 +68,7 @@ def validate(a: argparse.Namespace) -> SimulateConfig:
         preemption=a.preemption,
         policies=policies,
         block_sizes=_int_list("--block-sizes", a.block_sizes),
-        prefix_match_units=_units(a.prefix_match_unit),
+        prefix_match_units=units.parse_unit_list("--prefix-match-unit", a.prefix_match_unit),
         max_requests=parse_count("--max-requests", a.max_requests) if a.max_requests else None,
         strict=a.strict,
         rate_scale=parse_number("--rate-scale", a.rate_scale, minimum=1e-9),

@@ -25,7 +25,7 @@ from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.prompt_scoring import score_prompts
 from pagedkv.engine.prompts import Prompt, check_params, check_request, tokenize
 from pagedkv.engine.registry import RequestRegistry
-from pagedkv.engine.requests import RequestState
+from pagedkv.engine.requests import RequestState, partial_hit
 from pagedkv.engine.runner import StepOutput
 from pagedkv.engine.sample_step import Draws, sample_batch
 from pagedkv.engine.startup import EngineParts, build_parts
@@ -240,19 +240,14 @@ class LLMEngine(OfflineCalls):
         tokens: list[list[int]] = []
         stopped: list[list[bool]] = []
         copied = {c.dst_block: c.num_tokens for c in batch.prefix_copies}
-        bs = self.info.block_size
         for item, drawn in zip(batch.seqs, draws, strict=True):
             state = self._registry.find(item.seq)
             if drawn is None or state is None or item.seq.is_finished:
                 tokens.append([])
                 stopped.append([])
                 continue
-            partial = item.prefix_hit_tokens % bs  # a hit's full blocks are multiples of B
-            num_copied = 0
-            if partial and self.allocator.has_seq(item.seq):  # copied, or claimed in place
-                block = self.allocator.block_table(item.seq)[item.prefix_hit_tokens // bs]
-                num_copied = copied.get(block, 0)
-            state.note_admission(item.seq, item.prefix_hit_tokens, partial, num_copied)
+            partial = partial_hit(item, self.allocator, self.info.block_size, copied)
+            state.note_admission(item.seq, item.prefix_hit_tokens, *partial)
             ids, logprobs, complete = drawn
             first = state.sample_index(item.seq)
             pairs = enumerate(zip(ids, logprobs, complete, strict=True))

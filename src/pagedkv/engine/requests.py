@@ -13,7 +13,9 @@ from typing import Any
 from pagedkv.engine.detokenizer import Detokenizer
 from pagedkv.engine.outputs import CompletionOutput, PromptTokenScore, RequestOutput
 from pagedkv.engine.params import SamplingParams
+from pagedkv.kvcache.protocol import KVAllocator
 from pagedkv.model.tokenizer import Tokenizer
+from pagedkv.sched.batch import ScheduledSeq
 from pagedkv.sched.sequence import Seq
 
 # Logprob info of one sampled token: (chosen logprob or None, top alternatives or None).
@@ -163,3 +165,17 @@ class RequestState:
             prompt_token_ids=list(self._output.prompt_token_ids),
             prompt_logprobs=None if scored is None else list(scored),
         )
+
+
+def partial_hit(
+    item: ScheduledSeq, allocator: KVAllocator, block_size: int, copied: dict[int, int]
+) -> tuple[int, int]:
+    """``(tokens of item's prefix hit from a partially matched block, of those copied)``; a
+    hit's whole blocks are a multiple of the block size, a partial block's tokens the rest.
+    ``copied``: the step's prefix copies, destination block -> tokens (a block claimed in
+    place is none of them: 0 copied)."""
+    partial = item.prefix_hit_tokens % block_size
+    if not partial or not allocator.has_seq(item.seq):
+        return partial, 0
+    block = allocator.block_table(item.seq)[item.prefix_hit_tokens // block_size]
+    return partial, copied.get(block, 0)
