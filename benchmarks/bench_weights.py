@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from pagedkv.model.native.layer import all_native
+from pagedkv.model.native.backend import chain_of
 
 from bench_native import alternate
 from common import ratios
@@ -48,7 +48,7 @@ def main() -> None:
     loaded = load_options(args.kinds.split(","))
     print(f"threads {args.threads}, cpu {torch.backends.cpu.get_cpu_capability()}\n")
     for name, (_, model, _) in loaded.items():
-        fused = sum(all_native(layer) for layer in model.layers)
+        fused = sum(chain_of(layer) is not None for layer in model.layers)
         print(f"{name}: one-call decode layers {fused}/{len(model.layers)}")
         if name != "float":
             print("  " + model.weights_report.replace("\n", "\n  "))

@@ -170,6 +170,14 @@ def check(args: argparse.Namespace) -> int:
         k = z(3, hkv, d, dtype=dt)
         attempt(f"kv_write, {tag}", write_kv, k, k, kc, vc, torch.tensor([0, -1, 5]))
         attempt(f"block_copy, {tag}", copy_blocks, kc, torch.tensor([0, 1]), torch.tensor([2, 3]))
+        attempt(
+            f"block_copy, slot prefixes, {tag}",
+            copy_blocks,
+            kc,
+            torch.tensor([0, 1]),
+            torch.tensor([2, 3]),
+            torch.tensor([1, 2]),
+        )  # a partial prefix hit's copy
         qkv, cos = z(5, (hq + 2 * hkv) * d, dtype=dt), z(5, 1, d, dtype=dt)
         slots = torch.tensor([0, 1, -1, 3, 4])
         attempt(f"rope_kv_write, {tag}", rope_write_kv, qkv, cos, cos, kc, vc, slots, hq,

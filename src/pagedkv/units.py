@@ -111,6 +111,21 @@ def parse_int_list(option: str, text: str) -> tuple[int, ...]:
     return values
 
 
+def parse_unit_list(option: str, text: str | None) -> tuple[int | None, ...]:
+    """``U[,U]``: whole numbers of tokens >= 1, or ``B`` (None: whole blocks); () for None."""
+    if text is None:
+        return ()
+    units: list[int | None] = []
+    for part in (p.strip() for p in text.split(",")):
+        if part.upper() == "B":
+            units.append(None)
+        elif part.isdecimal() and int(part) >= 1:
+            units.append(int(part))
+        else:
+            raise UsageError(f"{option}: expected whole numbers >= 1 or B, got {text!r}", option)
+    return tuple(units)
+
+
 def parse_number(option: str, text: str, *, minimum: float | None = None) -> float:
     """A finite real number: '0.9' -> 0.9. ``nan`` and ``inf`` are refused (a NaN compares
     false with every bound, so it would slip past a range check and hang a loop later)."""

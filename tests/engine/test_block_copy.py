@@ -1,5 +1,6 @@
-"""``engine/kv/block_copy.py``: every kind of block move (swap, host tier, copy-on-write, store
-bodies) goes through these functions; checked against a per-element loop written here."""
+"""``engine/kv/block_copy.py``: every kind of block move (swap, host tier, copy-on-write, prefix
+copies of partial hits, store bodies) goes through these functions; checked against a
+per-element loop written here."""
 
 from __future__ import annotations
 
@@ -8,9 +9,18 @@ import random
 import pytest
 import torch
 
-from pagedkv.engine.kv.block_copy import block_body_bytes, copy_rows, read_blocks, write_blocks
-from pagedkv.model.kv_pool import allocate_host_kv_caches, allocate_kv_caches
+from pagedkv.engine.kv.block_copy import (
+    block_body_bytes,
+    copy_rows,
+    copy_slot_prefixes,
+    read_blocks,
+    write_blocks,
+)
+from pagedkv.engine.kv.mover import KVMover
+from pagedkv.kvcache.tiers.contract import PrefixCopy
+from pagedkv.model.kv_pool import allocate_host_kv_caches, allocate_kv_caches, copy_pool_rows
 from pagedkv.pages.page_format import PageFormat
+from pagedkv.sched.batch import ScheduledBatch
 
 LAYERS, HEADS, HEAD_DIM, BLOCK_SIZE = 3, 2, 4, 5
 PAGE = PageFormat.mha(LAYERS, HEADS, HEAD_DIM, "fp32", BLOCK_SIZE)
@@ -89,3 +99,35 @@ def test_block_bodies_round_trip_and_have_the_page_layouts_size():
     for (k, v), (k2, v2) in zip(kv, other, strict=True):
         for s, d in zip(ids, [9, 8, 7, 6], strict=True):
             assert torch.equal(k[s], k2[d]) and torch.equal(v[s], v2[d])
+
+
+PREFIX_COPIES = [PrefixCopy(1, 6, 2), PrefixCopy(4, 2, BLOCK_SIZE - 1), PrefixCopy(1, 7, 1)]
+
+
+def prefix_reference(kv, copies):
+    """What a partial prefix hit's copies must do, slot by slot (sources read first)."""
+    want = [(k.clone(), v.clone()) for k, v in kv]
+    for (k, v), (wk, wv) in zip(kv, want, strict=True):
+        for src, dst, n in copies:
+            for slot in range(n):
+                wk[dst, slot], wv[dst, slot] = k[src, slot], v[src, slot]
+    return want
+
+
+def test_copy_slot_prefixes_copies_the_first_slots_and_keeps_the_rest():
+    kv = pool(8, 7)
+    want = prefix_reference(kv, PREFIX_COPIES)
+    copy_slot_prefixes(kv, PREFIX_COPIES)
+    assert same(kv, want)
+
+
+@pytest.mark.parametrize("backend_copy", [False, True])
+def test_the_mover_applies_prefix_copies_with_and_without_a_backend_copy(backend_copy):
+    """The step's prefix copies go through the backend's ``copy_blocks`` (native and
+    torch-sdpa: ``copy_pool_rows``; Triton: tests/model/triton/test_kv_write.py) or the
+    mover's own slot copy, with the same result."""
+    kv = pool(8, 8)
+    want = prefix_reference(kv, PREFIX_COPIES)
+    mover = KVMover(kv, copy_blocks=copy_pool_rows if backend_copy else None)
+    mover.before_forward(ScheduledBatch(1, (), prefix_copies=tuple(PREFIX_COPIES)))
+    assert same(kv, want)

@@ -42,6 +42,9 @@ FACTORIES: dict[str, Callable[[int], KVAllocator]] = {
     "paged16": lambda slots: PagedAllocator(slots // 16, 16),
     "paged1": lambda slots: PagedAllocator(slots, 1),
     "paged16-nocache": lambda slots: PagedAllocator(slots // 16, 16, prefix_caching=False),
+    # Partial-block reuse: prefix matches in units of 1 and 4 tokens inside the blocks.
+    "paged16-u1": lambda slots: PagedAllocator(slots // 16, 16, prefix_match_unit=1),
+    "paged8-u4": lambda slots: PagedAllocator(slots // 8, 8, prefix_match_unit=4),
     "radix1": lambda slots: RadixAllocator(slots, page_size=1),
     "radix16": lambda slots: RadixAllocator(slots, page_size=16),
     "reserved": lambda slots: ReservedAllocator(slots, max_model_len=256),

@@ -59,7 +59,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         seq = self._new_seq(stem, tail, salt)
         hit = self.alloc.match_prefix(seq)
         assert 0 <= hit <= max(len(seq.token_ids) - 1, 0)
-        assert hit % self.alloc.block_size == 0
+        assert hit % getattr(self.alloc, "prefix_match_unit", self.alloc.block_size) == 0
         n = len(seq.token_ids) - hit
         if chunk:
             n = max(1, n // 2)  # chunked prefill: admit part of the prompt first
@@ -67,6 +67,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         if self.alloc.allocate(seq, n, num_cached_tokens=hit):
             self.live[seq.seq_id] = seq
             self.slots[seq.seq_id] = self.alloc.slot_mapping(seq, 0, hit + n)
+            self.computes(seq, hit, hit + n)
         else:  # refused: nothing changed
             after = self.alloc.stats()
             assert after.num_empty_blocks + after.num_cached_blocks >= 0
@@ -90,6 +91,7 @@ class AllocatorMachine(RuleBasedStateMachine):
             new = self.alloc.slot_mapping(seq, 0, have + grow)
             assert new[:have] == self.slots[sid], "growth moved already-written tokens"
             self.slots[sid] = new
+            self.computes(seq, have, have + grow)
         else:
             assert list(self.alloc.block_table(seq)) == table_before
             assert self.alloc.num_tokens(seq) == have
@@ -110,6 +112,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.slots[child.seq_id] = self.alloc.slot_mapping(child, 0, n)
         for src, dst in copies:
             assert src in self.alloc.block_table(parent) and dst in self.alloc.block_table(child)
+        self.copied(copies)
 
     @precondition(lambda self: self.live)
     @rule(data=st.data(), preempted=st.booleans())
@@ -138,6 +141,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         assert not self.alloc.has_seq(seq)
         del self.live[sid], self.slots[sid]
         self.swapped[sid] = (seq, n, host)
+        self.copied(pairs, to_host=True)
 
     @precondition(lambda self: self.swapped)
     @rule(data=st.data(), grow=st.integers(1, 20))
@@ -164,6 +168,15 @@ class AllocatorMachine(RuleBasedStateMachine):
         del self.swapped[sid]
         self.live[sid] = seq
         self.slots[sid] = self.alloc.slot_mapping(seq, 0, start + num_new)
+        self.copied(copies, from_host=True)
+        self.computes(seq, start, start + num_new)
+
+    # Hooks of a machine that models what blocks hold (``test_partial_state_machine.py``).
+    def computes(self, seq: Seq, start: int, end: int) -> None:
+        """The step computes tokens ``[start, end)`` of ``seq`` into its slots."""
+
+    def copied(self, pairs, to_host: bool = False, from_host: bool = False) -> None:
+        """Whole-block copies (fork, swap-out to the host, swap-in from it) were ordered."""
 
     @rule()
     def reset_cache(self) -> None:

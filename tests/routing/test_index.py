@@ -84,3 +84,32 @@ def test_prompt_block_hashes_leave_out_the_last_token():
     admit(alloc, Seq(1, tokens))
     (stored,) = [e for e in log.drain() if isinstance(e, BlockStored)]
     assert list(stored.block_hashes) == prompt_block_hashes(tokens, 16)
+
+
+def test_match_tokens_scores_the_partial_block_a_replica_holds():
+    """Two replicas of partial-reuse allocators (B = 8): both cached the same first block; r0
+    also a block after it whose first 5 tokens the request shares, r1 one sharing 2. A
+    replica without token ids is scored on whole blocks."""
+    stem = list(range(100, 113))
+    logs = {}
+    for name, tail in (("r0", [1, 2, 3]), ("r1", [50, 51, 52, 53, 54, 55])):
+        alloc = PagedAllocator(16, 8, prefix_match_unit=1)
+        logs[name] = KVEventLog()
+        alloc.enable_events(logs[name])
+        prompt = stem[:8] + (stem[8:] if name == "r0" else stem[8:10]) + tail
+        admit(alloc, Seq(1, prompt))
+    whole = PagedAllocator(16, 8)  # r2: whole blocks, no token ids in its events
+    logs["r2"] = KVEventLog()
+    whole.enable_events(logs["r2"])
+    admit(whole, Seq(1, stem + [1, 2, 3]))
+    ix = PrefixIndex()
+    for name, log in logs.items():
+        ix.apply(name, log.drain())
+    request = stem + [9, 9, 9]
+    hashes = prompt_block_hashes(request, 8)
+    assert ix.match(hashes) == {"r0": 1, "r1": 1, "r2": 1}
+    assert ix.match_tokens(hashes, request, 8) == {"r0": 13, "r1": 10, "r2": 8}
+    ix.apply("r0", [BlockRemoved(tuple(whole.prefix_hashes()))])  # the same chain: r0 forgets it
+    assert "r0" not in ix.match_tokens(hashes, request, 8)
+    ix.apply("r1", [AllBlocksCleared()])
+    assert "r1" not in ix.match_tokens(hashes, request, 8)

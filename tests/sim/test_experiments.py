@@ -75,10 +75,15 @@ def test_command_writes_the_json_and_the_figure(tmp_path, monkeypatch, capsys) -
     monkeypatch.setattr(bs, "RATES_PER_S", {"alpaca": (20.0, 40.0)})
     monkeypatch.setattr(bs, "BLOCK_SIZES", (16, 256))
     monkeypatch.setattr(bs, "QUICK_NUM_REQUESTS", {"alpaca": 20})
+    monkeypatch.setattr(bs, "PREFIX_RATES_PER_S", {"vllm-class": (1.0,)})
+    monkeypatch.setattr(bs, "QUICK_PREFIX_NUM_REQUESTS", 20)
     code = main(["experiment", "block-size", "--quick", "--workers", "1", "--out", str(tmp_path)])
     assert code == 0
     result = json.loads((tmp_path / "experiments" / "block-size.json").read_text())
     assert len(result["points"]) == 4 and result["quick"] is True
+    shared = result["partial_reuse"]["points"]  # B = 16 and 256, whole blocks and U = 1
+    grid = [(16, None), (16, 1), (256, None), (256, 1)]
+    assert [(r["block_size"], r["prefix_match_unit"]) for r in shared] == grid
     assert result["setup"]["kv_pool_slots"] == 12 * 2**30 // 819_200  # the paper's 15.7K
     assert (tmp_path / "img" / "block-size.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -94,3 +99,17 @@ def test_bad_arguments_are_one_line(argv, words, capsys) -> None:
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert words in err and "Traceback" not in err
+
+
+def test_partial_reuse_recovers_the_system_prompts_a_large_block_loses() -> None:
+    """Shared system prompts of 32-480 tokens: at B = 256 whole blocks reuse only prompts of
+    256 tokens or more, rounded down; one-token units reuse every one of them, to the token."""
+
+    def point(unit):
+        p = bs.Point("sharegpt", 1.0, 256, 60, prefix_match_unit=unit, shared_prefixes=True)
+        return bs.run_point(p)
+
+    whole, partial = point(None), point(1)
+    assert partial["prefix_hit_tokens"] > 1.5 * whole["prefix_hit_tokens"]
+    assert partial["prefix_copy_time_s"] > 0 and whole["prefix_copy_time_s"] == 0
+    assert partial["num_refused"] == whole["num_refused"]

@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     # region, which every attention backend reads (Triton's tiles gather through the table).
     configs = {
         args.policy: engine_config(args),
-        "reserved": engine_config(args, policy="reserved"),
+        "reserved": engine_config(args, policy="reserved", prefix_match_unit=None),
     }
     placement = engine_placement(configs[args.policy])
     warn_if_busy("demo", adapts=not args.fixed_threads, device=args.device)

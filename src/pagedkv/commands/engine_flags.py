@@ -58,6 +58,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "deepinfer (paged 128), reserved (contiguous max_model_len), or paged:B / radix:B",
     )
     g.add_argument("--block-size", type=int, help="tokens per block (default: the policy's)")
+    add_prefix_match_unit_arg(g)
     g.add_argument(
         "--kv-cache-memory",
         metavar="SIZE",
@@ -107,6 +108,18 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "counted, a snapshot once it answers",
     )
     add_swap_args(g)
+
+
+def add_prefix_match_unit_arg(g: argparse._ArgumentGroup | argparse.ArgumentParser) -> None:
+    """``--prefix-match-unit``: the engine's, the simulator's and the planner's."""
+    g.add_argument(
+        "--prefix-match-unit",
+        type=int,
+        metavar="U",
+        help="tokens a prefix match counts in; U divides the block size (default: the block "
+        "size, whole blocks; trtllm: 1). Below it, a prefix ending inside a block reuses its "
+        "matched tokens: copied into a fresh block, or the block claimed when unused",
+    )
 
 
 def add_placement_args(g: argparse._ArgumentGroup | argparse.ArgumentParser) -> None:
@@ -182,6 +195,7 @@ def engine_config(args: argparse.Namespace, **overrides):
         weights=args.weights,
         policy=args.policy,
         block_size=args.block_size,
+        prefix_match_unit=args.prefix_match_unit,
         kv_cache_memory_bytes=(
             None
             if args.kv_cache_memory is None

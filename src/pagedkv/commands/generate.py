@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         outputs = run_batch(engine, prompts, params, "pagedkv generate")
         for i, out in enumerate(outputs):
             if args.json:
-                print(json.dumps(_as_json(out), ensure_ascii=False))
+                print(json.dumps(_as_json(out, engine.info), ensure_ascii=False))
                 continue
             for c in out.outputs:
                 label = f"[{i}]" if params.n == 1 else f"[{i}.{c.index}]"
@@ -109,11 +109,21 @@ def run(args: argparse.Namespace) -> int:
     return 1 if errors == len(outputs) else 0
 
 
-def _as_json(out) -> dict:
+def _as_json(out, info) -> dict:
+    """One request's JSON line; with partial-block reuse on (a prefix match unit below the
+    block size) its ``cached_tokens`` split: from a partially matched block, and the KV bytes
+    copied for it."""
+    partial = {}
+    if (info.prefix_match_unit or info.block_size) < info.block_size:
+        partial = {
+            "partial_cached_tokens": out.num_partial_cached_tokens,
+            "prefix_copied_bytes": out.num_prefix_copied_tokens * info.record_bytes,
+        }
     return {
         "request_id": out.request_id,
         "prompt_tokens": len(out.prompt_token_ids),
         "cached_tokens": out.num_cached_tokens,
+        **partial,
         "error": out.error,
         "outputs": [
             {"index": c.index, "text": c.text, "token_ids": c.token_ids,

@@ -13,9 +13,9 @@ import json
 import sys
 
 from pagedkv.commands.overwrite import add_force_flag
+from pagedkv.commands.plan_clocks import copy_clocks, decode_clock
 from pagedkv.commands.plot_path import prepare_plot_path
 from pagedkv.errors import UsageError
-from pagedkv.pages.backends import RULES
 from pagedkv.units import parse_bytes, parse_count, parse_int_list, parse_tokens
 
 
@@ -46,6 +46,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(default: skip it with a warning naming its line)",
     )  # fmt: skip
     p.add_argument("--block-sizes", default="1,8,16,32,64,128", help="candidates (tokens)")
+    p.add_argument(
+        "--prefix-match-unit",
+        metavar="U",
+        help="partial-block reuse: prefixes match in units of U tokens at every B that U "
+        "divides (B <= U: whole blocks), so a hit loses P mod U tokens, not P mod B; the tokens "
+        "reused out of a partial block are copied (with --gpu: priced against recomputing them)",
+    )
     p.add_argument("--backend", default="torch-sdpa", help="attention backend (hard limits)")
     p.add_argument("--alignment-bytes", default="128", help="block base alignment reported")
     p.add_argument(
@@ -195,7 +202,13 @@ def run(args: argparse.Namespace) -> int:
         prepare_plot_path(args.plot, args.force)
     layout = _layout(args)
     workload = _workload(args)
-    decode_step_s, clock_source = _decode_clock(args, layout, workload)
+    unit = None
+    if args.prefix_match_unit is not None:
+        unit = parse_count("--prefix-match-unit", args.prefix_match_unit)
+        if unit < 1:
+            raise UsageError("--prefix-match-unit must be >= 1 token", "--prefix-match-unit")
+    decode_step_s, clock_source, cost = decode_clock(args, layout, workload)
+    copy_s, recompute_s = (None, None) if cost is None else copy_clocks(args, cost, workload)
     plan = build_plan(
         layout,
         workload,
@@ -206,6 +219,9 @@ def run(args: argparse.Namespace) -> int:
         alignment_bytes=max(1, parse_bytes("--alignment-bytes", args.alignment_bytes)),
         decode_step_s=decode_step_s,
         clock_source=clock_source,
+        prefix_match_unit=unit,
+        copy_s=copy_s,
+        recompute_s=recompute_s,
     )
     log_line = None
     if plan.recommended_block_size is not None:
@@ -229,38 +245,6 @@ def run(args: argparse.Namespace) -> int:
         if args.plot:
             print(f"plot written to {args.plot}")
     return 0
-
-
-def _decode_clock(args: argparse.Namespace, layout, workload):
-    """(B -> seconds of one decode step of the workload on --gpu, the clock's name), or
-    (None, None) without --gpu. A backend of pagedkv's own engine with a fitted clock
-    (``pages/backends.py``: triton) is priced by its pagedkv-triton clock (CUDA graphs, as the
-    engine runs decode); any other backend by the vLLM-class reference clock of the GPU."""
-    if args.gpu is None:
-        return None, None
-    if args.model is None:
-        raise UsageError("--gpu prices the model's layers: give --model, not --record-bytes")
-    from pagedkv.sched.step_shape import StepShape
-
-    context = max(1, round(workload.mean_len_tokens))
-    batch = [(context, 1)] * workload.num_seqs
-    rule = RULES.get(args.backend)
-    if rule is not None and rule.engine_clock:
-        from pagedkv.pages.sources import load_shape
-        from pagedkv.sim.clock_presets import engine_clock_for
-        from pagedkv.sim.cost_model import ModelCost
-        from pagedkv.sim.engine_cost import EngineCostModel
-        from pagedkv.sim.gpus import get_gpu
-
-        gpu = get_gpu(args.gpu)
-        clock, source = engine_clock_for(gpu)
-        model = ModelCost.from_shape(load_shape(args.model), layout.kv_dtype)
-        engine = EngineCostModel(model, gpu, clock, cuda_graphs=True, source=source)
-        return (lambda b: engine.step_time_s(StepShape.of(batch, b))), f"{source}, CUDA graphs"
-    from pagedkv.sim.fitted_cost import fitted_cost_model
-
-    cost = fitted_cost_model(args.model, args.gpu, kv_dtype=layout.kv_dtype)
-    return (lambda b: cost.step_time_s(StepShape.of(batch, b))), cost.source
 
 
 def _save_plot(plan, path: str) -> None:

@@ -12,6 +12,7 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
+from pagedkv import units
 from pagedkv.commands.engine_flags import add_swap_args, swap_space_bytes
 from pagedkv.commands.overwrite import add_force_flag
 from pagedkv.commands.plot_path import prepare_plot_path
@@ -67,6 +68,7 @@ def validate(a: argparse.Namespace) -> SimulateConfig:
         preemption=a.preemption,
         policies=policies,
         block_sizes=_int_list("--block-sizes", a.block_sizes),
+        prefix_match_units=units.parse_unit_list("--prefix-match-unit", a.prefix_match_unit),
         max_requests=parse_count("--max-requests", a.max_requests) if a.max_requests else None,
         strict=a.strict,
         rate_scale=parse_number("--rate-scale", a.rate_scale, minimum=1e-9),
@@ -181,6 +183,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(paged:32, paged-nocache:16, radix:1)",
     )
     pol.add_argument("--block-sizes", metavar="B,B", help="run each paged/radix policy at each")
+    pol.add_argument(
+        "--prefix-match-unit",
+        metavar="U[,U]",
+        help="run each policy with a prefix cache matching prefixes in units of U tokens, once "
+        "per U (B: whole blocks); U must divide the block size. Below it a hit may end inside "
+        "a block, whose matched slots are copied (priced on the GPU's memory) or claimed",
+    )
     rt = p.add_argument_group("replicas and routing")
     rt.add_argument(
         "--replicas", default="1", metavar="N", help="N engines, each with its own scheduler "

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from pagedkv.engine.memory import DEFAULT_GPU_MEMORY_UTILIZATION, check_utilization
 from pagedkv.errors import UsageError
-from pagedkv.kvcache.policies import get_policy
+from pagedkv.kvcache.policies import Policy, get_policy
 from pagedkv.kvstore.address import parse_store_url
 from pagedkv.pages.backends import check_backend_name
 from pagedkv.pages.kv_dtypes import ENGINE_DTYPES
@@ -41,6 +41,10 @@ class EngineConfig:
     weights: str = "float"  # "int8" / "int4": weight-only quantized (model/quant.py)
     policy: str = "vllm"
     block_size: int | None = None
+    # Tokens a prefix match counts in (kvcache/partial.py); None = the policy's (whole blocks,
+    # but 1 for trtllm). Below the block size a hit may end inside a block: its matched slots
+    # are copied into a fresh block (or the block is claimed in place).
+    prefix_match_unit: int | None = None
     # None: 512 MiB on the CPU, what gpu_memory_utilization leaves on a GPU (engine/memory.py).
     kv_cache_memory_bytes: int | None = None
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
@@ -80,6 +84,7 @@ class EngineConfig:
         check_preemption(self.preemption, self.preemption_mode)
         if self.block_size is not None:
             check_block_size(self.block_size)
+        self.engine_policy(self.block_size)  # --prefix-match-unit: checked before the model loads
         host = self.host_kv_memory_bytes
         if isinstance(host, bool) or not isinstance(host, int) or host < 0:
             raise UsageError(
@@ -109,3 +114,17 @@ class EngineConfig:
         check_swap_space(
             self.preemption_mode, self.swap_space_bytes, "swap_space_bytes", "--swap-space"
         )
+
+    def engine_policy(self, block_size: int | None) -> Policy:
+        """The policy with ``prefix_match_unit`` applied, checked at ``block_size`` (None: the
+        requested or the preset's); ``UsageError`` naming ``--prefix-match-unit`` when the
+        policy cannot match prefixes in that unit there."""
+        policy = get_policy(self.policy)
+        try:
+            policy = policy.with_prefix_match_unit(self.prefix_match_unit)
+        except ValueError as exc:
+            raise UsageError(f"--prefix-match-unit: {exc}", "prefix_match_unit") from None
+        problem = policy.unit_problem(block_size or self.block_size)
+        if problem is not None:
+            raise UsageError(f"--prefix-match-unit: {problem}", "prefix_match_unit")
+        return policy

@@ -38,8 +38,11 @@ def run_contained(
             return [None] * len(batch.seqs), [(item, exc) for item in batch.seqs]
     results: list[T | Exception] = []
     for item in batch.seqs:
-        # Each retry applies the step's block copies again: copying a block twice is a no-op.
-        alone = ScheduledBatch(batch.step, (item,), batch.block_copies)
+        # Each retry applies the step's block copies again: copying a block twice is a no-op
+        # (a prefix copy's source is a full block nobody writes).
+        alone = ScheduledBatch(
+            batch.step, (item,), batch.block_copies, prefix_copies=batch.prefix_copies
+        )
         try:
             results.append(run(alone)[0])
         except Exception as exc:  # noqa: BLE001

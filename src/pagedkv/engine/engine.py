@@ -55,7 +55,7 @@ class LLMEngine(OfflineCalls):
         # Outputs that generate() / stream() stepped past (other requests', aborts), newest per
         # request: handed to the next step() caller instead of being lost.
         self._stash: dict[str, RequestOutput] = {}
-        self.recorder = StatsRecorder(self.allocator, self.runner.swap_pool)
+        self.recorder = StatsRecorder(self.allocator, self.runner.swap_pool, self.info.record_bytes)
         mover = self.runner.mover
         self.recorder.tier_counts = mover.counts if mover.has_tiers else None
         self._store = p.kv_store  # None without ``--kv-store``

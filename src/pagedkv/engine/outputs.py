@@ -35,8 +35,10 @@ class CompletionOutput:
 @dataclass
 class RequestOutput:
     """The state of one request. ``num_cached_tokens`` is the prompt's prefix hit (tokens whose
-    KV was reused). ``error`` is set (and ``finished``) when the request could not run.
-    ``error_param``: the request field the error is traced to (its output constraint, whose
+    KV was reused); of those, ``num_partial_cached_tokens`` came from a partially matched block
+    (``kvcache/partial.py``), of which ``num_prefix_copied_tokens`` were copied (0 when the
+    block was claimed in place). ``error`` is set (and ``finished``) when the request could not
+    run. ``error_param``: the request field the error is traced to (its output constraint, whose
     grammar failed inside a step), else None. ``prompt_logprobs`` (asked for in
     ``SamplingParams``): one entry per prompt token, None for the first (nothing predicts it)
     and for positions the prefill has not reached yet."""
@@ -46,6 +48,8 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     num_cached_tokens: int = 0
+    num_partial_cached_tokens: int = 0
+    num_prefix_copied_tokens: int = 0
     error: str | None = None
     error_param: str | None = None
     prompt_logprobs: list[PromptTokenScore | None] | None = None

@@ -13,7 +13,9 @@ from typing import Any
 from pagedkv.engine.detokenizer import Detokenizer
 from pagedkv.engine.outputs import CompletionOutput, PromptTokenScore, RequestOutput
 from pagedkv.engine.params import SamplingParams
+from pagedkv.kvcache.protocol import KVAllocator
 from pagedkv.model.tokenizer import Tokenizer
+from pagedkv.sched.batch import ScheduledSeq
 from pagedkv.sched.sequence import Seq
 
 # Logprob info of one sampled token: (chosen logprob or None, top alternatives or None).
@@ -37,6 +39,8 @@ class RequestState:
         self.matchers = matchers
         self.params = params
         self.num_cached_tokens = 0
+        self.num_partial_cached_tokens = 0  # of num_cached_tokens, from a partial block
+        self.num_prefix_copied_tokens = 0  # of those, copied (not claimed in place)
         self._admitted = False
         self._index: dict[int, int] = {}  # seq id -> sample index
         self._seqs: dict[int, Seq] = {}  # sample index -> its sequence
@@ -67,12 +71,18 @@ class RequestState:
 
     # -- progress --------------------------------------------------------------------------
 
-    def note_admission(self, seq: Seq, prefix_hit_tokens: int) -> None:
-        """Record the prompt's prefix hit at the request's first admission only: a re-admission
-        after preemption, or a child recomputed after a failed fork, also hits its own blocks."""
+    def note_admission(
+        self, seq: Seq, prefix_hit_tokens: int, partial_tokens: int = 0, copied_tokens: int = 0
+    ) -> None:
+        """Record the prompt's prefix hit (``partial_tokens`` of it from a partially matched
+        block, ``copied_tokens`` of those copied) at the request's first admission only: a
+        re-admission after preemption, or a child recomputed after a failed fork, also hits
+        its own blocks."""
         if not self._admitted and self._index.get(seq.seq_id) == 0:
             self._admitted = True
             self.num_cached_tokens = prefix_hit_tokens
+            self.num_partial_cached_tokens = partial_tokens
+            self.num_prefix_copied_tokens = copied_tokens
 
     def record_prompt(self, first_token: int, scores: list[PromptTokenScore]) -> None:
         """Prompt tokens ``first_token, ...`` scored by the prefill (again, identically, when a
@@ -150,6 +160,22 @@ class RequestState:
             self._output,
             outputs=outs,
             num_cached_tokens=self.num_cached_tokens,
+            num_partial_cached_tokens=self.num_partial_cached_tokens,
+            num_prefix_copied_tokens=self.num_prefix_copied_tokens,
             prompt_token_ids=list(self._output.prompt_token_ids),
             prompt_logprobs=None if scored is None else list(scored),
         )
+
+
+def partial_hit(
+    item: ScheduledSeq, allocator: KVAllocator, block_size: int, copied: dict[int, int]
+) -> tuple[int, int]:
+    """``(tokens of item's prefix hit from a partially matched block, of those copied)``; a
+    hit's whole blocks are a multiple of the block size, a partial block's tokens the rest.
+    ``copied``: the step's prefix copies, destination block -> tokens (a block claimed in
+    place is none of them: 0 copied)."""
+    partial = item.prefix_hit_tokens % block_size
+    if not partial or not allocator.has_seq(item.seq):
+        return partial, 0
+    block = allocator.block_table(item.seq)[item.prefix_hit_tokens // block_size]
+    return partial, copied.get(block, 0)

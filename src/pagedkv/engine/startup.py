@@ -161,6 +161,8 @@ def plan_pool(config: EngineConfig, model_config: ModelConfig) -> PoolPlan:
     requested = max_model_len if reserved else config.block_size or policy.block_size
     resolution = resolve_block_size(requested, placement.backend.name, layout)
     block_size = resolution.block_size
+    if not reserved:  # the prefix match unit must divide the block size the kernel took
+        policy = config.engine_policy(block_size)
     num_blocks = None
     if config.kv_cache_memory_bytes is not None or placement.device.type != "cuda":
         memory_bytes = config.kv_cache_memory_bytes or CPU_KV_CACHE_MEMORY_BYTES

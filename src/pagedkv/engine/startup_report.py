@@ -28,6 +28,9 @@ def startup_report(
     preset_size = policy.block_size
     overridden = policy.allocator != "reserved" and preset_size not in (None, size)
     override = f"; its block size {preset_size} replaced by {size}" if overridden else ""
+    unit = policy.prefix_match_unit
+    if unit is not None and unit < size:
+        override += f"; prefix matches in units of {unit} tokens (partial blocks reused)"
     return [
         f"policy {policy.name} ({policy.description}{override})",
         resolution.log_line(),

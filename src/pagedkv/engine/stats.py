@@ -39,6 +39,7 @@ class EngineInfo:
     device: str = "cpu"  # where the model runs: "cpu", "cuda:0"
     dtype: str = "float32"  # activations and weights (the KV dtype is the page format's)
     attention_backend: str = "native"
+    prefix_match_unit: int | None = None  # tokens; None = whole blocks (kvcache/partial.py)
 
     def labels(self) -> dict[str, str]:
         """The page format plus policy and backend: labels for a metrics info series."""
@@ -61,6 +62,7 @@ class EngineInfo:
             record_bytes=p.layout.record_bytes,
             kv_cache_bytes=p.runner.kv_cache_bytes,
             page_format={k: str(v) for k, v in p.page_format.to_dict().items()},
+            prefix_match_unit=p.policy.prefix_match_unit,
             **({} if p.placement is None else {
                 "device": str(p.placement.device), "dtype": p.placement.dtype,
                 "attention_backend": p.placement.attention_backend,
@@ -102,6 +104,12 @@ class EngineSnapshot:
     num_swap_fallbacks: int = 0  # victims the full host pool sent to recompute instead
     swap_out_bytes: int = 0  # KV bytes copied device -> host
     swap_in_bytes: int = 0  # host -> device
+    # Partial-block reuse (kvcache/partial.py): hits ending inside a block, their tokens there
+    # (part of prefix_hit_tokens), KV bytes copied for them, blocks claimed in place instead.
+    num_partial_hits: int = 0
+    partial_hit_tokens: int = 0
+    prefix_copy_bytes: int = 0
+    num_partial_claims: int = 0
 
 
 @dataclass(frozen=True)
@@ -123,6 +131,11 @@ class EngineStats:
     swap_outs: int = 0  # sequences swapped out (of ``preemptions``)
     swap_ins: int = 0
     swap_bytes: int = 0  # KV bytes copied both ways
+    # As in EngineSnapshot: partial-block hits, their tokens, bytes copied, blocks claimed.
+    partial_hits: int = 0
+    partial_hit_tokens: int = 0
+    prefix_copy_bytes: int = 0
+    partial_claims: int = 0
 
     @property
     def generated_tokens_per_s(self) -> float:
@@ -131,24 +144,33 @@ class EngineStats:
     def rows(self) -> list[tuple[str, str]]:
         """(label, value) pairs for a two-column table."""
         hit = self.prefix_hit_tokens / self.prefix_query_tokens if self.prefix_query_tokens else 0
-        return [
-            ("generated tokens", f"{self.generated_tokens}"),
-            ("generated tokens/s", f"{self.generated_tokens_per_s:.1f}"),
-            ("steps", f"{self.num_steps}"),
-            (
-                "prefix-hit tokens",
-                f"{self.prefix_hit_tokens} of {self.prefix_query_tokens} ({hit:.1%})",
-            ),
-            ("peak blocks in use", f"{self.peak_used_blocks} of {self.total_blocks}"),
-            (
-                "KV utilization mean / peak",
-                f"{self.kv_utilization_mean:.1%} / {self.kv_utilization_peak:.1%}",
-            ),
-            ("peak running sequences", f"{self.peak_running}"),
-            ("preemptions", f"{self.preemptions}"),
-            *tier_rows(self.tier_hit_tokens),
-            *store_rows(self.kv_store),
-        ] + self._swap_rows()
+        return (
+            [
+                ("generated tokens", f"{self.generated_tokens}"),
+                ("generated tokens/s", f"{self.generated_tokens_per_s:.1f}"),
+                ("steps", f"{self.num_steps}"),
+                (
+                    "prefix-hit tokens",
+                    f"{self.prefix_hit_tokens} of {self.prefix_query_tokens} ({hit:.1%})",
+                ),
+                ("peak blocks in use", f"{self.peak_used_blocks} of {self.total_blocks}"),
+                (
+                    "KV utilization mean / peak",
+                    f"{self.kv_utilization_mean:.1%} / {self.kv_utilization_peak:.1%}",
+                ),
+                ("peak running sequences", f"{self.peak_running}"),
+                ("preemptions", f"{self.preemptions}"),
+                *tier_rows(self.tier_hit_tokens),
+                *store_rows(self.kv_store),
+            ]
+            + self._swap_rows()
+            + self._partial_rows()
+        )
+
+    def _partial_rows(self) -> list[tuple[str, str]]:
+        hits = f"{self.partial_hits} ({self.partial_hit_tokens} tokens; {self.prefix_copy_bytes}"
+        hits += f" bytes copied, {self.partial_claims} blocks claimed in place)"
+        return [("partial-block hits", hits)] if self.partial_hits else []
 
     def _swap_rows(self) -> list[tuple[str, str]]:
         if not (self.swap_outs or self.swap_ins):
@@ -158,14 +180,18 @@ class EngineStats:
 
 
 class StatsRecorder:
-    """Samples the allocator after every step. Cheap: one ``stats()`` call per step."""
+    """Samples the allocator after every step. Cheap: one ``stats()`` call per step.
+    ``record_bytes``: one token's K and V over all layers (prices the prefix copies)."""
 
     tier_counts: TierCounts | None = None  # the runner's lower-tier copies (engine.py sets it)
     store_counters: StoreCounters | None = None  # the store tier's (engine.py sets it)
 
-    def __init__(self, allocator: KVAllocator, swap_pool: HostSwapPool | None = None) -> None:
+    def __init__(
+        self, allocator: KVAllocator, swap_pool: HostSwapPool | None = None, record_bytes: int = 0
+    ) -> None:
         self._allocator = allocator
         self._swap_pool = swap_pool
+        self._record_bytes = record_bytes
         self._start: float | None = None
         self._last = 0.0
         self.num_steps = 0
@@ -225,6 +251,10 @@ class StatsRecorder:
             tier_moves=self.tier_counts.copy() if self.tier_counts else None,
             kv_store=self._store_items(),
             **swap_counts(scheduler, self._swap_pool),
+            num_partial_hits=kv.num_partial_hits,
+            partial_hit_tokens=kv.partial_hit_tokens,
+            prefix_copy_bytes=kv.partial_copied_tokens * self._record_bytes,
+            num_partial_claims=kv.num_partial_claims,
         )
 
     def summary(self, scheduler: Scheduler) -> EngineStats:
@@ -249,6 +279,10 @@ class StatsRecorder:
             swap_bytes=self._swap_pool.bytes_out + self._swap_pool.bytes_in
             if self._swap_pool
             else 0,
+            partial_hits=s.num_partial_hits,
+            partial_hit_tokens=s.partial_hit_tokens,
+            prefix_copy_bytes=s.partial_copied_tokens * self._record_bytes,
+            partial_claims=s.num_partial_claims,
         )
 
 

@@ -15,7 +15,7 @@ from pagedkv.engine.outputs import RequestOutput
 from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.prompt_scoring import score_prompts
 from pagedkv.engine.registry import RequestRegistry
-from pagedkv.engine.requests import RequestState
+from pagedkv.engine.requests import RequestState, partial_hit
 from pagedkv.engine.runner import ModelRunner, StepOutput
 from pagedkv.engine.sample_step import Draws
 from pagedkv.engine.stats import StatsRecorder
@@ -100,13 +100,16 @@ class StepRecord:
         build ``update``'s arguments. Entries whose request failed pass no tokens."""
         tokens: list[list[int]] = []
         stopped: list[list[bool]] = []
+        copied = {c.dst_block: c.num_tokens for c in batch.prefix_copies}
+        allocator = self.scheduler.allocator
         for item, drawn in zip(batch.seqs, draws, strict=True):
             state = self.registry.find(item.seq)
             if drawn is None or state is None or item.seq.is_finished:
                 tokens.append([])
                 stopped.append([])
                 continue
-            state.note_admission(item.seq, item.prefix_hit_tokens)
+            partial = partial_hit(item, allocator, allocator.block_size, copied)
+            state.note_admission(item.seq, item.prefix_hit_tokens, *partial)
             ids, logprobs, complete = drawn
             first = state.sample_index(item.seq)
             pairs = enumerate(zip(ids, logprobs, complete, strict=True))

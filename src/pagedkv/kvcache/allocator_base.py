@@ -232,11 +232,14 @@ class BlockTableAllocator:
             num_evictions=num_evictions,
         )
 
-    def _check_tables(self, ref_counts: Sequence[int] | None) -> None:
-        """Invariants over the block tables: lengths match token counts, every entry is owned,
-        and no block that can still be written (a partial tail) is shared."""
+    def _check_tables(self, ref_counts: Sequence[int] | None, pinned: Sequence[int] = ()) -> None:
+        """Invariants over the block tables: lengths match token counts, every entry is owned
+        (a ``pinned`` block holds one more reference per pin), and no block that can still be
+        written (a partial tail) is shared."""
         bs = self._block_size
         owners: dict[int, int] = {}
+        for b in pinned:
+            owners[b] = owners.get(b, 0) + 1
         for sid, st in self._seqs.items():
             assert len(st.block_ids) == ceil_div(st.num_tokens, bs), f"seq {sid}: table length"
             for b in st.block_ids:

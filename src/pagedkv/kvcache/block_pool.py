@@ -68,6 +68,8 @@ class BlockPool:
         # Told of every hash that leaves the index (``events.py``); the allocator reports the
         # ones that enter it, as it alone knows their parents. None = no one listens.
         self.events: KVEventLog | None = None
+        # Called with every hash leaving the index (``partial.py`` forgets it). None = no one.
+        self.on_unindex: Callable[[BlockHash], None] | None = None
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -112,7 +114,7 @@ class BlockPool:
         del empty[len(empty) - k :]
         if k < num_blocks:
             pop, hashes, index = self._cached.pop_oldest, self.block_hashes, self.index
-            on_evict, events = self.on_evict, self.events
+            on_evict, events, on_unindex = self.on_evict, self.events, self.on_unindex
             for _ in range(num_blocks - k):
                 b = pop()
                 h = hashes[b]
@@ -121,6 +123,8 @@ class BlockPool:
                     on_evict(b, h)
                 if events is not None:
                     events.removed(h)
+                if on_unindex is not None:
+                    on_unindex(h)
                 del index[h]  # the only holder of its hash (see the docstring)
                 hashes[b] = None
                 out.append(b)
@@ -129,6 +133,25 @@ class BlockPool:
         for b in out:
             refs[b] = 1
         return out
+
+    def claim(self, block_id: int) -> None:
+        """Hand out the cached block ``block_id`` itself with ref_count 1, its hash leaving
+        as in an eviction (offered to the lower tiers, reported, unindexed): a partial prefix
+        hit claims an unreferenced leaf in place (TRT-LLM's rule), keeping its first slots and
+        overwriting the rest. Not counted as an eviction: its KV is reused."""
+        h = self.block_hashes[block_id]
+        if self.ref_counts[block_id] or h is None:
+            raise ValueError(f"block {block_id} is not a cached block")
+        self._cached.remove(block_id)
+        self.ref_counts[block_id] = 1
+        self.block_hashes[block_id] = None
+        if self.on_evict is not None:
+            self.on_evict(block_id, h)
+        if self.events is not None:
+            self.events.removed(h)
+        if self.on_unindex is not None:
+            self.on_unindex(h)
+        del self.index[h]
 
     def share(self, block_ids: Iterable[int]) -> None:
         """Add one reference to each block; a free one (a cached block hit by a prefix match)
@@ -236,6 +259,8 @@ class BlockPool:
             assert h is not None  # a cached block holds its hash
             if events is not None:
                 events.removed(h)
+            if self.on_unindex is not None:
+                self.on_unindex(h)
             del index[h]
             hashes[b] = None
         self._empty[:0] = cached[::-1]  # the stack's bottom is the back of the free order

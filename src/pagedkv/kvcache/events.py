@@ -19,174 +19,55 @@ Names follow vLLM's event schema (``BlockStored.block_hashes``, ``parent_block_h
 are bytes (hex in JSON), ``token_ids`` are not sent (a router hashes the request itself, and
 a 10k-token prompt would make every event 50 KB); ``num_tokens`` is given instead, and
 ``medium`` names one of pagedkv's tiers (``device``, ``host``).
+
+**Partial matches.** An allocator whose prefix match unit is below the block size
+(``partial.py``) can reuse a block whose first tokens match, which no hash says: its
+``BlockStored`` events carry the blocks' ``token_ids`` (vLLM's field), so a router can keep
+the same per-parent token index (``routing/index.py``) and score a request's partial block. A
+partly filled tail kept for reuse is one such event whose ``token_ids`` are shorter than a
+block. Without partial reuse no event carries them (the stream is the same as before).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from pagedkv.kvcache.hashing import BlockHash
-from pagedkv.untrusted import (
-    UntrustedInput,
-    as_object,
-    as_str,
-    field,
-    get_float,
-    get_int,
-    get_list,
-    get_optional_str,
-    get_str,
-    parse_json,
+from pagedkv.kvcache.event_wire import (
+    MAX_BLOCK_SIZE,
+    MAX_ENTRY_BYTES,
+    MAX_HASH_BYTES,
+    MAX_HASHES_PER_ENTRY,
+    MAX_NAME_CHARS,
+    MAX_TS_S,
+    MEDIUM_DEVICE,
+    MEDIUM_HOST,
+    TOO_MANY,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEvent,
+    KVEventBatch,
 )
+from pagedkv.kvcache.hashing import BlockHash
 
-MEDIUM_DEVICE = "device"
-MEDIUM_HOST = "host"
-
-# One stream entry's bounds: a reader refuses past them (counted, skipped) and the publisher
-# splits a batch into entries within them (``kvstore/event_entries.py``). An entry is one
-# engine step's events, or a part of a snapshot.
-MAX_HASHES_PER_ENTRY = 16_384  # block hashes over all its events (each event counts >= 1)
-MAX_ENTRY_BYTES = 8 << 20  # its JSON: ~3.5 MB for a snapshot part of 16k sha256 hashes
-MAX_HASH_BYTES = 64  # one block hash (sha256 and blake2b: 32, xxh3_128: 16)
-MAX_NAME_CHARS = 256  # an event type, a medium, a lora_id
-MAX_BLOCK_SIZE = 1 << 20  # tokens
-MAX_TS_S = 1e15
-TOO_MANY = "too_many_hashes"  # the ``UntrustedInput.kind`` of an entry over the hash cap
-
-
-@dataclass(frozen=True)
-class BlockStored:
-    """Full blocks that entered the prefix cache: ``block_hashes[i]``'s parent is
-    ``block_hashes[i - 1]``, the first one's is ``parent_block_hash``."""
-
-    block_hashes: tuple[BlockHash, ...]
-    parent_block_hash: BlockHash | None
-    block_size: int
-    lora_id: str | None = None
-    medium: str = MEDIUM_DEVICE
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.block_hashes) * self.block_size
-
-
-@dataclass(frozen=True)
-class BlockRemoved:
-    """Blocks that left the prefix cache."""
-
-    block_hashes: tuple[BlockHash, ...]
-    medium: str = MEDIUM_DEVICE
-
-
-@dataclass(frozen=True)
-class AllBlocksCleared:
-    """The replica's prefix cache (every medium) holds nothing now."""
-
-
-KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
-
-
-def _event_to_dict(ev: KVEvent) -> dict:
-    if isinstance(ev, BlockStored):
-        return {
-            "type": "BlockStored",
-            "block_hashes": [h.hex() for h in ev.block_hashes],
-            "parent_block_hash": ev.parent_block_hash.hex() if ev.parent_block_hash else None,
-            "block_size": ev.block_size,
-            "num_tokens": ev.num_tokens,
-            "lora_id": ev.lora_id,
-            "medium": ev.medium,
-        }
-    if isinstance(ev, BlockRemoved):
-        return {
-            "type": "BlockRemoved",
-            "block_hashes": [h.hex() for h in ev.block_hashes],
-            "medium": ev.medium,
-        }
-    return {"type": "AllBlocksCleared"}
-
-
-def _hashes(raw: list, at: str) -> tuple[BlockHash, ...]:
-    """Hex strings -> hashes of 1 to ``MAX_HASH_BYTES`` bytes (``bytes.fromhex`` alone would
-    take spaces between the bytes)."""
-    out = []
-    for i, text in enumerate(raw):
-        try:
-            h = bytes.fromhex(text) if len(text) <= 2 * MAX_HASH_BYTES else b""
-        except (TypeError, ValueError):  # not a str, or not hex
-            h = b""
-        if not h or 2 * len(h) != len(text):
-            shown = repr(text[:20]) if isinstance(text, str) else type(text).__name__
-            raise UntrustedInput(f"{at}[{i}] must be the hex of 1 to {MAX_HASH_BYTES} bytes, "
-                                 f"got {shown}")  # fmt: skip
-        out.append(h)
-    return tuple(out)
-
-
-def _event_from_dict(d: dict, at: str) -> KVEvent:
-    kind = get_str(d, "type", max_len=MAX_NAME_CHARS, at=at)
-    if kind == "AllBlocksCleared":
-        return AllBlocksCleared()
-    if kind not in ("BlockStored", "BlockRemoved"):
-        raise UntrustedInput(f"{at}.type {kind[:40]!r} is not an event type of this version")
-    hashes = _hashes(d["block_hashes"], f"{at}.block_hashes")  # a list: checked by the caller
-    medium = d.get("medium", MEDIUM_DEVICE)
-    medium = as_str(medium, f"{at}.medium", max_len=MAX_NAME_CHARS)
-    if kind == "BlockRemoved":
-        return BlockRemoved(hashes, medium)
-    parent = field(d, "parent_block_hash", at)
-    return BlockStored(
-        hashes,
-        None if parent is None else _hashes([parent], f"{at}.parent_block_hash")[0],
-        get_int(d, "block_size", lo=1, hi=MAX_BLOCK_SIZE, at=at),
-        get_optional_str(d, "lora_id", max_len=MAX_NAME_CHARS, at=at),
-        medium,
-    )
-
-
-def _batch_from_json(text: str | bytes) -> tuple[float, tuple[KVEvent, ...]]:
-    data = as_object(parse_json(text, max_bytes=MAX_ENTRY_BYTES, what="the entry"), "the entry")
-    ts = get_float(data, "ts", lo=0.0, hi=MAX_TS_S)
-    raw = [as_object(e, f"events[{i}]") for i, e in
-           enumerate(get_list(data, "events", max_len=MAX_HASHES_PER_ENTRY, kind=TOO_MANY))]  # fmt: skip
-    # Every event counts one hash at least, so the events are bounded too.
-    num_hashes = 0
-    for i, e in enumerate(raw):
-        if e.get("type") in ("BlockStored", "BlockRemoved"):
-            num_hashes += max(len(get_list(e, "block_hashes", max_len=MAX_HASHES_PER_ENTRY,
-                                           at=f"events[{i}]", kind=TOO_MANY)), 1)  # fmt: skip
-        else:
-            num_hashes += 1
-        if num_hashes > MAX_HASHES_PER_ENTRY:
-            raise UntrustedInput(f"the entry holds over {MAX_HASHES_PER_ENTRY} block hashes",
-                                 TOO_MANY)  # fmt: skip
-    return ts, tuple(_event_from_dict(e, f"events[{i}]") for i, e in enumerate(raw))
-
-
-@dataclass(frozen=True)
-class KVEventBatch:
-    """The events of one engine step, in order. ``ts``: seconds (wall clock in the engine,
-    simulated time in the simulator)."""
-
-    ts: float
-    events: tuple[KVEvent, ...]
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {"ts": self.ts, "events": [_event_to_dict(e) for e in self.events]},
-            separators=(",", ":"),
-        )
-
-    @classmethod
-    def from_json(cls, text: str | bytes) -> KVEventBatch:
-        """``UntrustedInput`` (a ``ValueError``; ``kind`` says what was wrong) on anything that
-        is not a batch this version wrote within the caps above; never another exception."""
-        try:
-            return cls(*_batch_from_json(text))
-        except UntrustedInput as exc:
-            raise UntrustedInput(f"not a pagedkv KV event batch: {exc}", exc.kind) from None
+__all__ = [
+    "MAX_BLOCK_SIZE",
+    "MAX_ENTRY_BYTES",
+    "MAX_HASHES_PER_ENTRY",
+    "MAX_HASH_BYTES",
+    "MAX_NAME_CHARS",
+    "MAX_TS_S",
+    "MEDIUM_DEVICE",
+    "MEDIUM_HOST",
+    "TOO_MANY",
+    "AllBlocksCleared",
+    "BlockRemoved",
+    "BlockStored",
+    "KVEvent",
+    "KVEventBatch",
+    "KVEventLog",
+    "replay",
+]
 
 
 class KVEventLog:
@@ -209,14 +90,16 @@ class KVEventLog:
         block_size: int,
         lora_id: str | None = None,
         medium: str | None = None,
+        token_ids: Sequence[int] | None = None,
     ) -> None:
         if not block_hashes:
             return
         self._flush_removed()
+        tokens = None if token_ids is None else tuple(token_ids)
+        medium = medium or self.medium
+        run = tuple(block_hashes)
         self._events.append(
-            BlockStored(
-                tuple(block_hashes), parent_block_hash, block_size, lora_id, medium or self.medium
-            )
+            BlockStored(run, parent_block_hash, block_size, lora_id, medium, tokens)
         )
         self.num_stored_blocks += len(block_hashes)
 
@@ -227,21 +110,22 @@ class KVEventLog:
         parent_block_hash: BlockHash | None,
         block_size: int,
         lora_id: str | None = None,
+        token_ids: Sequence[int] | None = None,
     ) -> None:
         """Of a chain of blocks (``parent_block_hash`` before the first), report the ones
-        ``is_new`` marks, as runs of consecutive blocks, each with its own parent."""
-        run: list[BlockHash] = []
-        run_parent = prev = parent_block_hash
-        for h, new in zip(block_hashes, is_new, strict=True):
-            if new:
-                if not run:
-                    run_parent = prev
-                run.append(h)
-            elif run:
-                self.stored(run, run_parent, block_size, lora_id)
-                run = []
-            prev = h
-        self.stored(run, run_parent, block_size, lora_id)
+        ``is_new`` marks, as runs of consecutive blocks, each with its own parent (and its
+        blocks' slice of ``token_ids``, the chain's tokens, when given)."""
+        bs = block_size
+        runs: list[tuple[int, int]] = []  # (first block, past the last) of each new run
+        for i, new in enumerate(is_new):
+            if new and runs and runs[-1][1] == i:
+                runs[-1] = (runs[-1][0], i + 1)
+            elif new:
+                runs.append((i, i + 1))
+        for first, end in runs:
+            parent = block_hashes[first - 1] if first else parent_block_hash
+            tokens = None if token_ids is None else token_ids[first * bs : end * bs]
+            self.stored(block_hashes[first:end], parent, bs, lora_id, token_ids=tokens)
 
     def removed(self, block_hash: BlockHash, medium: str | None = None) -> None:
         medium = medium or self.medium

@@ -5,12 +5,15 @@ sequence reuses the longest chain of cached full blocks (never its last token, s
 exist). Freed full blocks keep their hash and are evicted lazily: a new block is an empty one
 while any is left, else the least recently freed cached one (see ``block_pool.py``). With
 lower tiers (``set_tiers``, ``kvcache/tiers/``) a match continues where the device chain
-breaks, and evicted blocks are offered to the host tier.
+breaks, and evicted blocks are offered to the host tier. With a prefix match unit below the
+block size (``partial.py``) a match may end inside a block: its matched slots are copied into a
+fresh block, or the block is claimed in place.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from pagedkv.kvcache.allocator_base import BlockTableAllocator, SeqBlocks, ceil_div
 from pagedkv.kvcache.block_pool import BlockPool
@@ -23,13 +26,16 @@ from pagedkv.kvcache.hashing import (
     get_hash_fn,
     hash_blocks,
 )
+from pagedkv.kvcache.paged_admit import admit
+from pagedkv.kvcache.partial import PartialReuse, check_prefix_match_unit
 from pagedkv.kvcache.protocol import KVCacheStats, SeqLike
 from pagedkv.kvcache.tiers.chain import TierChain
 from pagedkv.kvcache.tiers.contract import NO_TIER_ORDERS, KVTier, TierOrders
 
 
 class PagedAllocator(BlockTableAllocator):
-    """``num_blocks`` blocks of ``block_size`` tokens (block 0 is the null block)."""
+    """``num_blocks`` blocks of ``block_size`` tokens (block 0 is the null block); prefix
+    matches in units of ``prefix_match_unit`` tokens (None: the block size, whole blocks)."""
 
     def __init__(
         self,
@@ -37,11 +43,18 @@ class PagedAllocator(BlockTableAllocator):
         block_size: int,
         prefix_caching: bool = True,
         hash_algorithm: str = DEFAULT_HASH_ALGORITHM,
+        prefix_match_unit: int | None = None,
     ) -> None:
         self.pool = BlockPool(num_blocks, block_size)  # validates both numbers
         super().__init__(block_size)
         self.prefix_caching = prefix_caching
+        unit = block_size if prefix_match_unit is None else prefix_match_unit
+        check_prefix_match_unit(unit, block_size)
+        if unit < block_size and not prefix_caching:
+            raise ValueError("a prefix match unit below the block size needs prefix caching")
+        self.prefix_match_unit = unit
         self._hash_fn = get_hash_fn(hash_algorithm)
+        self.partial = PartialReuse(self.pool, unit, self._hash_fn) if unit < block_size else None
         self._roots = RootHashes(self._hash_fn)  # the parent hash of block 0, per tenant
         # The hashes computed by the last match_prefix, reused by the admission right after it.
         self._last_match: tuple[int, int, HashExtraKeys, list[BlockHash]] | None = None
@@ -54,12 +67,20 @@ class PagedAllocator(BlockTableAllocator):
         if not self.prefix_caching:
             raise ValueError("lower KV tiers need prefix caching (they are keyed by block hash)")
         self.tiers = TierChain(tiers)
-        self.pool.on_evict = self.tiers.evicted
+        self.pool.on_evict = self.tiers.evicted if self.partial is None else self._evicted
         if self.events is not None:
             self.tiers.enable_events(self.events, self._block_size)
 
+    def _evicted(self, block_id: int, block_hash: BlockHash) -> None:
+        """The pool evicts a block: offered to the tiers unless it is a kept partial tail."""
+        assert self.tiers is not None and self.partial is not None
+        if self.partial.offered(block_hash):
+            self.tiers.evicted(block_id, block_hash)
+
     def drain_tier_orders(self) -> TierOrders:
-        return self.tiers.drain() if self.tiers is not None else NO_TIER_ORDERS
+        orders = self.tiers.drain() if self.tiers is not None else NO_TIER_ORDERS
+        copies = self.partial.drain() if self.partial is not None else ()
+        return replace(orders, prefix_copies=copies) if copies else orders
 
     def enable_events(self, log: KVEventLog) -> None:
         """Report every hash entering or leaving the prefix cache to ``log`` (``events.py``),
@@ -79,15 +100,23 @@ class PagedAllocator(BlockTableAllocator):
         return set(self.pool.index)
 
     def _set_hashes(
-        self, block_ids: Sequence[int], hashes: Sequence[BlockHash], parent: BlockHash | None,
-        lora_id: str | None,
+        self, block_ids: list[int], hashes: list[BlockHash], parent: BlockHash | None,
+        seq: SeqLike, first_block: int,
     ) -> None:  # fmt: skip
-        """``pool.set_hash`` each block; the hashes new to the index go to the event log.
-        ``parent``: the hash before ``hashes[0]`` (None at block 0)."""
+        """``pool.set_hash`` each block (blocks ``first_block ..`` of ``seq``); the hashes new
+        to the index go to the event log. ``parent``: the hash before ``hashes[0]`` (None at
+        block 0)."""
         set_hash = self.pool.set_hash
         is_new = [set_hash(b, h) for b, h in zip(block_ids, hashes, strict=True)]
-        if self.events is not None:
-            self.events.stored_new(hashes, is_new, parent, self._block_size, lora_id)
+        extra, bs = seq.extra_keys, self._block_size
+        if self.events is not None:  # with partial reuse, the blocks' tokens too (events.py)
+            tokens = None
+            if self.partial is not None:
+                tokens = seq.token_ids[first_block * bs : (first_block + len(hashes)) * bs]
+            self.events.stored_new(hashes, is_new, parent, bs, extra.lora_id, tokens)
+        if self.partial is not None:
+            root = parent if parent is not None else self._roots(extra)
+            self.partial.hashed(block_ids, hashes, root, seq.token_ids, first_block, extra)
 
     @property
     def num_total_blocks(self) -> int:
@@ -126,14 +155,18 @@ class PagedAllocator(BlockTableAllocator):
         if self.tiers is not None and num_hit < max_blocks:
             rest = hashes[num_hit:max_blocks]
             num_hit += self.tiers.match(seq.seq_id, len(seq.token_ids), num_hit, rest)
-        return num_hit * self._block_size
+        if self.partial is None:
+            return num_hit * self._block_size
+        parent = hashes[num_hit - 1] if num_hit else self._roots(seq.extra_keys)
+        limit = min(len(seq.token_ids) - 1, seq.num_known_tokens)
+        return num_hit * self._block_size + self.partial.match(seq, parent, num_hit, limit)
 
     # -- allocation ------------------------------------------------------------------------
 
     def allocate(self, seq: SeqLike, num_new_tokens: int, num_cached_tokens: int = 0) -> bool:
         st = self._seqs.get(seq.seq_id)
         if st is None:
-            return self._admit(seq, num_new_tokens, num_cached_tokens)
+            return admit(self, seq, num_new_tokens, num_cached_tokens)
         if num_cached_tokens:
             raise ValueError(f"sequence {seq.seq_id} is already admitted; num_cached_tokens=0")
         self._check_count("num_new_tokens", num_new_tokens)
@@ -148,67 +181,6 @@ class PagedAllocator(BlockTableAllocator):
         st.num_tokens = total
         if self.prefix_caching and total // bs > len(st.block_hashes):
             self._register_full_blocks(seq, st)
-        return True
-
-    def _admit(self, seq: SeqLike, num_new_tokens: int, num_cached_tokens: int) -> bool:
-        self._check_new(seq)
-        self._check_count("num_new_tokens", num_new_tokens)
-        self._check_count("num_cached_tokens", num_cached_tokens)
-        bs = self._block_size
-        total = num_cached_tokens + num_new_tokens
-        self._check_known_tokens(seq, total)
-        if num_cached_tokens % bs or (
-            num_cached_tokens and num_cached_tokens >= len(seq.token_ids)
-        ):
-            raise ValueError(
-                f"num_cached_tokens={num_cached_tokens} must be a multiple of block_size={bs} "
-                "below the number of tokens, as returned by match_prefix"
-            )
-        if num_cached_tokens and not self.prefix_caching:
-            raise ValueError("num_cached_tokens must be 0 when prefix caching is off")
-        num_hit = num_cached_tokens // bs
-        hashes = self._prompt_hashes(seq) if self.prefix_caching else []
-        hit_ids: list[int] = []
-        refs = self.pool.ref_counts
-        num_revived = 0
-        for h in hashes[:num_hit]:
-            b = self.pool.lookup(h)
-            if b is None:
-                if self.tiers is not None:
-                    break  # the rest come from the lower tiers (checked by claim)
-                raise ValueError(
-                    f"sequence {seq.seq_id}: the prefix match is stale (a cached block was "
-                    "evicted); call match_prefix again right before allocate"
-                )
-            hit_ids.append(b)
-            num_revived += refs[b] == 0
-        num_device = len(hit_ids)
-        need = ceil_div(total, bs) - num_device
-        if need + num_revived > self.pool.num_allocatable:
-            if self.tiers is not None:
-                self.tiers.forget_plan()
-            return False
-        loaded = hashes[num_device:num_hit]
-        chain = self.tiers
-        if loaded:  # claimed before take(), whose evictions must not push them out of a tier
-            assert chain is not None
-            tier_names = chain.claim(seq.seq_id, len(seq.token_ids), num_device, loaded)
-        self.pool.share(hit_ids)
-        hit_ids.extend(self.pool.take(need))
-        if loaded:
-            assert chain is not None
-            fresh = hit_ids[num_device:num_hit]
-            chain.order_loads(tier_names, loaded, fresh)
-            parent = hashes[num_device - 1] if num_device else None
-            self._set_hashes(fresh, loaded, parent, seq.extra_keys.lora_id)
-        st = SeqBlocks(hit_ids, total)
-        st.block_hashes = hashes[:num_hit]
-        self._seqs[seq.seq_id] = st
-        self._prefix.query_tokens += len(seq.token_ids)
-        self._prefix.hit_tokens += num_cached_tokens
-        self._last_match = None
-        if self.prefix_caching and total // bs > num_hit:
-            self._register_full_blocks(seq, st, hashes)
         return True
 
     def _register_full_blocks(
@@ -235,7 +207,7 @@ class PagedAllocator(BlockTableAllocator):
             )
         ids = st.block_ids
         prev_hash = st.block_hashes[-1] if st.block_hashes else None
-        self._set_hashes(ids[first:num_full], new, prev_hash, seq.extra_keys.lora_id)
+        self._set_hashes(ids[first:num_full], new, prev_hash, seq, first)
         st.block_hashes.extend(new)
         if self.tiers is not None:
             self.tiers.computed(ids[first:num_full], new)
@@ -248,8 +220,13 @@ class PagedAllocator(BlockTableAllocator):
     def free(self, seq: SeqLike, preempted: bool = False) -> None:
         st = self._pop(seq, preempted)
         # Tail first, so that the tail is evicted before the head. Exactly the first
-        # len(block_hashes) blocks hold a hash (checked by check_invariants).
-        self.pool.release_table(st.block_ids, len(st.block_hashes))
+        # len(block_hashes) blocks hold a hash (checked by check_invariants), and a partly
+        # filled tail kept for partial reuse holds its key.
+        num_hashed = len(st.block_hashes)
+        if self.partial is not None:
+            root = self._roots(seq.extra_keys)
+            num_hashed += self.partial.keep_tail(seq, st, root, self.events)
+        self.pool.release_table(st.block_ids, num_hashed)
 
     def fork(self, parent: SeqLike, child: SeqLike) -> list[tuple[int, int]] | None:
         st = self._check_fork(parent, child)
@@ -279,20 +256,28 @@ class PagedAllocator(BlockTableAllocator):
 
     def stats(self) -> KVCacheStats:
         pool = self.pool
+        # A copy source pinned for the step and held by no sequence counts as the cached
+        # block it is again at the step's end.
+        pinned = self.partial.num_pinned_only() if self.partial is not None else 0
         stats = self._make_stats(
             pool.num_usable_blocks,
             pool.num_empty,
-            pool.num_cached,
+            pool.num_cached + pinned,
             pool.num_evictions,
         )
+        if self.partial is not None:
+            stats = self.partial.with_counts(stats)
         return stats if self.tiers is None else self.tiers.with_hits(stats, self._block_size)
 
     def check_invariants(self) -> None:
         self.pool.check_invariants()
-        self._check_tables(self.pool.ref_counts)
+        pins = self.partial.pins if self.partial is not None else []
+        self._check_tables(self.pool.ref_counts, pins)
         referenced = {b for st in self._seqs.values() for b in st.block_ids}
         in_use = sum(1 for b in range(1, self.pool.num_blocks) if self.pool.ref_counts[b] > 0)
-        assert in_use == len(referenced), "a block is in use that no sequence holds"
+        assert in_use == len(referenced | set(pins)), "a block is in use that no sequence holds"
+        if self.partial is not None:
+            self.partial.index.check_invariants(self.pool.index)
         bs = self._block_size
         hashes = self.pool.block_hashes
         for sid, st in self._seqs.items():

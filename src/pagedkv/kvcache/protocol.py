@@ -97,6 +97,13 @@ class KVCacheStats:
     # Of prefix_hit_tokens, how many each tier supplied ("device" first, then the lower tiers
     # of ``tiers/contract.py``); empty for an allocator without lower tiers (all hits are device hits).
     tier_hit_tokens: tuple[tuple[str, int], ...] = ()
+    # Partial-block reuse (``partial.py``; all 0 unless the prefix match unit is below B):
+    # admissions whose hit ends inside a block, the hit tokens of those blocks (part of
+    # prefix_hit_tokens), the slots copied for them and the blocks claimed in place instead.
+    num_partial_hits: int = 0
+    partial_hit_tokens: int = 0
+    partial_copied_tokens: int = 0
+    num_partial_claims: int = 0
 
     @property
     def num_total_slots(self) -> int:
@@ -134,14 +141,16 @@ class KVAllocator(Protocol):
 
     def match_prefix(self, seq: SeqLike) -> int:
         """Tokens of ``seq.token_ids`` whose KV is already cached, for a sequence not yet
-        admitted. Never all of them: the last token is always recomputed. Mutates nothing."""
+        admitted: a multiple of the prefix match unit (the block size unless partial reuse is
+        on). Never all of them: the last token is always recomputed. Mutates nothing."""
         ...
 
     def allocate(self, seq: SeqLike, num_new_tokens: int, num_cached_tokens: int = 0) -> bool:
         """Give ``seq`` slots for ``num_new_tokens`` more tokens, or return False and change
         nothing. On the first call for a sequence, ``num_cached_tokens`` must be the value
-        ``match_prefix`` just returned (or less, a multiple of ``block_size``); those blocks are
-        shared and the new slots start after them."""
+        ``match_prefix`` just returned (or less, a multiple of ``block_size``, or of the prefix
+        match unit within the matched partial block); those blocks are shared (a partial one
+        is copied or claimed: ``partial.py``) and the new slots start after them."""
         ...
 
     def tokens_known(self, seq: SeqLike) -> None:
@@ -214,7 +223,8 @@ class KVAllocator(Protocol):
         ...
 
     def drain_tier_orders(self) -> TierOrders:
-        """The lower-tier copies (offloads, loads, saves) ordered since the last call, handed
-        out once; ``NO_TIER_ORDERS`` for an allocator without lower tiers. The scheduler calls
-        it at the end of every ``schedule()`` and puts the orders in the batch."""
+        """The lower-tier copies (offloads, loads, saves) and the partial prefix hits' device
+        copies ordered since the last call, handed out once; ``NO_TIER_ORDERS`` when there are
+        none. The scheduler calls it at the end of every ``schedule()`` and puts the orders in
+        the batch: it is the step boundary (a partial hit's copy source stays pinned until it)."""
         ...

@@ -1,7 +1,7 @@
 """How the publisher turns one ``KVEventBatch`` into stream entries that every reader accepts.
 
 A reader refuses an entry over ``MAX_HASHES_PER_ENTRY`` block hashes or ``MAX_ENTRY_BYTES`` of
-JSON (``kvcache/events.py`` owns both bounds), so a batch past them (a snapshot of a large
+JSON (``kvcache/event_wire.py`` owns both bounds), so a batch past them (a snapshot of a large
 cache, a 300k-token prompt's run) is cut into consecutive parts, each one entry. Replaying the
 parts in order is replaying the batch: events keep their order, and a run of stored blocks cut
 in two keeps its chain (the second part's parent is the first part's last hash).
@@ -60,9 +60,11 @@ def _cut(event: KVEvent, max_hashes: int) -> list[KVEvent]:
     if isinstance(event, BlockRemoved):
         return [BlockRemoved(hashes[i : i + max_hashes], event.medium) for i in starts]
     assert isinstance(event, BlockStored)
+    tokens, bs = event.token_ids, event.block_size  # with partial reuse: block_size per block
     return [
         replace(event, block_hashes=hashes[i : i + max_hashes],
-                parent_block_hash=hashes[i - 1] if i else event.parent_block_hash)
+                parent_block_hash=hashes[i - 1] if i else event.parent_block_hash,
+                token_ids=None if tokens is None else tokens[i * bs : (i + max_hashes) * bs])
         for i in starts
     ]  # fmt: skip
 

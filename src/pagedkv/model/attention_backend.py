@@ -135,9 +135,17 @@ class AttentionBackend(Protocol):
         backend's steps cannot be captured (``rule.cuda_graphs`` False)."""
         ...
 
-    def copy_blocks(self, pool: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+    def copy_blocks(
+        self,
+        pool: torch.Tensor,
+        src: torch.Tensor,
+        dst: torch.Tensor,
+        num_tokens: torch.Tensor | None = None,
+    ) -> None:
         """``pool[dst[i]] = pool[src[i]]`` for one K or V pool (copy-on-write); ``src``/``dst``
-        int64 on the pool's device."""
+        int64 on the pool's device. ``num_tokens`` (int64, same device): copy only slots
+        ``[0, num_tokens[i])`` of each block, keeping the rest of ``dst[i]`` (the matched
+        tokens of a partial prefix hit, ``kvcache/partial.py``)."""
         ...
 
 

@@ -65,10 +65,19 @@ def allocate_host_kv_caches(
     ]
 
 
-def copy_pool_rows(pool: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+def copy_pool_rows(
+    pool: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, num_tokens: torch.Tensor | None = None
+) -> None:
     """``pool[dst[i]] = pool[src[i]]`` (whole blocks of one K or V pool: copy-on-write), with
-    torch ops; the rows are read before any is written."""
-    pool.index_copy_(0, dst, pool.index_select(0, src))
+    torch ops; the rows are read before any is written. ``num_tokens`` (int64 ``[n]``): only
+    slots ``[0, num_tokens[i])`` of each block (a partial prefix hit), the rest of ``dst[i]``
+    kept; a blend of whole rows, so no host value is read (no device sync)."""
+    rows = pool.index_select(0, src)
+    if num_tokens is not None:
+        slots = torch.arange(pool.shape[1], device=pool.device)
+        keep = (slots[None, :] < num_tokens[:, None]).view(-1, pool.shape[1], 1, 1)
+        rows = torch.where(keep, rows, pool.index_select(0, dst))
+    pool.index_copy_(0, dst, rows)
 
 
 def _pool_shape(page: PageFormat, num_blocks: int) -> tuple[int, int, int, int]:

@@ -6,11 +6,14 @@ composes them per block size, and the tests check each one by hand. Units are in
 
 1. Block table:   entries = sum ceil(L_i / B) ~ N/B + K; padded table = 4 * K * ceil(L_max / B).
 2. Fragmentation: expected K * (B - 1) / 2 empty slots; exactly sum (ceil(L_i / B) * B - L_i).
-3. Prefix reuse:  floor(P / B) * B tokens reused per hit, (P mod B) lost per hit.
+3. Prefix reuse:  floor(P / B) * B tokens reused per hit, (P mod B) lost per hit. With a
+                  prefix-match unit U dividing B (partial-block reuse): floor(P / U) * U reused,
+                  (P mod U) lost, and (P mod B) - (P mod U) of the reused tokens copied out of a
+                  partially matched block (time, not memory: the block is the sequence's own).
 4. Hard limits:   see ``constraints.py`` (backends, alignment, int32 offsets).
 
-W(B) = c * K * (B - 1) / 2  +  4 * K * ceil(L_max / B)  +  c * (P mod B) * H   (bytes),
-summed per block size by ``plan.build_plan`` (``PlanRow.total_bytes``).
+W(B) = c * K * (B - 1) / 2  +  4 * K * ceil(L_max / B)  +  c * (P mod U) * H   (bytes, U = B
+without partial reuse), summed per block size by ``plan.build_plan`` (``PlanRow.total_bytes``).
 """
 
 from __future__ import annotations
@@ -79,6 +82,24 @@ def prefix_lost_tokens(prefix_len_tokens: int, block_size: int) -> int:
     """Tokens of the shared prefix that must be recomputed per hit: P mod B."""
     check_block_size(block_size)
     return prefix_len_tokens % block_size
+
+
+def prefix_copy_tokens(prefix_len_tokens: int, block_size: int, unit: int) -> int:
+    """Tokens of a shared prefix of length P reused from its partially matched block when a
+    prefix match counts in units of ``unit`` (U, dividing B): (P mod B) - (P mod U); a copy
+    unless the block is claimed in place."""
+    check_block_size(block_size)
+    if unit < 1 or block_size % unit:
+        raise UsageError(f"the prefix match unit {unit} must divide the block size {block_size}")
+    return prefix_len_tokens % block_size - prefix_len_tokens % unit
+
+
+def mean_prefix_copy_tokens(prefix_lens_tokens: Sequence[int], block_size: int, unit: int) -> float:
+    """Mean of ``prefix_copy_tokens`` over the prefix distribution (0.0 for an empty one)."""
+    if not prefix_lens_tokens:
+        return 0.0
+    copied = [prefix_copy_tokens(p, block_size, unit) for p in prefix_lens_tokens]
+    return sum(copied) / len(copied)
 
 
 def mean_prefix_reuse_rate(prefix_lens_tokens: Sequence[int], block_size: int) -> float:

@@ -8,6 +8,12 @@ sequences at their mean length, which ``pagedkv plan --gpu`` takes from the simu
 GPU clock; the planner itself knows no GPU), each row carries that time too, and the
 recommendation is the least W(B) among the allowed B whose decode step is within
 ``TIME_TOLERANCE`` of the fastest allowed one: memory and time from one model.
+
+With a prefix-match unit U (``prefix_match_unit``; partial-block reuse, ``kvcache/partial.py``)
+the prefix ledger counts in units of U at every B that U divides (B <= U: whole blocks), so
+the lost prefix flattens for large B; the tokens reused out of a partially matched block are a
+copy, priced per hit beside recomputing them when clocks are given (``copy_s``,
+``recompute_s``).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from pagedkv.errors import UsageError
 from pagedkv.pages.layout import KVLayout, int32_max_pool_blocks, is_aligned
 from pagedkv.planner import ledgers
 from pagedkv.planner.constraints import constraint_violations, get_backend
+from pagedkv.planner.partial_reuse import copy_reason, unit_at
 from pagedkv.planner.workload import Workload
 
 DEFAULT_BLOCK_SIZES: tuple[int, ...] = (1, 8, 16, 32, 64, 128)
@@ -54,6 +61,14 @@ class PlanRow:
     allowed: bool
     violations: tuple[str, ...] = ()
     decode_step_s: float | None = None  # one decode step of K sequences at the mean length
+    # Partial-block reuse (module docstring): the unit at this B (None: whole blocks), the
+    # tokens per hit reused out of a partially matched block and their bytes; with clocks, the
+    # seconds per hit to copy them and to recompute them instead (at the median prefix).
+    prefix_match_unit: int | None = None
+    prefix_copy_tokens: float = 0.0
+    prefix_copy_bytes: float = 0.0
+    prefix_copy_s: float | None = None
+    prefix_recompute_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +86,7 @@ class Plan:
     reasons: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     clock_source: str | None = None  # what priced ``decode_step_s`` (None: no clock)
+    prefix_match_unit: int | None = None  # None: whole blocks
 
     @property
     def reserved_capacity_seqs(self) -> int | None:
@@ -94,8 +110,10 @@ def _price_row(
     swap_bytes: int,
     alignment_bytes: int,
     backend: str,
+    prefix_match_unit: int | None = None,
 ) -> PlanRow:
     c, k, b = layout.record_bytes, workload.num_seqs, block_size
+    u = unit_at(b, prefix_match_unit)
     lens = workload.seq_lens_tokens
     if lens is None:
         entries = ledgers.expected_table_entries(k, workload.mean_len_tokens, b)
@@ -105,8 +123,9 @@ def _price_row(
         entries = ledgers.exact_table_entries(lens, b) * scale
         frag_slots = ledgers.exact_fragmentation_slots(lens, b) * scale
     prefixes = workload.prefix_lens_tokens
-    lost = ledgers.mean_prefix_lost_tokens(prefixes, b)
-    reused = ledgers.mean_prefix_reuse_tokens(prefixes, b)
+    lost = ledgers.mean_prefix_lost_tokens(prefixes, u)  # u = b without partial reuse
+    reused = ledgers.mean_prefix_reuse_tokens(prefixes, u)
+    copied = ledgers.mean_prefix_copy_tokens(prefixes, b, u)
     table_bytes = ledgers.padded_table_bytes(k, workload.max_len_tokens, b)
     prefix_waste_bytes = c * lost * workload.num_prefix_hits
     frag_bytes = c * frag_slots
@@ -125,7 +144,7 @@ def _price_row(
         internal_fragmentation_bytes=frag_bytes,
         prefix_reuse_tokens=reused,
         prefix_lost_tokens=lost,
-        prefix_reuse_rate=ledgers.mean_prefix_reuse_rate(prefixes, b),
+        prefix_reuse_rate=ledgers.mean_prefix_reuse_rate(prefixes, u),
         prefix_waste_bytes=prefix_waste_bytes,
         total_bytes=frag_bytes + table_bytes + prefix_waste_bytes,
         kernel_block_iterations=ledgers.kernel_block_iterations(workload.mean_len_tokens, b),
@@ -139,6 +158,9 @@ def _price_row(
         prefix_shorter_than_block=median_prefix is not None and 0 < median_prefix < b,
         allowed=not violations,
         violations=tuple(violations),
+        prefix_match_unit=None if u == b else u,
+        prefix_copy_tokens=copied,
+        prefix_copy_bytes=c * copied,
     )
 
 
@@ -152,9 +174,14 @@ def build_plan(
     alignment_bytes: int = DEFAULT_ALIGNMENT_BYTES,
     decode_step_s: Callable[[int], float] | None = None,
     clock_source: str | None = None,
+    prefix_match_unit: int | None = None,
+    copy_s: Callable[[float], float] | None = None,
+    recompute_s: Callable[[int, float], float] | None = None,
 ) -> Plan:
     """Price every candidate block size and recommend one (ValueError on bad candidates);
-    ``decode_step_s`` prices the time ledger (module docstring), ``clock_source`` names it."""
+    ``decode_step_s`` prices the time ledger (module docstring), ``clock_source`` names it.
+    ``prefix_match_unit``: partial-block reuse; ``copy_s(bytes)`` and ``recompute_s(B,
+    tokens)`` then price a hit's copy against recomputing the same tokens."""
     if not block_sizes:
         raise UsageError("give at least one candidate block size")
     if any(b < 1 for b in block_sizes):
@@ -162,17 +189,39 @@ def build_plan(
     if pool_bytes is not None and pool_bytes < 1:
         raise UsageError(f"the KV pool must be > 0 bytes, got {pool_bytes}")
     get_backend(backend)  # unknown backend: fail before pricing anything
-    rows = tuple(
-        _price_row(b, layout, workload, pool_bytes, swap_bytes, alignment_bytes, backend)
-        for b in sorted(set(block_sizes))
-    )
+    if prefix_match_unit is not None and prefix_match_unit < 1:
+        raise UsageError(f"--prefix-match-unit must be >= 1, got {prefix_match_unit}")
+    sizes = sorted(set(block_sizes))
+    costs = (layout, workload, pool_bytes, swap_bytes, alignment_bytes, backend)
+    rows = tuple(_price_row(b, *costs, prefix_match_unit) for b in sizes)
     if decode_step_s is not None:
         rows = tuple(replace(r, decode_step_s=decode_step_s(r.block_size)) for r in rows)
+    if copy_s is not None and recompute_s is not None and prefix_match_unit is not None:
+        rows = tuple(_price_copy(r, copy_s, recompute_s) for r in rows)
     chosen, reasons, warnings = _recommend(rows, workload, backend)
+    best = next((r for r in rows if r.block_size == chosen), None)
+    if prefix_match_unit is not None and best is not None and best.prefix_match_unit:
+        copied = (best.prefix_copy_tokens, best.prefix_copy_bytes)
+        times = (best.prefix_copy_s, best.prefix_recompute_s)
+        reasons.append(copy_reason(prefix_match_unit, *copied, *times))
     return Plan(
         layout, workload, backend, rows, pool_bytes, swap_bytes, alignment_bytes,
-        chosen, tuple(reasons), tuple(warnings), clock_source,
+        chosen, tuple(reasons), tuple(warnings), clock_source, prefix_match_unit,
     )  # fmt: skip
+
+
+def _price_copy(
+    row: PlanRow, copy_s: Callable[[float], float], recompute_s: Callable[[int, float], float]
+) -> PlanRow:
+    """``row`` with the seconds per hit to copy its partial-block tokens and to recompute
+    them instead; unchanged when a hit copies nothing there."""
+    if not row.prefix_copy_tokens:
+        return row
+    return replace(
+        row,
+        prefix_copy_s=copy_s(row.prefix_copy_bytes),
+        prefix_recompute_s=recompute_s(row.block_size, row.prefix_copy_tokens),
+    )
 
 
 def _mb(num_bytes: float) -> str:

@@ -50,6 +50,16 @@ def save_plan_plot(plan: Plan, path: str | Path) -> Path:
             alpha=0.7,
             label=f"P = {median} (median)",
         )
+    unit = plan.prefix_match_unit
+    if unit is not None:  # partial-block reuse: counted in units of U where U divides B
+        sizes = [b for b in all_sizes if b <= unit or b % unit == 0]
+        ax_reuse.plot(
+            sizes,
+            [100 * ledgers.mean_prefix_reuse_rate(prefixes, min(b, unit)) for b in sizes],
+            color="tab:green",
+            linewidth=1.4,
+            label=f"prefix match unit {unit}",
+        )
     ax_reuse.scatter(
         [r.block_size for r in rows],
         [100 * r.prefix_reuse_rate for r in rows],

@@ -62,6 +62,13 @@ def row_to_json(row: PlanRow, num_seqs: int) -> dict[str, Any]:
         "allowed": row.allowed,
         "violations": list(row.violations),
         "decode_step_ms": None if row.decode_step_s is None else row.decode_step_s * 1e3,
+        "prefix_match_unit": row.prefix_match_unit,
+        "prefix_copy_tokens": round(row.prefix_copy_tokens, 2),
+        "prefix_copy_bytes": round(row.prefix_copy_bytes),
+        "prefix_copy_us": None if row.prefix_copy_s is None else round(row.prefix_copy_s * 1e6, 3),
+        "prefix_recompute_us": None
+        if row.prefix_recompute_s is None
+        else round(row.prefix_recompute_s * 1e6, 3),
     }
 
 
@@ -83,6 +90,7 @@ def plan_to_json(plan: Plan, resolution_log: str | None = None) -> dict[str, Any
     return {
         "schema_version": JSON_SCHEMA_VERSION,
         "clock": plan.clock_source,
+        "prefix_match_unit": plan.prefix_match_unit,
         "model": {
             "name": layout.name,
             "attention": layout.attention,
@@ -132,11 +140,13 @@ def render_plan(plan: Plan, console: Console, resolution_log: str | None = None)
     from rich.table import Table
 
     layout, workload = plan.layout, plan.workload
+    unit = plan.prefix_match_unit
     console.print(
         f"[bold]{layout.name}[/]: {layout.record_bytes} B/token KV ({layout.kv_dtype}, "
         f"{layout.num_layers} layer(s) x {layout.layer_record_bytes} B); workload "
         f"K={workload.num_seqs}, mean {workload.mean_len_tokens:g}, max "
         f"{workload.max_len_tokens} tokens, H={workload.num_prefix_hits}; backend {plan.backend}"
+        + (f"; prefix match unit {unit} (partial blocks reused)" if unit is not None else "")
     )
     table = Table(title="What each block size costs (MB = 10^6 B, KiB = 1024 B)")
     has_capacity = plan.pool_bytes is not None
@@ -145,6 +155,11 @@ def render_plan(plan: Plan, console: Console, resolution_log: str | None = None)
     headers += ["swap\nxfers"] + (["paged\nseqs"] if has_capacity else [])
     has_time = any(r.decode_step_s is not None for r in plan.rows)
     headers += ["decode\nstep ms"] if has_time else []
+    # Partial-block reuse: the copy per hit, in time against recomputing it when priced.
+    has_copy_time = any(r.prefix_copy_s is not None for r in plan.rows)
+    has_copy = plan.prefix_match_unit is not None and not has_copy_time
+    headers += ["copy/hit\nKiB"] if has_copy else []
+    headers += ["copy/recomp\nus per hit"] if has_copy_time else []
     for header in [*headers, "allowed"]:
         table.add_column(header, justify="right")
     for row in plan.rows:
@@ -164,6 +179,14 @@ def render_plan(plan: Plan, console: Console, resolution_log: str | None = None)
         cells += [str(row.paged_capacity_seqs)] if has_capacity else []
         if has_time:
             cells.append("" if row.decode_step_s is None else f"{row.decode_step_s * 1e3:.2f}")
+        if has_copy:
+            cells.append(f"{row.prefix_copy_bytes / 1024:.1f}")
+        if has_copy_time:
+            copy_s, recompute_s = row.prefix_copy_s, row.prefix_recompute_s
+            if copy_s is None or recompute_s is None:
+                cells.append("")
+            else:
+                cells.append(f"{copy_s * 1e6:.0f}/{recompute_s * 1e6:.0f}")
         cells.append("yes" if row.allowed else "[red]no[/]")
         style = "bold green" if row.block_size == plan.recommended_block_size else None
         table.add_row(*cells, style=style)

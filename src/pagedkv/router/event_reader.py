@@ -11,7 +11,7 @@ Contracts:
 
 * ``on_batch`` sees every well-formed entry once, in order. Entries are untrusted (anyone
   with access to Redis may write one): an entry that does not decode (no ``batch`` field, not
-  a batch this version wrote, over the caps of ``kvcache/events.py``: size, nesting, numbers,
+  a batch this version wrote, over the caps of ``kvcache/event_wire.py``: size, nesting, numbers,
   ``MAX_HASHES_PER_ENTRY``) is skipped and counted (``num_malformed``, by kind in
   ``malformed_by_kind``; the first of each kind is logged). Nothing an entry holds, and no
   exception from ``on_batch``, ends the reader: it logs and goes on.

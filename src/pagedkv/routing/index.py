@@ -16,6 +16,15 @@ one replica's flood push out every other replica's view. With the largest-first 
 holding at most ``max_entries / num_replicas`` entries is never evicted from: while the total
 is over the bound, the largest holds more than that share. An evicted entry is a missed hint,
 never a wrong answer.
+
+**Partial blocks.** A replica that reuses partial blocks (``kvcache/partial.py``) sends the
+stored blocks' ``token_ids``; the index then keeps, per replica, the same per-parent token
+index the allocator keeps (``SiblingIndex``), and ``match_tokens`` scores a request in tokens:
+its leading whole blocks, plus the tokens of the next block that a block the replica holds
+after them starts with. Block 0's parent is the tenant's root, which events do not name (the
+salt is the replica's secret): the index keys it by LoRA id alone, so requests of different
+salts may be scored on each other's first block, a wrong hint at worst. An entry with tokens
+costs their 4 bytes each more; the ``max_entries`` bound still counts entries.
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
-from pagedkv.kvcache.events import BlockRemoved, BlockStored, KVEvent
+from pagedkv.kvcache.events import MEDIUM_DEVICE, BlockRemoved, BlockStored, KVEvent
 from pagedkv.kvcache.hashing import (
     DEFAULT_HASH_ALGORITHM,
     NO_EXTRA_KEYS,
@@ -32,7 +41,14 @@ from pagedkv.kvcache.hashing import (
     get_hash_fn,
     hash_blocks,
     root_hash,
+    token_bytes,
 )
+from pagedkv.kvcache.sibling_index import SiblingIndex
+
+
+def _root_key(lora_id: str | None) -> BlockHash:
+    """Block 0's parent in the token index: the LoRA id (events do not name the salt)."""
+    return b"root\x00" + (lora_id or "").encode()
 
 
 def prompt_block_hashes(
@@ -75,6 +91,8 @@ class PrefixIndex:
         self.num_events = 0
         self.num_evicted = 0
         self.evicted: dict[str, int] = {}  # replica -> entries evicted from it (monotonic)
+        # replica -> its device blocks' tokens by parent, when its events carry them
+        self._siblings: dict[str, SiblingIndex] = {}
 
     def replicas(self) -> list[str]:
         return list(self._held)
@@ -92,6 +110,8 @@ class PrefixIndex:
         for ev in events:
             self.num_events += 1
             if isinstance(ev, BlockStored):
+                if ev.token_ids is not None and ev.medium == MEDIUM_DEVICE:
+                    self._index_tokens(replica, ev)
                 for h in ev.block_hashes:
                     media = held.get(h)
                     if media is None:
@@ -105,7 +125,10 @@ class PrefixIndex:
                             held[h] = self._interned(media | {ev.medium})
                         held.move_to_end(h)  # stored again: recently updated
             elif isinstance(ev, BlockRemoved):
+                siblings = self._siblings.get(replica) if ev.medium == MEDIUM_DEVICE else None
                 for h in ev.block_hashes:
+                    if siblings is not None:
+                        siblings.remove(h)
                     media = held.get(h)
                     if media is None or ev.medium not in media:
                         continue  # unknown (or evicted) here: nothing to forget
@@ -123,7 +146,44 @@ class PrefixIndex:
         self._clear(replica)
         self._held.pop(replica, None)
 
+    def _index_tokens(self, replica: str, ev: BlockStored) -> None:
+        """The run's blocks by parent, with their tokens (``block_size`` each, a kept tail's
+        fewer)."""
+        siblings = self._siblings.setdefault(replica, SiblingIndex())
+        parent = ev.parent_block_hash or _root_key(ev.lora_id)
+        tokens, bs = ev.token_ids or (), ev.block_size
+        for k, h in enumerate(ev.block_hashes):
+            siblings.add(parent, h, token_bytes(tokens[k * bs : (k + 1) * bs]))
+            parent = h
+
+    def match_tokens(
+        self,
+        block_hashes: Sequence[BlockHash],
+        token_ids: Sequence[int],
+        block_size: int,
+        lora_id: str | None = None,
+    ) -> dict[str, int]:
+        """Replica -> how many leading tokens of the prompt ``token_ids`` (whose block hashes
+        are ``block_hashes``) it holds: ``match``'s whole blocks, plus what a replica sending
+        token ids holds of the next block (never the last token, which is always computed).
+        Mutates nothing."""
+        blocks = self.match(block_hashes)
+        out = {r: n * block_size for r, n in blocks.items()}
+        limit = len(token_ids) - 1
+        for replica, siblings in self._siblings.items():
+            n = blocks.get(replica, 0)
+            start = n * block_size
+            if start >= limit or n > len(block_hashes):
+                continue
+            parent = block_hashes[n - 1] if n else _root_key(lora_id)
+            query = token_bytes(token_ids[start : min(start + block_size, limit)])
+            best = max((shared for shared, _ in siblings.candidates(parent, query)), default=0)
+            if best:
+                out[replica] = start + best
+        return out
+
     def _clear(self, replica: str) -> None:
+        self._siblings.pop(replica, None)
         held = self._held.get(replica)
         if held:
             for h in held:
@@ -154,6 +214,8 @@ class PrefixIndex:
         victim = max(self._held, key=lambda r: len(self._held[r]))
         h, _ = self._held[victim].popitem(last=False)
         self._unhold(h, victim)
+        if victim in self._siblings:
+            self._siblings[victim].remove(h)
         self.num_entries -= 1
         self.num_evicted += 1
         self.evicted[victim] = self.evicted.get(victim, 0) + 1

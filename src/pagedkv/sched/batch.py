@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from pagedkv.kvcache.hashing import BlockHash
-from pagedkv.kvcache.tiers.contract import BlockLoad
+from pagedkv.kvcache.tiers.contract import BlockLoad, PrefixCopy
 from pagedkv.sched.sequence import Seq
 
 
@@ -42,7 +42,10 @@ class ScheduledBatch:
        host tier (``kvcache/tiers/contract.py``);
     1. ``swap_out``: ``(device_block, host_block)`` copies of sequences swapped out this step;
     2. ``swap_in``: ``(host_block, device_block)`` copies of sequences swapped back in;
-    3. ``block_copies``: ``(src_block, dst_block)`` device copies (copy-on-write of forks);
+    3. ``block_copies``: ``(src_block, dst_block)`` device copies (copy-on-write of forks),
+       and ``prefix_copies``: ``PrefixCopy(src_block, dst_block, num_tokens)``, the first
+       ``num_tokens`` slots of a block copied into a fresh one (the matched tokens of a partial
+       prefix hit: ``kvcache/partial.py``); empty unless the prefix match unit is below B;
     4. ``block_loads``: ``BlockLoad(tier, block_hash, device_block)`` prefix blocks copied
        from a lower tier into fresh device blocks (counted as computed, like a prefix hit);
 
@@ -70,6 +73,7 @@ class ScheduledBatch:
     block_offloads: tuple[tuple[int, BlockHash], ...] = ()
     block_loads: tuple[BlockLoad, ...] = ()
     block_saves: tuple[tuple[int, BlockHash], ...] = ()
+    prefix_copies: tuple[PrefixCopy, ...] = ()
 
     @property
     def num_batched_tokens(self) -> int:

@@ -143,6 +143,7 @@ class Scheduler(RequestQueues):
             block_offloads=tiers.offloads,
             block_loads=tiers.loads,
             block_saves=tiers.saves,
+            prefix_copies=tiers.prefix_copies,
         )
 
     def _preempt(self, seq: Seq, swap_copies: list[tuple[int, int]]) -> None:

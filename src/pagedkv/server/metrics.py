@@ -64,6 +64,14 @@ _COUNTERS = (
     ("engine_steps", "engine steps that ran a batch", "num_steps"),
     ("failed_requests", "requests a failure inside the engine ended (the others went on)",
      "num_failed_requests"),
+    ("partial_prefix_hits", "admissions whose prefix hit ended inside a block (reused in part)",
+     "num_partial_hits"),
+    ("partial_prefix_hit_tokens", "of prefix_hit_tokens, those in partially matched blocks",
+     "partial_hit_tokens"),
+    ("prefix_copy_bytes", "KV bytes copied from partially matched blocks into fresh ones",
+     "prefix_copy_bytes"),
+    ("partial_prefix_claims", "partially matched blocks claimed in place (unused: no copy)",
+     "num_partial_claims"),
 )  # fmt: skip
 
 

@@ -36,7 +36,7 @@ from pagedkv.kvcache.policies import Policy
 from pagedkv.routing import PrefixIndex, ReplicaLoad, build_policy, prompt_block_hashes
 from pagedkv.sched import SchedulerConfig
 from pagedkv.sim.cost_model import CostModel
-from pagedkv.sim.links import Link
+from pagedkv.sim.links import DeviceCopy, Link
 from pagedkv.sim.metrics import RequestRecord
 from pagedkv.sim.replica import ProgressFn, Replica, RunResult
 from pagedkv.traces import TraceRequest, segment_tokens
@@ -93,6 +93,7 @@ class Cluster:
         link: Link | None = None,
         kv_record_bytes: int = 0,
         transfers_per_block: int = 1,
+        device_copy: DeviceCopy | None = None,
     ) -> None:
         if isinstance(num_replicas, bool) or not isinstance(num_replicas, int) or num_replicas < 1:
             raise UsageError(f"replicas must be an integer >= 1, got {num_replicas!r}")
@@ -115,6 +116,7 @@ class Cluster:
                 kv_record_bytes=kv_record_bytes,
                 transfers_per_block=transfers_per_block,
                 events=events,
+                device_copy=device_copy,
             )  # fmt: skip
             for _ in range(num_replicas)
         ]
@@ -122,6 +124,15 @@ class Cluster:
         self.index = PrefixIndex()
         self.progress = progress
         self.check_invariants = check_invariants
+
+    def _matched(self, tokens: Sequence[int], block_size: int) -> dict[str, int]:
+        """Replica -> its cached prefix of ``tokens`` for the router: whole blocks, or tokens
+        when the replicas reuse partial blocks (their events carry token ids)."""
+        hashes = prompt_block_hashes(tokens, block_size)
+        unit = self.policy.prefix_match_unit
+        if unit is None or unit >= block_size:
+            return self.index.match(hashes)
+        return self.index.match_tokens(hashes, tokens, block_size)
 
     def run(self) -> ClusterResult:
         """Replay every request once (build a new ``Cluster`` for another run)."""
@@ -146,9 +157,7 @@ class Cluster:
                 i, req = next_req, reqs[next_req]
                 next_req += 1
                 tokens = segment_tokens(req.prompt)
-                matched = (
-                    index.match(prompt_block_hashes(tokens, block_size)) if self.use_index else {}
-                )
+                matched = self._matched(tokens, block_size) if self.use_index else {}
                 loads = [
                     ReplicaLoad(
                         name, rep.scheduler.num_running + rep.scheduler.num_waiting + len(p)

@@ -35,7 +35,8 @@ _PER_REPLICA = (
 )  # fmt: skip
 _SUMS = (
     "num_steps", "preemptions", "recomputed_tokens", "evictions", "swap_outs", "swap_ins",
-    "swapped_blocks_out", "swapped_blocks_in", "swap_fallbacks",
+    "swapped_blocks_out", "swapped_blocks_in", "swap_fallbacks", "partial_hits",
+    "partial_hit_tokens", "partial_claims", "prefix_copy_bytes", "prefix_copy_time_s",
 )  # fmt: skip
 
 
@@ -44,7 +45,8 @@ def cluster_ideal_hits(requests: Sequence[TraceRequest], result: ClusterResult) 
     (None without a prefix cache): the same rule as ``Comparison``'s."""
     if not result.policy.prefix_caching:
         return None
-    return ideal_hits(requests, result.records, result.replicas[0].block_size)
+    first = result.replicas[0]
+    return ideal_hits(requests, result.records, first.policy.prefix_match_unit or first.block_size)
 
 
 def summarize_cluster(

@@ -101,3 +101,38 @@ def host_link_for_gpu(gpu_name: str) -> Link:
     return replace(
         base, source=f"host link of {gpu_name!r} unknown: assumed pcie4-x16 ({base.source})"
     )
+
+
+# A copy inside device memory reads and writes each byte; a copy kernel of the engine's kind
+# (one launch per K or V pool tensor, every pair of the step in it) reaches about this share of
+# the datasheet bandwidth. Both assumed, like the PCIe numbers above; see docs/prefix_cache.md.
+_DEVICE_COPY_EFFICIENCY = 0.8
+_DEVICE_COPY_LAUNCH_S = 5e-6
+
+
+@dataclass(frozen=True)
+class DeviceCopy:
+    """What a step's device-to-device copies cost (a partial prefix hit's slots): one batch of
+    ``launches`` kernel calls over ``link`` (device memory as a link: bandwidth = bytes copied
+    per second, read and write counted)."""
+
+    link: Link
+    launches: int  # per step with any copy: one per K or V pool tensor (2 x layers)
+
+    def time_s(self, num_bytes: int) -> float:
+        """Seconds to copy ``num_bytes`` in one step (``Link.transfer_time_s`` of one batch)."""
+        return self.link.transfer_time_s(1, num_bytes, self.launches)
+
+
+def device_copy(gpu_name: str, mem_bandwidth_bytes_per_s: float, num_layers: int) -> DeviceCopy:
+    """The device copies of an engine with ``num_layers`` layers on a GPU of that bandwidth."""
+    bandwidth = mem_bandwidth_bytes_per_s * _DEVICE_COPY_EFFICIENCY / 2  # read + write
+    link = Link(
+        f"{gpu_name} memory",
+        bandwidth,
+        _DEVICE_COPY_LAUNCH_S,
+        f"device memory at {_DEVICE_COPY_EFFICIENCY:.0%} of {mem_bandwidth_bytes_per_s / 1e9:,.0f}"
+        f" GB/s, read + write (assumed); {_DEVICE_COPY_LAUNCH_S * 1e6:g} us a launch, "
+        f"{2 * max(1, num_layers)} launches a step",
+    )
+    return DeviceCopy(link, 2 * max(1, num_layers))

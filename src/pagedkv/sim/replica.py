@@ -3,7 +3,7 @@
 The one step loop of the simulator. ``Simulation`` (one engine) and ``Cluster`` (N engines
 behind a router) both drive replicas: ``admit`` queues a request at the replica's clock,
 ``step`` schedules one batch with the real ``Scheduler``, prices it with the cost model (plus
-the swap transfers it ordered), advances the clock by that, samples the token each sequence
+the swap transfers and the partial prefix hits' device copies it ordered), advances the clock by that, samples the token each sequence
 gets, updates the scheduler and records first tokens and finishes.
 
 A replica writes only into the ``RequestRecord`` objects it is given (``records[i]`` for the
@@ -21,7 +21,7 @@ from pagedkv.kvcache.events import KVEventLog
 from pagedkv.kvcache.policies import Policy, build_allocator
 from pagedkv.sched import SchedulerConfig
 from pagedkv.sim.cost_model import CostModel
-from pagedkv.sim.links import Link
+from pagedkv.sim.links import DeviceCopy, Link
 from pagedkv.sim.metrics import RequestRecord, TimeSeries
 from pagedkv.sim.step_context import LongestShape
 from pagedkv.traces import TraceRequest, segment_tokens
@@ -58,6 +58,13 @@ class RunResult:
     swapped_blocks_in: int = 0
     swap_fallbacks: int = 0
     swap_time_s: float = 0.0
+    # Partial-block prefix reuse (kvcache/partial.py): hits ending inside a block, their tokens
+    # there, blocks claimed in place, and the copies of the others (bytes, simulated seconds).
+    partial_hits: int = 0
+    partial_hit_tokens: int = 0
+    partial_claims: int = 0
+    prefix_copy_bytes: int = 0
+    prefix_copy_time_s: float = 0.0
 
 
 class Replica:
@@ -80,6 +87,7 @@ class Replica:
         kv_record_bytes: int = 0,
         transfers_per_block: int = 1,
         events: bool = False,
+        device_copy: DeviceCopy | None = None,
     ) -> None:
         if config.max_model_len is None:
             raise UsageError("the simulator needs max_model_len")
@@ -111,6 +119,8 @@ class Replica:
         self.records = records
         self.sample_interval_s = sample_interval_s
         self.link = link
+        self.device_copy = device_copy  # None: the prefix copies cost nothing
+        self.kv_record_bytes = kv_record_bytes
         self.block_bytes = kv_record_bytes * self.allocator.block_size
         self.transfers_per_block = transfers_per_block
         self.series = TimeSeries()
@@ -123,6 +133,8 @@ class Replica:
         self.num_steps = self.peak_running = 0
         self.running_time = 0.0  # integral of running sequences over time
         self.swap_time = 0.0
+        self.copy_time = 0.0
+        self.copy_bytes = 0
 
     def admit(self, i: int, req: TraceRequest, prompt: array | None = None) -> bool:
         """Queue request ``i`` (``records[i]``) now; ``prompt``: its token ids when the caller
@@ -162,6 +174,13 @@ class Replica:
                 num_moved, self.block_bytes, self.transfers_per_block
             )
             self.swap_time += transfer_s
+        if batch.prefix_copies:  # the matched slots of partial hits, before the forward pass
+            copied = sum(c.num_tokens for c in batch.prefix_copies) * self.kv_record_bytes
+            self.copy_bytes += copied
+            if self.device_copy is not None:
+                copy_s = self.device_copy.time_s(copied)
+                self.copy_time += copy_s
+                transfer_s += copy_s
         sampled: list[list[int]] = []
         first_tokens: list[RequestRecord] = []
         for seq, start, _, num_samples, hit in batch.seqs:
@@ -228,6 +247,7 @@ class Replica:
         """This replica's ``RunResult`` over ``duration_s`` (its mean running is the running
         integral over that duration)."""
         sched = self.scheduler
+        kv = self.allocator.stats()
         return RunResult(
             policy=self.policy,
             block_size=self.allocator.block_size,
@@ -240,7 +260,7 @@ class Replica:
             mean_running=self.running_time / duration_s if duration_s > 0 else 0.0,
             preemptions=sched.num_preemptions,
             recomputed_tokens=sched.num_recomputed_tokens,
-            evictions=self.allocator.stats().num_evictions,
+            evictions=kv.num_evictions,
             wall_time_s=wall_time_s,
             swap_outs=sched.num_swap_outs,
             swap_ins=sched.num_swap_ins,
@@ -248,6 +268,11 @@ class Replica:
             swapped_blocks_in=sched.num_swapped_blocks_in,
             swap_fallbacks=sched.num_swap_fallbacks,
             swap_time_s=self.swap_time,
+            partial_hits=kv.num_partial_hits,
+            partial_hit_tokens=kv.partial_hit_tokens,
+            partial_claims=kv.num_partial_claims,
+            prefix_copy_bytes=self.copy_bytes,
+            prefix_copy_time_s=self.copy_time,
         )
 
 

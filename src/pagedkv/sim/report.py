@@ -27,6 +27,8 @@ def _hits(s: dict[str, Any]) -> str:
     ideal = s.get("ideal_prefix_hit_tokens")
     if ideal:
         text += f" ({_pct(s['prefix_hit_tokens'] / ideal)} of ideal)"
+    if s.get("partial_hit_tokens"):  # every admission's, re-admissions after preemption too
+        text += f"; partial blocks {s['partial_hit_tokens']:,} (all admissions)"
     return text
 
 

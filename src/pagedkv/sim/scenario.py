@@ -38,7 +38,7 @@ from pagedkv.sim.fitted_cost import FittedCostModel
 from pagedkv.sim.gpu_clock import GPUClock
 from pagedkv.sim.gpus import GPUSpec, get_gpu
 from pagedkv.sim.kernel_cost import KernelCostModel, kernel_for_policy
-from pagedkv.sim.links import Link, get_link, host_link_for_gpu
+from pagedkv.sim.links import DeviceCopy, Link, device_copy, get_link, host_link_for_gpu
 from pagedkv.sim.simulate_config import SimulateConfig
 from pagedkv.sim.simulator import ProgressFn, RunResult
 from pagedkv.traces import (
@@ -119,6 +119,14 @@ class Scenario:
             return FittedCostModel(self.model, self.gpu, clock, kernel, tp, source)
         return KernelCostModel(self.model, self.gpu, kernel, self.config.step_overhead_s)
 
+    @property
+    def device_copy(self) -> DeviceCopy | None:
+        """The partial prefix hits' device copies, priced on the GPU's memory (None with a
+        cost profile: its clock is another machine's, whose copies it never measured)."""
+        if self.config.cost_profile is not None:
+            return None
+        return device_copy(self.gpu.name, self.gpu.mem_bandwidth_bytes_per_s, self.model.num_layers)
+
     def clock(self) -> str:
         """One line naming the cost model (and the swap link)."""
         cfg = self.config
@@ -175,6 +183,7 @@ class Scenario:
                     self.config.sample_interval_s,
                     link=self.link,
                     kv_record_bytes=self.model.kv_record_bytes,
+                    device_copy=self.device_copy,
                 )
                 runs += comparison.run([policy], track)
         return runs
@@ -199,6 +208,7 @@ class Scenario:
                         balance_rel=cfg.balance_rel, sample_interval_s=cfg.sample_interval_s,
                         progress=progress(policy, slots, n, router) if progress else None,
                         link=self.link, kv_record_bytes=self.model.kv_record_bytes,
+                        device_copy=self.device_copy,
                     )  # fmt: skip
                     result = cluster.run()
                     ideal = cluster_ideal_hits(self.requests, result)
@@ -231,7 +241,7 @@ def load_scenario(config: SimulateConfig) -> Scenario:
             preemption_mode=config.preemption_mode,
             swap_space_slots=config.swap_space_bytes // model.kv_record_bytes,
         )
-        policies = expand_policies(config.policies, config.block_sizes)
+        policies = expand_policies(config.policies, config.block_sizes, config.prefix_match_units)
         gpu = get_gpu(config.gpu)
         tp = config.tensor_parallel  # each GPU holds 1/tp of the weights and of every token's KV
         pools_bytes = config.kv_memory_bytes or (

@@ -33,6 +33,9 @@ class SimulateConfig:
     preemption: str = "latest_arrival"
     policies: tuple[str, ...] = ("reserved", "vllm")
     block_sizes: tuple[int, ...] = ()
+    # Each policy with a prefix cache once per prefix match unit (None: whole blocks); () = the
+    # policies' own (kvcache/partial.py).
+    prefix_match_units: tuple[int | None, ...] = ()
     max_requests: int | None = None
     strict: bool = False
     rate_scale: float = 1.0
@@ -94,6 +97,8 @@ class SimulateConfig:
             raise UsageError("step_overhead_s must be >= 0", "step_overhead_s")
         if any(b < 1 for b in (*self.kv_memory_bytes, *self.block_sizes)):
             raise UsageError("KV pool sizes and block sizes must be >= 1")
+        if any(u is not None and u < 1 for u in self.prefix_match_units):
+            raise UsageError("--prefix-match-unit: units must be >= 1", "prefix_match_unit")
         if self.max_requests is not None and self.max_requests < 1:
             raise UsageError("max_requests must be >= 1", "max_requests")
         if self.cost not in COST_MODELS:

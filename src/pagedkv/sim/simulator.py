@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pagedkv.kvcache.policies import Policy
 from pagedkv.sched import SchedulerConfig
 from pagedkv.sim.cost_model import CostModel
-from pagedkv.sim.links import Link
+from pagedkv.sim.links import DeviceCopy, Link
 from pagedkv.sim.metrics import RequestRecord
 from pagedkv.sim.replica import ProgressFn, Replica, RunResult, admit_due
 from pagedkv.traces import TraceRequest
@@ -57,16 +57,17 @@ class Simulation:
         link: Link | None = None,
         kv_record_bytes: int = 0,
         transfers_per_block: int = 1,
+        device_copy: DeviceCopy | None = None,
     ) -> None:
         """``check_invariants`` (for tests) checks the allocator and the swap space after every
-        step."""
+        step. ``device_copy`` prices the partial prefix hits' copies (None: free)."""
         self.requests = requests
         self.policy = policy
         self.records = [RequestRecord(r.arrival_time_s, r.prompt_len_tokens) for r in requests]
         self.replica = Replica(
             policy, num_kv_slots, config, cost, self.records,
             sample_interval_s=sample_interval_s, link=link, kv_record_bytes=kv_record_bytes,
-            transfers_per_block=transfers_per_block,
+            transfers_per_block=transfers_per_block, device_copy=device_copy,
         )  # fmt: skip
         self.allocator = self.replica.allocator
         self.scheduler = self.replica.scheduler

@@ -19,7 +19,14 @@ Fields (times in simulated seconds unless the name says otherwise):
 * ``preemptions``, ``recomputed_tokens``, ``evictions``; swap preemption: ``swap_outs``,
   ``swap_ins`` (sequences), ``swapped_blocks_out`` / ``_in``, ``swap_fallbacks`` (victims
   recomputed because the swap space was full), ``swap_time_s`` (simulated transfer time);
-  ``wall_time_s`` (real replay time).
+  ``wall_time_s`` (real replay time);
+* with a prefix match unit below the block size (partial-block reuse, ``kvcache/partial.py``)
+  only: ``prefix_match_unit``, ``partial_hits`` (admissions whose hit ended inside a block),
+  ``partial_hit_tokens`` (the tokens of those blocks; counted over every admission, so a
+  preempted sequence re-admitted onto its own kept tail counts here and not in
+  ``prefix_hit_tokens``, which counts first admissions), ``partial_claims``
+  (blocks claimed in place), ``prefix_copy_bytes`` and ``prefix_copy_time_s`` (the other
+  blocks' matched slots copied, and the simulated seconds that took on the clock).
 """
 
 from __future__ import annotations
@@ -106,4 +113,14 @@ def summarize(result: RunResult, ideal_prefix_hit_tokens: int | None = None) -> 
         swap_time_s=round(result.swap_time_s, 6),
         wall_time_s=round(result.wall_time_s, 3),
     )
+    unit = result.policy.prefix_match_unit
+    if unit is not None and unit < result.block_size:
+        out.update(
+            prefix_match_unit=unit,
+            partial_hits=result.partial_hits,
+            partial_hit_tokens=result.partial_hit_tokens,
+            partial_claims=result.partial_claims,
+            prefix_copy_bytes=result.prefix_copy_bytes,
+            prefix_copy_time_s=round(result.prefix_copy_time_s, 6),
+        )
     return out

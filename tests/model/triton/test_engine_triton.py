@@ -218,3 +218,24 @@ def test_the_fused_layer_equals_the_layers_own_ops(tiny_long_model, dtype, monke
     layers = len(kv_own) if dtype == "float32" else 1
     for (k1, v1), (k2, v2) in list(zip(kv_fused, kv_own, strict=True))[:layers]:
         assert torch.equal(k1, k2) and torch.equal(v1, v2)
+
+
+def test_partial_prefix_hits_copy_their_slots_on_the_triton_kernel(tiny):
+    """``--prefix-match-unit 1``: the second prompt's hit ends 3 tokens into SYSTEM's third
+    block, still held by the first (running), so those 3 slots of every layer are copied by
+    the block-copy kernel; the tokens equal the native path's without a prefix cache."""
+    first, second = SYSTEM + list(range(80, 92)), SYSTEM[:35] + [5, 6, 7]
+    native = _engine(tiny, policy="paged-nocache:16")
+    want = _tokens(native, [first]) + _tokens(native, [second])
+    triton = _engine(tiny, block_size=16, prefix_match_unit=1, attention_backend="triton")
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    triton.add_request(first, params, request_id="first")
+    triton.step()
+    outs = {o.request_id: o for o in triton.generate([second], params)}
+    while triton.has_unfinished():
+        outs.update((o.request_id, o) for o in triton.step())
+    (other,) = set(outs) - {"first"}
+    got = [[c.token_ids for c in outs[k].outputs] for k in ("first", other)]
+    assert got == want
+    assert triton.stats().prefix_copy_bytes > 0
+    assert_no_leaks(triton)

@@ -104,3 +104,25 @@ def test_copy_blocks_with_no_pairs_changes_nothing():
     before = cache.clone()
     copy_blocks(cache, torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64))
     assert torch.equal(cache, before)
+
+
+@pytest.mark.parametrize(
+    ("block_size", "num_kv_heads", "head_dim"),
+    [(16, 2, 64), (12, 1, 80), (64, 2, 16)],  # a prefix ends inside a chunk and across chunks
+)
+def test_copy_blocks_copies_only_the_first_slots_of_each_pair(block_size, num_kv_heads, head_dim):
+    """A partial prefix hit's copy: slots [0, n) of each source block, the rest of the
+    destination block untouched (a slot-by-slot loop is the reference)."""
+    gen = torch.Generator().manual_seed(block_size + 1)
+    cache = torch.randn(8, block_size, num_kv_heads, head_dim, generator=gen)
+    src = torch.tensor([5, 0, 3])
+    dst = torch.tensor([1, 6, 2])
+    counts = torch.tensor([1, block_size - 1, block_size // 2])
+    expected = cache.clone()
+    for s, d, n in zip(src.tolist(), dst.tolist(), counts.tolist(), strict=True):
+        for slot in range(n):
+            expected[d, slot] = cache[s, slot]
+
+    copy_blocks(cache, src, dst, counts)
+
+    assert torch.equal(cache, expected)

@@ -11,6 +11,9 @@ all call this module, and each call moves a whole step's blocks of one kind toge
   as one gather (``index_select`` into a buffer allocated once per call) and one scatter
   (``index_copy_``) per layer and tensor; never a Python loop per block. Pools may live on
   different devices (a GPU pool and a host pool): the rows cross once per tensor.
+* ``copy_slot_prefixes``: the first ``n`` slots of a block into another of the same pool (a
+  partial prefix hit, ``kvcache/partial.py``), as one gather and one scatter of the slots per
+  layer and tensor.
 * ``read_blocks`` / ``write_blocks``: a block's *body* in the page layout, layer by layer (K
   then V, each ``[block_size, num_kv_heads, head_dim]``, C order, native little-endian): the
   page format's ``record_bytes * block_size`` bytes (``block_body_bytes``), what the store keeps.
@@ -22,6 +25,7 @@ from collections.abc import Sequence
 
 import torch
 
+from pagedkv.kvcache.tiers.contract import PrefixCopy
 from pagedkv.model.kv_pool import KVCache, pool_layout
 
 # Slice copies pay off when the average run is at least this long (fewer, bigger memcpys and no
@@ -60,6 +64,24 @@ def copy_rows(
         for to, frm in zip(dst_pair, src_pair, strict=True):
             torch.index_select(frm, 0, s_idx, out=rows)
             to.index_copy_(0, d_idx, rows.to(to.device))
+
+
+def copy_slot_prefixes(kv_caches: list[KVCache], copies: Sequence[PrefixCopy]) -> None:
+    """For each ``(src, dst, n)`` of ``copies``: slots ``[0, n)`` of block ``src`` into block
+    ``dst`` of the same pool, for every layer's K and V; the other slots of ``dst`` are kept.
+    No destination slot may be a source slot of the call. Mutates the pool."""
+    if not copies:
+        return
+    k0 = kv_caches[0][0]
+    bs = k0.shape[1]
+    src_slots = [src * bs + i for src, _, n in copies for i in range(n)]
+    dst_slots = [dst * bs + i for _, dst, n in copies for i in range(n)]
+    s_idx = torch.tensor(src_slots, dtype=torch.int64, device=k0.device)
+    d_idx = torch.tensor(dst_slots, dtype=torch.int64, device=k0.device)
+    for pair in kv_caches:
+        for pool in pair:
+            slots = pool.view(-1, *pool.shape[2:])  # [N * B, Hkv, D]: a slot is a row
+            slots.index_copy_(0, d_idx, slots.index_select(0, s_idx))
 
 
 def block_body_bytes(kv_caches: list[KVCache]) -> int:

@@ -8,7 +8,8 @@ order that keeps each kind of copy a single batched gather/scatter:
     1. **offloads** (device -> the tier that accepts them, the host tier): first, because the
        same step hands the evicted blocks to someone else;
     2. **swaps** (``HostSwapPool.apply``: swap-outs, then swap-ins);
-    3. **copy-on-write** copies (device -> device) of forked partial blocks;
+    3. **copy-on-write** copies (device -> device) of forked partial blocks, and the **prefix
+       copies** of partial prefix hits (the first slots of a block into a fresh one);
     4. **loads** (a lower tier -> fresh device blocks), last before the forward, which reads them.
 ``after_forward``
     5. **saves** (write-through of the full blocks the forward computed, to the tiers that want
@@ -21,18 +22,30 @@ blocks and bytes per tier (``counts``). Engine thread only.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 import torch
 
-from pagedkv.engine.kv.block_copy import copy_rows
+from pagedkv.engine.kv.block_copy import copy_rows, copy_slot_prefixes
 from pagedkv.engine.kv.swap_pool import HostSwapPool
 from pagedkv.kvcache.hashing import BlockHash
-from pagedkv.kvcache.tiers.contract import KVTier
+from pagedkv.kvcache.tiers.contract import KVTier, PrefixCopy
 from pagedkv.kvcache.tiers.counts import TierCounts
 from pagedkv.model.kv_pool import KVCache
 from pagedkv.sched.batch import ScheduledBatch
+
+
+class BlockCopyFn(Protocol):
+    """A backend's ``copy_blocks`` (``AttentionBackend.copy_blocks``)."""
+
+    def __call__(
+        self,
+        pool: torch.Tensor,
+        src: torch.Tensor,
+        dst: torch.Tensor,
+        num_tokens: torch.Tensor | None = None,
+    ) -> None: ...
 
 
 @runtime_checkable
@@ -87,10 +100,11 @@ class KVMover:
         self,
         kv_caches: list[KVCache],
         swap_pool: HostSwapPool | None = None,
-        copy_blocks: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None] | None = None,
+        copy_blocks: BlockCopyFn | None = None,
     ) -> None:
-        """``copy_blocks(pool, src, dst)``: a device kernel for the copy-on-write copies (the
-        Triton backend's, one launch per pool tensor); None = ``copy_rows``."""
+        """``copy_blocks(pool, src, dst[, num_tokens])``: the backend's op for the copy-on-write
+        and prefix copies (one call per pool tensor); None = ``copy_rows`` and
+        ``copy_slot_prefixes``."""
         self.kv_caches = kv_caches
         self.swap_pool = swap_pool
         self.copy_blocks = copy_blocks
@@ -143,6 +157,8 @@ class KVMover:
                 for pair in kv:
                     for pool in pair:
                         self.copy_blocks(pool, src, dst)
+        if batch.prefix_copies:
+            self._copy_prefixes(batch.prefix_copies)
         by_tier: dict[str, tuple[list[BlockHash], list[int]]] = {}
         for tier, block_hash, device_block in batch.block_loads:
             hashes, blocks = by_tier.setdefault(tier, ([], []))
@@ -152,6 +168,21 @@ class KVMover:
             executor = self._executors[tier]
             executor.load(kv, hashes, blocks)
             self.counts.add(tier, "loaded", len(blocks), executor.block_bytes)
+
+    def _copy_prefixes(self, copies: Sequence[PrefixCopy]) -> None:
+        """The partial prefix hits' copies, through the backend's block copy when it has one."""
+        kv = self.kv_caches
+        if self.copy_blocks is None:
+            copy_slot_prefixes(kv, copies)
+            return
+        device = kv[0][0].device
+        src, dst, counts = (
+            torch.tensor(column, dtype=torch.int64).to(device, non_blocking=True)
+            for column in zip(*copies, strict=True)
+        )
+        for pair in kv:
+            for pool in pair:
+                self.copy_blocks(pool, src, dst, counts)
 
     def after_forward(self, batch: ScheduledBatch) -> None:
         """Step 5: write-through of the step's computed full blocks to every saving tier."""

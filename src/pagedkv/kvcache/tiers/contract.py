@@ -128,6 +128,17 @@ class KVTier(Protocol):
         ...
 
 
+class PrefixCopy(NamedTuple):
+    """Copy slots ``[0, num_tokens)`` of ``src_block`` into ``dst_block`` (every layer's K and
+    V) before the forward pass of the step: the matched tokens of a partial prefix hit
+    (``kvcache/partial.py``), ``0 < num_tokens < block_size``. ``src_block`` is a full block
+    no one writes; ``dst_block`` a fresh block of the admitted sequence."""
+
+    src_block: int
+    dst_block: int
+    num_tokens: int
+
+
 class BlockLoad(NamedTuple):
     """Copy the block ``block_hash`` from tier ``tier`` into ``device_block`` (before the
     forward pass of the step)."""
@@ -139,7 +150,9 @@ class BlockLoad(NamedTuple):
 
 @dataclass(frozen=True)
 class TierOrders:
-    """The tier copies of one step, drained from the allocator by ``Scheduler.schedule``.
+    """The tier copies of one step, drained from the allocator by ``Scheduler.schedule``, and
+    the device copies of its partial prefix hits (``prefix_copies``, empty unless the prefix
+    match unit is below the block size).
 
     ``offloads`` and ``saves`` are ``(device_block, block_hash)`` pairs; each kind in the order
     it was decided. A caller may keep the tuples."""
@@ -147,10 +160,11 @@ class TierOrders:
     offloads: tuple[tuple[int, BlockHash], ...] = ()
     loads: tuple[BlockLoad, ...] = ()
     saves: tuple[tuple[int, BlockHash], ...] = ()
+    prefix_copies: tuple[PrefixCopy, ...] = ()
 
     @property
     def is_empty(self) -> bool:
-        return not (self.offloads or self.loads or self.saves)
+        return not (self.offloads or self.loads or self.saves or self.prefix_copies)
 
 
 NO_TIER_ORDERS = TierOrders()

@@ -108,6 +108,8 @@ def swap_in(
     the allocator has no room."""
     host = space.blocks_of(seq.seq_id)
     hit = alloc.match_prefix(seq)
+    # Whole blocks only: the host holds the block a partial hit would copy into, whole.
+    hit -= hit % alloc.block_size
     start = max(hit, num_tokens)
     num_new = min(len(seq.token_ids) - start, max_new_tokens)
     if num_new < 1:

@@ -142,8 +142,14 @@ class NativeBackend:
     def graph_plan(self, meta: AttentionMetadata, block_size: int, max_context_len: int) -> None:
         return None  # its plan reads the metadata on the host: no graph can replay it
 
-    def copy_blocks(self, pool: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
-        copy_pool_rows(pool, src, dst)
+    def copy_blocks(
+        self,
+        pool: torch.Tensor,
+        src: torch.Tensor,
+        dst: torch.Tensor,
+        num_tokens: torch.Tensor | None = None,
+    ) -> None:
+        copy_pool_rows(pool, src, dst, num_tokens)
 
     def usable_kernels(self, kv_caches: list[KVCache]):
         """The kernels where attention may use them: queries and caches both fp32 or both

@@ -40,5 +40,11 @@ class TritonBackend:
                                             num_sms(self.device))  # fmt: skip
         return TritonPlan.for_graph(meta, block_size, self.kernels, splits)
 
-    def copy_blocks(self, pool: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
-        self.kernels.copy_blocks(pool, src, dst)
+    def copy_blocks(
+        self,
+        pool: torch.Tensor,
+        src: torch.Tensor,
+        dst: torch.Tensor,
+        num_tokens: torch.Tensor | None = None,
+    ) -> None:
+        self.kernels.copy_blocks(pool, src, dst, num_tokens)

@@ -35,7 +35,7 @@ class TritonKernels:
     prefill_tiles: Any
     write_kv: Any
     copy_blocks: Any
-    rope_write_kv: Any  # RoPE + the K/V store in one launch (TritonPlan.run_layer)
+    rope_write_kv: Any  # RoPE + the K/V store in one launch (TritonPlan.rope_attend)
     silu_mul: Any
     rms_norm: Any  # RMSNorm, alone or after the residual add, in one launch
 

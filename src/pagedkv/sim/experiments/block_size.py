@@ -13,6 +13,13 @@ prompts), at most 256 running sequences and 2,560 batched tokens, a 2,048-token 
 The rates are **chosen here** (the paper does not state its ablation's rates): light, medium
 and heavy load for this model's capacity on the fitted clock. ``run`` spreads the points over the cores (``runner.run_points``).
 
+**Partial-block reuse beside it.** The paper's workloads share nothing, so its curve cannot show
+the third ledger. A second sweep (``partial_reuse`` in the result) gives every ShareGPT-like
+request one of ``NUM_SYSTEM_PROMPTS`` shared system prompts (``SYSTEM_TOKENS`` long, drawn once
+per seed; **chosen here**), runs paged allocation *with* a prefix cache at every block size,
+whole blocks (U = B) beside a prefix-match unit of one token (U = 1, ``kvcache/partial.py``, its
+copies priced on the GPU's memory), and reports normalized latency and prefix-hit tokens.
+
 ``clock="pagedkv-triton"`` runs the same sweep on pagedkv's own engine instead: Llama-3-8B on
 the H200 its clock was measured on (``sim/engine_cost.py``, CUDA graphs), the engine's
 scheduler (chunked prefill, 8,192 tokens a step), the 40 GiB KV pool of the device check's
@@ -22,9 +29,10 @@ way for that engine's capacity. The vLLM-class clock (the default) is the paper'
 
 from __future__ import annotations
 
+import random
 import statistics
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +41,10 @@ from pagedkv.sched import SchedulerConfig
 from pagedkv.sim.cost_model import CostModel, ModelCost
 from pagedkv.sim.experiments.runner import run_points
 from pagedkv.sim.fitted_cost import block_walk_factor, fitted_cost_model
+from pagedkv.sim.gpus import get_gpu
+from pagedkv.sim.links import device_copy
 from pagedkv.sim.simulator import Simulation
+from pagedkv.traces import TraceRequest
 from pagedkv.traces.paper_workloads import WORKLOADS, paper_workload
 
 DESCRIPTION = (
@@ -56,6 +67,16 @@ SCHEDULER = SchedulerConfig(
     max_num_seqs=256, max_num_batched_tokens=2560, max_model_len=2048, chunked_prefill=False
 )
 CLOCKS = ("vllm-class", "pagedkv-triton")
+# The partial-reuse sweep (module docstring): its workload, rates and system prompts.
+PREFIX_WORKLOAD = "sharegpt"
+PREFIX_RATES_PER_S: dict[str, tuple[float, ...]] = {
+    "vllm-class": (1.0, 1.75),
+    "pagedkv-triton": (10.0, 30.0),
+}
+NUM_SYSTEM_PROMPTS = 8
+SYSTEM_TOKENS = (32, 480)  # uniform, both ends
+SYSTEM_SEGMENT_BASE = 3_000_000  # segment ids of the system prompts (below the fresh ones)
+PREFIX_NUM_REQUESTS, QUICK_PREFIX_NUM_REQUESTS = 1000, 150
 
 
 @dataclass(frozen=True)
@@ -94,6 +115,10 @@ class Point:
     num_requests: int
     seed: int = 0
     clock: str = "vllm-class"
+    # The partial-reuse sweep: a prefix cache matching in units of U (None: whole blocks);
+    # None with ``shared_prefixes`` False is the paper's point (no prefix cache).
+    prefix_match_unit: int | None = None
+    shared_prefixes: bool = False
 
 
 def _cost(clock: str = "vllm-class") -> CostModel:
@@ -116,13 +141,41 @@ def _record_bytes(cost: CostModel) -> int:
     return cost.model.kv_record_bytes  # type: ignore[attr-defined]
 
 
+def with_system_prompts(requests: list[TraceRequest], seed: int) -> list[TraceRequest]:
+    """``requests`` each prefixed with one of ``NUM_SYSTEM_PROMPTS`` shared system prompts
+    (lengths uniform over ``SYSTEM_TOKENS``, the prompt of each request drawn at random)."""
+    rng = random.Random(seed)
+    systems = [
+        ((SYSTEM_SEGMENT_BASE + i, rng.randint(*SYSTEM_TOKENS)),) for i in range(NUM_SYSTEM_PROMPTS)
+    ]
+    return [replace(r, prompt=rng.choice(systems) + r.prompt) for r in requests]
+
+
 def run_point(point: Point) -> dict[str, Any]:
     """One replay: the point's fields plus its normalized latency and load figures."""
     cost, setup = _cost(point.clock), setup_of(point.clock)
     requests = paper_workload(point.workload, point.num_requests, point.rate_per_s, point.seed)
     policy = get_policy(f"paged-nocache:{point.block_size}")
-    slots = setup.kv_pool_bytes // _record_bytes(cost)
-    result = Simulation(requests, policy, slots, setup.scheduler, cost).run()
+    copier = None
+    if point.shared_prefixes:
+        requests = with_system_prompts(requests, point.seed)
+        policy = get_policy(f"paged:{point.block_size}")
+        policy = policy.with_prefix_match_unit(point.prefix_match_unit)
+        gpu = get_gpu(setup.gpu)
+        layers = cost.model.num_layers  # type: ignore[attr-defined]
+        copier = device_copy(gpu.name, gpu.mem_bandwidth_bytes_per_s, layers)
+    record_bytes = _record_bytes(cost)
+    slots = setup.kv_pool_bytes // record_bytes
+    sim = Simulation(
+        requests,
+        policy,
+        slots,
+        setup.scheduler,
+        cost,
+        device_copy=copier,
+        kv_record_bytes=record_bytes,
+    )
+    result = sim.run()
     done = [r for r in result.records if not r.refused and r.e2e_s is not None]
     normalized = [r.e2e_s / max(1, r.num_output_tokens) for r in done]  # type: ignore[operator]
     return {
@@ -135,6 +188,9 @@ def run_point(point: Point) -> dict[str, Any]:
         "preemptions": result.preemptions,
         "duration_s": result.duration_s,
         "num_steps": result.num_steps,
+        "prefix_hit_tokens": sum(r.prefix_hit_tokens for r in done),
+        "prompt_tokens": sum(r.prompt_tokens for r in done),
+        "prefix_copy_time_s": result.prefix_copy_time_s,
     }
 
 
@@ -146,6 +202,21 @@ def points(quick: bool, clock: str = "vllm-class") -> list[Point]:
         for w, rates in setup.rates_per_s.items()
         for rate in rates
         for b in setup.block_sizes
+    ]
+
+
+def prefix_points(quick: bool, clock: str = "vllm-class") -> list[Point]:
+    """The partial-reuse sweep: every block size, whole blocks and U = 1, at each rate."""
+    n = QUICK_PREFIX_NUM_REQUESTS if quick else PREFIX_NUM_REQUESTS
+    grid = [
+        (rate, b, unit)
+        for rate in PREFIX_RATES_PER_S[clock]
+        for b in setup_of(clock).block_sizes
+        for unit in (None, 1)
+    ]
+    return [
+        Point(PREFIX_WORKLOAD, rate, b, n, clock=clock, prefix_match_unit=u, shared_prefixes=True)
+        for rate, b, u in grid
     ]
 
 
@@ -173,7 +244,9 @@ def run(
 ) -> dict[str, Any]:
     """Every point of the sweep (JSON-ready), the setup and the best block sizes, on
     ``clock`` (``CLOCKS``)."""
-    rows = run_points(run_point, points(quick, clock), workers, progress)
+    paper, shared = points(quick, clock), prefix_points(quick, clock)
+    all_rows = run_points(run_point, paper + shared, workers, progress)
+    rows, shared_rows = all_rows[: len(paper)], all_rows[len(paper) :]
     cost, setup = _cost(clock), setup_of(clock)
     law = (
         {"decode_attention_vs_measured_b16": {b: block_walk_factor(b, BACKEND) for b in BLOCK_SIZES},
@@ -200,6 +273,14 @@ def run(
         },
         "best": best_block_sizes(rows, clock=clock),
         "points": rows,
+        "partial_reuse": {
+            "workload": f"{PREFIX_WORKLOAD}-like, each request after one of "
+            f"{NUM_SYSTEM_PROMPTS} shared system prompts of {SYSTEM_TOKENS[0]}-"
+            f"{SYSTEM_TOKENS[1]} tokens (chosen here)",
+            "policy": "paged:B with a prefix cache; prefix_match_unit None (whole blocks) or 1",
+            "copy_price": "sim/links.py device_copy on the GPU's memory",
+            "points": shared_rows,
+        },
     }
 
 
