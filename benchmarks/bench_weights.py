@@ -18,12 +18,12 @@ from __future__ import annotations
 import argparse
 
 import torch
-from pagedkv.model.native.backend import chain_of
 
 from bench_native import alternate
 from common import ratios
 from engine_peers import run_pagedkv
 from pagedkv.model import load_model
+from pagedkv.model.native.backend import chain_of
 from profile_step import decoding_engine
 
 
