@@ -12,8 +12,8 @@ jsonschema. Four grammars, alternated schema by schema:
 * ``xgrammar bounded``: at most 4 whitespace characters a gap (``max_whitespace_cnt``), closed;
 * ``llguidance before``: pagedkv's grammar before issue 48 (no whitespace, the schema as
   written: unset ``additionalProperties`` open);
-* ``llguidance after``: pagedkv's grammar now (``engine/json_schema.py``: blanks ``[ \t]{0,4}``
-  a gap, unset ``additionalProperties`` closed), built by ``engine/grammar.py`` itself.
+* ``llguidance after``: pagedkv's grammar now (``engine/structured/json_schema.py``: blanks ``[ \t]{0,4}``
+  a gap, unset ``additionalProperties`` closed), built by ``engine/structured/grammar.py`` itself.
 
 An object is valid when it parses and validates against the schema its grammar promises (the
 closed form for the closing grammars). ``weather`` is a tool schema left open, as LangChain
@@ -81,7 +81,7 @@ class XGrammar:
     def __init__(self, tok, vocab_size: int, whitespace: bool) -> None:
         import xgrammar as xgr
 
-        from pagedkv.engine.json_schema import MAX_BLANK_CHARS
+        from pagedkv.engine.structured.json_schema import MAX_BLANK_CHARS
 
         self.xgr = xgr
         self.name = f"xgrammar {'bounded' if whitespace else 'compact'}"
@@ -128,9 +128,9 @@ class LLGuidance:
         self.vocab_size = vocab_size
 
     def compile(self, schema: dict):
-        if self.closes:  # pagedkv's own grammar, as engine/grammar.py builds it
-            from pagedkv.engine.grammar import _grammar
-            from pagedkv.engine.structured import StructuredOutput
+        if self.closes:  # pagedkv's own grammar, as engine/structured/grammar.py builds it
+            from pagedkv.engine.structured.grammar import _grammar
+            from pagedkv.engine.structured.spec import StructuredOutput
 
             grammar = _grammar(StructuredOutput.of_schema(schema, "s"))
         else:
@@ -155,7 +155,7 @@ class LLGuidance:
 def random_objects(lib, tok, schema: dict, seed: int) -> tuple[list[float], list[float], int, int]:
     """(compile seconds x5, mask seconds per token, objects that closed, closed objects that
     parse and validate against the schema the grammar promises)."""
-    from pagedkv.engine.json_schema import close_objects
+    from pagedkv.engine.structured.json_schema import close_objects
 
     promised = close_objects(schema) if lib.closes else schema
     compile_s = []
@@ -208,7 +208,7 @@ def part_libraries(tok, vocab_size: int) -> None:
 
 def part_engine(rounds: int, objects: bool = True) -> None:
     from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
-    from pagedkv.engine.structured import StructuredOutput
+    from pagedkv.engine.structured.spec import StructuredOutput
 
     # 40 samples x (prompt + 512 tokens) each must fit the pool at once: 2 GiB holds ~45k tokens
     engine = LLMEngine(EngineConfig(log_startup=False, max_model_len=1024,
@@ -245,7 +245,7 @@ def mask_cost(engine, rounds: int) -> None:
     """Median decode step of 40 constrained requests vs 40 free ones, over the same step
     positions (both batches whole and at the same context lengths), alternated by round."""
     from pagedkv.engine import SamplingParams
-    from pagedkv.engine.structured import StructuredOutput
+    from pagedkv.engine.structured.spec import StructuredOutput
 
     prompt = engine.tokenizer.encode_chat([{"role": "user", "content": "A person as JSON."}])
     spec = StructuredOutput.of_schema(SCHEMAS["person"], "s")
@@ -272,7 +272,7 @@ def mask_cost(engine, rounds: int) -> None:
     print(f"| | steps | median ms |\n|---|---|---|\n| with grammar | {len(pooled['grammar'])} "
           f"| {g * 1e3:.1f} |\n| without | {len(pooled['free'])} | {f * 1e3:.1f} |")  # fmt: skip
     print(f"masking costs **{100 * (g / f - 1):+.1f} %** of a decode step ({(g - f) * 1e3:.2f} ms)")
-    from pagedkv.engine.grammar import apply_masks
+    from pagedkv.engine.structured.grammar import apply_masks
 
     matchers = engine.grammars.matchers(spec, PER_SCHEMA)
     direct = []

@@ -1,4 +1,4 @@
-"""What the grammar probe (``engine/grammar_probe.py``, issue 53) costs a constrained request.
+"""What the grammar probe (``engine/structured/probe.py``, issue 53) costs a constrained request.
 
 A spec is compiled and probed once, when the first request with it is admitted; later requests
 reuse the cached prototype. So the probe's cost is paid by a request whose spec is new, and this
@@ -41,7 +41,7 @@ def fresh(schema: dict, salt: str) -> dict:
 
 
 def specs(salt: str) -> dict:
-    from pagedkv.engine.structured import StructuredOutput
+    from pagedkv.engine.structured.spec import StructuredOutput
     from pagedkv.server.forced_calls import forced_calls
     from pagedkv.server.structured_params import JsonRules
 
@@ -54,7 +54,7 @@ def specs(salt: str) -> dict:
 
 def probing(mode: str):
     """The probe as it is, or replaced by one that admits everything."""
-    from pagedkv.engine import grammar
+    from pagedkv.engine.structured import grammar
 
     return mock.patch.object(grammar, "probe", grammar.probe if mode == "probe" else lambda *a: "")
 

@@ -5,7 +5,7 @@ close within ``--max-tokens`` (48: the budget of issue 48's report).
 * ``compact``: no whitespace at all (pagedkv before issue 48);
 * ``dumps``: exactly ``json.dumps``' separators (``", "``, ``": "``), nothing else;
 * ``free``: llguidance's flexible whitespace, unbounded, line breaks included;
-* ``pagedkv``: blanks on one line, at most 4 a gap (``engine/json_schema.py``).
+* ``pagedkv``: blanks on one line, at most 4 a gap (``engine/structured/json_schema.py``).
 
 Each rule answers every prompt greedily and with three seeds at temperature 1, all prompts
 batched in one ``generate`` call; the rules share one engine and run one after another.
@@ -37,7 +37,7 @@ RUNS = [(0.0, None), (1.0, 1), (1.0, 2), (1.0, 3)]  # (temperature, seed)
 
 
 def rules() -> dict[str, dict]:
-    from pagedkv.engine.json_schema import guidance_options
+    from pagedkv.engine.structured.json_schema import guidance_options
 
     return {
         "compact": {"whitespace_flexible": False},
@@ -57,7 +57,7 @@ def main() -> None:
     from llguidance import LLMatcher
 
     from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams, grammar
-    from pagedkv.engine.structured import StructuredOutput
+    from pagedkv.engine.structured.spec import StructuredOutput
 
     engine = LLMEngine(EngineConfig(log_startup=False, max_model_len=1024,
                                     kv_cache_memory_bytes=512 << 20))  # fmt: skip

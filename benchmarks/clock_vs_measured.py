@@ -37,11 +37,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py, when a test loads this file
 from common import finish_meta, machine_meta, write_json  # noqa: E402
-from pagedkv.sim.clock_data import FAMILIES, OpRow, price, read_rows
-from pagedkv.sim.clock_fit import read_clock, summarize_errors, with_params
 from pagedkv.sim.clock_presets import clock_for
+from pagedkv.sim.costs.kernel import KERNELS
 from pagedkv.sim.gpus import GPUSpec, get_gpu
-from pagedkv.sim.kernel_cost import KERNELS
+from pagedkv.sim.vllm_class.data import FAMILIES, OpRow, price, read_rows
+from pagedkv.sim.vllm_class.fit import read_clock, summarize_errors, with_params
 
 
 def roofline_price(row: OpRow, gpu: GPUSpec) -> float:
@@ -144,7 +144,7 @@ def sensitivity(clock_file: str | None) -> list[dict]:
     from pagedkv.pages.sources import load_shape
     from pagedkv.sched.step_shape import StepShape
     from pagedkv.sim.cost_model import ModelCost
-    from pagedkv.sim.fitted_cost import FittedCostModel
+    from pagedkv.sim.vllm_class.cost import FittedCostModel
 
     gpu = get_gpu("A100-80GB")
     clock, _ = clock_for(gpu, clock_file)
@@ -160,7 +160,7 @@ def sensitivity(clock_file: str | None) -> list[dict]:
     }
     base = {k: FittedCostModel(model, gpu, clock).step_time_s(s) for k, s in shapes.items()}
     out = []
-    from pagedkv.sim.clock_fit import get_param
+    from pagedkv.sim.vllm_class.fit import get_param
 
     for name, sigma in sorted(sigmas.items()):
         rec: dict = {"param": name, "rel_sigma": sigma}
@@ -183,7 +183,7 @@ def sensitivity(clock_file: str | None) -> list[dict]:
 
 
 def _held_out(rows: list[OpRow], test, gpu_name: str, label: str) -> dict:
-    from pagedkv.sim.clock_fit import fit_clock
+    from pagedkv.sim.vllm_class.fit import fit_clock
 
     gpu = get_gpu(gpu_name)
     base, _ = clock_for(gpu)

@@ -28,7 +28,7 @@ Sections (each timed and caught: a failing one records its error and the next on
    conversation requests at t = 0 (prompts <= 2048, outputs <= 256 tokens, EOS ignored):
    pagedkv's output tok/s eager and with CUDA graphs (both synchronous, as issue 24's check ran
    them) and with graphs and scheduling one step ahead (the GPU's default), each after a warm-up
-   that compiles its kernels and with its step timeline (``engine/timeline.py``: host phases
+   that compiles its kernels and with its step timeline (``engine/step/timeline.py``: host phases
    and the forward's GPU time per kind of step), beside transformers ``generate`` on the
    same tensors (static left-padded batches of 64, greedy, no batch begun that would end past 30 s); batch-1 decode
    (a 2,048-token prompt, 64 tokens) against the memory limit, and a layer's prompt GEMMs at

@@ -297,12 +297,12 @@ def _trace_path(run: Run) -> Path:
 def check_clock(run: Run) -> dict:
     """Measure (module docstring), fit the clock on the check so far plus this section's
     steps, and replay the engine section's runs and the warm runs on it."""
-    from pagedkv.sim.engine_calibrate import calibrate_engine
-    from pagedkv.sim.engine_check import check_runs, workload_requests
-    from pagedkv.sim.engine_clock import clock_to_dict, write_engine_clock
-    from pagedkv.sim.engine_cost import EngineCostModel
-    from pagedkv.sim.engine_fit import step_report
-    from pagedkv.sim.gpu_check_data import timed_steps
+    from pagedkv.sim.pagedkv_triton.calibrate import calibrate_engine
+    from pagedkv.sim.pagedkv_triton.check import check_runs, workload_requests
+    from pagedkv.sim.pagedkv_triton.check_data import timed_steps
+    from pagedkv.sim.pagedkv_triton.clock import clock_to_dict, write_engine_clock
+    from pagedkv.sim.pagedkv_triton.cost import EngineCostModel
+    from pagedkv.sim.pagedkv_triton.fit import step_report
 
     loaded = run.state.get("engine_loaded") or engine_model(run)[0]
     ids, outs = engine_workload(run, loaded[0].vocab_size)

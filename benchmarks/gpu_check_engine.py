@@ -24,7 +24,7 @@ from gpu_check_models import (
 from gpu_check_run import SMALL_GGUF, TRACE, WHEELS, Run
 from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
 from pagedkv.engine.startup import build_parts
-from pagedkv.engine.timeline import StepTimeline, summarize
+from pagedkv.engine.step.timeline import StepTimeline, summarize
 
 # -- 2. greedy ------------------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ def check_profile_sim(run: Run) -> dict:
     from pagedkv.engine.profiling import ProfilePlan
     from pagedkv.kvcache.policies import get_policy
     from pagedkv.sched import SchedulerConfig
-    from pagedkv.sim.profiled_cost import read_cost_profile
+    from pagedkv.sim.costs.profiled import read_cost_profile
     from pagedkv.sim.simulator import Simulation
     from pagedkv.traces import FreshSegments, TraceRequest
 

@@ -27,7 +27,7 @@ from gpu_check_run import Run
 from gpu_check_timing import copy_bandwidth_gb_s, time_ms
 from pagedkv.engine import SamplingParams
 from pagedkv.engine.profiling import kv_record_bytes
-from pagedkv.engine.timeline import StepTimeline, summarize
+from pagedkv.engine.step.timeline import StepTimeline, summarize
 
 
 def decode_weight_bytes(model) -> int:

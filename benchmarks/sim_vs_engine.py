@@ -42,8 +42,8 @@ from pagedkv.errors import UsageError
 from pagedkv.kvcache.policies import get_policy
 from pagedkv.model import load_model
 from pagedkv.sched import SchedulerConfig
+from pagedkv.sim.costs.profiled import ProfiledCostModel, read_cost_profile
 from pagedkv.sim.metrics import percentile
-from pagedkv.sim.profiled_cost import ProfiledCostModel, read_cost_profile
 from pagedkv.sim.simulator import Simulation
 from pagedkv.traces import FreshSegments, TraceRequest, load_trace, require_shared_trace
 

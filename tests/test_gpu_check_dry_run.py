@@ -162,7 +162,7 @@ def test_the_clock_section_fits_and_replays_its_own_runs(dry_run):
     from the check's own sections (every decode law scored, every part's source named),
     written beside the JSON in a form ``pagedkv simulate --clock`` reads, and the engine
     section's and the warm runs replayed on it with the engine's step counts."""
-    from pagedkv.sim.engine_clock import PARTS, read_engine_clock
+    from pagedkv.sim.pagedkv_triton.clock import PARTS, read_engine_clock
 
     clock = dry_run[0]["sections"]["clock"]["result"]
     assert clock["graph_steps"] and clock["eager_steps"]

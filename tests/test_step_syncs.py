@@ -22,16 +22,16 @@ from pathlib import Path
 import torch
 
 from pagedkv.engine.device_copies import HostCopy
-from pagedkv.engine.logits_processing import RowTokens
 from pagedkv.engine.params import SamplingParams
-from pagedkv.engine.sampler import DeviceDraws, draw, to_host
+from pagedkv.engine.step.logits_processing import RowTokens
+from pagedkv.engine.step.sampler import DeviceDraws, draw, to_host
 from tests.device_fake import on_device
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "pagedkv"
 # What runs every step between a forward pass being queued and the next one.
 STEP_LOOP = (
-    "engine/step_loop.py", "engine/step_record.py", "engine/grammar.py", "engine/logits_processing.py", "engine/runner.py",
-    "engine/sample_step.py", "engine/sampler.py", "model/triton",
+    "engine/step/loop.py", "engine/step/record.py", "engine/structured/grammar.py", "engine/step/logits_processing.py", "engine/runner.py",
+    "engine/step/draws.py", "engine/step/sampler.py", "model/triton",
 )  # fmt: skip
 SIZED_BY_DATA = {"unique", "unique_consecutive", "nonzero", "masked_select", "bincount"}
 SYNC_MARK = "# sync:"

@@ -17,7 +17,7 @@ from pagedkv.model import load_model
 from pagedkv.sched import SchedulerConfig
 from pagedkv.sched.batch import ScheduledBatch, ScheduledSeq
 from pagedkv.sched.step_shape import StepShape
-from pagedkv.sim.profiled_cost import read_cost_profile
+from pagedkv.sim.costs.profiled import read_cost_profile
 from pagedkv.sim.simulator import Simulation
 from pagedkv.traces import FreshSegments, TraceRequest
 from tests.model.tiny import make_tiny_model

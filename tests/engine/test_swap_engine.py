@@ -177,7 +177,7 @@ def test_kv_survives_the_round_trip_bit_for_bit(tiny_long):
 
 def test_containment_reruns_do_not_swap_twice(tiny_long, reference):
     """A step that swaps in and then fails as a whole is re-run entry by entry
-    (engine/containment.py): the blocks move once, and every request still gets its tokens."""
+    (engine/step/containment.py): the blocks move once, and every request still gets its tokens."""
     engine = make(
         tiny_long, **_pool("vllm", 16, 304, preemption_mode="swap", swap_space_bytes=1 << 20)
     )

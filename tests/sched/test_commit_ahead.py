@@ -1,5 +1,5 @@
 """``Scheduler.commit_ahead``: a step scheduled before the previous one's tokens are drawn (an
-asynchronous engine's loop, ``engine/step_loop.py``) finishes every request with the tokens of the
+asynchronous engine's loop, ``engine/step/loop.py``) finishes every request with the tokens of the
 synchronous loop, on every allocator, under recompute and swap preemption, with stop tokens,
 ``max_new_tokens`` and ``n > 1`` forks; the invariants hold after every half step; the prefix
 cache never hashes a placeholder."""

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-import pagedkv.engine.sample_step as sampler_module
+import pagedkv.engine.step.draws as sampler_module
 
 from .conftest import assert_idle, metrics, running_server
 from .test_api import POOL

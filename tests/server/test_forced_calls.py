@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 import torch
 
-from pagedkv.engine.grammar import GrammarCache, accept, apply_masks
+from pagedkv.engine.structured.grammar import GrammarCache, accept, apply_masks
 from pagedkv.model.tokenizer import Tokenizer
 from pagedkv.server.forced_calls import NAME_HEAD, call_head, forced_calls, hermes_format
 from pagedkv.server.structured_params import JsonRules

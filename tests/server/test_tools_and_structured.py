@@ -209,7 +209,7 @@ def test_compiling_a_grammar_does_not_stall_other_requests(server, monkeypatch):
     """The compile is held until a plain request has finished: the engine loop kept running."""
     import threading
 
-    from pagedkv.engine import grammar
+    from pagedkv.engine.structured import grammar
 
     release, entered = threading.Event(), threading.Event()
     real = grammar._grammar

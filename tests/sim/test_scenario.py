@@ -131,7 +131,7 @@ def test_swap_preemption_through_the_config_and_the_command(capsys) -> None:
 
 def test_a_cost_profile_replaces_the_gpu_clock(tmp_path) -> None:
     from pagedkv.sched.step_shape import StepShape, TimedStep
-    from pagedkv.sim.profile_fit import build_profile
+    from pagedkv.sim.costs.profile_fit import build_profile
 
     shapes = [StepShape(n, 10 * n, 10 * n, n, n, n, 16) for n in range(1, 30)]
     samples = [TimedStep(s, 0.05) for s in shapes]  # every step 50 ms, whatever its shape

@@ -6,7 +6,7 @@
 reads every profile file under each --data folder laid out as Vidur's published profiles
 (compute/<gpu>/<org>/<model>/mlp.csv, <gpu>/mlp*.csv, <gpu>/attention*.csv,
 <gpu>/cpu_overheads.csv; times in ms), keeps the rows of GPU folder --gpu, and fits the clock's
-physical parameters (sim/gpu_clock.py: achieved bandwidth and compute of the GEMMs and their
+physical parameters (sim/vllm_class/clock.py: achieved bandwidth and compute of the GEMMs and their
 knee, each elementwise kernel's bandwidth and launch cost, the attention kernel's tile walk,
 split and launch costs, a step's CPU overhead) family by family. A family without rows keeps
 the --base clock's numbers (default: the clock pagedkv ships for that GPU's architecture) and
@@ -64,10 +64,16 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from pagedkv.errors import UsageError
-    from pagedkv.sim.clock_data import FAMILIES, read_rows
-    from pagedkv.sim.clock_fit import errors, fit_clock, read_clock, summarize_errors, write_clock
     from pagedkv.sim.clock_presets import VLLM_CLASS, clock_for
     from pagedkv.sim.gpus import get_gpu
+    from pagedkv.sim.vllm_class.data import FAMILIES, read_rows
+    from pagedkv.sim.vllm_class.fit import (
+        errors,
+        fit_clock,
+        read_clock,
+        summarize_errors,
+        write_clock,
+    )
 
     output = Path(args.output)
     if output.is_dir() or not output.parent.is_dir():
@@ -89,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             base, base_source = clock_for(gpu)
         except UsageError:
-            from pagedkv.sim.gpu_clock import GPUClock
+            from pagedkv.sim.vllm_class.clock import GPUClock
 
             base, base_source = GPUClock(), "pagedkv's starting values (not fitted)"
     try:

@@ -1,5 +1,5 @@
 """`pagedkv calibrate --from-gpu-check JSON -o FILE`: the clock of pagedkv's own engine from a
-device check (``sim/engine_calibrate.py``), written as JSON, its fit and check printed."""
+device check (``sim/pagedkv_triton/calibrate.py``), written as JSON, its fit and check printed."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ def run_from_gpu_check(args: argparse.Namespace, output: Path) -> int:
     from rich.table import Table
 
     from pagedkv.errors import UsageError
-    from pagedkv.sim.engine_calibrate import calibrate_engine
-    from pagedkv.sim.engine_clock import write_engine_clock
+    from pagedkv.sim.pagedkv_triton.calibrate import calibrate_engine
+    from pagedkv.sim.pagedkv_triton.clock import write_engine_clock
 
     if args.spec or args.base:
         raise UsageError("--spec and --base go with --data; --from-gpu-check takes --gpu")

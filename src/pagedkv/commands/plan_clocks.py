@@ -28,8 +28,8 @@ def decode_clock(args: argparse.Namespace, layout, workload):
         from pagedkv.pages.sources import load_shape
         from pagedkv.sim.clock_presets import engine_clock_for
         from pagedkv.sim.cost_model import ModelCost
-        from pagedkv.sim.engine_cost import EngineCostModel
         from pagedkv.sim.gpus import get_gpu
+        from pagedkv.sim.pagedkv_triton.cost import EngineCostModel
 
         gpu = get_gpu(args.gpu)
         clock, source = engine_clock_for(gpu)
@@ -40,7 +40,7 @@ def decode_clock(args: argparse.Namespace, layout, workload):
             f"{source}, CUDA graphs",
             engine,
         )
-    from pagedkv.sim.fitted_cost import fitted_cost_model
+    from pagedkv.sim.vllm_class.cost import fitted_cost_model
 
     cost = fitted_cost_model(args.model, args.gpu, kv_dtype=layout.kv_dtype)
     return (lambda b: cost.step_time_s(StepShape.of(batch, b))), cost.source, cost

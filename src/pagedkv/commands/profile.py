@@ -189,7 +189,7 @@ def measure(
     from pagedkv.engine.profiling import machine_meta, profile_engine
     from pagedkv.engine.startup import engine_placement
     from pagedkv.model import load_model
-    from pagedkv.sim.profile_fit import build_profile
+    from pagedkv.sim.costs.profile_fit import build_profile
 
     if threads is not None:
         torch.set_num_threads(threads)

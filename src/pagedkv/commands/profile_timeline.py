@@ -2,7 +2,7 @@
 
 Runs ``--requests`` requests (random prompt ids of 16-``--max-prompt`` tokens, 8-64 new tokens
 each, seeded, all at t = 0, EOS ignored) through one engine with a ``StepTimeline`` attached
-(``engine/timeline.py``), then prints, per kind of step (prefill, mixed, decode), the median
+(``engine/step/timeline.py``), then prints, per kind of step (prefill, mixed, decode), the median
 wall time of a step, of each host phase (they tile the step) and, on a GPU, of the forward
 pass itself (CUDA events), and writes every step's record to ``--output``. The phases add up to
 each step's wall time; on a GPU the forward's own time beside them shows what the host hides.
@@ -28,7 +28,7 @@ def run_timeline(args: argparse.Namespace, base) -> int:
     from rich.table import Table
 
     from pagedkv.engine import LLMEngine, SamplingParams
-    from pagedkv.engine.timeline import PHASES, StepTimeline, summarize
+    from pagedkv.engine.step.timeline import PHASES, StepTimeline, summarize
 
     num_requests = 32 if args.requests is None else args.requests
     max_prompt = 512 if args.max_prompt is None else args.max_prompt

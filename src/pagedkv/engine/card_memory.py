@@ -16,7 +16,7 @@ import torch
 
 from pagedkv.engine.memory import CardMemory
 from pagedkv.engine.params import SamplingParams
-from pagedkv.engine.sampler import sample
+from pagedkv.engine.step.sampler import sample
 from pagedkv.model.attention_backend import AttentionBackend
 from pagedkv.model.attention_metadata import AttentionMetadata
 from pagedkv.model.kv_pool import allocate_kv_caches

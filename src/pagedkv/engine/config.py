@@ -32,7 +32,7 @@ class EngineConfig:
     # Decode steps replayed from CUDA graphs captured per batch-size bucket (CUDA and the Triton
     # backend only); None = on where they can run (a GPU with the Triton backend), else off.
     cuda_graphs: bool | None = None
-    # Schedule the next step while the device computes this one (``engine/step_loop.py``); None =
+    # Schedule the next step while the device computes this one (``engine/step/loop.py``); None =
     # on where the model runs on a GPU (on the CPU the forward pass is the host's own work).
     async_scheduling: bool | None = None
     # CPU: before each step, run as many threads as the cores other processes left free

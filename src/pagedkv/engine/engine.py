@@ -2,10 +2,10 @@
 
 This file holds the requests' lifecycle (check, add, abort) and the engine's face for the edges
 (snapshots, stats, the replica's description); ``step()`` runs the one step loop
-(``engine/step_loop.py``: schedule -> forward -> draws -> collect -> finish, synchronously or
-one step ahead), which hands its results to the requests (``engine/step_record.py``). The
+(``engine/step/loop.py``: schedule -> forward -> draws -> collect -> finish, synchronously or
+one step ahead), which hands its results to the requests (``engine/step/record.py``). The
 scheduler and the allocators are the same objects the simulator drives. A failure inside a step
-is contained to the requests it can be traced to (``engine/containment.py``); the engine goes on
+is contained to the requests it can be traced to (``engine/step/containment.py``); the engine goes on
 with the others.
 """
 
@@ -16,7 +16,6 @@ import sys
 from collections.abc import Callable, Sequence
 
 from pagedkv.engine.config import EngineConfig
-from pagedkv.engine.grammar import GrammarCache
 from pagedkv.engine.kv.events import describe_replica
 from pagedkv.engine.offline import OfflineCalls
 from pagedkv.engine.outputs import RequestOutput
@@ -26,9 +25,10 @@ from pagedkv.engine.registry import RequestRegistry
 from pagedkv.engine.requests import RequestState
 from pagedkv.engine.startup import EngineParts, build_parts
 from pagedkv.engine.stats import EngineInfo, EngineSnapshot, EngineStats, StatsRecorder
-from pagedkv.engine.step_loop import StepLoop
-from pagedkv.engine.step_record import StepRecord
-from pagedkv.engine.timeline import NullTimeline, StepTimeline
+from pagedkv.engine.step.loop import StepLoop
+from pagedkv.engine.step.record import StepRecord
+from pagedkv.engine.step.timeline import NullTimeline, StepTimeline
+from pagedkv.engine.structured.grammar import GrammarCache
 from pagedkv.errors import UsageError
 from pagedkv.kvcache.hashing import HashExtraKeys
 
@@ -63,7 +63,7 @@ class LLMEngine(OfflineCalls):
         record = StepRecord(
             self._registry, self.scheduler, self.recorder, self.grammars, self.runner, p.kv_events
         )
-        # Scheduling one step ahead (``engine/step_loop.py``): by default where the model runs
+        # Scheduling one step ahead (``engine/step/loop.py``): by default where the model runs
         # on a GPU, whose steps the host can then prepare while the previous one computes.
         ahead = self.config.async_scheduling
         if ahead is None:
@@ -155,7 +155,7 @@ class LLMEngine(OfflineCalls):
     # -- one step --------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one scheduler step (``engine/step_loop.py``); returns the requests whose state
+        """Run one scheduler step (``engine/step/loop.py``); returns the requests whose state
         changed (finished ones for the last time: the engine forgets them afterwards), and the
         outputs ``generate`` / ``stream`` stepped past. Never raises because of one request: a
         failure in the forward pass or the sampler fails the requests it is traced to
@@ -165,7 +165,7 @@ class LLMEngine(OfflineCalls):
         return stashed + outputs
 
     def attach_timeline(self, timeline: StepTimeline | NullTimeline) -> None:
-        """Time every step's phases into ``timeline`` (``engine/timeline.py``) from now on;
+        """Time every step's phases into ``timeline`` (``engine/step/timeline.py``) from now on;
         ``NULL_TIMELINE`` detaches it."""
         self.loop.timeline = self.runner.timeline = timeline
 

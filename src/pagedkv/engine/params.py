@@ -12,7 +12,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from pagedkv.engine.structured import StructuredOutput
+from pagedkv.engine.structured.spec import StructuredOutput
 from pagedkv.errors import UsageError
 
 # Guards against absurd values that would only burn memory or time.
@@ -53,14 +53,14 @@ class SamplingParams:
     token after the first (scored in the prefill, never from the prefix cache). Invalid values
     raise ``UsageError``.
 
-    Logit processing (``engine/logits_processing.py``), applied before greedy or random choice:
+    Logit processing (``engine/step/logits_processing.py``), applied before greedy or random choice:
     ``logit_bias`` ``((token_id, bias), ...)`` is added to those logits; ``repetition_penalty``
     (vLLM's) divides the positive and multiplies the negative logits of every token already in
     the prompt or output; ``frequency_penalty`` and ``presence_penalty`` (OpenAI's) subtract
     ``count x frequency + presence`` for each token already generated; ``min_p`` drops tokens
     below ``min_p`` x the most likely one's probability; ``min_tokens`` keeps EOS and
     ``stop_token_ids`` out of the first that many output tokens. ``structured``: the output
-    must match it (``engine/grammar.py`` masks every token it forbids; the sample stops once
+    must match it (``engine/structured/grammar.py`` masks every token it forbids; the sample stops once
     the structure is complete)."""
 
     max_tokens: int = 64

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from pagedkv.engine.params import SamplingParams
-from pagedkv.engine.structured import StructuredOutput
+from pagedkv.engine.structured.spec import StructuredOutput
 from pagedkv.errors import UsageError
 from pagedkv.sched.refusal import Refusal
 

@@ -19,8 +19,8 @@ from pagedkv.cpu_share import CpuShare, usable_cores
 from pagedkv.engine.device_copies import host_tensor, to_device
 from pagedkv.engine.kv.mover import KVMover
 from pagedkv.engine.kv.swap_pool import HostSwapPool
-from pagedkv.engine.sample_step import PendingDraws
-from pagedkv.engine.timeline import NULL_TIMELINE, NullTimeline, StepTimeline
+from pagedkv.engine.step.draws import PendingDraws
+from pagedkv.engine.step.timeline import NULL_TIMELINE, NullTimeline, StepTimeline
 from pagedkv.kvcache.protocol import KVAllocator
 from pagedkv.model.attention_backend import AttentionBackend
 from pagedkv.model.attention_metadata import AttentionMetadata

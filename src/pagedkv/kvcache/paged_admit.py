@@ -10,13 +10,47 @@ tokens to compute. All or nothing: a refusal changes nothing but the plans of th
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from pagedkv.kvcache.allocator_base import SeqBlocks, ceil_div
+from pagedkv.kvcache.allocator_base import PrefixCounters, SeqBlocks, ceil_div
+from pagedkv.kvcache.block_pool import BlockPool
+from pagedkv.kvcache.hashing import BlockHash, HashExtraKeys
+from pagedkv.kvcache.partial import PartialReuse
 from pagedkv.kvcache.protocol import SeqLike
+from pagedkv.kvcache.tiers.chain import TierChain
 
-if TYPE_CHECKING:
-    from pagedkv.kvcache.paged import PagedAllocator
+
+class PagedAllocator(Protocol):
+    """What an admission reads and writes of ``paged.PagedAllocator`` (a protocol, so that this
+    module does not import the allocator it is split from)."""
+
+    pool: BlockPool
+    tiers: TierChain | None
+    partial: PartialReuse | None
+    prefix_caching: bool
+    prefix_match_unit: int
+    _seqs: dict[int, SeqBlocks]
+    _prefix: PrefixCounters
+    _last_match: tuple[int, int, HashExtraKeys, list[BlockHash]] | None
+
+    @property
+    def block_size(self) -> int: ...
+
+    def _check_new(self, seq: SeqLike) -> None: ...
+    def _check_count(self, name: str, value: int) -> None: ...
+    def _check_known_tokens(self, seq: SeqLike, total_tokens: int) -> None: ...
+    def _prompt_hashes(self, seq: SeqLike) -> list[BlockHash]: ...
+    def _set_hashes(
+        self,
+        block_ids: list[int],
+        hashes: list[BlockHash],
+        parent: BlockHash | None,
+        seq: SeqLike,
+        first_block: int,
+    ) -> None: ...
+    def _register_full_blocks(
+        self, seq: SeqLike, st: SeqBlocks, known: list[BlockHash] | None = None
+    ) -> None: ...
 
 
 def check_admission(

@@ -12,7 +12,7 @@ calls). ``server/tool_parse.py`` reads the rendered head and the sample's text t
 The head is rendered only where the chat template's call format is known to be this one
 (``hermes_format``): the server's own tool prompt, or a template that writes ``<tool_call>``
 (Qwen2.5, Hermes). For any other template the grammar generates the head instead, as before.
-Arguments follow the function's parameter schema under ``engine/json_schema.py``'s rules.
+Arguments follow the function's parameter schema under ``engine/structured/json_schema.py``'s rules.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from pagedkv.engine.json_schema import guidance_schema
-from pagedkv.engine.structured import StructuredOutput
+from pagedkv.engine.structured.json_schema import guidance_schema
+from pagedkv.engine.structured.spec import StructuredOutput
 from pagedkv.model.tokenizer import Tokenizer
 from pagedkv.server.structured_params import JsonRules
 from pagedkv.server.tool_parse import CLOSE, OPEN

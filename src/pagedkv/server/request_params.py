@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from pagedkv.engine import SamplingParams
-from pagedkv.engine.structured import StructuredOutput
+from pagedkv.engine.structured.spec import StructuredOutput
 from pagedkv.errors import UsageError
 from pagedkv.model.tokenizer import Tokenizer
 from pagedkv.server.echo import NO_ECHO, Echo

@@ -6,7 +6,7 @@ OpenAI's ``response_format`` (``json_object``, ``json_schema``), vLLM's ``struct
 ``param`` is the field the client sent, so an error names what the client wrote. Two
 constraints in one request are a 400: which one would win is not a question to guess at.
 
-The JSON rules (``engine/json_schema.py``) take vLLM's two options from ``structured_outputs``
+The JSON rules (``engine/structured/json_schema.py``) take vLLM's two options from ``structured_outputs``
 whatever spelling carries the constraint, tools' arguments included.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pagedkv.engine.structured import StructuredOutput
+from pagedkv.engine.structured.spec import StructuredOutput
 from pagedkv.errors import UsageError
 from pagedkv.server.errors import APIError, from_usage
 

@@ -25,7 +25,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from pagedkv.engine.structured import StructuredOutput
+from pagedkv.engine.structured.spec import StructuredOutput
 from pagedkv.model.tokenizer import Tokenizer
 from pagedkv.server.errors import APIError
 from pagedkv.server.forced_calls import forced_calls, hermes_format

@@ -25,13 +25,13 @@ from pagedkv.sim.cost_model import (
     RooflineCostModel,
     kv_pool_bytes,
 )
-from pagedkv.sim.fitted_cost import FittedCostModel, fitted_cost_model
-from pagedkv.sim.gpu_clock import GPUClock
+from pagedkv.sim.costs.kernel import KERNELS, KernelCostModel, KernelSpec, kernel_for_policy
 from pagedkv.sim.gpus import GPUS, GPUSpec, get_gpu
-from pagedkv.sim.kernel_cost import KERNELS, KernelCostModel, KernelSpec, kernel_for_policy
 from pagedkv.sim.scenario import Scenario, SimulateConfig, load_scenario, simulate
 from pagedkv.sim.simulator import RunResult, Simulation
 from pagedkv.sim.summary import summarize
+from pagedkv.sim.vllm_class.clock import GPUClock
+from pagedkv.sim.vllm_class.cost import FittedCostModel, fitted_cost_model
 
 __all__ = [
     "GPUS",

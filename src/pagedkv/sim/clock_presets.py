@@ -1,10 +1,10 @@
 """The fitted GPU clocks pagedkv ships, of two kinds, and which one a GPU uses.
 
-- ``vllm-class`` (``presets/clocks/<GPU>.json``, ``sim/gpu_clock.GPUClock``): ``pagedkv
+- ``vllm-class`` (``presets/clocks/<GPU>.json``, ``sim/vllm_class/clock.GPUClock``): ``pagedkv
   calibrate --data`` on Vidur's published profiles, the reference for a vLLM-class engine
   (cuBLAS GEMMs, fused kernels, FlashAttention over a block table, vLLM's CPU overhead).
 - ``pagedkv-triton`` (``presets/clocks/pagedkv-triton/<GPU>.json``,
-  ``sim/engine_clock.EngineClock``): ``pagedkv calibrate --from-gpu-check`` on a device check
+  ``sim/pagedkv_triton/clock.EngineClock``): ``pagedkv calibrate --from-gpu-check`` on a device check
   of pagedkv's own engine on that GPU (its Triton kernels and its host loop).
 
 A GPU with a clock of its own uses it. Another borrows the clock of its architecture's fitted
@@ -22,10 +22,10 @@ from importlib import resources
 from pathlib import Path
 
 from pagedkv.errors import UsageError, read_json
-from pagedkv.sim.clock_fit import parse_clock, read_clock
-from pagedkv.sim.engine_clock import EngineClock, is_engine_clock, parse_engine_clock
-from pagedkv.sim.gpu_clock import GPUClock
 from pagedkv.sim.gpus import GPUSpec
+from pagedkv.sim.pagedkv_triton.clock import EngineClock, is_engine_clock, parse_engine_clock
+from pagedkv.sim.vllm_class.clock import GPUClock
+from pagedkv.sim.vllm_class.fit import parse_clock, read_clock
 
 VLLM_CLASS = (
     "a vLLM-class engine: Vidur's profiles (cuBLAS GEMMs, vLLM's fused kernels, FlashAttention "

@@ -3,7 +3,7 @@
 Memory is the marketed capacity in decimal gigabytes (an "80GB" A100 is counted as 80e9
 bytes); bandwidth is peak HBM/GDDR bandwidth; compute is peak dense BF16/FP16 tensor
 throughput. A roofline over these numbers is an upper bound on speed: real kernels reach a
-fraction of it, which the fitted clock (``sim/gpu_clock.py``) measures. ``num_sms``
+fraction of it, which the fitted clock (``sim/vllm_class/clock.py``) measures. ``num_sms``
 (streaming multiprocessors, from the same sheets / NVIDIA's architecture whitepapers) sizes how
 many attention CTAs run at once. ``link_bytes_per_s`` is the GPU-to-GPU bandwidth per
 direction that a tensor-parallel all-reduce uses (NVLink on SXM boards and NVLink-bridged

@@ -23,7 +23,7 @@ from pagedkv.sched import SchedulerConfig
 from pagedkv.sim.cost_model import CostModel
 from pagedkv.sim.links import DeviceCopy, Link
 from pagedkv.sim.metrics import RequestRecord, TimeSeries
-from pagedkv.sim.step_context import LongestShape
+from pagedkv.sim.pagedkv_triton.step_context import LongestShape
 from pagedkv.traces import TraceRequest, segment_tokens
 
 # Generated tokens the trace does not know get ids above every segment token: never shared.

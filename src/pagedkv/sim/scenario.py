@@ -9,11 +9,11 @@
 naming the field), so ``pagedkv simulate`` only parses flags into it and renders the results.
 
 The clock: ``cost="fitted"`` (default) prices every op of a step with the GPU's clock fitted to
-measured kernel times: the vLLM-class reference (``sim/fitted_cost.py``; paged policies pay the
+measured kernel times: the vLLM-class reference (``sim/vllm_class/cost.py``; paged policies pay the
 block walk, ``reserved`` reads contiguously), or with ``clock="pagedkv-triton"`` (or such a
-file) pagedkv's own engine (``sim/engine_cost.py``, eager or with CUDA graphs);
+file) pagedkv's own engine (``sim/pagedkv_triton/cost.py``, eager or with CUDA graphs);
 ``cost="kernel"`` is the roofline plus each framework's assumed block walk
-(``sim/kernel_cost.py``), or ``kernel`` names one backend for every paged policy;
+(``sim/costs/kernel.py``), or ``kernel`` names one backend for every paged policy;
 ``cost="roofline"`` is the block-size-blind roofline; ``cost_profile`` (a ``pagedkv profile``
 file) replaces them all with a fitted model of a real engine.
 """
@@ -32,15 +32,15 @@ from pagedkv.pages.sources import load_shape
 from pagedkv.sched import SchedulerConfig
 from pagedkv.sim.compare import Comparison, expand_policies
 from pagedkv.sim.cost_model import CostModel, ModelCost, RooflineCostModel, kv_pool_bytes
-from pagedkv.sim.engine_clock import EngineClock
-from pagedkv.sim.engine_cost import EngineCostModel
-from pagedkv.sim.fitted_cost import FittedCostModel
-from pagedkv.sim.gpu_clock import GPUClock
+from pagedkv.sim.costs.kernel import KernelCostModel, kernel_for_policy
 from pagedkv.sim.gpus import GPUSpec, get_gpu
-from pagedkv.sim.kernel_cost import KernelCostModel, kernel_for_policy
 from pagedkv.sim.links import DeviceCopy, Link, device_copy, get_link, host_link_for_gpu
+from pagedkv.sim.pagedkv_triton.clock import EngineClock
+from pagedkv.sim.pagedkv_triton.cost import EngineCostModel
 from pagedkv.sim.simulate_config import SimulateConfig
 from pagedkv.sim.simulator import ProgressFn, RunResult
+from pagedkv.sim.vllm_class.clock import GPUClock
+from pagedkv.sim.vllm_class.cost import FittedCostModel
 from pagedkv.traces import (
     TraceRequest,
     generate,
@@ -252,7 +252,7 @@ def load_scenario(config: SimulateConfig) -> Scenario:
         )  # fmt: skip
         cost: CostModel = RooflineCostModel(model, gpu, config.step_overhead_s)
         if config.cost_profile is not None:
-            from pagedkv.sim.profiled_cost import load_cost_profile
+            from pagedkv.sim.costs.profiled import load_cost_profile
 
             cost = load_cost_profile(config.cost_profile)
         gpu_clock, engine_clock = None, None

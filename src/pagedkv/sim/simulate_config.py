@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 
 from pagedkv.errors import UsageError
-from pagedkv.sim.kernel_cost import get_kernel
+from pagedkv.sim.costs.kernel import get_kernel
 
 COST_MODELS = ("fitted", "kernel", "roofline")
 

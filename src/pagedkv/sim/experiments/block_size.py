@@ -3,7 +3,7 @@
 OPT-13B on one A100-40GB with the paper's 12 GiB KV cache (its Table 1: 15.7K token slots),
 the fitted GPU clock with the paper's paged kernel (``FittedCostModel(backend="vllm")``: every
 op priced from measured A100 kernel times, the block walk's dependence on B from the paper's
-Fig. 18a; ``sim/fitted_cost.py``), paged allocation without a prefix
+Fig. 18a; ``sim/vllm_class/cost.py``), paged allocation without a prefix
 cache (the paper's "basic sampling" shares nothing), block sizes 1..256, the ShareGPT-like and
 Alpaca-like workloads at a few Poisson request rates each. The metric is the paper's
 normalized latency: the mean over requests of end-to-end latency / output tokens (s/token).
@@ -21,7 +21,7 @@ whole blocks (U = B) beside a prefix-match unit of one token (U = 1, ``kvcache/p
 copies priced on the GPU's memory), and reports normalized latency and prefix-hit tokens.
 
 ``clock="pagedkv-triton"`` runs the same sweep on pagedkv's own engine instead: Llama-3-8B on
-the H200 its clock was measured on (``sim/engine_cost.py``, CUDA graphs), the engine's
+the H200 its clock was measured on (``sim/pagedkv_triton/cost.py``, CUDA graphs), the engine's
 scheduler (chunked prefill, 8,192 tokens a step), the 40 GiB KV pool of the device check's
 engine section, the block sizes its Triton kernels accept (16-256), and rates chosen the same
 way for that engine's capacity. The vLLM-class clock (the default) is the paper's setup.
@@ -40,10 +40,10 @@ from pagedkv.kvcache.policies import get_policy
 from pagedkv.sched import SchedulerConfig
 from pagedkv.sim.cost_model import CostModel, ModelCost
 from pagedkv.sim.experiments.runner import run_points
-from pagedkv.sim.fitted_cost import block_walk_factor, fitted_cost_model
 from pagedkv.sim.gpus import get_gpu
 from pagedkv.sim.links import device_copy
 from pagedkv.sim.simulator import Simulation
+from pagedkv.sim.vllm_class.cost import block_walk_factor, fitted_cost_model
 from pagedkv.traces import TraceRequest
 from pagedkv.traces.paper_workloads import WORKLOADS, paper_workload
 
@@ -127,8 +127,8 @@ def _cost(clock: str = "vllm-class") -> CostModel:
         return fitted_cost_model(MODEL, GPU, BACKEND)
     from pagedkv.pages.sources import load_shape
     from pagedkv.sim.clock_presets import engine_clock_for
-    from pagedkv.sim.engine_cost import EngineCostModel
     from pagedkv.sim.gpus import get_gpu
+    from pagedkv.sim.pagedkv_triton.cost import EngineCostModel
 
     setup = setup_of(clock)
     gpu = get_gpu(setup.gpu)

@@ -16,7 +16,7 @@ Three parts, all in one JSON (``run``) and one figure (``plot``):
 Assumptions (stated in docs/swap.md as well): the KV pool is the paper's ~30 % of the A100's
 40 GB (12 GB, Figure 1); the swap space is vLLM's default 4 GiB; vLLM v0's scheduler limits
 (2,048 batched tokens, no chunked prefill, no prefix cache); the clock is the fitted GPU clock with the
-paper's paged kernel (``FittedCostModel(backend="vllm")``, ``sim/fitted_cost.py``).
+paper's paged kernel (``FittedCostModel(backend="vllm")``, ``sim/vllm_class/cost.py``).
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from pagedkv.sched import SchedulerConfig
 from pagedkv.sched.step_shape import StepShape
 from pagedkv.sim.cost_model import CostModel, ModelCost
 from pagedkv.sim.experiments.runner import run_points
-from pagedkv.sim.fitted_cost import FittedCostModel, fitted_cost_model
 from pagedkv.sim.links import host_link_for_gpu
 from pagedkv.sim.simulator import Simulation
+from pagedkv.sim.vllm_class.cost import FittedCostModel, fitted_cost_model
 
 DESCRIPTION = (
     "swap vs recompute preemption per block size (vLLM paper §7): transfers for 1 GiB, "
