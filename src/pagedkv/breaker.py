@@ -87,17 +87,27 @@ class CircuitBreaker:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         max_backoff_s = backoff_s if max_backoff_s is None else max_backoff_s
-        if isinstance(failure_threshold, bool) or not isinstance(failure_threshold, int) \
-                or failure_threshold < 1:  # fmt: skip
-            raise UsageError(f"failure_threshold must be an integer >= 1, got "
-                             f"{failure_threshold!r}", "failure_threshold")  # fmt: skip
-        for name, value in (("backoff_s", backoff_s), ("max_backoff_s", max_backoff_s),
-                            ("probe_timeout_s", probe_timeout_s)):  # fmt: skip
+        if (
+            isinstance(failure_threshold, bool)
+            or not isinstance(failure_threshold, int)
+            or failure_threshold < 1
+        ):
+            raise UsageError(
+                f"failure_threshold must be an integer >= 1, got {failure_threshold!r}",
+                "failure_threshold",
+            )
+        for name, value in (
+            ("backoff_s", backoff_s),
+            ("max_backoff_s", max_backoff_s),
+            ("probe_timeout_s", probe_timeout_s),
+        ):
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise UsageError(f"{name} must be a finite number > 0, got {value!r}", name)
         if max_backoff_s < backoff_s:
-            raise UsageError(f"max_backoff_s ({max_backoff_s:g}) must be >= backoff_s "
-                             f"({backoff_s:g})", "max_backoff_s")  # fmt: skip
+            raise UsageError(
+                f"max_backoff_s ({max_backoff_s:g}) must be >= backoff_s ({backoff_s:g})",
+                "max_backoff_s",
+            )
         self.failure_threshold = failure_threshold
         self.base_backoff_s = float(backoff_s)
         self.max_backoff_s = float(max_backoff_s)
@@ -178,8 +188,15 @@ class CircuitBreaker:
     def counts(self) -> BreakerCounts:
         state = self.state
         with self._lock:
-            return BreakerCounts(state, self.num_successes, self.num_failures, self.num_opens,
-                                 self.num_probes, self.num_short_circuits, self._backoff_s)  # fmt: skip
+            return BreakerCounts(
+                state,
+                self.num_successes,
+                self.num_failures,
+                self.num_opens,
+                self.num_probes,
+                self.num_short_circuits,
+                self._backoff_s,
+            )
 
     def _open(self, backoff_s: float) -> None:
         self._state = OPEN

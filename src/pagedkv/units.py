@@ -16,10 +16,17 @@ from fractions import Fraction
 from pagedkv.errors import UsageError
 
 _SIZE_UNITS = {
-    "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-}  # fmt: skip
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 
 MAX_BYTES = 2**60  # 1 EiB: far above any device, far below a float's range
 MAX_TOKENS = 2**40  # token counts (lengths, budgets): about 10^12

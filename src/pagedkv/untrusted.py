@@ -79,8 +79,13 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def parse_json(data: str | bytes, *, max_bytes: int, max_depth: int = DEFAULT_MAX_DEPTH,
-               what: str = "the input") -> Any:  # fmt: skip
+def parse_json(
+    data: str | bytes,
+    *,
+    max_bytes: int,
+    max_depth: int = DEFAULT_MAX_DEPTH,
+    what: str = "the input",
+) -> Any:
     """The JSON value of ``data`` (UTF-8 when bytes), or ``UntrustedInput`` naming ``what``:
     over ``max_bytes``, nested deeper than ``max_depth``, not JSON, or holding a number that
     is not finite. Mutates nothing; the result is the caller's."""
@@ -142,8 +147,9 @@ def as_float(value: Any, name: str, *, lo: float, hi: float) -> float:
         raise UntrustedInput(f"{name} must be in [{lo:g}, {hi:g}], got {_shown(value)}")
     number = float(value)
     if not (math.isfinite(number) and lo <= number <= hi):
-        raise UntrustedInput(f"{name} must be a finite number in [{lo:g}, {hi:g}], got "
-                             f"{_shown(value)}")  # fmt: skip
+        raise UntrustedInput(
+            f"{name} must be a finite number in [{lo:g}, {hi:g}], got {_shown(value)}"
+        )
     return number
 
 
@@ -197,15 +203,15 @@ def get_str(obj: Mapping[str, Any], key: str, *, max_len: int, at: str = "") -> 
     return as_str(field(obj, key, at), path(at, key), max_len=max_len)
 
 
-def get_optional_str(obj: Mapping[str, Any], key: str, *, max_len: int,
-                     at: str = "") -> str | None:  # fmt: skip
+def get_optional_str(obj: Mapping[str, Any], key: str, *, max_len: int, at: str = "") -> str | None:
     """``obj[key]`` as a bounded string; None when it is missing or null."""
     value = obj.get(key)
     return None if value is None else as_str(value, path(at, key), max_len=max_len)
 
 
-def get_list(obj: Mapping[str, Any], key: str, *, max_len: int, at: str = "",
-             kind: str = TOO_LARGE) -> list[Any]:  # fmt: skip
+def get_list(
+    obj: Mapping[str, Any], key: str, *, max_len: int, at: str = "", kind: str = TOO_LARGE
+) -> list[Any]:
     return as_list(field(obj, key, at), path(at, key), max_len=max_len, kind=kind)
 
 

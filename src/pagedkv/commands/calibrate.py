@@ -45,14 +45,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add = p.add_argument
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--data", action="append", metavar="DIR", help="a Vidur-format "
-                        "profile folder (repeat): the vLLM-class clock")  # fmt: skip
-    source.add_argument("--from-gpu-check", metavar="JSON", help="a device check's JSON: the "
-                        "clock of pagedkv's own engine")  # fmt: skip
-    add("--gpu", help="with --data: the GPU folder to fit, e.g. a100 or h100; with "
-        "--from-gpu-check: the GPU preset (default: the check's device)")  # fmt: skip
-    add("--trace", metavar="FILE", help="--from-gpu-check: the engine section's trace "
-        "(default: the shared one it names)")  # fmt: skip
+    source.add_argument(
+        "--data",
+        action="append",
+        metavar="DIR",
+        help="a Vidur-format profile folder (repeat): the vLLM-class clock",
+    )
+    source.add_argument(
+        "--from-gpu-check",
+        metavar="JSON",
+        help="a device check's JSON: the clock of pagedkv's own engine",
+    )
+    add(
+        "--gpu",
+        help="with --data: the GPU folder to fit, e.g. a100 or h100; with "
+        "--from-gpu-check: the GPU preset (default: the check's device)",
+    )
+    add(
+        "--trace",
+        metavar="FILE",
+        help="--from-gpu-check: the engine section's trace (default: the shared one it names)",
+    )
     add("--spec", help="the GPU preset its rates come from (default: the folder's alias)")
     add("--base", metavar="FILE", help="clock JSON whose numbers unfitted families keep")
     add("-o", "--output", required=True, help="clock JSON to write")
@@ -126,8 +139,13 @@ def run(args: argparse.Namespace) -> int:
     for col in ("family", "rows", "median |err|", "p95", "max"):
         table.add_column(col, justify="left" if col == "family" else "right")
     for family, s in families.items():
-        table.add_row(family, f"{s['rows']:,}", f"{s['median_rel_err']:.1%}",
-                      f"{s['p95_rel_err']:.1%}", f"{s['max_rel_err']:.1%}")  # fmt: skip
+        table.add_row(
+            family,
+            f"{s['rows']:,}",
+            f"{s['median_rel_err']:.1%}",
+            f"{s['p95_rel_err']:.1%}",
+            f"{s['max_rel_err']:.1%}",
+        )
     for family, source in borrowed.items():
         table.add_row(family, "0", f"kept from {source}", "", "")
     Console().print(table)

@@ -33,8 +33,10 @@ def run_from_gpu_check(args: argparse.Namespace, output: Path) -> int:
     clock, meta = result.clock, result.meta
     write_engine_clock(output, clock, meta)
     console = Console(width=132) if not Console().is_terminal else Console()
-    laws = Table(title=f"decode attention on {clock.gpu}: the law in B the ledger chooses "
-                 "(|predicted / measured - 1|)")  # fmt: skip
+    laws = Table(
+        title=f"decode attention on {clock.gpu}: the law in B the ledger chooses "
+        "(|predicted / measured - 1|)"
+    )
     for col in ("law", "median", "p90", "max", "leave-one-context-out median", "p90 "):
         laws.add_column(col, justify="left" if col == "law" else "right")
     for s in meta["decode_laws"]:
@@ -48,8 +50,9 @@ def run_from_gpu_check(args: argparse.Namespace, output: Path) -> int:
     for mode, report in meta["steps"].items():
         for kind, r in report.items():
             if kind != "sum_rel_err":
-                steps.add_row(mode, kind, str(r["steps"]), _pct(r["median_rel_err"]),
-                              _pct(r["max_rel_err"]))  # fmt: skip
+                steps.add_row(
+                    mode, kind, str(r["steps"]), _pct(r["median_rel_err"]), _pct(r["max_rel_err"])
+                )
         steps.add_row(mode, "sum of all", "", _pct(report["sum_rel_err"]), "")
     console.print(steps)
     runs = meta["runs"]
@@ -61,8 +64,9 @@ def run_from_gpu_check(args: argparse.Namespace, output: Path) -> int:
             table.add_column(col, justify="left" if col == "run" else "right")
         for mode, r in runs.items():
             steps = f"{r['steps']['engine']} / {r['steps']['simulator']}"
-            table.add_row(mode, f"{r['measured_s']:.2f}", f"{r['predicted_s']:.2f}",
-                          _pct(r["rel_err"]), steps)  # fmt: skip
+            table.add_row(
+                mode, f"{r['measured_s']:.2f}", f"{r['predicted_s']:.2f}", _pct(r["rel_err"]), steps
+            )
         console.print(table)
     for part, source in clock.sources.items():
         console.print(f"{part}: {source}", soft_wrap=True)

@@ -53,14 +53,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "docs/) is overwritten only with --force. Experiments: " + "; ".join(EXPERIMENTS),
     )
     p.add_argument("name", metavar="NAME", help=f"one of {', '.join(EXPERIMENTS)}")
-    p.add_argument("--out", default="results", metavar="DIR",
-                   help="output folder (results; the docs' own copies: --out docs --force)")  # fmt: skip
+    p.add_argument(
+        "--out",
+        default="results",
+        metavar="DIR",
+        help="output folder (results; the docs' own copies: --out docs --force)",
+    )
     add_force_flag(p)
     p.add_argument("--quick", action="store_true", help="fewer requests per point (a smoke run)")
     p.add_argument("--workers", metavar="N", help="processes (default: every core)")
-    p.add_argument("--clock", choices=("vllm-class", "pagedkv-triton"), help="block-size only: "
-                   "the paper's setup on the vLLM-class reference clock (default), or pagedkv's "
-                   "own engine on its measured clock (writes NAME-pagedkv-triton.json/.png)")  # fmt: skip
+    p.add_argument(
+        "--clock",
+        choices=("vllm-class", "pagedkv-triton"),
+        help="block-size only: "
+        "the paper's setup on the vLLM-class reference clock (default), or pagedkv's "
+        "own engine on its measured clock (writes NAME-pagedkv-triton.json/.png)",
+    )
     p.set_defaults(func=run)
 
 
@@ -101,8 +109,9 @@ def run(a: argparse.Namespace) -> int:
     print(f"{a.name}: {description}", file=sys.stderr)
     live = sys.stderr.isatty()
     extra = {"clock": clock} if clock is not None else {}
-    result = module.run(quick=a.quick, workers=workers, progress=progress if live else None,
-                        **extra)  # fmt: skip
+    result = module.run(
+        quick=a.quick, workers=workers, progress=progress if live else None, **extra
+    )
     if live:
         print(file=sys.stderr)
     json_path.write_text(json.dumps(result, indent=1, allow_nan=False) + "\n")

@@ -126,8 +126,13 @@ def _as_json(out, info) -> dict:
         **partial,
         "error": out.error,
         "outputs": [
-            {"index": c.index, "text": c.text, "token_ids": c.token_ids,
-             "finish_reason": c.finish_reason, "logprobs": c.logprobs}
+            {
+                "index": c.index,
+                "text": c.text,
+                "token_ids": c.token_ids,
+                "finish_reason": c.finish_reason,
+                "logprobs": c.logprobs,
+            }
             for c in out.outputs
         ],
-    }  # fmt: skip
+    }

@@ -29,11 +29,18 @@ def is_tracked_by_git(path: Path) -> bool:
         return False
     try:
         done = subprocess.run(
-            ["git", "-C", str(path.resolve().parent), "ls-files", "--error-unmatch", "--",
-             path.name],
+            [
+                "git",
+                "-C",
+                str(path.resolve().parent),
+                "ls-files",
+                "--error-unmatch",
+                "--",
+                path.name,
+            ],
             capture_output=True,
             timeout=10,
-        )  # fmt: skip
+        )
     except (OSError, subprocess.SubprocessError):
         return False
     return done.returncode == 0

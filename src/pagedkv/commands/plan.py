@@ -42,9 +42,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     work.add_argument("--prefix-hits", metavar="H", help="prefix hits (default: K with a prefix)")
     work.add_argument("--trace", metavar="FILE", help="Azure CSV or Mooncake JSONL trace")
     work.add_argument(
-        "--strict", action="store_true", help="fail on a trace line that does not parse "
+        "--strict",
+        action="store_true",
+        help="fail on a trace line that does not parse "
         "(default: skip it with a warning naming its line)",
-    )  # fmt: skip
+    )
     p.add_argument("--block-sizes", default="1,8,16,32,64,128", help="candidates (tokens)")
     p.add_argument(
         "--prefix-match-unit",
@@ -56,11 +58,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", default="torch-sdpa", help="attention backend (hard limits)")
     p.add_argument("--alignment-bytes", default="128", help="block base alignment reported")
     p.add_argument(
-        "--gpu", metavar="NAME", help="price the time ledger too: one decode step of K sequences "
+        "--gpu",
+        metavar="NAME",
+        help="price the time ledger too: one decode step of K sequences "
         "at the mean length per B, on the simulator's fitted clock of this GPU (needs --model): "
         "with --backend triton pagedkv's own (pagedkv-triton), else the vLLM-class reference; "
         "the recommendation then drops B whose step is > 5%% slower than the fastest",
-    )  # fmt: skip
+    )
     p.add_argument("--swap-bytes", default="1GiB", help="KV volume priced in block transfers")
     mem = p.add_argument_group("memory budget (optional): --memory, or --gpu-memory minus the rest")
     mem.add_argument("--memory", metavar="SIZE", help="KV pool size, e.g. 58GiB")
@@ -69,8 +73,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     mem.add_argument("--activations", metavar="SIZE", default="0", help="activation bytes")
     mem.add_argument("--overhead", metavar="SIZE", default="0", help="other reserved bytes")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
-    p.add_argument("--plot", metavar="FILE.png", help="also write the plot (matplotlib); a "
-                   "file git tracks only with --force")  # fmt: skip
+    p.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="also write the plot (matplotlib); a file git tracks only with --force",
+    )
     add_force_flag(p)
     p.set_defaults(func=run)
 

@@ -62,10 +62,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add(
         "--batch-sizes", help=f"decode batch sizes ({g['batch_sizes']}; --quick {q['batch_sizes']})"
     )
-    add("--context-lens",
-        help=f"mean decode contexts ({g['context_lens']}; --quick {q['context_lens']})")  # fmt: skip
-    add("--prefill-lens",
-        help=f"single prompts ({g['prefill_lens']}; --quick {q['prefill_lens']})")  # fmt: skip
+    add(
+        "--context-lens",
+        help=f"mean decode contexts ({g['context_lens']}; --quick {q['context_lens']})",
+    )
+    add("--prefill-lens", help=f"single prompts ({g['prefill_lens']}; --quick {q['prefill_lens']})")
     add(
         "--steps",
         type=int,
@@ -85,16 +86,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "out other processes on a shared machine (needs --threads 1)",
     )
     add("--seed", type=int, default=0, help="seed of the random prompt token ids")
-    add("--timeline", action="store_true",
+    add(
+        "--timeline",
+        action="store_true",
         help="instead of the cost profile: time every step's phases (schedule, prepare, KV "
         "copies, forward, sampling, record, update; the forward's GPU time on a GPU) over "
-        "--requests requests and print the medians per kind of step (writes --output)")  # fmt: skip
+        "--requests requests and print the medians per kind of step (writes --output)",
+    )
     add("--requests", type=int, help="--timeline: requests (32)")
     add("--max-prompt", type=int, help="--timeline: longest prompt in tokens (512)")
-    add("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
-        help="--timeline: schedule one step ahead (default: on a GPU)")  # fmt: skip
-    add("--quick", action="store_true",
-        help="a tiny grid in seconds (tests, a first look); grid flags given still apply")  # fmt: skip
+    add(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="--timeline: schedule one step ahead (default: on a GPU)",
+    )
+    add(
+        "--quick",
+        action="store_true",
+        help="a tiny grid in seconds (tests, a first look); grid flags given still apply",
+    )
     p.set_defaults(func=run)
 
 
@@ -122,8 +133,9 @@ def _plan(args: argparse.Namespace):
             setattr(args, key, value)
     for name in ("steps", "max_num_batched_tokens"):
         if getattr(args, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}",
-                             name)  # fmt: skip
+            raise UsageError(
+                f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}", name
+            )
     return ProfilePlan(
         block_sizes=_ints("--block-sizes", args.block_sizes),
         batch_sizes=_ints("--batch-sizes", args.batch_sizes),
@@ -160,9 +172,13 @@ def run(args: argparse.Namespace) -> int:
     if given := [f"--{n.replace('_', '-')}" for n in timeline_only if getattr(args, n) is not None]:
         raise UsageError(f"{', '.join(given)} applies to --timeline only", given[0].lstrip("-"))
     if args.clock == "wall":  # CPU time leaves other processes out already
-        warn_if_busy("profile", args.threads, "--threads 1 --clock cpu",
-                     "timed steps include the wait for the CPU; --clock cpu leaves it out",
-                     device=args.device)  # fmt: skip
+        warn_if_busy(
+            "profile",
+            args.threads,
+            "--threads 1 --clock cpu",
+            "timed steps include the wait for the CPU; --clock cpu leaves it out",
+            device=args.device,
+        )
     profile = measure(base, plan, args.threads, args.seed, progress=True, clock=args.clock)
     profile.write(output)
     _report(profile, output)
@@ -207,8 +223,7 @@ def measure(
     console = rich.console.Console(stderr=True)
     live = progress and console.is_terminal
     lines = ProgressLines(plan.num_points, "pagedkv profile", "points")
-    with rich.progress.Progress(*columns, console=console, disable=not live,
-                                transient=True) as bar:  # fmt: skip
+    with rich.progress.Progress(*columns, console=console, disable=not live, transient=True) as bar:
         task = bar.add_task("profiling", total=plan.num_points, what="")
 
         def on_point(what: str) -> None:

@@ -63,12 +63,24 @@ def run_timeline(args: argparse.Namespace, base) -> int:
         table.add_column(column, justify="right")
     for kind, row in summary.items():
         gpu = row.get("gpu_forward_s")
-        table.add_row(kind, str(row["steps"]), f"{row['wall_s'] * 1e3:.2f}",
-                      *(f"{row['phases_s'][p] * 1e3:.2f}" for p in PHASES),
-                      "-" if gpu is None else f"{gpu * 1e3:.2f}")  # fmt: skip
+        table.add_row(
+            kind,
+            str(row["steps"]),
+            f"{row['wall_s'] * 1e3:.2f}",
+            *(f"{row['phases_s'][p] * 1e3:.2f}" for p in PHASES),
+            "-" if gpu is None else f"{gpu * 1e3:.2f}",
+        )
     Console().print(table)
-    Path(args.output).write_text(json.dumps(
-        {"device": str(engine.runner.device), "async_scheduling": engine.steps_ahead,
-         "summary": summary, "steps": [r.to_dict() for r in records]}, indent=1))  # fmt: skip
+    Path(args.output).write_text(
+        json.dumps(
+            {
+                "device": str(engine.runner.device),
+                "async_scheduling": engine.steps_ahead,
+                "summary": summary,
+                "steps": [r.to_dict() for r in records],
+            },
+            indent=1,
+        )
+    )
     print(f"wrote {args.output}")
     return 0

@@ -51,8 +51,9 @@ class ProgressLines:
         if num_done and not quiet and (due or last):
             self._last_line_s = now
             line = f"{self.label}: {self.num_done}/{self.total} {self.unit} done"
-            print(f"{line}, {detail}" if detail else line, file=self._stream or sys.stderr,
-                  flush=True)  # fmt: skip
+            print(
+                f"{line}, {detail}" if detail else line, file=self._stream or sys.stderr, flush=True
+            )
 
 
 class BatchProgress:

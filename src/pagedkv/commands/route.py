@@ -116,8 +116,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="bearer token clients must send to /v1 routes, also sent to the "
         "replicas (default: $PAGEDKV_API_KEY; unset = none)",
     )
-    a("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
-      help="uvicorn's log level")  # fmt: skip
+    a(
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="uvicorn's log level",
+    )
     p.set_defaults(func=run)
 
 

@@ -76,31 +76,60 @@ def _add_pd_args(p: argparse.ArgumentParser) -> None:
         "--prefill-url http://HOST:PORT` (clients talk to the decode instance). The decode "
         "instance refuses to start (exit 2) unless both sides' KV page formats match.",
     )
-    g.add_argument("--role", default="both", choices=ROLES,
-                   help="both: a normal single instance (default); prefill: computes prompts and "
-                   "writes their KV blocks to the store; decode: asks the prefill instance to "
-                   "compute each prompt, loads its blocks from the store and decodes")  # fmt: skip
+    g.add_argument(
+        "--role",
+        default="both",
+        choices=ROLES,
+        help="both: a normal single instance (default); prefill: computes prompts and "
+        "writes their KV blocks to the store; decode: asks the prefill instance to "
+        "compute each prompt, loads its blocks from the store and decodes",
+    )
     g.add_argument("--prefill-url", help="the prefill instance's base URL (--role decode)")
-    g.add_argument("--kv-import", default="strict", choices=KV_IMPORT_MODES,
-                   help="strict: both sides' page formats must match exactly (default); "
-                   "relayout: another block size is accepted and the prefill side's blocks are "
-                   "re-paged into this instance's block size on import")  # fmt: skip
-    g.add_argument("--pd-group", default="default",
-                   help="instances pair only within one group of the store (default 'default')")  # fmt: skip
-    g.add_argument("--pd-wait", type=float, default=DEFAULT_PEER_WAIT_S,
-                   help="seconds a decode instance waits for the prefill instance's page "
-                   f"format at start-up (default {DEFAULT_PEER_WAIT_S:g})")  # fmt: skip
-    g.add_argument("--prefill-timeout", type=float, default=DEFAULT_PREFILL_TIMEOUT_S,
-                   help="seconds to wait for one prefill call before computing the prompt "
-                   f"here (default {DEFAULT_PREFILL_TIMEOUT_S:g})")  # fmt: skip
-    g.add_argument("--prefill-breaker-failures", type=int, default=DEFAULT_BREAKER_FAILURES,
-                   metavar="N", help="consecutive failed or timed-out prefill calls after which "
-                   "prompts are computed here without asking the prefill instance, for the "
-                   f"back-off (default {DEFAULT_BREAKER_FAILURES})")  # fmt: skip
-    g.add_argument("--prefill-breaker-backoff", type=float, default=DEFAULT_BREAKER_BACKOFF_S,
-                   metavar="S", help="seconds before one request probes the prefill instance "
-                   "again; doubled after each failed probe, up to a minute "
-                   f"(default {DEFAULT_BREAKER_BACKOFF_S:g})")  # fmt: skip
+    g.add_argument(
+        "--kv-import",
+        default="strict",
+        choices=KV_IMPORT_MODES,
+        help="strict: both sides' page formats must match exactly (default); "
+        "relayout: another block size is accepted and the prefill side's blocks are "
+        "re-paged into this instance's block size on import",
+    )
+    g.add_argument(
+        "--pd-group",
+        default="default",
+        help="instances pair only within one group of the store (default 'default')",
+    )
+    g.add_argument(
+        "--pd-wait",
+        type=float,
+        default=DEFAULT_PEER_WAIT_S,
+        help="seconds a decode instance waits for the prefill instance's page "
+        f"format at start-up (default {DEFAULT_PEER_WAIT_S:g})",
+    )
+    g.add_argument(
+        "--prefill-timeout",
+        type=float,
+        default=DEFAULT_PREFILL_TIMEOUT_S,
+        help="seconds to wait for one prefill call before computing the prompt "
+        f"here (default {DEFAULT_PREFILL_TIMEOUT_S:g})",
+    )
+    g.add_argument(
+        "--prefill-breaker-failures",
+        type=int,
+        default=DEFAULT_BREAKER_FAILURES,
+        metavar="N",
+        help="consecutive failed or timed-out prefill calls after which "
+        "prompts are computed here without asking the prefill instance, for the "
+        f"back-off (default {DEFAULT_BREAKER_FAILURES})",
+    )
+    g.add_argument(
+        "--prefill-breaker-backoff",
+        type=float,
+        default=DEFAULT_BREAKER_BACKOFF_S,
+        metavar="S",
+        help="seconds before one request probes the prefill instance "
+        "again; doubled after each failed probe, up to a minute "
+        f"(default {DEFAULT_BREAKER_BACKOFF_S:g})",
+    )
 
 
 def engine_kv_store(args: argparse.Namespace) -> str | None:
@@ -194,11 +223,16 @@ def _pair_up(pd_cfg, engine, config):
     # The store's own notion of "the same model" (a digest of the weights), not a name.
     model = engine.parts.model_identity
     peer = pair_up(pd_cfg, engine.parts.page_format, model, api_key=config.api_key)
-    print(f"pagedkv: P/D role {pd_cfg.role}, group {pd_cfg.group!r}, store {pd_cfg.kv_store}"
-          + (f"; prefill instance {pd_cfg.prefill_url} (pid {peer.pid} on {peer.host}, "
-             f"block_size={peer.page_format.block_size}, kv import {pd_cfg.kv_import})"
-             if peer else ""),
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"pagedkv: P/D role {pd_cfg.role}, group {pd_cfg.group!r}, store {pd_cfg.kv_store}"
+        + (
+            f"; prefill instance {pd_cfg.prefill_url} (pid {peer.pid} on {peer.host}, "
+            f"block_size={peer.page_format.block_size}, kv import {pd_cfg.kv_import})"
+            if peer
+            else ""
+        ),
+        file=sys.stderr,
+    )
     if peer is None:
         return None
     from pagedkv.disagg.prefill_client import prefill_client

@@ -112,20 +112,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--max-requests", metavar="N", help="replay only the first N requests")
     p.add_argument(
-        "--strict", action="store_true", help="fail on a trace line that does not parse "
+        "--strict",
+        action="store_true",
+        help="fail on a trace line that does not parse "
         "(default: skip it with a warning naming its line)",
-    )  # fmt: skip
+    )
     p.add_argument("--rate-scale", default="1", metavar="X", help="X times the trace's rate")
     p.add_argument("--seed", default="0", help="seed of the synthetic workload")
     hw = p.add_argument_group("model and hardware")
     hw.add_argument("--model", default="llama-3-8b", help="preset name or config.json")
     hw.add_argument("--kv-dtype", help="KV cache dtype (default: the model's)")
     hw.add_argument(
-        "--gpu", default="A100-80GB", help="A10, A40, L4, L40S, A100-40GB, A100-80GB, "
+        "--gpu",
+        default="A100-80GB",
+        help="A10, A40, L4, L40S, A100-40GB, A100-80GB, "
         "H100-80GB (SXM), H100-PCIe, H200-141GB, B200 (datasheets: sim/gpus.py)",
-    )  # fmt: skip
-    hw.add_argument("--tp", default="1", metavar="N", help="GPUs per replica, tensor parallel "
-                    "(fitted clock; all-reduce over the GPU's link) (1)")  # fmt: skip
+    )
+    hw.add_argument(
+        "--tp",
+        default="1",
+        metavar="N",
+        help="GPUs per replica, tensor parallel (fitted clock; all-reduce over the GPU's link) (1)",
+    )
     hw.add_argument(
         "--kv-memory", metavar="SIZE[,SIZE]", help="KV pool size(s), e.g. 58GiB; else derived"
     )
@@ -135,18 +143,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     hw.add_argument(
         "--activation-memory", default="4GiB", metavar="SIZE", help="reserved for activations"
     )
-    hw.add_argument("--step-overhead-ms", default="2", metavar="MS",
-                    help="fixed cost per step of the kernel and roofline clocks (2)")  # fmt: skip
     hw.add_argument(
-        "--cost", choices=("fitted", "kernel", "roofline"), default="fitted",
+        "--step-overhead-ms",
+        default="2",
+        metavar="MS",
+        help="fixed cost per step of the kernel and roofline clocks (2)",
+    )
+    hw.add_argument(
+        "--cost",
+        choices=("fitted", "kernel", "roofline"),
+        default="fitted",
         help="step clock: fitted = every op priced by the GPU's clock fitted to measured kernel "
         "times (default; docs/gpu_clock.md), kernel = roofline + an assumed attention block "
         "walk per framework, roofline = bytes and FLOPs only (blind to the block size)",
-    )  # fmt: skip
-    hw.add_argument("--clock", metavar="FILE|KIND", help="--cost fitted's clock: a `pagedkv "
-                    "calibrate` JSON, or the kind shipped for the GPU: vllm-class (default: the "
-                    "reference, fitted to Vidur's vLLM profiles) or pagedkv-triton (pagedkv's own "
-                    "engine, fitted to its device check; docs/gpu_clock.md)")  # fmt: skip
+    )
+    hw.add_argument(
+        "--clock",
+        metavar="FILE|KIND",
+        help="--cost fitted's clock: a `pagedkv "
+        "calibrate` JSON, or the kind shipped for the GPU: vllm-class (default: the "
+        "reference, fitted to Vidur's vLLM profiles) or pagedkv-triton (pagedkv's own "
+        "engine, fitted to its device check; docs/gpu_clock.md)",
+    )
     hw.add_argument(
         "--cuda-graphs",
         choices=("on", "off"),
@@ -154,14 +172,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "default: on) or eager",
     )
     hw.add_argument(
-        "--kernel", metavar="BACKEND", help="price every paged policy with this attention "
+        "--kernel",
+        metavar="BACKEND",
+        help="price every paged policy with this attention "
         "kernel (vllm, trtllm-mha, flashinfer, fa4, flashmla, torch-sdpa); default: each "
         "policy's own (vllm -> vllm, sglang -> flashinfer, trtllm -> trtllm-mha)",
-    )  # fmt: skip
+    )
     hw.add_argument(
-        "--cost-profile", metavar="FILE", help="a `pagedkv profile` JSON: its fitted step cost "
-        "replaces the GPU cost model",
-    )  # fmt: skip
+        "--cost-profile",
+        metavar="FILE",
+        help="a `pagedkv profile` JSON: its fitted step cost replaces the GPU cost model",
+    )
     sc = p.add_argument_group("scheduler")
     sc.add_argument("--max-model-len", default="32k", metavar="N", help="context limit (32k)")
     sc.add_argument("--max-num-seqs", default="256", metavar="N", help="running at most (256)")
@@ -192,26 +213,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     rt = p.add_argument_group("replicas and routing")
     rt.add_argument(
-        "--replicas", default="1", metavar="N", help="N engines, each with its own scheduler "
+        "--replicas",
+        default="1",
+        metavar="N",
+        help="N engines, each with its own scheduler "
         "and KV pool, behind a router (default 1: one engine, no router)",
-    )  # fmt: skip
+    )
     rt.add_argument(
-        "--router", metavar="POLICY[,POLICY]", help="routing policies, one run each: "
+        "--router",
+        metavar="POLICY[,POLICY]",
+        help="routing policies, one run each: "
         "round-robin, least-loaded, prefix-aware (default with --replicas > 1: round-robin; "
         "with --replicas 1 the cluster table of one replica, the same numbers as one engine)",
-    )  # fmt: skip
+    )
     rt.add_argument(
-        "--balance-abs", default="4", metavar="N",
+        "--balance-abs",
+        default="4",
+        metavar="N",
         help="prefix-aware: a replica more than N requests above the least loaded is skipped (4)",
-    )  # fmt: skip
+    )
     rt.add_argument(
-        "--balance-rel", default="0.25", metavar="F",
+        "--balance-rel",
+        default="0.25",
+        metavar="F",
         help="prefix-aware: ... or more than F x the least loaded's requests (0.25)",
-    )  # fmt: skip
+    )
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print one JSON object per run")
-    out.add_argument("--plot", metavar="FILE.png", help="KV utilization, running, waste plots "
-                     "(a file git tracks only with --force)")  # fmt: skip
+    out.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="KV utilization, running, waste plots (a file git tracks only with --force)",
+    )
     add_force_flag(out)
     out.add_argument("--sample-interval", default="1", metavar="S", help="simulated s/sample")
     p.set_defaults(func=run)

@@ -58,16 +58,22 @@ class PDConfig:
                 f"--pd-group must be a non-empty name without spaces or ':', got {self.group!r}",
                 "group",
             )
-        for name, value in (("--pd-wait", self.peer_wait_s),
-                            ("--prefill-timeout", self.prefill_timeout_s),
-                            ("--prefill-breaker-backoff", self.breaker_backoff_s)):  # fmt: skip
+        for name, value in (
+            ("--pd-wait", self.peer_wait_s),
+            ("--prefill-timeout", self.prefill_timeout_s),
+            ("--prefill-breaker-backoff", self.breaker_backoff_s),
+        ):
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise UsageError(f"{name} must be a finite number > 0 seconds, got {value!r}",
-                                 name[2:].replace("-", "_"))  # fmt: skip
+                raise UsageError(
+                    f"{name} must be a finite number > 0 seconds, got {value!r}",
+                    name[2:].replace("-", "_"),
+                )
         n = self.breaker_failures
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise UsageError(f"--prefill-breaker-failures must be an integer >= 1, got {n!r}",
-                             "prefill_breaker_failures")  # fmt: skip
+            raise UsageError(
+                f"--prefill-breaker-failures must be an integer >= 1, got {n!r}",
+                "prefill_breaker_failures",
+            )
         if self.role == "both":
             if self.prefill_url is not None:
                 raise UsageError("--prefill-url is only used with --role decode", "prefill_url")

@@ -39,8 +39,15 @@ class PeerRecord:
     host: str
 
     def to_json(self) -> str:
-        return json.dumps({"role": self.role, "model": self.model, "pid": self.pid,
-                           "host": self.host, "page_format": self.page_format.to_dict()})  # fmt: skip
+        return json.dumps(
+            {
+                "role": self.role,
+                "model": self.model,
+                "pid": self.pid,
+                "host": self.host,
+                "page_format": self.page_format.to_dict(),
+            }
+        )
 
     @classmethod
     def from_json(cls, text: str | bytes) -> PeerRecord:
@@ -48,8 +55,9 @@ class PeerRecord:
         record this version wrote: the store is shared, so its bytes are bounded (size,
         nesting, each field's type and range) before use."""
         try:
-            data = u.as_object(u.parse_json(text, max_bytes=64 << 10, what="the record"),
-                               "the record")  # fmt: skip
+            data = u.as_object(
+                u.parse_json(text, max_bytes=64 << 10, what="the record"), "the record"
+            )
             pages = u.get_object(data, "page_format")
             checked: dict[str, int | str] = {}
             for name, spec in PageFormat.__dataclass_fields__.items():
@@ -106,8 +114,10 @@ def _named_differences(
 
 def _hint(kv_import: str, diffs: list[str]) -> str:
     return "start both with the same model, --dtype and --block-size" + (
-        "" if kv_import == "relayout" or diffs[0].startswith("model") else
-        ", or the decode side with --kv-import relayout if only the block size differs")  # fmt: skip
+        ""
+        if kv_import == "relayout" or diffs[0].startswith("model")
+        else ", or the decode side with --kv-import relayout if only the block size differs"
+    )
 
 
 def check_peer(ours: PeerRecord, theirs: PeerRecord, kv_import: str, group: str) -> None:
@@ -139,9 +149,10 @@ def check_live(
     without a stale record the message is ``check_peer``'s."""
     now = (live[0], live[1], "prefill")
     theirs = _named_differences(
-        (ours.model, ours.page_format.to_dict(), ours.role), now,
+        (ours.model, ours.page_format.to_dict(), ours.role),
+        now,
         RELAYOUT_BRIDGES if kv_import == "relayout" else frozenset(),
-    )  # fmt: skip
+    )
     stale = _named_differences((record.model, record.page_format.to_dict(), "store record"), now)
     if not theirs and not stale:
         return
@@ -150,9 +161,13 @@ def check_live(
     if theirs:
         parts.append(": " + "; ".join(theirs))
     if stale:
-        parts.append(("; " if theirs else ": ") + f"the store's record {key} is stale ("
-                     + "; ".join(stale) + "): restart the prefill instance, which publishes it "
-                     "anew, and check that no other prefill instance shares --pd-group")  # fmt: skip
+        parts.append(
+            ("; " if theirs else ": ")
+            + f"the store's record {key} is stale ("
+            + "; ".join(stale)
+            + "): restart the prefill instance, which publishes it "
+            "anew, and check that no other prefill instance shares --pd-group"
+        )
     if theirs:
         parts.append(f" ({_hint(kv_import, theirs)})")
     raise UsageError("".join(parts), "page_format", code="page_format_mismatch")
@@ -170,8 +185,9 @@ class Handshake:
         try:
             self._client.set(record_key(self._group, record.role), record.to_json())
         except Exception as exc:  # noqa: BLE001 - any client error means: no store
-            raise UsageError(f"cannot publish the page format to {self._url}: {exc}",
-                             "kv_store") from None  # fmt: skip
+            raise UsageError(
+                f"cannot publish the page format to {self._url}: {exc}", "kv_store"
+            ) from None
 
     def read(self, role: str) -> PeerRecord | None:
         """The ``role`` instance's record now, or None when there is none (a Redis restarted
@@ -181,8 +197,9 @@ class Handshake:
         try:
             raw = self._client.get(key)
         except Exception as exc:  # noqa: BLE001 - any client error means: no store
-            raise UsageError(f"cannot read the {role} instance's page format from "
-                             f"{self._url}: {exc}", "kv_store") from None  # fmt: skip
+            raise UsageError(
+                f"cannot read the {role} instance's page format from {self._url}: {exc}", "kv_store"
+            ) from None
         if raw is None:
             return None
         try:
@@ -190,8 +207,9 @@ class Handshake:
         except ValueError as exc:
             raise UsageError(f"{key} in {self._url}: {exc}", "kv_store") from None
 
-    def wait_for(self, role: str, wait_s: float,
-                 clock: Callable[[], float] = time.monotonic) -> PeerRecord:  # fmt: skip
+    def wait_for(
+        self, role: str, wait_s: float, clock: Callable[[], float] = time.monotonic
+    ) -> PeerRecord:
         """The ``role`` instance's record; UsageError if none appears within ``wait_s``."""
         deadline = clock() + wait_s
         key = record_key(self._group, role)
@@ -199,8 +217,10 @@ class Handshake:
             try:
                 raw = self._client.get(key)
             except Exception as exc:  # noqa: BLE001
-                raise UsageError(f"cannot read the {role} instance's page format from "
-                                 f"{self._url}: {exc}", "kv_store") from None  # fmt: skip
+                raise UsageError(
+                    f"cannot read the {role} instance's page format from {self._url}: {exc}",
+                    "kv_store",
+                ) from None
             if raw is not None:
                 try:
                     return PeerRecord.from_json(raw)

@@ -29,8 +29,9 @@ STORE_TIMEOUT_S = 2.0
 def redis_client(url: str):
     import redis
 
-    return redis.Redis.from_url(url, socket_timeout=STORE_TIMEOUT_S,
-                                socket_connect_timeout=STORE_TIMEOUT_S)  # fmt: skip
+    return redis.Redis.from_url(
+        url, socket_timeout=STORE_TIMEOUT_S, socket_connect_timeout=STORE_TIMEOUT_S
+    )
 
 
 def pair_up(
@@ -54,11 +55,19 @@ def pair_up(
     live = live_info(cfg.prefill_url, api_key, cfg.peer_wait_s)  # the truth (waits for it)
     theirs = handshake.read("prefill")
     if theirs is None:  # the store lost it (Redis restarted, emptied): the live answer serves
-        log.warning("P/D group %r: no prefill record in %s; pairing with what %s says it runs",
-                    cfg.group, cfg.kv_store, live.url)  # fmt: skip
-        theirs = PeerRecord("prefill", live.model_identity or "",
-                            PageFormat.from_dict(dict(live.page_format)), 0,
-                            urlsplit(live.url).hostname or "")  # fmt: skip
+        log.warning(
+            "P/D group %r: no prefill record in %s; pairing with what %s says it runs",
+            cfg.group,
+            cfg.kv_store,
+            live.url,
+        )
+        theirs = PeerRecord(
+            "prefill",
+            live.model_identity or "",
+            PageFormat.from_dict(dict(live.page_format)),
+            0,
+            urlsplit(live.url).hostname or "",
+        )
     check_live(ours, theirs, (live.model_identity, live.page_format), cfg.kv_import, cfg.group)
     handshake.publish(ours)
     return theirs

@@ -52,8 +52,9 @@ class PrefillClient:
     ) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, MAX_CONNECT_TIMEOUT_S))
-        self._client = httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=timeout,
-                                         headers=headers, transport=transport)  # fmt: skip
+        self._client = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"), timeout=timeout, headers=headers, transport=transport
+        )
         self._base_url = base_url
         self.breaker = breaker if breaker is not None else CircuitBreaker()
         self._logged_failure = False
@@ -71,8 +72,12 @@ class PrefillClient:
             self.local_prefills[BREAKER_OPEN] += 1
             return False
         self.num_requests += 1
-        body: dict = {"prompt": [list(p) for p in prompts], "max_tokens": 1,
-                      "temperature": 0.0, "ignore_eos": True}  # fmt: skip
+        body: dict = {
+            "prompt": [list(p) for p in prompts],
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "ignore_eos": True,
+        }
         if cache_salt is not None:
             body["cache_salt"] = cache_salt
         try:
@@ -101,8 +106,11 @@ class PrefillClient:
         self.num_failures += 1
         self.local_prefills[kind] += 1
         if not self._logged_failure:  # once per outage, not once per request
-            log.warning("prefill instance %s failed (%s); computing prompts here until it "
-                        "answers again", self._base_url, reason[:200])  # fmt: skip
+            log.warning(
+                "prefill instance %s failed (%s); computing prompts here until it answers again",
+                self._base_url,
+                reason[:200],
+            )
             self._logged_failure = True
         return False
 

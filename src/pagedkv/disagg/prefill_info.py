@@ -54,13 +54,17 @@ def parse_info(url: str, body: bytes) -> LiveInfo:
     data = as_object(parse_json(body, max_bytes=MAX_INFO_BYTES, what=where), where)
     pages = get_object(data, "page_format", at=where)
     if set(pages) != set(PAGE_FORMAT_FIELDS):
-        raise UntrustedInput(f"{where}: page_format fields {sorted(pages)[:20]} are not "
-                             f"{sorted(PAGE_FORMAT_FIELDS)}")  # fmt: skip
+        raise UntrustedInput(
+            f"{where}: page_format fields {sorted(pages)[:20]} are not {sorted(PAGE_FORMAT_FIELDS)}"
+        )
     checked: dict[str, int | str] = {}
     for name, value in pages.items():
         at = f"{where}.page_format.{name}"
-        checked[name] = (as_str(value, at, max_len=MAX_FIELD_CHARS) if isinstance(value, str)
-                         else as_int(value, at, lo=0, hi=2**63 - 1))  # fmt: skip
+        checked[name] = (
+            as_str(value, at, max_len=MAX_FIELD_CHARS)
+            if isinstance(value, str)
+            else as_int(value, at, lo=0, hi=2**63 - 1)
+        )
     identity = get_optional_str(data, "model_identity", max_len=MAX_FIELD_CHARS, at=where)
     return LiveInfo(url, identity, checked)
 
@@ -70,8 +74,10 @@ def fetch_info(client: httpx.Client, url: str) -> LiveInfo:
     a wrong answer. The body is read only up to ``MAX_INFO_BYTES`` (+1, to tell it is over)."""
     with client.stream("GET", url + INFO_PATH) as resp:
         if resp.status_code != 200:
-            raise ValueError(f"{url}{INFO_PATH} answered HTTP {resp.status_code} (a wrong "
-                             "--prefill-url, another API key, or not a pagedkv serve?)")  # fmt: skip
+            raise ValueError(
+                f"{url}{INFO_PATH} answered HTTP {resp.status_code} (a wrong "
+                "--prefill-url, another API key, or not a pagedkv serve?)"
+            )
         body = bytearray()
         for chunk in resp.iter_bytes():
             body += chunk

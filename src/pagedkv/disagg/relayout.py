@@ -19,9 +19,12 @@ from pagedkv.kvstore.codec import Rejected, decode_payload, encode_payload, stor
 
 
 def repage(
-    bodies: Sequence[bytes | memoryview], src_block_size: int, dst_block_size: int,
-    num_segments: int, row_bytes: int,
-) -> list[bytes]:  # fmt: skip
+    bodies: Sequence[bytes | memoryview],
+    src_block_size: int,
+    dst_block_size: int,
+    num_segments: int,
+    row_bytes: int,
+) -> list[bytes]:
     """Bodies of the full ``dst_block_size`` blocks that consecutive source ``bodies`` (blocks
     0.. of one sequence) cover, in order; tokens past the last full destination block are
     dropped."""
@@ -43,9 +46,16 @@ class RelayoutImporter:
     ``client`` is a ``kvstore.client.StoreClient`` (its failures are misses, never raised).
     Counters: ``num_blocks_written``, ``num_source_misses``, ``num_rejected``."""
 
-    def __init__(self, client, src_namespace: bytes, dst_namespace: bytes,
-                 src_block_size: int, dst_block_size: int, num_layers: int,
-                 record_bytes: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        client,
+        src_namespace: bytes,
+        dst_namespace: bytes,
+        src_block_size: int,
+        dst_block_size: int,
+        num_layers: int,
+        record_bytes: int,
+    ) -> None:
         self._client = client
         self._src_ns, self._dst_ns = src_namespace, dst_namespace
         self.src_block_size, self.dst_block_size = src_block_size, dst_block_size
@@ -97,8 +107,9 @@ class RelayoutImporter:
                 break
             bodies.append(body)
         self.num_source_misses += len(src_hashes) - len(bodies)
-        dst_bodies = repage(bodies, self.src_block_size, self.dst_block_size,
-                            self._num_segments, self._row_bytes)[: len(dst_hashes)]  # fmt: skip
+        dst_bodies = repage(
+            bodies, self.src_block_size, self.dst_block_size, self._num_segments, self._row_bytes
+        )[: len(dst_hashes)]
         items = [
             (store_key(self._dst_ns, h), encode_payload(self._dst_ns, h, body))
             for h, body in zip(dst_hashes, dst_bodies, strict=False)

@@ -89,8 +89,13 @@ class LLMEngine(OfflineCalls):
         prompt, prompt/stop/biased ids outside the vocabulary, prompt + ``max_tokens`` past the
         context, samples the whole pool can never hold (the scheduler's refusal), a structure
         xgrammar refuses (compiled here, and cached). Thread-safe."""
-        check_request(prompt_token_ids, params, self.info.vocab_size, self.scheduler.refusal,
-                      self.grammars.compile)  # fmt: skip
+        check_request(
+            prompt_token_ids,
+            params,
+            self.info.vocab_size,
+            self.scheduler.refusal,
+            self.grammars.compile,
+        )
 
     def add_request(
         self,

@@ -22,11 +22,22 @@ class _Engine(Protocol):
     _registry: RequestRegistry
     _stash: dict[str, RequestOutput]
 
-    def _add(self, text: str | None, token_ids: list[int], params: SamplingParams,
-             request_id: str | None, cache_salt: str | None) -> str: ...  # fmt: skip
+    def _add(
+        self,
+        text: str | None,
+        token_ids: list[int],
+        params: SamplingParams,
+        request_id: str | None,
+        cache_salt: str | None,
+    ) -> str: ...
 
-    def add_request(self, prompt: Prompt, params: SamplingParams | None = None,
-                    request_id: str | None = None, cache_salt: str | None = None) -> str: ...  # fmt: skip
+    def add_request(
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        cache_salt: str | None = None,
+    ) -> str: ...
 
     def step(self) -> list[RequestOutput]: ...
 

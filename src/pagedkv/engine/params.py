@@ -152,7 +152,7 @@ class SamplingParams:
                     ("presence_penalty", self.presence_penalty),
                     ("frequency_penalty", self.frequency_penalty),
                 )
-            ),  # fmt: skip
+            ),
             (
                 "repetition_penalty",
                 _is_number(self.repetition_penalty)
@@ -169,7 +169,7 @@ class SamplingParams:
                 ),
                 f"at most {MAX_LOGIT_BIAS_ENTRIES} token ids (integers >= 0) with biases in "
                 f"[-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]",
-            ),  # fmt: skip
+            ),
             (
                 "structured",
                 self.structured is None or isinstance(self.structured, StructuredOutput),
@@ -186,9 +186,12 @@ class SamplingParams:
     def processes_logits(self) -> bool:
         """Whether any logit processing applies (the sampler skips the rest)."""
         return bool(
-            self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
-            or self.logit_bias or self.min_tokens
-        )  # fmt: skip
+            self.presence_penalty
+            or self.frequency_penalty
+            or self.repetition_penalty != 1.0
+            or self.logit_bias
+            or self.min_tokens
+        )
 
     @property
     def greedy(self) -> bool:

@@ -58,8 +58,9 @@ class StepRecorder:
 
     def __init__(self, engine: LLMEngine, clock: str = "wall") -> None:
         if engine.steps_ahead:
-            raise ValueError("StepRecorder times synchronous steps: build the engine with "
-                             "async_scheduling=False")  # fmt: skip
+            raise ValueError(
+                "StepRecorder times synchronous steps: build the engine with async_scheduling=False"
+            )
         self.engine = engine
         self.clock = CLOCKS[clock]
         self.block_size = engine.info.block_size

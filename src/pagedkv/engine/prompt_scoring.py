@@ -41,8 +41,10 @@ def score_rows(
         ranks = (log_probs > chosen).sum(dim=1) + 1
         if k > 0:
             values, top_ids = log_probs.topk(k, dim=-1)
-            tops = [list(zip(i, v, strict=True))
-                    for i, v in zip(top_ids.cpu().tolist(), values.cpu().tolist(), strict=True)]  # fmt: skip
+            tops = [
+                list(zip(i, v, strict=True))
+                for i, v in zip(top_ids.cpu().tolist(), values.cpu().tolist(), strict=True)
+            ]
         else:
             tops = [[] for _ in range(len(ids))]
         host = chosen.squeeze(1).cpu().tolist(), ranks.cpu().tolist()  # prompt logprobs' copy

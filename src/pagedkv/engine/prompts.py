@@ -80,8 +80,11 @@ def check_request(
     if not prompt_token_ids:
         raise UsageError("the prompt is empty", param="prompt")
     biased = [t for t, _ in params.logit_bias]
-    for name, ids in (("prompt", prompt_token_ids), ("stop_token_ids", params.stop_token_ids),
-                      ("logit_bias", biased)):  # fmt: skip
+    for name, ids in (
+        ("prompt", prompt_token_ids),
+        ("stop_token_ids", params.stop_token_ids),
+        ("logit_bias", biased),
+    ):
         bad = next((t for t in ids if not 0 <= t < vocab_size), None)
         if bad is not None:
             raise UsageError(f"token id {bad} is outside the vocabulary [0, {vocab_size})", name)

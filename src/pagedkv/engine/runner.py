@@ -129,9 +129,14 @@ class ModelRunner:
         if self.backend is None:
             raise ValueError("CUDA graphs need an attention backend")
         graphs = DecodeGraphs(
-            self.model, self.backend, self.kv_caches, self.block_size, max_num_seqs, max_blocks,
+            self.model,
+            self.backend,
+            self.kv_caches,
+            self.block_size,
+            max_num_seqs,
+            max_blocks,
             graph_factory,
-        )  # fmt: skip
+        )
         graphs.capture()
         self.graphs = graphs
         sizes = ",".join(map(str, graphs.buckets))
@@ -278,8 +283,10 @@ class ModelRunner:
             rows = hidden[inputs.prompt_rows.to(hidden.device, non_blocking=True)].split(
                 [n for _, _, n in inputs.prompt_spans]
             )
-            prompt = [PromptHidden(e, first, h) for (e, first, _), h in
-                      zip(inputs.prompt_spans, rows, strict=True)]  # fmt: skip
+            prompt = [
+                PromptHidden(e, first, h)
+                for (e, first, _), h in zip(inputs.prompt_spans, rows, strict=True)
+            ]
         logits = torch.empty(0, self.config.vocab_size)
         if inputs.logit_rows.numel():
             last = hidden[inputs.logit_rows.to(hidden.device, non_blocking=True)]

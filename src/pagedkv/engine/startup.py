@@ -104,11 +104,20 @@ def build_parts(
     runtime = build_runtime(config, plan, model, backend, num_blocks)
     extras = attach_extras(config, plan, runtime, model)
     lines = [
-        *startup_report(plan.policy, plan.resolution, runtime.allocator, runtime.runner,
-                        plan.layout, plan.max_model_len),
-        *plan.lines, *card_lines, *runtime.lines, *extras.lines,
+        *startup_report(
+            plan.policy,
+            plan.resolution,
+            runtime.allocator,
+            runtime.runner,
+            plan.layout,
+            plan.max_model_len,
+        ),
+        *plan.lines,
+        *card_lines,
+        *runtime.lines,
+        *extras.lines,
         "page format " + ", ".join(f"{k}={v}" for k, v in plan.page_format.to_dict().items()),
-    ]  # fmt: skip
+    ]
     return EngineParts(
         model_config=model_config,
         model=model,
@@ -151,8 +160,10 @@ def plan_pool(config: EngineConfig, model_config: ModelConfig) -> PoolPlan:
     context = model_config.max_position_embeddings
     max_model_len = config.max_model_len or min(context, DEFAULT_MAX_MODEL_LEN)
     if max_model_len > context:
-        raise UsageError(f"max_model_len {max_model_len} exceeds the model's context of "
-                         f"{context} tokens", param="max_model_len")  # fmt: skip
+        raise UsageError(
+            f"max_model_len {max_model_len} exceeds the model's context of {context} tokens",
+            param="max_model_len",
+        )
     policy, placement = get_policy(config.policy), engine_placement(config)
     layout = layout_from_shape(model_config.model_shape(), get_kv_dtype(placement.dtype).name)
     reserved = policy.allocator == "reserved"
@@ -174,8 +185,17 @@ def plan_pool(config: EngineConfig, model_config: ModelConfig) -> PoolPlan:
     check_store_policy(config, policy)
     lines = [placement.describe(), *([placement.backend_note] if placement.backend_note else [])]
     page_format = PageFormat.from_layout(layout, block_size)
-    return PoolPlan(max_model_len, policy, placement, layout, resolution, page_format,
-                    num_blocks, num_host_kv_blocks, lines)  # fmt: skip
+    return PoolPlan(
+        max_model_len,
+        policy,
+        placement,
+        layout,
+        resolution,
+        page_format,
+        num_blocks,
+        num_host_kv_blocks,
+        lines,
+    )
 
 
 def size_pool(
@@ -189,15 +209,22 @@ def size_pool(
         return plan.num_blocks, []
 
     def peak() -> int:
-        return profile_peak_bytes(model, backend, plan.page_format, config.max_num_batched_tokens,
-                                  plan.max_model_len, config.max_num_seqs)  # fmt: skip
+        return profile_peak_bytes(
+            model,
+            backend,
+            plan.page_format,
+            config.max_num_batched_tokens,
+            plan.max_model_len,
+            config.max_num_seqs,
+        )
 
     device, block_size = plan.placement.device, plan.page_format.block_size
     size = kv_bytes_from_card(measure_card(device, start, peak), config.gpu_memory_utilization)
     num_blocks = size.kv_bytes // plan.layout.block_bytes(block_size)
     # The allocator keeps one block back (the null block that pads block tables).
-    return num_blocks, [check_fits_one_sequence(size, num_blocks - 1, block_size,
-                                                plan.max_model_len)]  # fmt: skip
+    return num_blocks, [
+        check_fits_one_sequence(size, num_blocks - 1, block_size, plan.max_model_len)
+    ]
 
 
 @dataclass(frozen=True)
@@ -222,8 +249,14 @@ def build_runtime(config: EngineConfig, plan: PoolPlan, model, backend, num_bloc
     ).build(allocator)
     # The scheduler's SwapSpace hands out host block ids: the host pool has exactly its blocks.
     num_host_blocks = scheduler.swap_space.num_blocks if scheduler.swap_space else 0
-    runner = ModelRunner(model, model.config if model is not None else None, plan.page_format,
-                         num_blocks, num_host_blocks, backend)  # fmt: skip
+    runner = ModelRunner(
+        model,
+        model.config if model is not None else None,
+        plan.page_format,
+        num_blocks,
+        num_host_blocks,
+        backend,
+    )
     lines = []
     if graphs_wanted(config, plan.placement):
         lines.append(runner.capture_graphs(config.max_num_seqs, plan.max_model_len))

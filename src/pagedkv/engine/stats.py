@@ -47,8 +47,11 @@ class EngineInfo:
 
     def placement(self) -> dict[str, str]:
         """Where and how the model runs: ``/pagedkv/info``'s and a metrics info's fields."""
-        return {"device": self.device, "dtype": self.dtype,
-                "attention_backend": self.attention_backend}  # fmt: skip
+        return {
+            "device": self.device,
+            "dtype": self.dtype,
+            "attention_backend": self.attention_backend,
+        }
 
     @classmethod
     def from_parts(cls, p: EngineParts) -> EngineInfo:
@@ -63,11 +66,16 @@ class EngineInfo:
             kv_cache_bytes=p.runner.kv_cache_bytes,
             page_format={k: str(v) for k, v in p.page_format.to_dict().items()},
             prefix_match_unit=p.policy.prefix_match_unit,
-            **({} if p.placement is None else {
-                "device": str(p.placement.device), "dtype": p.placement.dtype,
-                "attention_backend": p.placement.attention_backend,
-            }),
-        )  # fmt: skip
+            **(
+                {}
+                if p.placement is None
+                else {
+                    "device": str(p.placement.device),
+                    "dtype": p.placement.dtype,
+                    "attention_backend": p.placement.attention_backend,
+                }
+            ),
+        )
 
 
 @dataclass(frozen=True)

@@ -106,8 +106,9 @@ def _hashes(raw: list, at: str) -> tuple[BlockHash, ...]:
             h = b""
         if not h or 2 * len(h) != len(text):
             shown = repr(text[:20]) if isinstance(text, str) else type(text).__name__
-            raise UntrustedInput(f"{at}[{i}] must be the hex of 1 to {MAX_HASH_BYTES} bytes, "
-                                 f"got {shown}")  # fmt: skip
+            raise UntrustedInput(
+                f"{at}[{i}] must be the hex of 1 to {MAX_HASH_BYTES} bytes, got {shown}"
+            )
         out.append(h)
     return tuple(out)
 
@@ -150,19 +151,32 @@ def _token_ids(d: dict, num_blocks: int, block_size: int, at: str) -> tuple[int,
 def _batch_from_json(text: str | bytes) -> tuple[float, tuple[KVEvent, ...]]:
     data = as_object(parse_json(text, max_bytes=MAX_ENTRY_BYTES, what="the entry"), "the entry")
     ts = get_float(data, "ts", lo=0.0, hi=MAX_TS_S)
-    raw = [as_object(e, f"events[{i}]") for i, e in
-           enumerate(get_list(data, "events", max_len=MAX_HASHES_PER_ENTRY, kind=TOO_MANY))]  # fmt: skip
+    raw = [
+        as_object(e, f"events[{i}]")
+        for i, e in enumerate(get_list(data, "events", max_len=MAX_HASHES_PER_ENTRY, kind=TOO_MANY))
+    ]
     # Every event counts one hash at least, so the events are bounded too.
     num_hashes = 0
     for i, e in enumerate(raw):
         if e.get("type") in ("BlockStored", "BlockRemoved"):
-            num_hashes += max(len(get_list(e, "block_hashes", max_len=MAX_HASHES_PER_ENTRY,
-                                           at=f"events[{i}]", kind=TOO_MANY)), 1)  # fmt: skip
+            num_hashes += max(
+                len(
+                    get_list(
+                        e,
+                        "block_hashes",
+                        max_len=MAX_HASHES_PER_ENTRY,
+                        at=f"events[{i}]",
+                        kind=TOO_MANY,
+                    )
+                ),
+                1,
+            )
         else:
             num_hashes += 1
         if num_hashes > MAX_HASHES_PER_ENTRY:
-            raise UntrustedInput(f"the entry holds over {MAX_HASHES_PER_ENTRY} block hashes",
-                                 TOO_MANY)  # fmt: skip
+            raise UntrustedInput(
+                f"the entry holds over {MAX_HASHES_PER_ENTRY} block hashes", TOO_MANY
+            )
     return ts, tuple(_event_from_dict(e, f"events[{i}]") for i, e in enumerate(raw))
 
 

@@ -100,9 +100,13 @@ class PagedAllocator(BlockTableAllocator):
         return set(self.pool.index)
 
     def _set_hashes(
-        self, block_ids: list[int], hashes: list[BlockHash], parent: BlockHash | None,
-        seq: SeqLike, first_block: int,
-    ) -> None:  # fmt: skip
+        self,
+        block_ids: list[int],
+        hashes: list[BlockHash],
+        parent: BlockHash | None,
+        seq: SeqLike,
+        first_block: int,
+    ) -> None:
         """``pool.set_hash`` each block (blocks ``first_block ..`` of ``seq``); the hashes new
         to the index go to the event log. ``parent``: the hash before ``hashes[0]`` (None at
         block 0)."""

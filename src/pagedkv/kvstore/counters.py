@@ -41,9 +41,16 @@ class StoreCounters:
         with self._lock:
             out = {
                 k: getattr(self, k)
-                for k in ("hit_blocks", "hit_tokens", "bytes_read", "bytes_written",
-                          "blocks_written", "writes_dropped", "errors")
-            }  # fmt: skip
+                for k in (
+                    "hit_blocks",
+                    "hit_tokens",
+                    "bytes_read",
+                    "bytes_written",
+                    "blocks_written",
+                    "writes_dropped",
+                    "errors",
+                )
+            }
             out.update({f"rejected_{r}": n for r, n in self.rejected.items()})
         return out
 

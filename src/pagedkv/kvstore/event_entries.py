@@ -62,11 +62,14 @@ def _cut(event: KVEvent, max_hashes: int) -> list[KVEvent]:
     assert isinstance(event, BlockStored)
     tokens, bs = event.token_ids, event.block_size  # with partial reuse: block_size per block
     return [
-        replace(event, block_hashes=hashes[i : i + max_hashes],
-                parent_block_hash=hashes[i - 1] if i else event.parent_block_hash,
-                token_ids=None if tokens is None else tokens[i * bs : (i + max_hashes) * bs])
+        replace(
+            event,
+            block_hashes=hashes[i : i + max_hashes],
+            parent_block_hash=hashes[i - 1] if i else event.parent_block_hash,
+            token_ids=None if tokens is None else tokens[i * bs : (i + max_hashes) * bs],
+        )
         for i in starts
-    ]  # fmt: skip
+    ]
 
 
 def _fit(batch: KVEventBatch, max_bytes: int) -> list[str]:

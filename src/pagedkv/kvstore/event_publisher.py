@@ -51,8 +51,11 @@ DEFAULT_MAX_QUEUED_BATCHES = 4096
 PIPELINE_BATCHES = 64  # XADDs per round trip when batches queued up
 # Redis's answers to an XADD on a stream that can never take another entry (deleting the
 # stream is the way out): the IDs are exhausted, an explicit ID below the top, another type.
-STREAM_UNUSABLE = ("exhausted the last possible ID", "equal or smaller than the target stream",
-                   "WRONGTYPE")  # fmt: skip
+STREAM_UNUSABLE = (
+    "exhausted the last possible ID",
+    "equal or smaller than the target stream",
+    "WRONGTYPE",
+)
 
 
 @dataclass
@@ -116,8 +119,11 @@ class KVEventPublisher(QueueThread):
             full = len(self._queue) >= self._max_queued
             if self._closed or full or (self._lost and not snapshot):
                 if full and not self._lost:
-                    log.warning("KV events: the publish queue is full (%d batches); dropping "
-                                "until a snapshot can be sent", self._max_queued)  # fmt: skip
+                    log.warning(
+                        "KV events: the publish queue is full (%d batches); dropping "
+                        "until a snapshot can be sent",
+                        self._max_queued,
+                    )
                 self._lost = self._lost or full
                 self._snapshot_wanted = self._snapshot_wanted or (full and not self.is_down)
                 self._count_dropped([batch])
@@ -166,8 +172,9 @@ class KVEventPublisher(QueueThread):
             pipe = self._redis.pipeline(transaction=False)
             for batch, _ in chunk:
                 for text in entry_texts(batch):
-                    pipe.xadd(self.stream, {BATCH_FIELD: text}, maxlen=self.maxlen,
-                              approximate=True)  # fmt: skip
+                    pipe.xadd(
+                        self.stream, {BATCH_FIELD: text}, maxlen=self.maxlen, approximate=True
+                    )
             pipe.execute()
         except self._refused as exc:
             if any(s in str(exc) for s in STREAM_UNUSABLE):
@@ -205,9 +212,12 @@ class KVEventPublisher(QueueThread):
         c.stream_resets += 1
         c.publish_errors += not self._just_reset  # else _failed counts it
         if c.stream_resets == 1:
-            log.warning("KV events: Redis refuses XADD to %s (%s); the stream was deleted and a "
-                        "snapshot follows (logged once, counted in stream_resets)",
-                        self.stream, exc)  # fmt: skip
+            log.warning(
+                "KV events: Redis refuses XADD to %s (%s); the stream was deleted and a "
+                "snapshot follows (logged once, counted in stream_resets)",
+                self.stream,
+                exc,
+            )
         # Twice in a row: someone keeps spoiling the key; back off as in an outage.
         self._failed(exc if self._just_reset else None, batches)
         self._just_reset = True
@@ -250,8 +260,11 @@ class KVEventPublisher(QueueThread):
         if self._down_since is not None:
             outage_s = time.monotonic() - self._down_since
             self._down_since = None
-            log.warning("KV events: %s answers again after %.1f s; publishing a snapshot",
-                        self.address.url, outage_s)  # fmt: skip
+            log.warning(
+                "KV events: %s answers again after %.1f s; publishing a snapshot",
+                self.address.url,
+                outage_s,
+            )
 
     def _count_dropped(self, batches: list[KVEventBatch]) -> None:
         self.counts.batches_dropped += len(batches)

@@ -76,9 +76,14 @@ def paged_attention(
                 _read(v_flat, p.gather_slots, p.contiguous_from), q.dtype, q.dtype
             )
         attn = F.scaled_dot_product_attention(
-            _heads_first(q[p.start : p.stop], q.dtype, q.dtype), keys, values,
-            attn_mask=p.mask, is_causal=p.mask is None, scale=scale, enable_gqa=True,
-        )  # fmt: skip
+            _heads_first(q[p.start : p.stop], q.dtype, q.dtype),
+            keys,
+            values,
+            attn_mask=p.mask,
+            is_causal=p.mask is None,
+            scale=scale,
+            enable_gqa=True,
+        )
         attn = attn[0].transpose(0, 1).reshape(p.stop - p.start, num_heads * head_dim)
         if lone:
             return attn
@@ -99,11 +104,24 @@ def _native(q: torch.Tensor, kv_cache: KVCache, plan: AttentionPlan, scale: floa
     if q.dtype == torch.bfloat16:
         kernel = plan.kernels.pk_paged_attention_bf16
     kernel(
-        q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
-        n.tables.data_ptr(), n.tables.stride(0), n.ctx_lens.data_ptr(), n.q_starts.data_ptr(),
-        n.q_lens.data_ptr(), out.data_ptr(), n.ctx_lens.numel(), num_heads, k_cache.shape[2],
-        head_dim, plan.block_size, scale, torch.get_num_threads(),
-    )  # fmt: skip
+        q.data_ptr(),
+        q.stride(0),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        n.tables.data_ptr(),
+        n.tables.stride(0),
+        n.ctx_lens.data_ptr(),
+        n.q_starts.data_ptr(),
+        n.q_lens.data_ptr(),
+        out.data_ptr(),
+        n.ctx_lens.numel(),
+        num_heads,
+        k_cache.shape[2],
+        head_dim,
+        plan.block_size,
+        scale,
+        torch.get_num_threads(),
+    )
     return out
 
 

@@ -80,9 +80,17 @@ class AttentionPlan:
         this is the reference path there, ``model/triton/`` the fast one)."""
         self.device = torch.device("cpu") if device is None else device
         if meta.slot_mapping.device.type != "cpu":  # the plan reads it on the host
-            meta = AttentionMetadata(*(t.cpu() for t in (
-                meta.slot_mapping, meta.block_tables, meta.context_lens, meta.query_start_loc
-            )))  # fmt: skip
+            meta = AttentionMetadata(
+                *(
+                    t.cpu()
+                    for t in (
+                        meta.slot_mapping,
+                        meta.block_tables,
+                        meta.context_lens,
+                        meta.query_start_loc,
+                    )
+                )
+            )
         self.kernels = kernels
         self.block_size = block_size
         self.slot_mapping = meta.slot_mapping.to(torch.int64).contiguous()
@@ -96,9 +104,12 @@ class AttentionPlan:
         self.prefills: list[PrefillSeq] = []
         if kernels is not None:
             self.native = NativeAttention(
-                tables.contiguous(), ctx_lens.contiguous(), starts[:-1].contiguous(),
-                q_lens.contiguous(), bool((q_lens == 1).all()),
-            )  # fmt: skip
+                tables.contiguous(),
+                ctx_lens.contiguous(),
+                starts[:-1].contiguous(),
+                q_lens.contiguous(),
+                bool((q_lens == 1).all()),
+            )
         else:
             if (decode_ids := (q_lens == 1).nonzero().flatten()).numel():
                 whole = decode_ids.numel() == meta.num_seqs  # then row i is sequence i

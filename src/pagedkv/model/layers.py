@@ -36,9 +36,14 @@ class RMSNorm(nn.Module):
             y = torch.empty_like(x)
             rows, hidden = x.shape
             self.kernels.pk_rms_norm(
-                x.data_ptr(), self.weight.data_ptr(), y.data_ptr(), rows, hidden, self.eps,
+                x.data_ptr(),
+                self.weight.data_ptr(),
+                y.data_ptr(),
+                rows,
+                hidden,
+                self.eps,
                 torch.get_num_threads(),
-            )  # fmt: skip
+            )
             return y
         if dtype == torch.float32:  # one call instead of six (61 norms per step); torch's
             # own entry, not F.rms_norm, whose Python wrapper costs ~10 us a call at batch 1
@@ -162,8 +167,14 @@ class SwiGLU(nn.Module):
             rows, half = gate.shape
             out = torch.empty(rows, half, dtype=torch.float32)
             self.kernels.pk_silu_mul(
-                gate.data_ptr(), gate.stride(0), up.data_ptr(), up.stride(0), out.data_ptr(),
-                rows, half, torch.get_num_threads(),
-            )  # fmt: skip
+                gate.data_ptr(),
+                gate.stride(0),
+                up.data_ptr(),
+                up.stride(0),
+                out.data_ptr(),
+                rows,
+                half,
+                torch.get_num_threads(),
+            )
             return out
         return F.silu(gate).mul_(up)

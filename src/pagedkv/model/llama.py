@@ -34,12 +34,14 @@ from pagedkv.pages.backends import resolve_backend
 
 # A layer's projections → the canonical pieces their weight (and bias) concatenate, by rows.
 PROJECTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "qkv_proj": (("q_proj.weight", "k_proj.weight", "v_proj.weight"),
-                 ("q_proj.bias", "k_proj.bias", "v_proj.bias")),
+    "qkv_proj": (
+        ("q_proj.weight", "k_proj.weight", "v_proj.weight"),
+        ("q_proj.bias", "k_proj.bias", "v_proj.bias"),
+    ),
     "o_proj": (("o_proj.weight",), ()),
     "mlp.gate_up_proj": (("gate_proj.weight", "up_proj.weight"), ()),
     "mlp.down_proj": (("down_proj.weight",), ()),
-}  # fmt: skip
+}
 # Layer parameters stored one to one: ours → canonical (the q/k norms where the family has
 # them: ``config.ARCHITECTURES``).
 LAYER_PARAMETERS: dict[str, str] = {

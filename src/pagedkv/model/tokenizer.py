@@ -71,8 +71,16 @@ class Tokenizer:
         one request into the same ids (a router and its replicas) compare it."""
         if self._fingerprint is None:
             h = hashlib.blake2b(self.backend.to_str().encode(), digest_size=16)
-            h.update(repr((self.chat_template, self.bos_token_id, self.eos_token_id,
-                           sorted(self.stop_token_ids))).encode())  # fmt: skip
+            h.update(
+                repr(
+                    (
+                        self.chat_template,
+                        self.bos_token_id,
+                        self.eos_token_id,
+                        sorted(self.stop_token_ids),
+                    )
+                ).encode()
+            )
             self._fingerprint = h.hexdigest()
         return self._fingerprint
 

@@ -17,8 +17,19 @@ from pagedkv.errors import UsageError
 
 GGUF_MAGIC = b"GGUF"
 # value type id -> struct format of a scalar (8 = string, 9 = array are handled apart)
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
-            10: "<Q", 11: "<q", 12: "<d"}  # fmt: skip
+_SCALARS = {
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
+}
 
 
 def _read_bytes(f: BinaryIO, size: int) -> bytes:
@@ -104,13 +115,20 @@ def read_gguf_header(path: str | Path) -> tuple[dict[str, Any], dict[str, tuple[
 
 
 # Where each shape fact lives in a GGUF header, after "<general.architecture>.".
-GGUF_KEYS = {"num_layers": "block_count", "num_heads": "attention.head_count",
-             "num_kv_heads": "attention.head_count_kv", "head_dim": "attention.key_length",
-             "vocab_size": "vocab_size", "hidden_size": "embedding_length",
-             "intermediate_size": "feed_forward_length",
-             "rms_norm_eps": "attention.layer_norm_rms_epsilon",
-             "max_context_tokens": "context_length", "rope_theta": "rope.freq_base",
-             "rope_dims": "rope.dimension_count", "kv_lora_rank": "attention.kv_lora_rank"}  # fmt: skip
+GGUF_KEYS = {
+    "num_layers": "block_count",
+    "num_heads": "attention.head_count",
+    "num_kv_heads": "attention.head_count_kv",
+    "head_dim": "attention.key_length",
+    "vocab_size": "vocab_size",
+    "hidden_size": "embedding_length",
+    "intermediate_size": "feed_forward_length",
+    "rms_norm_eps": "attention.layer_norm_rms_epsilon",
+    "max_context_tokens": "context_length",
+    "rope_theta": "rope.freq_base",
+    "rope_dims": "rope.dimension_count",
+    "kv_lora_rank": "attention.kv_lora_rank",
+}
 
 
 def gguf_shape_fields(

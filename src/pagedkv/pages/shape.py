@@ -13,9 +13,13 @@ from pagedkv.pages.gguf_header import GGUF_KEYS
 
 ATTENTION_KINDS = ("mha", "mla")
 # The key each optional fact has in a config.json (GGUF_KEYS: in a GGUF header).
-_HF_KEYS = {"vocab_size": "vocab_size", "hidden_size": "hidden_size",
-            "intermediate_size": "intermediate_size", "rms_norm_eps": "rms_norm_eps",
-            "max_context_tokens": "max_position_embeddings"}  # fmt: skip
+_HF_KEYS = {
+    "vocab_size": "vocab_size",
+    "hidden_size": "hidden_size",
+    "intermediate_size": "intermediate_size",
+    "rms_norm_eps": "rms_norm_eps",
+    "max_context_tokens": "max_position_embeddings",
+}
 
 
 @dataclass(frozen=True)

@@ -96,9 +96,12 @@ HEAD = TileRule("head dim")
 # Any size: the attention kernels gather tiles of T tokens through the table; the KV write
 # addresses slots and the block copy whole blocks.
 ANY_BLOCK = TileRule(
-    "block size", minimum=1, maximum=1 << 40, power_of_two=False,
+    "block size",
+    minimum=1,
+    maximum=1 << 40,
+    power_of_two=False,
     why_any="tiles of T tokens are gathered through the block table, so the tile is not the page",
-)  # fmt: skip
+)
 
 DECODE = KernelRule("triton paged decode", ANY_BLOCK, HEAD)
 PREFILL = KernelRule("triton paged prefill", ANY_BLOCK, HEAD)

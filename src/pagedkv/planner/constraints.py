@@ -48,9 +48,16 @@ class Backend:
     @classmethod
     def of_rule(cls, rule: backends.BackendRule) -> Backend:
         """One of pagedkv's own backends, from the declaration its engine backend carries."""
-        return cls(rule.name, DEFAULT_BLOCK_SIZE, ANY_BLOCK_SIZE, DEFAULT_BLOCK_SIZE, rule.layouts,
-                   note=rule.note, kernel_problems=rule.problems,
-                   loops_over_tiles=rule.loops_over_tiles)  # fmt: skip
+        return cls(
+            rule.name,
+            DEFAULT_BLOCK_SIZE,
+            ANY_BLOCK_SIZE,
+            DEFAULT_BLOCK_SIZE,
+            rule.layouts,
+            note=rule.note,
+            kernel_problems=rule.problems,
+            loops_over_tiles=rule.loops_over_tiles,
+        )
 
     def allows(self, block_size: int) -> bool:
         """Whether the kernel accepts this block size (alignment and offsets not included)."""

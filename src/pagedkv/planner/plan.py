@@ -205,9 +205,19 @@ def build_plan(
         times = (best.prefix_copy_s, best.prefix_recompute_s)
         reasons.append(copy_reason(prefix_match_unit, *copied, *times))
     return Plan(
-        layout, workload, backend, rows, pool_bytes, swap_bytes, alignment_bytes,
-        chosen, tuple(reasons), tuple(warnings), clock_source, prefix_match_unit,
-    )  # fmt: skip
+        layout,
+        workload,
+        backend,
+        rows,
+        pool_bytes,
+        swap_bytes,
+        alignment_bytes,
+        chosen,
+        tuple(reasons),
+        tuple(warnings),
+        clock_source,
+        prefix_match_unit,
+    )
 
 
 def _price_copy(

@@ -44,14 +44,26 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         transport=st.transport,
         headers={"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else None,
     )
-    st.health = HealthMonitor(st.replicas, st.feed, st.metrics, st.client,
-                              reference=st.replicas[0].info, interval_s=cfg.health_interval_s,
-                              kv_events_url=cfg.kv_events_url,
-                              read_events=st.chooser.policy.uses_prefix_index)  # fmt: skip
-    st.forwarder = Forwarder(st.chooser, st.metrics, st.client, st.health.take_out,
-                             api_key=cfg.api_key, request_timeout_s=cfg.request_timeout_s,
-                             max_event_bytes=cfg.max_event_bytes,
-                             max_answer_bytes=cfg.max_answer_bytes)  # fmt: skip
+    st.health = HealthMonitor(
+        st.replicas,
+        st.feed,
+        st.metrics,
+        st.client,
+        reference=st.replicas[0].info,
+        interval_s=cfg.health_interval_s,
+        kv_events_url=cfg.kv_events_url,
+        read_events=st.chooser.policy.uses_prefix_index,
+    )
+    st.forwarder = Forwarder(
+        st.chooser,
+        st.metrics,
+        st.client,
+        st.health.take_out,
+        api_key=cfg.api_key,
+        request_timeout_s=cfg.request_timeout_s,
+        max_event_bytes=cfg.max_event_bytes,
+        max_answer_bytes=cfg.max_answer_bytes,
+    )
     for r in st.replicas:
         st.health.follow_events(r)
     task = asyncio.create_task(st.health.run())
@@ -82,8 +94,13 @@ def create_router_app(
     st.feed = IndexFeed(reader_factory)
     st.chooser = Chooser(st.replicas, config.make_policy(), st.feed)
     st.metrics = RouterMetrics(st.replicas, st.feed, config.policy)
-    st.edge = Edge(tokenizer, model=ref.model, block_size=ref.block_size,
-                   hash_algorithm=ref.hash_algorithm, max_model_len=ref.max_model_len)  # fmt: skip
+    st.edge = Edge(
+        tokenizer,
+        model=ref.model,
+        block_size=ref.block_size,
+        hash_algorithm=ref.hash_algorithm,
+        max_model_len=ref.max_model_len,
+    )
     install_error_handlers(app)
     app.add_middleware(BearerAuth, api_key=config.api_key)
     app.add_api_route("/health", health, methods=["GET"])
@@ -110,17 +127,33 @@ async def prometheus(request: Request) -> Response:
 
 async def replicas(request: Request) -> JSONResponse:
     st = request.app.state
-    return JSONResponse({"policy": st.config.policy, "replicas": [
-        {"url": r.url, "up": r.up, "refused": r.refused, "instance_id": r.info.instance_id,
-         "device": r.info.device, "dtype": r.info.dtype,
-         "load": r.load, "in_flight": r.in_flight, "scraped_requests": r.scraped_requests,
-         "index_blocks": st.feed.num_blocks(r.url)} for r in st.replicas]})  # fmt: skip
+    return JSONResponse(
+        {
+            "policy": st.config.policy,
+            "replicas": [
+                {
+                    "url": r.url,
+                    "up": r.up,
+                    "refused": r.refused,
+                    "instance_id": r.info.instance_id,
+                    "device": r.info.device,
+                    "dtype": r.info.dtype,
+                    "load": r.load,
+                    "in_flight": r.in_flight,
+                    "scraped_requests": r.scraped_requests,
+                    "index_blocks": st.feed.num_blocks(r.url),
+                }
+                for r in st.replicas
+            ],
+        }
+    )
 
 
 async def models(request: Request) -> JSONResponse:
     st = request.app.state
-    card = p.ModelCard(id=st.edge.model, created=st.started_s,
-                       max_model_len=st.edge.rules.info.max_model_len)  # fmt: skip
+    card = p.ModelCard(
+        id=st.edge.model, created=st.started_s, max_model_len=st.edge.rules.info.max_model_len
+    )
     return JSONResponse(p.dump(p.ModelList(data=[card])))
 
 
@@ -208,8 +241,12 @@ class _RelayResponse(StreamingResponse):
     ASGI spec 2.4 Starlette stops doing so, and uvicorn's ``send`` to a gone client just
     returns, so a relay would read its replica until the replica stops."""
 
-    def __init__(self, events: AsyncIterator[bytes], on_close: Callable[[], Awaitable[None]],
-                 headers: dict[str, str]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        events: AsyncIterator[bytes],
+        on_close: Callable[[], Awaitable[None]],
+        headers: dict[str, str],
+    ) -> None:
         headers = {k: v for k, v in headers.items() if k.lower() != "content-type"}
         super().__init__(events, media_type="text/event-stream", headers=headers)
         self._on_close = on_close

@@ -26,8 +26,10 @@ class EventTooLarge(Exception):
     """A replica's event (or its pending part) is over the cap; ``max_event_bytes`` says which."""
 
     def __init__(self, num_bytes: int, max_event_bytes: int) -> None:
-        super().__init__(f"an event of more than {max_event_bytes} bytes (at least {num_bytes} "
-                         "bytes without the blank line that ends an event)")  # fmt: skip
+        super().__init__(
+            f"an event of more than {max_event_bytes} bytes (at least {num_bytes} "
+            "bytes without the blank line that ends an event)"
+        )
         self.num_bytes, self.max_event_bytes = num_bytes, max_event_bytes
 
 

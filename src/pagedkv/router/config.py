@@ -33,8 +33,11 @@ def check_kv_events_url(url: str) -> None:
         parse_store_url(url)
     except UsageError as exc:  # its message names --kv-store; keep only the reason
         reason = str(exc).partition(f"got {url!r}")[2].lstrip(": ")
-        raise UsageError(f"--kv-events {url!r} is not a redis://HOST:PORT URL"
-                         + (f": {reason}" if reason else ""), "kv_events") from None  # fmt: skip
+        raise UsageError(
+            f"--kv-events {url!r} is not a redis://HOST:PORT URL"
+            + (f": {reason}" if reason else ""),
+            "kv_events",
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -71,8 +74,9 @@ class RouterConfig:
 
     def make_breaker(self) -> CircuitBreaker:
         """A fresh breaker for one replica (max back-off: 12 x the first)."""
-        return CircuitBreaker(self.breaker_failures, self.breaker_backoff_s,
-                              12 * self.breaker_backoff_s)  # fmt: skip
+        return CircuitBreaker(
+            self.breaker_failures, self.breaker_backoff_s, 12 * self.breaker_backoff_s
+        )
 
     def __post_init__(self) -> None:
         if not self.replica_urls:
@@ -83,22 +87,28 @@ class RouterConfig:
             raise UsageError(f"--replica {dup} is given twice", "replica")
         object.__setattr__(self, "replica_urls", urls)
         if self.policy not in ROUTING_POLICIES:
-            raise UsageError(f"unknown --policy {self.policy!r}; choose one of "
-                             f"{', '.join(ROUTING_POLICIES)}", "policy")  # fmt: skip
+            raise UsageError(
+                f"unknown --policy {self.policy!r}; choose one of {', '.join(ROUTING_POLICIES)}",
+                "policy",
+            )
         build_policy(self.policy, balance_abs=self.balance_abs, balance_rel=self.balance_rel)
         if self.kv_events_url is not None:
             check_kv_events_url(self.kv_events_url)
         if not 0 <= self.port <= 65535:
             raise UsageError(f"--port must be in 0..65535, got {self.port}", "port")
-        for flag, value in (("--health-interval", self.health_interval_s),
-                            ("--request-timeout", self.request_timeout_s),
-                            ("--connect-timeout", self.connect_timeout_s)):  # fmt: skip
+        for flag, value in (
+            ("--health-interval", self.health_interval_s),
+            ("--request-timeout", self.request_timeout_s),
+            ("--connect-timeout", self.connect_timeout_s),
+        ):
             if not value > 0:
                 raise UsageError(f"{flag} must be > 0 seconds, got {value}", flag[2:])
         if not self.wait_s >= 0:
             raise UsageError(f"--wait must be >= 0 seconds, got {self.wait_s}", "wait")
-        for name, cap in (("max_event_bytes", self.max_event_bytes),
-                          ("max_answer_bytes", self.max_answer_bytes)):  # fmt: skip
+        for name, cap in (
+            ("max_event_bytes", self.max_event_bytes),
+            ("max_answer_bytes", self.max_answer_bytes),
+        ):
             if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1024:
                 raise UsageError(f"{name} must be an integer >= 1024, got {cap!r}", name)
 

@@ -49,9 +49,14 @@ class RouterRules:
     def check_request(self, prompt_token_ids: Sequence[int], params) -> None:
         if not prompt_token_ids:
             raise UsageError("the prompt is empty", param="prompt")
-        refusal = never_fits(len(prompt_token_ids), params.max_tokens, params.n,
-                             block_size=self._block_size, num_total_blocks=sys.maxsize,
-                             max_model_len=self.info.max_model_len)  # fmt: skip
+        refusal = never_fits(
+            len(prompt_token_ids),
+            params.max_tokens,
+            params.n,
+            block_size=self._block_size,
+            num_total_blocks=sys.maxsize,
+            max_model_len=self.info.max_model_len,
+        )
         if refusal is not None:
             raise UsageError(refusal.reason, param=refusal.param, code=refusal.code)
 
@@ -71,8 +76,15 @@ class Edge:
     """Judges requests for a router whose replicas serve ``model`` with ``block_size`` and
     ``hash_algorithm``. Thread-safe (the tokenizer is)."""
 
-    def __init__(self, tokenizer: Tokenizer, *, model: str, block_size: int,
-                 hash_algorithm: str, max_model_len: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        *,
+        model: str,
+        block_size: int,
+        hash_algorithm: str,
+        max_model_len: int,
+    ) -> None:
         self.tokenizer, self.model = tokenizer, model
         self.block_size, self.hash_algorithm = block_size, hash_algorithm
         self.rules = RouterRules(max_model_len, block_size)
@@ -86,8 +98,12 @@ class Edge:
         except ValidationError as exc:
             raise from_validation(exc) from None
         if req.model is not None and req.model != self.model:
-            raise APIError(f"the model {req.model!r} does not exist; this server serves "
-                           f"{self.model!r}", 404, param="model", code="model_not_found")  # fmt: skip
+            raise APIError(
+                f"the model {req.model!r} does not exist; this server serves {self.model!r}",
+                404,
+                param="model",
+                code="model_not_found",
+            )
         return req
 
     def route_key(self, req: RoutedRequest) -> RouteKey:
@@ -95,7 +111,7 @@ class Edge:
         prompts: call it off the event loop."""
         inputs = engine_inputs(req, self.tokenizer, self.rules, MAX_SAMPLES_PER_REQUEST)
         prompt = inputs.prompts[0]
-        hashes = prompt_block_hashes(prompt, self.block_size,
-                                     HashExtraKeys(cache_salt=req.cache_salt),
-                                     self.hash_algorithm)  # fmt: skip
+        hashes = prompt_block_hashes(
+            prompt, self.block_size, HashExtraKeys(cache_salt=req.cache_salt), self.hash_algorithm
+        )
         return RouteKey(hashes, len(prompt), bool(req.stream))

@@ -149,9 +149,12 @@ class KVEventReader:
     def _restart(self) -> None:
         self.num_resets += 1
         if self.num_resets == 1:
-            log.warning("KV event stream %s was reset (its entries are older than %s, or gone): "
-                        "reading it again from the start (logged once, counted)", self.stream,
-                        self.last_id)  # fmt: skip
+            log.warning(
+                "KV event stream %s was reset (its entries are older than %s, or gone): "
+                "reading it again from the start (logged once, counted)",
+                self.stream,
+                self.last_id,
+            )
         self.last_id = "0"
 
     def _deliver(self, entry_id: bytes | str, fields: dict) -> None:
@@ -177,9 +180,14 @@ class KVEventReader:
         self.malformed_by_kind[kind] = self.malformed_by_kind.get(kind, 0) + 1
         self.num_malformed += 1
         if self.malformed_by_kind[kind] == 1:
-            log.warning("KV event stream %s: entry %s skipped (%s: %s); further entries of this "
-                        "kind are only counted", self.stream, entry, kind,
-                        str(exc)[:300])  # fmt: skip
+            log.warning(
+                "KV event stream %s: entry %s skipped (%s: %s); further entries of this "
+                "kind are only counted",
+                self.stream,
+                entry,
+                kind,
+                str(exc)[:300],
+            )
 
     def _failed(self, exc: BaseException) -> None:
         was_connected_or_new = self.connected or self.last_error is None

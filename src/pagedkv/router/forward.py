@@ -55,8 +55,11 @@ class ReplicaFailed(Exception):
 
 class ReplicaTimeout(APIError):
     def __init__(self, replica: str, timeout_s: float) -> None:
-        super().__init__(f"replica {replica} did not answer within {timeout_s:g} s "
-                         "(--request-timeout)", 504, code="replica_timeout")  # fmt: skip
+        super().__init__(
+            f"replica {replica} did not answer within {timeout_s:g} s (--request-timeout)",
+            504,
+            code="replica_timeout",
+        )
         self.replica = replica
 
 
@@ -67,8 +70,12 @@ class AnswerTooLarge(APIError):
     CODE = "replica_answer_too_large"
 
     def __init__(self, replica: str, what: str) -> None:
-        super().__init__(f"the replica {replica} sent {what}, more than the router relays; "
-                         "the answer is dropped", 502, code=self.CODE)  # fmt: skip
+        super().__init__(
+            f"the replica {replica} sent {what}, more than the router relays; "
+            "the answer is dropped",
+            502,
+            code=self.CODE,
+        )
         self.replica = replica
 
 
@@ -96,10 +103,18 @@ class Forwarder:
     replica down (the health loop brings it back). The caller must ``close`` what ``open``
     returns (it releases the connection and the replica's in-flight count)."""
 
-    def __init__(self, chooser: Chooser, metrics: RouterMetrics, client: httpx.AsyncClient,
-                 take_out: Callable[[ReplicaState, str], None], *, api_key: str | None,
-                 request_timeout_s: float, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
-                 max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES) -> None:  # fmt: skip
+    def __init__(
+        self,
+        chooser: Chooser,
+        metrics: RouterMetrics,
+        client: httpx.AsyncClient,
+        take_out: Callable[[ReplicaState, str], None],
+        *,
+        api_key: str | None,
+        request_timeout_s: float,
+        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+        max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
+    ) -> None:
         self.chooser, self.metrics, self.client, self.take_out = chooser, metrics, client, take_out
         self.request_timeout_s = request_timeout_s
         self.max_event_bytes, self.max_answer_bytes = max_event_bytes, max_answer_bytes
@@ -117,15 +132,24 @@ class Forwarder:
             pick = self.chooser.choose(key.block_hashes, tried)
             if pick is None:
                 if failures:
-                    raise APIError("every replica tried failed before answering: "
-                                   + "; ".join(failures), 503, code="no_replica")  # fmt: skip
-                raise APIError("no healthy replica: every replica is down or refused (see the "
-                               "router's /metrics)", 503, code="no_replica")  # fmt: skip
+                    raise APIError(
+                        "every replica tried failed before answering: " + "; ".join(failures),
+                        503,
+                        code="no_replica",
+                    )
+                raise APIError(
+                    "no healthy replica: every replica is down or refused (see the "
+                    "router's /metrics)",
+                    503,
+                    code="no_replica",
+                )
             replica, decision = pick
             if not replica.breaker.allow():  # open: skipped, like a replica that failed
                 tried.add(replica.url)
-                failures.append(f"{replica.url} (circuit open: failed "
-                                f"{replica.breaker.failure_threshold} times in a row)")  # fmt: skip
+                failures.append(
+                    f"{replica.url} (circuit open: failed "
+                    f"{replica.breaker.failure_threshold} times in a row)"
+                )
                 continue
             if failed_url is not None:
                 self.metrics.count_retry(failed_url)
@@ -156,10 +180,12 @@ class Forwarder:
             replica.breaker.record_success()
             return opened
 
-    async def _send(self, replica: ReplicaState, decision: RouteDecision, path: str,
-                    body: bytes, stream: bool) -> Opened:  # fmt: skip
-        request = self.client.build_request("POST", replica.url + path, content=body,
-                                            headers=self._headers)  # fmt: skip
+    async def _send(
+        self, replica: ReplicaState, decision: RouteDecision, path: str, body: bytes, stream: bool
+    ) -> Opened:
+        request = self.client.build_request(
+            "POST", replica.url + path, content=body, headers=self._headers
+        )
         resp: httpx.Response | None = None
         try:
             resp = await self.client.send(request, stream=True)
@@ -170,8 +196,9 @@ class Forwarder:
             if not (stream and resp.status_code == 200):
                 answer = await read_at_most(resp, self.max_answer_bytes)
                 if answer is None:
-                    raise AnswerTooLarge(replica.url, f"an answer of more than "
-                                         f"{self.max_answer_bytes} bytes")  # fmt: skip
+                    raise AnswerTooLarge(
+                        replica.url, f"an answer of more than {self.max_answer_bytes} bytes"
+                    )
                 opened.body = answer
                 await resp.aclose()
                 return opened
@@ -251,13 +278,20 @@ class StreamRelay:
             return
         self.outcome = "failed"
         if self.cut is not None:
-            error = APIError(f"the replica {o.replica.url} serving this stream failed after "
-                             f"part of the answer was sent ({self.cut}); the answer is "
-                             "incomplete", 503, code="replica_failed")  # fmt: skip
+            error = APIError(
+                f"the replica {o.replica.url} serving this stream failed after "
+                f"part of the answer was sent ({self.cut}); the answer is "
+                "incomplete",
+                503,
+                code="replica_failed",
+            )
         else:
-            error = APIError(f"the replica {o.replica.url} sent {self.too_large}, more than "
-                             "the router relays; the answer is incomplete", 502,
-                             code=AnswerTooLarge.CODE)  # fmt: skip
+            error = APIError(
+                f"the replica {o.replica.url} sent {self.too_large}, more than "
+                "the router relays; the answer is incomplete",
+                502,
+                code=AnswerTooLarge.CODE,
+            )
         yield b"data: " + _json(error.body()) + b"\n\n" + DONE_EVENT
 
 

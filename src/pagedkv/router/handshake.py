@@ -26,8 +26,14 @@ INFO_PATH = "/pagedkv/info"
 # The replica's own facts beyond the page format (whose fields and comparison
 # ``pages/page_format.py`` owns), checked first and in this order, so the message names the most
 # telling difference first.
-COMPARED_FIELDS = ("block_size", "hash_algorithm", "model", "model_identity", "tokenizer",
-                   "max_model_len")  # fmt: skip
+COMPARED_FIELDS = (
+    "block_size",
+    "hash_algorithm",
+    "model",
+    "model_identity",
+    "tokenizer",
+    "max_model_len",
+)
 WAIT_POLL_S = 0.5
 # Bounds on a replica's answer (a peer's bytes are untrusted input): ours is ~1 KB.
 MAX_INFO_BYTES = 1 << 20
@@ -90,8 +96,9 @@ class ReplicaInfo:
                 dtype=u.get_optional_str(d, "dtype", max_len=MAX_NAME_CHARS),
             )
         except u.UntrustedInput as exc:
-            raise u.UntrustedInput(f"{url}{INFO_PATH} is not a pagedkv replica's info: {exc}",
-                                   exc.kind) from None  # fmt: skip
+            raise u.UntrustedInput(
+                f"{url}{INFO_PATH} is not a pagedkv replica's info: {exc}", exc.kind
+            ) from None
 
 
 def _page_format(d: dict[str, Any]) -> dict[str, Any]:
@@ -115,8 +122,9 @@ def parse_info(url: str, body: bytes) -> ReplicaInfo:
     try:
         data = u.parse_json(body, max_bytes=MAX_INFO_BYTES, what="the answer")
     except u.UntrustedInput as exc:
-        raise u.UntrustedInput(f"{url}{INFO_PATH} is not a pagedkv replica's info: {exc}",
-                               exc.kind) from None  # fmt: skip
+        raise u.UntrustedInput(
+            f"{url}{INFO_PATH} is not a pagedkv replica's info: {exc}", exc.kind
+        ) from None
     return ReplicaInfo.from_json(url, data)
 
 
@@ -144,8 +152,10 @@ def fetch_info(client: httpx.Client, url: str) -> ReplicaInfo:
     """``httpx.HTTPError`` when unreachable; ``ValueError`` for a wrong answer."""
     with client.stream("GET", url + INFO_PATH) as resp:
         if resp.status_code != 200:
-            raise ValueError(f"{url}{INFO_PATH} answered {resp.status_code} (is it a pagedkv "
-                             "serve replica of this version?)")  # fmt: skip
+            raise ValueError(
+                f"{url}{INFO_PATH} answered {resp.status_code} (is it a pagedkv "
+                "serve replica of this version?)"
+            )
         body = bytearray()
         for chunk in resp.iter_bytes():
             body += chunk
@@ -177,6 +187,9 @@ def fetch_all_infos(
             if time.monotonic() >= deadline:
                 url, why = next(iter(problems.items()))
                 more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-                raise UsageError(f"replica {url} does not answer {INFO_PATH}: {why}{more}; "
-                                 "start it first or give --wait SECONDS", "replica")  # fmt: skip
+                raise UsageError(
+                    f"replica {url} does not answer {INFO_PATH}: {why}{more}; "
+                    "start it first or give --wait SECONDS",
+                    "replica",
+                )
             time.sleep(WAIT_POLL_S)

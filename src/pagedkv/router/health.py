@@ -92,15 +92,23 @@ class HealthMonitor:
         if not self.read_events:
             return None
         if events is None:
-            log.warning("replica %s publishes no KV events (start it with --kv-events): the "
-                        "router cannot see its prefix cache", replica.url)  # fmt: skip
+            log.warning(
+                "replica %s publishes no KV events (start it with --kv-events): the "
+                "router cannot see its prefix cache",
+                replica.url,
+            )
             return self.feed.forget(replica.url)
         url = self.kv_events_url or events["url"]
         try:
             return self.feed.follow(replica.url, url, events["stream"])
         except Exception as exc:  # noqa: BLE001 - e.g. a URL redis-py cannot parse: route on
-            log.error("cannot read replica %s's KV events at %s (%s): the router cannot see "
-                      "its prefix cache", replica.url, url, exc)  # fmt: skip
+            log.error(
+                "cannot read replica %s's KV events at %s (%s): the router cannot see "
+                "its prefix cache",
+                replica.url,
+                url,
+                exc,
+            )
             return self.feed.forget(replica.url)
 
     async def run(self) -> None:
@@ -109,8 +117,9 @@ class HealthMonitor:
         on), or a replica taken out could never come back."""
         while True:
             await asyncio.sleep(self.interval_s)
-            results = await asyncio.gather(*(self.check(r) for r in self.replicas),
-                                           return_exceptions=True)  # fmt: skip
+            results = await asyncio.gather(
+                *(self.check(r) for r in self.replicas), return_exceptions=True
+            )
             for r, result in zip(self.replicas, results, strict=True):
                 if isinstance(result, Exception):
                     log.error("the health check of %s failed: %r", r.url, result)
@@ -169,8 +178,11 @@ class HealthMonitor:
                 log.warning("replica %s restarted with the router's format again", r.url)
             r.refused = None
             r.num_restarts += 1
-            log.warning("replica %s restarted (instance %s): its index entries are dropped",
-                        r.url, info.instance_id)  # fmt: skip
+            log.warning(
+                "replica %s restarted (instance %s): its index entries are dropped",
+                r.url,
+                info.instance_id,
+            )
             old = self.follow_events(r)
         if old is not None:
             await asyncio.to_thread(old.stop)  # type: ignore[attr-defined]

@@ -40,24 +40,28 @@ class _ReplicaCollector(Collector):
             "(skipped until a probe answers)",
         }
         fams = {k: GaugeMetricFamily(f"{P}_{k}", h, labels=["replica"]) for k, h in gauges.items()}
-        batches = CounterMetricFamily(f"{P}_kv_event_batches", "KV event batches applied",
-                                      labels=["replica"])  # fmt: skip
-        restarts = CounterMetricFamily(f"{P}_replica_restarts",
-                                       "times the replica came back with a new instance id",
-                                       labels=["replica"])  # fmt: skip
+        batches = CounterMetricFamily(
+            f"{P}_kv_event_batches", "KV event batches applied", labels=["replica"]
+        )
+        restarts = CounterMetricFamily(
+            f"{P}_replica_restarts",
+            "times the replica came back with a new instance id",
+            labels=["replica"],
+        )
         counters = {
             "kv_event_malformed": "KV event stream entries skipped: not a batch this version "
-                                  "wrote, or over the caps (size, nesting, numbers, hashes)",
+            "wrote, or over the caps (size, nesting, numbers, hashes)",
             "kv_event_stream_resets": "times the replica's KV event stream was found reset "
-                                      "and read again from its start",
+            "and read again from its start",
             "index_evicted_blocks": "prefix index entries of the replica dropped by the "
-                                    "index's memory bound (largest replica first)",
+            "index's memory bound (largest replica first)",
             "replica_breaker_opens": "times the replica's circuit breaker opened",
             "replica_breaker_short_circuits": "requests that skipped the replica because its "
-                                              "circuit breaker was open",
-        }  # fmt: skip
-        more = {k: CounterMetricFamily(f"{P}_{k}", h, labels=["replica"])
-                for k, h in counters.items()}  # fmt: skip
+            "circuit breaker was open",
+        }
+        more = {
+            k: CounterMetricFamily(f"{P}_{k}", h, labels=["replica"]) for k, h in counters.items()
+        }
         for r in self._replicas:
             reader = self._feed.reader(r.url)
             fams["replica_up"].add_metric([r.url], float(r.routable))
@@ -89,24 +93,45 @@ class RouterMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(_ReplicaCollector(replicas, feed))
         r = self.registry
-        self._requests = Counter(f"{P}_requests", "requests, each counted once when it ends",
-                                 ["replica", "policy", "outcome"], registry=r)  # fmt: skip
-        self._decisions = Counter(f"{P}_decisions", "policy decisions (a retry decides again)",
-                                  ["policy", "reason"], registry=r)  # fmt: skip
-        self._retries = Counter(f"{P}_retries",
-                                "requests sent to another replica after this one failed "
-                                "before answering", ["replica"], registry=r)  # fmt: skip
-        self._predicted = Counter(f"{P}_predicted_hit_blocks",
-                                  "request blocks the index said the chosen replica holds",
-                                  ["replica"], registry=r)  # fmt: skip
-        self._blocks = Counter(f"{P}_request_blocks", "full prompt blocks of routed requests",
-                               registry=r)  # fmt: skip
-        self._refused = Counter(f"{P}_replica_refused",
-                                "times a replica came back with another page format or model "
-                                "and was kept out", ["replica"], registry=r)  # fmt: skip
-        self._edge = Histogram(f"{P}_edge_seconds",
-                               "seconds from a request's arrival to forwarding it (parse, "
-                               "tokenize, hash, choose)", buckets=EDGE_BUCKETS_S, registry=r)  # fmt: skip
+        self._requests = Counter(
+            f"{P}_requests",
+            "requests, each counted once when it ends",
+            ["replica", "policy", "outcome"],
+            registry=r,
+        )
+        self._decisions = Counter(
+            f"{P}_decisions",
+            "policy decisions (a retry decides again)",
+            ["policy", "reason"],
+            registry=r,
+        )
+        self._retries = Counter(
+            f"{P}_retries",
+            "requests sent to another replica after this one failed before answering",
+            ["replica"],
+            registry=r,
+        )
+        self._predicted = Counter(
+            f"{P}_predicted_hit_blocks",
+            "request blocks the index said the chosen replica holds",
+            ["replica"],
+            registry=r,
+        )
+        self._blocks = Counter(
+            f"{P}_request_blocks", "full prompt blocks of routed requests", registry=r
+        )
+        self._refused = Counter(
+            f"{P}_replica_refused",
+            "times a replica came back with another page format or model and was kept out",
+            ["replica"],
+            registry=r,
+        )
+        self._edge = Histogram(
+            f"{P}_edge_seconds",
+            "seconds from a request's arrival to forwarding it (parse, tokenize, hash, choose)",
+            buckets=EDGE_BUCKETS_S,
+            registry=r,
+        )
         for rep in [*(x.url for x in replicas), NO_REPLICA]:
             for outcome in OUTCOMES:
                 self._requests.labels(rep, policy, outcome)  # export zeros from the start

@@ -42,10 +42,12 @@ def check_tokenizer(fingerprint: str, model: str | None, replica: ReplicaInfo) -
 def describe(infos: list[ReplicaInfo], config: RouterConfig) -> str:
     ref = infos[0]
     events = sum(i.kv_events is not None for i in infos)
-    return (f"pagedkv route: {len(infos)} replicas of {ref.model!r} (block_size={ref.block_size}, "
-            f"{ref.hash_algorithm}, max_model_len {ref.max_model_len}); policy {config.policy}; "
-            f"{events} of {len(infos)} publish KV events; devices "
-            + ", ".join(f"{i.device or '?'}/{i.dtype or '?'}" for i in infos))  # fmt: skip
+    return (
+        f"pagedkv route: {len(infos)} replicas of {ref.model!r} (block_size={ref.block_size}, "
+        f"{ref.hash_algorithm}, max_model_len {ref.max_model_len}); policy {config.policy}; "
+        f"{events} of {len(infos)} publish KV events; devices "
+        + ", ".join(f"{i.device or '?'}/{i.dtype or '?'}" for i in infos)
+    )
 
 
 def run_router(config: RouterConfig, embedded_model_name: str) -> None:
@@ -61,9 +63,12 @@ def run_router(config: RouterConfig, embedded_model_name: str) -> None:
         infos = fetch_all_infos(config.replica_urls, config.wait_s, config.api_key)
         check_compatible(infos)
         if config.model is None and infos[0].model != embedded_model_name:
-            print(f"pagedkv route: warning: the replicas serve {infos[0].model!r}; the router "
-                  f"tokenizes with the embedded {embedded_model_name} (give --model PATH when "
-                  "they serve another model)", file=sys.stderr)  # fmt: skip
+            print(
+                f"pagedkv route: warning: the replicas serve {infos[0].model!r}; the router "
+                f"tokenizes with the embedded {embedded_model_name} (give --model PATH when "
+                "they serve another model)",
+                file=sys.stderr,
+            )
         tokenizer = load_tokenizer(config.model)
         check_tokenizer(tokenizer.fingerprint(), config.model, infos[0])
     except BaseException:
@@ -71,10 +76,16 @@ def run_router(config: RouterConfig, embedded_model_name: str) -> None:
         raise
     print(describe(infos, config), file=sys.stderr, flush=True)
     if config.policy == "prefix-aware" and not any(i.kv_events for i in infos):
-        print("pagedkv route: warning: no replica publishes KV events (serve --kv-events): "
-              "prefix-aware routes by load alone", file=sys.stderr)  # fmt: skip
+        print(
+            "pagedkv route: warning: no replica publishes KV events (serve --kv-events): "
+            "prefix-aware routes by load alone",
+            file=sys.stderr,
+        )
     app = create_router_app(config, infos, tokenizer)
     print(f"pagedkv route: listening on {url_of(sock)}/v1", flush=True)
-    server = uvicorn.Server(uvicorn.Config(app, log_level=config.log_level,
-                                           timeout_graceful_shutdown=5, timeout_keep_alive=30))  # fmt: skip
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, log_level=config.log_level, timeout_graceful_shutdown=5, timeout_keep_alive=30
+        )
+    )
     server.run(sockets=[sock])

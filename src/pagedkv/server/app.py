@@ -72,7 +72,8 @@ def create_app(
     app.add_api_route("/health", routes.health, methods=["HEAD"], include_in_schema=False)
     app.add_api_route("/metrics", routes.prometheus, methods=["GET"])
     app.add_api_route("/pagedkv/info", routes.replica_info, methods=["GET"])
-    install_tokenizer_routes(app, TokenizerFacts(engine.tokenizer, config.served_model_name,
-                                                 engine.info.max_model_len))  # fmt: skip
+    install_tokenizer_routes(
+        app, TokenizerFacts(engine.tokenizer, config.served_model_name, engine.info.max_model_len)
+    )
     app.include_router(routes.v1)
     return app

@@ -42,12 +42,17 @@ class ServerConfig:
                 "the API key must not be empty (omit it to disable authentication)", "api_key"
             )
         if self.log_level not in LOG_LEVELS:
-            raise UsageError(f"--log-level must be one of {LOG_LEVELS}, got {self.log_level!r}",
-                             "log_level")  # fmt: skip
+            raise UsageError(
+                f"--log-level must be one of {LOG_LEVELS}, got {self.log_level!r}", "log_level"
+            )
         if not self.graceful_shutdown_s >= 0:
-            raise UsageError(f"graceful_shutdown_s must be >= 0, got {self.graceful_shutdown_s}",
-                             "graceful_shutdown_s")  # fmt: skip
+            raise UsageError(
+                f"graceful_shutdown_s must be >= 0, got {self.graceful_shutdown_s}",
+                "graceful_shutdown_s",
+            )
         cap = self.max_samples_per_request
         if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
-            raise UsageError(f"--max-samples-per-request must be an integer >= 1, got {cap!r}",
-                             "max_samples_per_request")  # fmt: skip
+            raise UsageError(
+                f"--max-samples-per-request must be an integer >= 1, got {cap!r}",
+                "max_samples_per_request",
+            )

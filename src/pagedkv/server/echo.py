@@ -45,10 +45,15 @@ def token_str(tokenizer: Tokenizer, token_id: int) -> str:
 
 def without_generation(out: RequestOutput) -> RequestOutput:
     """``out`` with the sampled token of a ``max_tokens: 0`` request removed."""
-    outs = [CompletionOutput(c.index, finish_reason="length" if c.finished else None,
-                             logprobs=None if c.logprobs is None else [],
-                             top_logprobs=None if c.top_logprobs is None else [])
-            for c in out.outputs]  # fmt: skip
+    outs = [
+        CompletionOutput(
+            c.index,
+            finish_reason="length" if c.finished else None,
+            logprobs=None if c.logprobs is None else [],
+            top_logprobs=None if c.top_logprobs is None else [],
+        )
+        for c in out.outputs
+    ]
     return replace(out, outputs=outs)
 
 

@@ -210,15 +210,20 @@ class EngineLoop:
 
     def _add(self, sub: Submission) -> bool:
         try:
-            self.engine.add_request(list(sub.prompt_token_ids), sub.params,
-                                    request_id=sub.request_id, cache_salt=sub.cache_salt)  # fmt: skip
+            self.engine.add_request(
+                list(sub.prompt_token_ids),
+                sub.params,
+                request_id=sub.request_id,
+                cache_salt=sub.cache_salt,
+            )
         except UsageError as exc:
             sub.deliver(Failure(str(exc), 400, exc.code, exc.param))
             return False
         except Exception as exc:  # noqa: BLE001 - an engine bug: this request fails, not the loop
             log.exception("adding %s failed", sub.request_id)
-            sub.deliver(Failure(f"the engine could not add the request: {exc!r}", 500,
-                                "engine_error"))  # fmt: skip
+            sub.deliver(
+                Failure(f"the engine could not add the request: {exc!r}", 500, "engine_error")
+            )
             return False
         self._delivers[sub.request_id] = sub.deliver
         return True
@@ -243,14 +248,20 @@ class EngineLoop:
         ``max_step_failures`` in a row the engine is marked failed."""
         self._step_failures += 1
         if self._step_failures >= self._max_step_failures or self.failed is not None:
-            log.error("the engine loop failed %d times in a row; failing every request",
-                      self._step_failures, exc_info=exc)  # fmt: skip
+            log.error(
+                "the engine loop failed %d times in a row; failing every request",
+                self._step_failures,
+                exc_info=exc,
+            )
             self.failed = f"{type(exc).__name__}: {exc}"
             self._fail_all(f"the engine failed: {self.failed}", 500, "engine_failed")
             return
         log.error("an engine step failed; failing the requests inside the engine", exc_info=exc)
-        self._fail_in_engine(f"the request failed inside the engine: {type(exc).__name__}: {exc}",
-                             500, "engine_error")  # fmt: skip
+        self._fail_in_engine(
+            f"the request failed inside the engine: {type(exc).__name__}: {exc}",
+            500,
+            "engine_error",
+        )
 
     def _shut_down(self, pending: list[Any]) -> None:
         with self._lock:  # no submit can queue behind us from now on

@@ -49,8 +49,13 @@ class APIError(Exception):
 
     def body(self) -> dict:
         error_type = _TYPES.get(self.status_code, "invalid_request_error")
-        return dump(ErrorResponse(error=ErrorBody(message=self.message, type=error_type,
-                                                  param=self.param, code=self.code)))  # fmt: skip
+        return dump(
+            ErrorResponse(
+                error=ErrorBody(
+                    message=self.message, type=error_type, param=self.param, code=self.code
+                )
+            )
+        )
 
     def response(self) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if self.status_code == 401 else None
@@ -76,8 +81,9 @@ def from_validation(exc: ValidationError | RequestValidationError) -> APIError:
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     if first.get("type") == "json_invalid":
         ctx = first.get("ctx") or {}
-        return APIError(f"the body is not valid JSON: {ctx.get('error', first['msg'])}",
-                        code="invalid_json")  # fmt: skip
+        return APIError(
+            f"the body is not valid JSON: {ctx.get('error', first['msg'])}", code="invalid_json"
+        )
     if first.get("type") == "model_type" and not loc:
         return APIError("the body must be a JSON object", code="invalid_json")
     # A field typed as a union reports one error per alternative, each under a loc that ends

@@ -66,13 +66,15 @@ def forced_calls(
     for t, i in zip(tools, indices or range(len(tools)), strict=True):
         fn = t["function"]
         parameters = fn.get("parameters") or NO_PARAMETERS
-        schema = guidance_schema(parameters, open_objects=rules.open_objects,
-                                 whitespace=rules.whitespace)  # fmt: skip
+        schema = guidance_schema(
+            parameters, open_objects=rules.open_objects, whitespace=rules.whitespace
+        )
         heads.append(call_head(fn["name"]))
         bodies.append(f"%json {json.dumps(schema)}")
         param = f"tools.{i}.function.parameters"
-        parts.append(StructuredOutput.of_schema(parameters, param, rules.open_objects,
-                                                rules.whitespace))  # fmt: skip
+        parts.append(
+            StructuredOutput.of_schema(parameters, param, rules.open_objects, rules.whitespace)
+        )
     call = " | ".join(f"{_lark(h)} {b}" for h, b in zip(heads, bodies, strict=True))
     if not rendered:
         prefix, first = "", call
@@ -80,7 +82,9 @@ def forced_calls(
         prefix, first = heads[0], bodies[0]
     else:
         prefix = NAME_HEAD
-        first = " | ".join(f"{_lark(h[len(prefix) :])} {b}" for h, b in zip(heads, bodies, strict=True))  # fmt: skip
+        first = " | ".join(
+            f"{_lark(h[len(prefix) :])} {b}" for h, b in zip(heads, bodies, strict=True)
+        )
     close, between = _lark("}\n" + CLOSE), _lark("}\n" + CLOSE + "\n")
     start = f"first ({between} call)* {close}?" if many else "first"
     grammar = f"start: {start}\nfirst: {first}\ncall: {call}\n"

@@ -34,8 +34,11 @@ class BearerAuth:
             scheme, _, token = given.strip().partition(b" ")
             ok = scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._key)
             if not ok:
-                error = APIError("missing or wrong API key (send Authorization: Bearer <key>)",
-                                 401, code="invalid_api_key")  # fmt: skip
+                error = APIError(
+                    "missing or wrong API key (send Authorization: Bearer <key>)",
+                    401,
+                    code="invalid_api_key",
+                )
                 await error.response()(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -10,20 +10,39 @@ from prometheus_client.registry import Collector
 
 # (name, help, PublisherCounts field)
 _COUNTERS = (
-    ("kv_events_published", "KV events (stored / removed / cleared) Redis acknowledged",
-     "events_published"),
-    ("kv_event_batches", "KV event batches (one per engine step that changed the prefix cache) "
-     "Redis acknowledged", "batches_published"),
-    ("kv_events_dropped", "KV events not published: Redis down or slow, or the queue full "
-     "(a snapshot follows once it answers)", "events_dropped"),
-    ("kv_event_publish_errors", "failed XADD round trips and failed pings while Redis was down",
-     "publish_errors"),
-    ("kv_event_snapshots", "snapshot batches published (after an outage, or periodically)",
-     "snapshots_published"),
-    ("kv_event_stream_resets", "times the stream was deleted and started again with a snapshot "
-     "because Redis refused appends to it for good (another writer spoiled it)",
-     "stream_resets"),
-)  # fmt: skip
+    (
+        "kv_events_published",
+        "KV events (stored / removed / cleared) Redis acknowledged",
+        "events_published",
+    ),
+    (
+        "kv_event_batches",
+        "KV event batches (one per engine step that changed the prefix cache) Redis acknowledged",
+        "batches_published",
+    ),
+    (
+        "kv_events_dropped",
+        "KV events not published: Redis down or slow, or the queue full "
+        "(a snapshot follows once it answers)",
+        "events_dropped",
+    ),
+    (
+        "kv_event_publish_errors",
+        "failed XADD round trips and failed pings while Redis was down",
+        "publish_errors",
+    ),
+    (
+        "kv_event_snapshots",
+        "snapshot batches published (after an outage, or periodically)",
+        "snapshots_published",
+    ),
+    (
+        "kv_event_stream_resets",
+        "times the stream was deleted and started again with a snapshot "
+        "because Redis refused appends to it for good (another writer spoiled it)",
+        "stream_resets",
+    ),
+)
 
 
 class KVEventCollector(Collector):

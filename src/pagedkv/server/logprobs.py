@@ -62,8 +62,9 @@ def chat_logprobs(tokenizer: Tokenizer, c: CompletionOutput, start: int) -> p.Ch
 
 def _top(tokenizer: Tokenizer, token_id: int, logprob: float) -> p.TopLogprob:
     raw = token_bytes(tokenizer, token_id)
-    return p.TopLogprob(token=raw.decode("utf-8", errors="replace"), logprob=logprob,
-                        bytes=list(raw))  # fmt: skip
+    return p.TopLogprob(
+        token=raw.decode("utf-8", errors="replace"), logprob=logprob, bytes=list(raw)
+    )
 
 
 def token_bytes(tokenizer: Tokenizer, token_id: int) -> bytes:

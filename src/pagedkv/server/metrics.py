@@ -28,51 +28,99 @@ _GAUGES = (
     ("kv_blocks_total", "KV blocks in the pool", "num_total_blocks"),
     ("kv_blocks_free", "KV blocks holding nothing reusable", "num_empty_blocks"),
     ("kv_blocks_used", "KV blocks referenced by a live sequence", "num_used_blocks"),
-    ("kv_blocks_cached", "KV blocks held by no sequence but revivable by a prefix hit",
-     "num_cached_blocks"),
+    (
+        "kv_blocks_cached",
+        "KV blocks held by no sequence but revivable by a prefix hit",
+        "num_cached_blocks",
+    ),
     ("kv_utilization_ratio", "KV slots storing live tokens / pool slots", "kv_utilization"),
-    ("sequences_running", "sequences in the running batch (an n > 1 request counts n)",
-     "num_running_seqs"),
+    (
+        "sequences_running",
+        "sequences in the running batch (an n > 1 request counts n)",
+        "num_running_seqs",
+    ),
     ("sequences_waiting", "sequences queued for admission (or preempted)", "num_waiting_seqs"),
-    ("sequences_running_peak", "most sequences in one step's batch since start",
-     "peak_running_seqs"),
-)  # fmt: skip
+    (
+        "sequences_running_peak",
+        "most sequences in one step's batch since start",
+        "peak_running_seqs",
+    ),
+)
 _LOOP_GAUGES = (
-    ("requests_in_flight", "requests submitted and not yet finished or aborted",
-     "num_requests_in_flight"),
-    ("requests_queued", "requests waiting in the server's fair queue, not yet in the engine",
-     "num_requests_queued"),
-)  # fmt: skip
+    (
+        "requests_in_flight",
+        "requests submitted and not yet finished or aborted",
+        "num_requests_in_flight",
+    ),
+    (
+        "requests_queued",
+        "requests waiting in the server's fair queue, not yet in the engine",
+        "num_requests_queued",
+    ),
+)
 _COUNTERS = (
-    ("prefix_hit_tokens", "prompt tokens whose KV was reused from the prefix cache",
-     "prefix_hit_tokens"),
+    (
+        "prefix_hit_tokens",
+        "prompt tokens whose KV was reused from the prefix cache",
+        "prefix_hit_tokens",
+    ),
     ("prefix_query_tokens", "prompt tokens looked up in the prefix cache", "prefix_query_tokens"),
-    ("preemptions", "sequences preempted (their KV recomputed later, or swapped out)",
-     "num_preemptions"),
-    ("swap_out_sequences", "preempted sequences whose KV was copied to the host swap pool",
-     "num_swap_outs"),
+    (
+        "preemptions",
+        "sequences preempted (their KV recomputed later, or swapped out)",
+        "num_preemptions",
+    ),
+    (
+        "swap_out_sequences",
+        "preempted sequences whose KV was copied to the host swap pool",
+        "num_swap_outs",
+    ),
     ("swap_in_sequences", "swapped-out sequences copied back to the device pool", "num_swap_ins"),
-    ("swap_out_blocks", "KV blocks copied device -> host by swap preemption",
-     "num_swapped_blocks_out"),
-    ("swap_in_blocks", "KV blocks copied host -> device by swap preemption",
-     "num_swapped_blocks_in"),
+    (
+        "swap_out_blocks",
+        "KV blocks copied device -> host by swap preemption",
+        "num_swapped_blocks_out",
+    ),
+    (
+        "swap_in_blocks",
+        "KV blocks copied host -> device by swap preemption",
+        "num_swapped_blocks_in",
+    ),
     ("swap_out_bytes", "KV bytes copied device -> host by swap preemption", "swap_out_bytes"),
     ("swap_in_bytes", "KV bytes copied host -> device by swap preemption", "swap_in_bytes"),
-    ("swap_fallbacks", "preempted sequences recomputed because the host swap pool was full",
-     "num_swap_fallbacks"),
+    (
+        "swap_fallbacks",
+        "preempted sequences recomputed because the host swap pool was full",
+        "num_swap_fallbacks",
+    ),
     ("generated_tokens", "tokens sampled (every sample of every request)", "generated_tokens"),
     ("engine_steps", "engine steps that ran a batch", "num_steps"),
-    ("failed_requests", "requests a failure inside the engine ended (the others went on)",
-     "num_failed_requests"),
-    ("partial_prefix_hits", "admissions whose prefix hit ended inside a block (reused in part)",
-     "num_partial_hits"),
-    ("partial_prefix_hit_tokens", "of prefix_hit_tokens, those in partially matched blocks",
-     "partial_hit_tokens"),
-    ("prefix_copy_bytes", "KV bytes copied from partially matched blocks into fresh ones",
-     "prefix_copy_bytes"),
-    ("partial_prefix_claims", "partially matched blocks claimed in place (unused: no copy)",
-     "num_partial_claims"),
-)  # fmt: skip
+    (
+        "failed_requests",
+        "requests a failure inside the engine ended (the others went on)",
+        "num_failed_requests",
+    ),
+    (
+        "partial_prefix_hits",
+        "admissions whose prefix hit ended inside a block (reused in part)",
+        "num_partial_hits",
+    ),
+    (
+        "partial_prefix_hit_tokens",
+        "of prefix_hit_tokens, those in partially matched blocks",
+        "partial_hit_tokens",
+    ),
+    (
+        "prefix_copy_bytes",
+        "KV bytes copied from partially matched blocks into fresh ones",
+        "prefix_copy_bytes",
+    ),
+    (
+        "partial_prefix_claims",
+        "partially matched blocks claimed in place (unused: no copy)",
+        "num_partial_claims",
+    ),
+)
 
 
 class _SnapshotCollector(Collector):
@@ -130,9 +178,10 @@ class ServerMetrics:
         info.info(page_format)
         if placement is not None:
             Info(
-                f"{PREFIX}_engine", "where the model runs: device, dtype, attention backend",
+                f"{PREFIX}_engine",
+                "where the model runs: device, dtype, attention backend",
                 registry=self.registry,
-            ).info(placement)  # fmt: skip
+            ).info(placement)
 
     def observe_ttft(self, seconds: float) -> None:
         self._ttft.observe(seconds)

@@ -56,46 +56,72 @@ class _PDCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         p = self._front.prefill
-        yield CounterMetricFamily("pagedkv_pd_prefill_requests",
-                                  "requests sent to the prefill instance", value=p.num_requests)  # fmt: skip
+        yield CounterMetricFamily(
+            "pagedkv_pd_prefill_requests",
+            "requests sent to the prefill instance",
+            value=p.num_requests,
+        )
         yield CounterMetricFamily(
             "pagedkv_pd_prefill_failures",
             "prefill calls that failed (the prompt was computed here instead)",
             value=p.num_failures,
         )
-        yield CounterMetricFamily("pagedkv_pd_prefill_prompt_tokens",
-                                  "prompt tokens the prefill instance computed", value=p.prompt_tokens)  # fmt: skip
-        local = CounterMetricFamily("pagedkv_pd_local_prefills",
-                                    "requests whose prompt was computed here instead of by the "
-                                    "prefill instance, by reason", labels=["reason"])  # fmt: skip
+        yield CounterMetricFamily(
+            "pagedkv_pd_prefill_prompt_tokens",
+            "prompt tokens the prefill instance computed",
+            value=p.prompt_tokens,
+        )
+        local = CounterMetricFamily(
+            "pagedkv_pd_local_prefills",
+            "requests whose prompt was computed here instead of by the prefill instance, by reason",
+            labels=["reason"],
+        )
         for reason, count in sorted(p.local_prefills.items()):
             local.add_metric([reason], count)
         yield local
         b = p.breaker.counts()
-        state = GaugeMetricFamily("pagedkv_pd_prefill_breaker_state",
-                                  "the prefill client's circuit breaker: 1 for its state",
-                                  labels=["state"])  # fmt: skip
+        state = GaugeMetricFamily(
+            "pagedkv_pd_prefill_breaker_state",
+            "the prefill client's circuit breaker: 1 for its state",
+            labels=["state"],
+        )
         for name in STATES:
             state.add_metric([name], 1.0 if b.state == name else 0.0)
         yield state
-        yield CounterMetricFamily("pagedkv_pd_prefill_breaker_opens",
-                                  "times the breaker opened (prefill calls stopped)", value=b.num_opens)  # fmt: skip
-        yield CounterMetricFamily("pagedkv_pd_prefill_breaker_probes",
-                                  "calls let through to probe an open breaker's peer",
-                                  value=b.num_probes)  # fmt: skip
-        yield CounterMetricFamily("pagedkv_pd_prefill_breaker_short_circuits",
-                                  "requests not sent to the prefill instance (breaker open)",
-                                  value=b.num_short_circuits)  # fmt: skip
-        yield GaugeMetricFamily("pagedkv_pd_prefill_breaker_backoff_seconds",
-                                "the breaker's current (or next) open period", value=b.backoff_s)  # fmt: skip
+        yield CounterMetricFamily(
+            "pagedkv_pd_prefill_breaker_opens",
+            "times the breaker opened (prefill calls stopped)",
+            value=b.num_opens,
+        )
+        yield CounterMetricFamily(
+            "pagedkv_pd_prefill_breaker_probes",
+            "calls let through to probe an open breaker's peer",
+            value=b.num_probes,
+        )
+        yield CounterMetricFamily(
+            "pagedkv_pd_prefill_breaker_short_circuits",
+            "requests not sent to the prefill instance (breaker open)",
+            value=b.num_short_circuits,
+        )
+        yield GaugeMetricFamily(
+            "pagedkv_pd_prefill_breaker_backoff_seconds",
+            "the breaker's current (or next) open period",
+            value=b.backoff_s,
+        )
         imp = self._front.importer
         if imp is not None:
-            yield CounterMetricFamily("pagedkv_pd_relayout_blocks",
-                                      "blocks re-paged into this block size on import",
-                                      value=imp.num_blocks_written)  # fmt: skip
-            yield CounterMetricFamily("pagedkv_pd_relayout_failures",
-                                      "relayout imports that failed (computed here instead)",
-                                      value=self._front.num_import_failures)  # fmt: skip
-            yield CounterMetricFamily("pagedkv_pd_relayout_misses",
-                                      "prompt blocks the prefill side's store did not hold",
-                                      value=imp.num_source_misses)  # fmt: skip
+            yield CounterMetricFamily(
+                "pagedkv_pd_relayout_blocks",
+                "blocks re-paged into this block size on import",
+                value=imp.num_blocks_written,
+            )
+            yield CounterMetricFamily(
+                "pagedkv_pd_relayout_failures",
+                "relayout imports that failed (computed here instead)",
+                value=self._front.num_import_failures,
+            )
+            yield CounterMetricFamily(
+                "pagedkv_pd_relayout_misses",
+                "prompt blocks the prefill side's store did not hold",
+                value=imp.num_source_misses,
+            )

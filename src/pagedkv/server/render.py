@@ -44,9 +44,12 @@ def usage(outputs: list[RequestOutput]) -> p.Usage:
     prompt = sum(len(o.prompt_token_ids) for o in outputs)
     completion = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     cached = sum(o.num_cached_tokens for o in outputs)
-    return p.Usage(prompt_tokens=prompt, completion_tokens=completion,
-                   total_tokens=prompt + completion,
-                   prompt_tokens_details=p.PromptTokensDetails(cached_tokens=cached))  # fmt: skip
+    return p.Usage(
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=prompt + completion,
+        prompt_tokens_details=p.PromptTokensDetails(cached_tokens=cached),
+    )
 
 
 def completion_choice(
@@ -72,11 +75,14 @@ def completion_choice(
         completion_logprobs(tokenizer, c, first_token, text_offset, logprobs)
     finish = _FINISH.get(c.finish_reason or "") if c.finished else None
     return p.CompletionChoice(
-        index=prompt_index * head.n + c.index, text=text, logprobs=logprobs,
+        index=prompt_index * head.n + c.index,
+        text=text,
+        logprobs=logprobs,
         finish_reason=finish,
         prompt_logprobs=vllm_prompt_logprobs(tokenizer, out)
-        if echo.prompt_logprobs and lead else None,
-    )  # fmt: skip
+        if echo.prompt_logprobs and lead
+        else None,
+    )
 
 
 def shown_text(
@@ -114,18 +120,33 @@ def full_response(
         choices = []
         for k, c in samples:
             content, calls, finish = shown_text(head, c)
-            message = p.AssistantMessage(content=content,
-                                         tool_calls=[p.OutToolCall(id=i, function=f)
-                                                     for i, f in calls] or None)  # fmt: skip
-            choices.append(p.ChatChoice(
-                index=k, message=message, finish_reason=finish,
-                logprobs=chat_logprobs(tokenizer, c, 0) if head.want_logprobs else None))  # fmt: skip
-        return p.ChatCompletion(id=head.id, created=head.created_s, model=head.model,
-                                choices=choices, usage=usage(outputs))  # fmt: skip
-    choices = [completion_choice(head, tokenizer, echo, o, i, c, c.text)
-               for i, o in enumerate(outputs) for c in o.outputs]  # fmt: skip
-    return p.Completion(id=head.id, created=head.created_s, model=head.model, choices=choices,
-                        usage=usage(outputs))  # fmt: skip
+            message = p.AssistantMessage(
+                content=content,
+                tool_calls=[p.OutToolCall(id=i, function=f) for i, f in calls] or None,
+            )
+            choices.append(
+                p.ChatChoice(
+                    index=k,
+                    message=message,
+                    finish_reason=finish,
+                    logprobs=chat_logprobs(tokenizer, c, 0) if head.want_logprobs else None,
+                )
+            )
+        return p.ChatCompletion(
+            id=head.id,
+            created=head.created_s,
+            model=head.model,
+            choices=choices,
+            usage=usage(outputs),
+        )
+    choices = [
+        completion_choice(head, tokenizer, echo, o, i, c, c.text)
+        for i, o in enumerate(outputs)
+        for c in o.outputs
+    ]
+    return p.Completion(
+        id=head.id, created=head.created_s, model=head.model, choices=choices, usage=usage(outputs)
+    )
 
 
 @dataclass
@@ -200,19 +221,33 @@ class StreamRenderer:
             logprobs = chat_logprobs(self.tokenizer, c, sent.tokens) if h.want_logprobs else None
             role = None if sent.role_sent else "assistant"
             # A call goes out whole in the sample's last chunk (clients accumulate deltas).
-            tool_calls = [p.DeltaToolCall(index=j, id=i, function=f)
-                          for j, (i, f) in enumerate(calls)] or None  # fmt: skip
-            message = p.DeltaMessage(role=role, content=delta if delta or not calls else None,
-                                     tool_calls=tool_calls)  # fmt: skip
-            choice = p.ChatChunkChoice(index=k, delta=message, logprobs=logprobs,
-                                       finish_reason=finish)  # fmt: skip
-            body = p.ChatCompletionChunk(id=h.id, created=h.created_s, model=h.model,
-                                         choices=[choice])  # fmt: skip
+            tool_calls = [
+                p.DeltaToolCall(index=j, id=i, function=f) for j, (i, f) in enumerate(calls)
+            ] or None
+            message = p.DeltaMessage(
+                role=role, content=delta if delta or not calls else None, tool_calls=tool_calls
+            )
+            choice = p.ChatChunkChoice(
+                index=k, delta=message, logprobs=logprobs, finish_reason=finish
+            )
+            body = p.ChatCompletionChunk(
+                id=h.id, created=h.created_s, model=h.model, choices=[choice]
+            )
         else:
             # Offsets follow the token strings, not the characters sent: the engine's
             # hold-back delays text but never moves a token.
-            choice = completion_choice(h, self.tokenizer, self.echo, out, k // h.n, c, delta,
-                                       sent.tokens, sent.token_chars, not sent.role_sent)  # fmt: skip
+            choice = completion_choice(
+                h,
+                self.tokenizer,
+                self.echo,
+                out,
+                k // h.n,
+                c,
+                delta,
+                sent.tokens,
+                sent.token_chars,
+                not sent.role_sent,
+            )
             logprobs = choice.logprobs
             if logprobs is not None and logprobs.tokens:
                 sent.token_chars = logprobs.text_offset[-1] + len(logprobs.tokens[-1])

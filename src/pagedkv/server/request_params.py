@@ -59,13 +59,17 @@ def check_unsupported(req: CompletionRequest | ChatCompletionRequest) -> None:
     """OpenAI fields we accept only at their neutral value."""
     if isinstance(req, CompletionRequest):
         if req.max_tokens == 0 and not req.echo:
-            raise APIError("max_tokens must be >= 1 (0 only with echo: true, to score the "
-                           "prompt)", param="max_tokens", code="invalid_value")  # fmt: skip
+            raise APIError(
+                "max_tokens must be >= 1 (0 only with echo: true, to score the prompt)",
+                param="max_tokens",
+                code="invalid_value",
+            )
         if req.suffix:
             raise APIError("suffix is not supported", param="suffix", code="unsupported")
         if req.best_of not in (None, 1, req.n):
-            raise APIError("best_of is not supported (only equal to n)", param="best_of",
-                           code="unsupported")  # fmt: skip
+            raise APIError(
+                "best_of is not supported (only equal to n)", param="best_of", code="unsupported"
+            )
 
 
 def completion_prompts(req: CompletionRequest, tokenizer: Tokenizer) -> list[list[int]]:
@@ -93,8 +97,9 @@ def chat_prompt(
     try:
         return tokenizer.encode_chat(messages, add_generation_prompt, tools)
     except Exception as exc:  # the template's own raise_exception, or no template at all
-        raise APIError(f"cannot apply the chat template: {exc}", param="messages",
-                       code="invalid_value") from None  # fmt: skip
+        raise APIError(
+            f"cannot apply the chat template: {exc}", param="messages", code="invalid_value"
+        ) from None
 
 
 def engine_inputs(
@@ -117,8 +122,7 @@ def engine_inputs(
         prompts = [prompt]
     else:
         prompts = completion_prompts(req, tokenizer)
-    params, renames = sampling_params(req, max(len(p) for p in prompts), engine.info,
-                                      calls_grammar)  # fmt: skip
+    params, renames = sampling_params(req, max(len(p) for p in prompts), engine.info, calls_grammar)
     num_samples = len(prompts) * params.n
     if num_samples > max_samples_per_request:
         raise APIError(
@@ -150,9 +154,12 @@ def _echo(req, prompts: list[list[int]], tokenizer: Tokenizer) -> Echo:
             texts = tuple(req.prompt)
         else:
             texts = tuple(tokenizer.decode(ids, skip_special_tokens=False) for ids in prompts)
-    return Echo(texts, legacy_logprobs=req.echo and req.logprobs is not None,
-                prompt_logprobs=req.prompt_logprobs is not None,
-                score_only=req.echo and req.max_tokens == 0)  # fmt: skip
+    return Echo(
+        texts,
+        legacy_logprobs=req.echo and req.logprobs is not None,
+        prompt_logprobs=req.prompt_logprobs is not None,
+        score_only=req.echo and req.max_tokens == 0,
+    )
 
 
 def sampling_params(
@@ -166,8 +173,11 @@ def sampling_params(
     ``calls_grammar``: the output must be tool calls (``tool_choice`` required or named)."""
     structured = structured_output(req)
     if calls_grammar is not None and structured is not None:
-        raise APIError(f"{structured.param} and tool_choice both constrain the output; give "
-                       "one", param="tool_choice", code="invalid_value")  # fmt: skip
+        raise APIError(
+            f"{structured.param} and tool_choice both constrain the output; give one",
+            param="tool_choice",
+            code="invalid_value",
+        )
     renames: dict[str, str] = {}
     if isinstance(req, ChatCompletionRequest):
         renames["logprobs"] = "top_logprobs"
@@ -204,8 +214,11 @@ def _max_tokens(
 ) -> int:
     if isinstance(req, ChatCompletionRequest):
         if req.max_tokens is not None and req.max_completion_tokens is not None:
-            raise APIError("give max_tokens or max_completion_tokens, not both",
-                           param="max_completion_tokens", code="invalid_value")  # fmt: skip
+            raise APIError(
+                "give max_tokens or max_completion_tokens, not both",
+                param="max_completion_tokens",
+                code="invalid_value",
+            )
         if req.max_completion_tokens is not None:
             return req.max_completion_tokens
         if req.max_tokens is None:  # chat default: up to the end of the context
@@ -222,8 +235,9 @@ def _logit_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
     out = []
     for key, value in (bias or {}).items():
         if not (key.isascii() and key.isdigit()):
-            raise APIError(f"logit_bias: {key!r} is not a token id", param="logit_bias",
-                           code="invalid_value")  # fmt: skip
+            raise APIError(
+                f"logit_bias: {key!r} is not a token id", param="logit_bias", code="invalid_value"
+            )
         out.append((int(key), value))
     return tuple(out)
 
@@ -242,7 +256,8 @@ def _logprobs(req: CompletionRequest | ChatCompletionRequest) -> int | None:
     """The number of alternatives per token (None: no logprobs); ``SamplingParams`` judges it."""
     if isinstance(req, ChatCompletionRequest):
         if req.top_logprobs is not None and not req.logprobs:
-            raise APIError("top_logprobs needs logprobs: true", param="top_logprobs",
-                           code="invalid_value")  # fmt: skip
+            raise APIError(
+                "top_logprobs needs logprobs: true", param="top_logprobs", code="invalid_value"
+            )
         return (req.top_logprobs or 0) if req.logprobs else None
     return req.logprobs

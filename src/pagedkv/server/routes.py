@@ -51,8 +51,11 @@ async def replica_info(request: Request) -> JSONResponse:
 @v1.get("/models")
 async def models(request: Request) -> JSONResponse:
     state = request.app.state
-    card = p.ModelCard(id=state.config.served_model_name, created=state.started_s,
-                       max_model_len=state.info.max_model_len)  # fmt: skip
+    card = p.ModelCard(
+        id=state.config.served_model_name,
+        created=state.started_s,
+        max_model_len=state.info.max_model_len,
+    )
     return JSONResponse(p.dump(p.ModelList(data=[card])))
 
 
@@ -73,9 +76,13 @@ async def _serve(request: Request, kind: type[BaseModel]) -> Response:
         req = await _parse(request, kind)
         headers = ignored_header(sort_extra_fields(req.model_extra))
         if req.model is not None and req.model != config.served_model_name:
-            raise APIError(f"the model {req.model!r} does not exist; this server serves "
-                           f"{config.served_model_name!r}", 404, param="model",
-                           code="model_not_found")  # fmt: skip
+            raise APIError(
+                f"the model {req.model!r} does not exist; this server serves "
+                f"{config.served_model_name!r}",
+                404,
+                param="model",
+                code="model_not_found",
+            )
         inputs = await asyncio.to_thread(
             engine_inputs, req, state.tokenizer, state.rules, config.max_samples_per_request
         )
@@ -96,8 +103,9 @@ async def _serve(request: Request, kind: type[BaseModel]) -> Response:
         want_logprobs=inputs.params.logprobs is not None,
         tools=inputs.tools,
     )
-    run = RequestRun(state.engine_loop, metrics, head.id, inputs.prompts, inputs.params,
-                     req.cache_salt)  # fmt: skip
+    run = RequestRun(
+        state.engine_loop, metrics, head.id, inputs.prompts, inputs.params, req.cache_salt
+    )
     return await _respond(request, req, head, run, inputs.echo, headers)
 
 
@@ -174,8 +182,9 @@ class _EventStream(StreamingResponse):
     def __init__(
         self, events: AsyncIterator[str], on_close: Callable[[], None], headers: dict[str, str]
     ) -> None:
-        super().__init__(events, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", **headers})  # fmt: skip
+        super().__init__(
+            events, media_type="text/event-stream", headers={"Cache-Control": "no-cache", **headers}
+        )
         self._on_close = on_close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -13,13 +13,23 @@ from pagedkv.engine.stats import EngineSnapshot
 from pagedkv.kvstore.codec import REJECT_REASONS
 
 _PLAIN = (
-    ("kv_store_blocks_written", "full KV blocks the shared store acknowledged (write-through)",
-     "blocks_written"),
-    ("kv_store_writes_dropped", "KV blocks not written: store down, or the write queue full",
-     "writes_dropped"),
-    ("kv_store_errors", "shared-store operations that failed (refused, timed out); each is a "
-     "miss or a dropped write, never an engine error", "errors"),
-)  # fmt: skip
+    (
+        "kv_store_blocks_written",
+        "full KV blocks the shared store acknowledged (write-through)",
+        "blocks_written",
+    ),
+    (
+        "kv_store_writes_dropped",
+        "KV blocks not written: store down, or the write queue full",
+        "writes_dropped",
+    ),
+    (
+        "kv_store_errors",
+        "shared-store operations that failed (refused, timed out); each is a "
+        "miss or a dropped write, never an engine error",
+        "errors",
+    ),
+)
 
 
 def store_metrics(prefix: str, engine: EngineSnapshot) -> Iterator[Metric]:

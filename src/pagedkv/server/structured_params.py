@@ -34,8 +34,10 @@ def json_rules(req: Any) -> JsonRules:
     so = req.structured_outputs
     if so is None:
         return JsonRules()
-    return JsonRules(open_objects=so.disable_additional_properties is False,
-                     whitespace=not so.disable_any_whitespace)  # fmt: skip
+    return JsonRules(
+        open_objects=so.disable_additional_properties is False,
+        whitespace=not so.disable_any_whitespace,
+    )
 
 
 def structured_output(req: Any) -> StructuredOutput | None:
@@ -46,20 +48,30 @@ def structured_output(req: Any) -> StructuredOutput | None:
         found.append(("response_format", "json_object", None))
     elif fmt is not None and fmt.type == "json_schema":
         if fmt.json_schema is None or fmt.json_schema.schema_ is None:
-            raise APIError("response_format of type json_schema needs json_schema.schema",
-                           param="response_format.json_schema", code="invalid_value")  # fmt: skip
+            raise APIError(
+                "response_format of type json_schema needs json_schema.schema",
+                param="response_format.json_schema",
+                code="invalid_value",
+            )
         found.append(("response_format.json_schema.schema", "json", fmt.json_schema.schema_))
     so = req.structured_outputs
     if so is not None:
-        for name, kind, value in (("json", "json", so.json_), ("regex", "regex", so.regex),
-                                  ("choice", "choice", so.choice),
-                                  ("grammar", "grammar", so.grammar)):  # fmt: skip
+        for name, kind, value in (
+            ("json", "json", so.json_),
+            ("regex", "regex", so.regex),
+            ("choice", "choice", so.choice),
+            ("grammar", "grammar", so.grammar),
+        ):
             if value is not None:
                 found.append((f"structured_outputs.{name}", kind, value))
         if so.json_object:
             found.append(("structured_outputs.json_object", "json_object", None))
-    for name, kind in (("guided_json", "json"), ("guided_regex", "regex"),
-                       ("guided_choice", "choice"), ("guided_grammar", "grammar")):  # fmt: skip
+    for name, kind in (
+        ("guided_json", "json"),
+        ("guided_regex", "regex"),
+        ("guided_choice", "choice"),
+        ("guided_grammar", "grammar"),
+    ):
         value = getattr(req, name)
         if value is not None:
             found.append((name, kind, value))
@@ -67,8 +79,11 @@ def structured_output(req: Any) -> StructuredOutput | None:
         return None
     if len(found) > 1:
         names = ", ".join(n for n, _, _ in found)
-        raise APIError(f"give one output constraint, not several ({names})",
-                       param=found[1][0], code="invalid_value")  # fmt: skip
+        raise APIError(
+            f"give one output constraint, not several ({names})",
+            param=found[1][0],
+            code="invalid_value",
+        )
     param, kind, value = found[0]
     rules = json_rules(req)
     try:

@@ -63,17 +63,21 @@ async def tokenizer_info(request: Request) -> JSONResponse:
     facts: TokenizerFacts = request.app.state.tokenizer_facts
     tok = facts.tokenizer
     text = {i: tok.token_text(i) for i in (tok.bos_token_id, tok.eos_token_id) if i is not None}
-    return JSONResponse({
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "model": facts.served_model_name,
-        "model_max_length": facts.max_model_len,
-        "vocab_size": tok.vocab_size,
-        "bos_token": text.get(tok.bos_token_id), "eos_token": text.get(tok.eos_token_id),
-        "pad_token": None, "add_bos_token": tok.encode("a") != tok.encode("a", False),
-        "stop_token_ids": sorted(tok.stop_token_ids),
-        "chat_template": tok.chat_template,
-        "fingerprint": tok.fingerprint(),
-    })  # fmt: skip
+    return JSONResponse(
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "model": facts.served_model_name,
+            "model_max_length": facts.max_model_len,
+            "vocab_size": tok.vocab_size,
+            "bos_token": text.get(tok.bos_token_id),
+            "eos_token": text.get(tok.eos_token_id),
+            "pad_token": None,
+            "add_bos_token": tok.encode("a") != tok.encode("a", False),
+            "stop_token_ids": sorted(tok.stop_token_ids),
+            "chat_template": tok.chat_template,
+            "fingerprint": tok.fingerprint(),
+        }
+    )
 
 
 async def _parse(request: Request, kind: type[_Strict]):
@@ -84,8 +88,12 @@ async def _parse(request: Request, kind: type[_Strict]):
         raise from_validation(exc) from None
     served = facts.served_model_name
     if req.model is not None and req.model != served:
-        raise APIError(f"the model {req.model!r} does not exist; this server serves {served!r}",
-                       404, param="model", code="model_not_found")  # fmt: skip
+        raise APIError(
+            f"the model {req.model!r} does not exist; this server serves {served!r}",
+            404,
+            param="model",
+            code="model_not_found",
+        )
     return req
 
 
@@ -94,18 +102,21 @@ async def tokenize(request: Request) -> JSONResponse:
     facts: TokenizerFacts = request.app.state.tokenizer_facts
     tokenizer = facts.tokenizer
     if (req.prompt is None) == (req.messages is None):
-        raise APIError("give exactly one of prompt or messages", param="prompt",
-                       code="invalid_value")  # fmt: skip
+        raise APIError(
+            "give exactly one of prompt or messages", param="prompt", code="invalid_value"
+        )
     if req.messages is not None:
         tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
         use = ToolUse(tools, parse=False) if tools else None
-        ids = await asyncio.to_thread(chat_prompt, req.messages, tokenizer,
-                                      req.add_generation_prompt, use)  # fmt: skip
+        ids = await asyncio.to_thread(
+            chat_prompt, req.messages, tokenizer, req.add_generation_prompt, use
+        )
     else:
         ids = await asyncio.to_thread(tokenizer.encode, req.prompt, req.add_special_tokens)
     strs = [tokenizer.token_text(t) for t in ids] if req.return_token_strs else None
-    return JSONResponse({"count": len(ids), "max_model_len": facts.max_model_len,
-                         "tokens": ids, "token_strs": strs})  # fmt: skip
+    return JSONResponse(
+        {"count": len(ids), "max_model_len": facts.max_model_len, "tokens": ids, "token_strs": strs}
+    )
 
 
 async def detokenize(request: Request) -> JSONResponse:
@@ -114,7 +125,10 @@ async def detokenize(request: Request) -> JSONResponse:
     vocab = tokenizer.vocab_size
     bad = next((t for t in req.tokens if not 0 <= t < vocab), None)
     if bad is not None:
-        raise APIError(f"token id {bad} is outside the vocabulary [0, {vocab})", param="tokens",
-                       code="invalid_value")  # fmt: skip
+        raise APIError(
+            f"token id {bad} is outside the vocabulary [0, {vocab})",
+            param="tokens",
+            code="invalid_value",
+        )
     text = await asyncio.to_thread(tokenizer.decode, req.tokens, False)
     return JSONResponse({"prompt": text})

@@ -83,8 +83,11 @@ def tool_use(
     else:
         indices = [i for i, t in enumerate(tools) if t["function"]["name"] == choice.function.name]
         if not indices:
-            raise APIError(f"tool_choice names {choice.function.name!r}, which is not in tools",
-                           param="tool_choice.function.name", code="invalid_value")  # fmt: skip
+            raise APIError(
+                f"tool_choice names {choice.function.name!r}, which is not in tools",
+                param="tool_choice.function.name",
+                code="invalid_value",
+            )
         many = False
     offered = [tools[i] for i in indices]
     forced = forced_calls(offered, many, hermes_format(tokenizer), json_rules(req), indices)
@@ -137,12 +140,18 @@ def _text(m: ChatMessage, i: int) -> str:
     """The message's text: its content (text parts joined), else its refusal; ``APIError``
     for what has no text form here."""
     if m.audio is not None:
-        raise APIError("an assistant's audio cannot be replayed: pagedkv's models read text "
-                       "(send the transcript as content)", param=f"messages.{i}.audio",
-                       code="unsupported")  # fmt: skip
+        raise APIError(
+            "an assistant's audio cannot be replayed: pagedkv's models read text "
+            "(send the transcript as content)",
+            param=f"messages.{i}.audio",
+            code="unsupported",
+        )
     if m.refusal and m.role != "assistant":
-        raise APIError("refusal belongs to assistant messages", param=f"messages.{i}.refusal",
-                       code="invalid_value")  # fmt: skip
+        raise APIError(
+            "refusal belongs to assistant messages",
+            param=f"messages.{i}.refusal",
+            code="invalid_value",
+        )
     content = m.content
     if isinstance(content, list):
         content = "".join(_part_text(part, i, j) for j, part in enumerate(content))
@@ -156,11 +165,17 @@ def _part_text(part: ContentPart, i: int, j: int) -> str:
         return part.refusal
     param = f"messages.{i}.content.{j}"
     if part.type in ("text", "refusal"):
-        raise APIError(f"a content part of type {part.type!r} needs its {part.type} field",
-                       param=f"{param}.{part.type}", code="invalid_value")  # fmt: skip
-    raise APIError(f"content parts of type {part.type!r} are not supported: pagedkv's models "
-                   "read text (send parts of type 'text')", param=f"{param}.type",
-                   code="unsupported")  # fmt: skip
+        raise APIError(
+            f"a content part of type {part.type!r} needs its {part.type} field",
+            param=f"{param}.{part.type}",
+            code="invalid_value",
+        )
+    raise APIError(
+        f"content parts of type {part.type!r} are not supported: pagedkv's models "
+        "read text (send parts of type 'text')",
+        param=f"{param}.type",
+        code="unsupported",
+    )
 
 
 def _call_params(m: ChatMessage, i: int) -> list[str]:
@@ -178,5 +193,6 @@ def _arguments(text: str, param: str) -> Any:
     try:
         return json.loads(text)
     except (ValueError, RecursionError):
-        raise APIError("a tool call's arguments must be JSON text", param=param,
-                       code="invalid_value") from None  # fmt: skip
+        raise APIError(
+            "a tool call's arguments must be JSON text", param=param, code="invalid_value"
+        ) from None

@@ -42,27 +42,52 @@ def _is(*neutral: Any) -> Callable[[Any], bool]:
 # name -> whether the value is neutral (changes nothing pagedkv does)
 DEFINED_ELSEWHERE: dict[str, Callable[[Any], bool]] = {
     # OpenAI: informational
-    "metadata": _anything, "store": _anything, "service_tier": _anything,
-    "prompt_cache_key": _anything, "safety_identifier": _anything,
+    "metadata": _anything,
+    "store": _anything,
+    "service_tier": _anything,
+    "prompt_cache_key": _anything,
+    "safety_identifier": _anything,
     # OpenAI: behaviour pagedkv lacks
-    "modalities": lambda v: v is None or v == ["text"], "audio": _is(),
-    "prediction": _is(), "reasoning_effort": _is(), "web_search_options": _is(),
-    "verbosity": _is(), "functions": _is(), "function_call": _is("none"),
+    "modalities": lambda v: v is None or v == ["text"],
+    "audio": _is(),
+    "prediction": _is(),
+    "reasoning_effort": _is(),
+    "web_search_options": _is(),
+    "verbosity": _is(),
+    "functions": _is(),
+    "function_call": _is("none"),
     # vLLM's extensions pagedkv lacks
-    "use_beam_search": _is(False), "length_penalty": _is(1.0, 1), "priority": _is(0),
-    "include_stop_str_in_output": _is(False), "skip_special_tokens": _is(True),
-    "spaces_between_special_tokens": _is(True), "truncate_prompt_tokens": _is(),
-    "allowed_token_ids": _is(), "bad_words": _is(), "prompt_embeds": _is(),
-    "return_tokens_as_token_ids": _is(False), "return_token_ids": _is(False),
-    "guided_decoding_backend": _anything, "guided_whitespace_pattern": _is(),
-    "structural_tag": _is(), "logits_processors": _is(), "vllm_xargs": _is(),
-    "kv_transfer_params": _is(), "request_id": _anything, "add_special_tokens": _is(True, False),
-    "add_generation_prompt": _is(True), "continue_final_message": _is(False),
-    "chat_template": _is(), "chat_template_kwargs": _is(), "documents": _is(),
-    "mm_processor_kwargs": _is(), "response_prefix": _is(),
+    "use_beam_search": _is(False),
+    "length_penalty": _is(1.0, 1),
+    "priority": _is(0),
+    "include_stop_str_in_output": _is(False),
+    "skip_special_tokens": _is(True),
+    "spaces_between_special_tokens": _is(True),
+    "truncate_prompt_tokens": _is(),
+    "allowed_token_ids": _is(),
+    "bad_words": _is(),
+    "prompt_embeds": _is(),
+    "return_tokens_as_token_ids": _is(False),
+    "return_token_ids": _is(False),
+    "guided_decoding_backend": _anything,
+    "guided_whitespace_pattern": _is(),
+    "structural_tag": _is(),
+    "logits_processors": _is(),
+    "vllm_xargs": _is(),
+    "kv_transfer_params": _is(),
+    "request_id": _anything,
+    "add_special_tokens": _is(True, False),
+    "add_generation_prompt": _is(True),
+    "continue_final_message": _is(False),
+    "chat_template": _is(),
+    "chat_template_kwargs": _is(),
+    "documents": _is(),
+    "mm_processor_kwargs": _is(),
+    "response_prefix": _is(),
     # vLLM's on chat; pagedkv has them on /v1/completions only
-    "echo": _is(False), "prompt_logprobs": _is(),
-}  # fmt: skip
+    "echo": _is(False),
+    "prompt_logprobs": _is(),
+}
 
 _logged: set[str] = set()
 _lock = threading.Lock()
@@ -76,9 +101,12 @@ def sort_extra_fields(extra: dict[str, Any] | None) -> list[str]:
         neutral = DEFINED_ELSEWHERE.get(name)
         if neutral is not None:
             if not neutral(value):
-                raise APIError(f"{name} is not supported by pagedkv (only its default value, "
-                               "which changes nothing, is accepted)", param=name,
-                               code="unsupported")  # fmt: skip
+                raise APIError(
+                    f"{name} is not supported by pagedkv (only its default value, "
+                    "which changes nothing, is accepted)",
+                    param=name,
+                    code="unsupported",
+                )
             continue
         ignored.append(name[:MAX_NAME_CHARS])
     with _lock:

@@ -108,9 +108,11 @@ def engine_clock_for(gpu: GPUSpec) -> tuple[EngineClock, str]:
     donor = ENGINE_BORROW.get(gpu.arch)
     if donor is None or donor not in shipped_engine():
         measured = ", ".join(shipped_engine()) or "none"
-        raise UsageError(f"no pagedkv-triton clock for {gpu.name} ({gpu.arch}; measured: "
-                         f"{measured}); give --clock FILE from `pagedkv calibrate "
-                         "--from-gpu-check`")  # fmt: skip
+        raise UsageError(
+            f"no pagedkv-triton clock for {gpu.name} ({gpu.arch}; measured: "
+            f"{measured}); give --clock FILE from `pagedkv calibrate "
+            "--from-gpu-check`"
+        )
     clock, source = _load_engine(donor)
     return clock, f"{source}, borrowed for {gpu.name} ({gpu.arch}; assumed)"
 
@@ -142,5 +144,14 @@ def resolve_clock(gpu: GPUSpec, clock: str | None) -> tuple[str, GPUClock | Engi
     return read_any_clock(clock)
 
 
-__all__ = ["BORROW", "KINDS", "clock_for", "engine_clock_for", "parse_clock", "read_any_clock",
-           "resolve_clock", "shipped", "shipped_engine"]  # fmt: skip
+__all__ = [
+    "BORROW",
+    "KINDS",
+    "clock_for",
+    "engine_clock_for",
+    "parse_clock",
+    "read_any_clock",
+    "resolve_clock",
+    "shipped",
+    "shipped_engine",
+]

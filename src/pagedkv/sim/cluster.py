@@ -117,7 +117,7 @@ class Cluster:
                 transfers_per_block=transfers_per_block,
                 events=events,
                 device_copy=device_copy,
-            )  # fmt: skip
+            )
             for _ in range(num_replicas)
         ]
         self.names = [f"r{r}" for r in range(num_replicas)]

@@ -30,14 +30,32 @@ from pagedkv.traces import TraceRequest
 
 _SHARES = ("kv_utilization_mean", "fragmentation_mean", "reserved_unused_mean", "cached_mean")
 _PER_REPLICA = (
-    "num_finished", "prefix_hit_tokens", "ttft_p50_s", "ttft_p99_s", "throughput_tokens_per_s",
-    "mean_running", "peak_running", "preemptions", "evictions",
-)  # fmt: skip
+    "num_finished",
+    "prefix_hit_tokens",
+    "ttft_p50_s",
+    "ttft_p99_s",
+    "throughput_tokens_per_s",
+    "mean_running",
+    "peak_running",
+    "preemptions",
+    "evictions",
+)
 _SUMS = (
-    "num_steps", "preemptions", "recomputed_tokens", "evictions", "swap_outs", "swap_ins",
-    "swapped_blocks_out", "swapped_blocks_in", "swap_fallbacks", "partial_hits",
-    "partial_hit_tokens", "partial_claims", "prefix_copy_bytes", "prefix_copy_time_s",
-)  # fmt: skip
+    "num_steps",
+    "preemptions",
+    "recomputed_tokens",
+    "evictions",
+    "swap_outs",
+    "swap_ins",
+    "swapped_blocks_out",
+    "swapped_blocks_in",
+    "swap_fallbacks",
+    "partial_hits",
+    "partial_hit_tokens",
+    "partial_claims",
+    "prefix_copy_bytes",
+    "prefix_copy_time_s",
+)
 
 
 def cluster_ideal_hits(requests: Sequence[TraceRequest], result: ClusterResult) -> int | None:

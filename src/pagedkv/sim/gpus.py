@@ -57,7 +57,7 @@ GPUS: dict[str, GPUSpec] = {
             "NVIDIA A40 datasheet (PCIe; NVLink bridge 112.5 GB/s for a pair)",
             84,
             56.25 * GB,
-        ),  # fmt: skip
+        ),
         GPUSpec("L4", 24 * GB, 300 * GB, 121e12, "NVIDIA L4 datasheet", 58, arch="ada"),
         GPUSpec("L40S", 48 * GB, 864 * GB, 362e12, "NVIDIA L40S datasheet", 142, arch="ada"),
         # The PagedAttention paper's GPU (OPT-13B on one A100 with 40 GB)
@@ -69,7 +69,7 @@ GPUS: dict[str, GPUSpec] = {
             "NVIDIA A100 datasheet, SXM 40GB",
             108,
             _NVLINK3,
-        ),  # fmt: skip
+        ),
         GPUSpec(
             "A100-80GB",
             80 * GB,
@@ -78,7 +78,7 @@ GPUS: dict[str, GPUSpec] = {
             "NVIDIA A100 datasheet, SXM 80GB",
             108,
             _NVLINK3,
-        ),  # fmt: skip
+        ),
         GPUSpec(
             "H100-80GB",
             80 * GB,
@@ -88,7 +88,7 @@ GPUS: dict[str, GPUSpec] = {
             132,
             _NVLINK4,
             "hopper",
-        ),  # fmt: skip
+        ),
         GPUSpec(
             "H100-PCIe",
             80 * GB,
@@ -98,7 +98,7 @@ GPUS: dict[str, GPUSpec] = {
             114,
             PCIE5_X16,
             "hopper",
-        ),  # fmt: skip
+        ),
         GPUSpec(
             "H200-141GB",
             141 * GB,
@@ -108,7 +108,7 @@ GPUS: dict[str, GPUSpec] = {
             132,
             _NVLINK4,
             "hopper",
-        ),  # fmt: skip
+        ),
         GPUSpec(
             "B200",
             180 * GB,
@@ -118,7 +118,7 @@ GPUS: dict[str, GPUSpec] = {
             148,
             _NVLINK5,
             "blackwell",
-        ),  # fmt: skip
+        ),
     )
 }
 

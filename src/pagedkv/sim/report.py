@@ -39,10 +39,25 @@ def _preempt(s: dict[str, Any]) -> str:
 
 
 _COLUMNS = (
-    "policy", "B", "pool tokens", "done", "refused", "peak run", "mean run", "KV used", "tail frag",
-    "rsv unused", "cached", "prefix hit", "preempt", "out tok/s", "TTFT p50", "TTFT p99",
-    "TPOT p50", "replay",
-)  # fmt: skip
+    "policy",
+    "B",
+    "pool tokens",
+    "done",
+    "refused",
+    "peak run",
+    "mean run",
+    "KV used",
+    "tail frag",
+    "rsv unused",
+    "cached",
+    "prefix hit",
+    "preempt",
+    "out tok/s",
+    "TTFT p50",
+    "TTFT p99",
+    "TPOT p50",
+    "replay",
+)
 
 
 def comparison_table(summaries: Sequence[dict[str, Any]], title: str = "") -> Table:
@@ -83,13 +98,34 @@ def print_table(summaries: Sequence[dict[str, Any]], title: str, console: Consol
 
 
 _CLUSTER_COLUMNS = (
-    "router", "policy", "replicas", "done", "refused", "prefix hit", "of ceiling", "TTFT p50",
-    "TTFT p99", "out tok/s", "mean run", "imbalance", "preempt", "decisions", "replay",
-)  # fmt: skip
+    "router",
+    "policy",
+    "replicas",
+    "done",
+    "refused",
+    "prefix hit",
+    "of ceiling",
+    "TTFT p50",
+    "TTFT p99",
+    "out tok/s",
+    "mean run",
+    "imbalance",
+    "preempt",
+    "decisions",
+    "replay",
+)
 _REPLICA_COLUMNS = (
-    "replica", "routed", "done", "prefix hit", "TTFT p50", "TTFT p99", "out tok/s", "mean run",
-    "peak run", "preempt",
-)  # fmt: skip
+    "replica",
+    "routed",
+    "done",
+    "prefix hit",
+    "TTFT p50",
+    "TTFT p99",
+    "out tok/s",
+    "mean run",
+    "peak run",
+    "preempt",
+)
 
 
 def _table(columns: Sequence[str], title: str) -> Table:

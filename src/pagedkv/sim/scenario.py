@@ -203,13 +203,21 @@ class Scenario:
             for policy in self.policies:
                 for router in cfg.routing_policies:
                     cluster = Cluster(
-                        self.requests, policy, slots, self.scheduler, self.cost_for(policy),
-                        cfg.num_replicas, router, balance_abs=cfg.balance_abs,
-                        balance_rel=cfg.balance_rel, sample_interval_s=cfg.sample_interval_s,
+                        self.requests,
+                        policy,
+                        slots,
+                        self.scheduler,
+                        self.cost_for(policy),
+                        cfg.num_replicas,
+                        router,
+                        balance_abs=cfg.balance_abs,
+                        balance_rel=cfg.balance_rel,
+                        sample_interval_s=cfg.sample_interval_s,
                         progress=progress(policy, slots, n, router) if progress else None,
-                        link=self.link, kv_record_bytes=self.model.kv_record_bytes,
+                        link=self.link,
+                        kv_record_bytes=self.model.kv_record_bytes,
                         device_copy=self.device_copy,
-                    )  # fmt: skip
+                    )
                     result = cluster.run()
                     ideal = cluster_ideal_hits(self.requests, result)
                     runs.append((result, summarize_cluster(result, ideal, balance=balance)))
@@ -245,11 +253,14 @@ def load_scenario(config: SimulateConfig) -> Scenario:
         gpu = get_gpu(config.gpu)
         tp = config.tensor_parallel  # each GPU holds 1/tp of the weights and of every token's KV
         pools_bytes = config.kv_memory_bytes or (
-            tp * kv_pool_bytes(
-                gpu, model.weight_bytes // tp, config.gpu_memory_utilization,
+            tp
+            * kv_pool_bytes(
+                gpu,
+                model.weight_bytes // tp,
+                config.gpu_memory_utilization,
                 config.activation_bytes,
             ),
-        )  # fmt: skip
+        )
         cost: CostModel = RooflineCostModel(model, gpu, config.step_overhead_s)
         if config.cost_profile is not None:
             from pagedkv.sim.costs.profiled import load_cost_profile
@@ -285,9 +296,22 @@ def load_scenario(config: SimulateConfig) -> Scenario:
         why = f" ({skipped_lines_note(skipped)})" if skipped else ""
         raise UsageError(f"the workload has no requests{why}")
     return Scenario(
-        config, source, requests, layout, model, gpu, tuple(pools_bytes), pools_slots,
-        policies, scheduler, cost, skipped, link, gpu_clock, engine_clock,
-    )  # fmt: skip
+        config,
+        source,
+        requests,
+        layout,
+        model,
+        gpu,
+        tuple(pools_bytes),
+        pools_slots,
+        policies,
+        scheduler,
+        cost,
+        skipped,
+        link,
+        gpu_clock,
+        engine_clock,
+    )
 
 
 def _fitted_clock(
@@ -310,9 +334,11 @@ def _fitted_clock(
             "--kernel picks a vLLM-class attention kernel: drop it with a pagedkv clock"
         )
     if any(p.allocator == "reserved" for p in policies):
-        raise UsageError("pagedkv's Triton kernels do not run the reserved policy (a GPU engine "
-                         "falls back to torch attention): drop it from --policy, or use "
-                         "--clock vllm-class")  # fmt: skip
+        raise UsageError(
+            "pagedkv's Triton kernels do not run the reserved policy (a GPU engine "
+            "falls back to torch attention): drop it from --policy, or use "
+            "--clock vllm-class"
+        )
     from pagedkv.pages.triton_rules import block_size_problems
 
     for p in policies:

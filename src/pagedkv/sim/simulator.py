@@ -65,10 +65,17 @@ class Simulation:
         self.policy = policy
         self.records = [RequestRecord(r.arrival_time_s, r.prompt_len_tokens) for r in requests]
         self.replica = Replica(
-            policy, num_kv_slots, config, cost, self.records,
-            sample_interval_s=sample_interval_s, link=link, kv_record_bytes=kv_record_bytes,
-            transfers_per_block=transfers_per_block, device_copy=device_copy,
-        )  # fmt: skip
+            policy,
+            num_kv_slots,
+            config,
+            cost,
+            self.records,
+            sample_interval_s=sample_interval_s,
+            link=link,
+            kv_record_bytes=kv_record_bytes,
+            transfers_per_block=transfers_per_block,
+            device_copy=device_copy,
+        )
         self.allocator = self.replica.allocator
         self.scheduler = self.replica.scheduler
         self.progress = progress

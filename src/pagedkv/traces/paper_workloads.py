@@ -87,15 +87,19 @@ WORKLOADS: dict[str, PaperWorkload] = {
     w.name: w
     for w in (
         PaperWorkload(
-            "sharegpt", LogNormalLength(161.31, 1.0, 1024), LogNormalLength(337.99, 1.0, 1024),
+            "sharegpt",
+            LogNormalLength(161.31, 1.0, 1024),
+            LogNormalLength(337.99, 1.0, 1024),
             f"{_PAPER}: mean input 161.31, output 337.99 tokens",
         ),
         PaperWorkload(
-            "alpaca", LogNormalLength(19.31, 0.6, 1024), LogNormalLength(58.45, 0.9, 1024),
+            "alpaca",
+            LogNormalLength(19.31, 0.6, 1024),
+            LogNormalLength(58.45, 0.9, 1024),
             f"{_PAPER}: mean input 19.31, output 58.45 tokens",
         ),
     )
-}  # fmt: skip
+}
 
 
 def get_workload(name: str) -> PaperWorkload:

@@ -71,8 +71,9 @@ def launch(
         for j in range(item.num_samples):
             rows.append(r)
             params.append(p)
-            gens.append(seeded_generator(p.sample_seed(first + j), len(known_outputs),
-                                         logits.device))  # fmt: skip
+            gens.append(
+                seeded_generator(p.sample_seed(first + j), len(known_outputs), logits.device)
+            )
             owners.append(i)
             tokens.append(row_tokens)
             matchers.append(grammar[first + j] if grammar else None)

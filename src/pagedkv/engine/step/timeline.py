@@ -61,9 +61,15 @@ class TimedPhases:
         return "mixed" if self.num_decode_rows else "prefill"
 
     def to_dict(self) -> dict:
-        return {"kind": self.kind, "wall_s": self.wall_s, "gpu_forward_s": self.gpu_forward_s,
-                "num_seqs": self.num_seqs, "num_tokens": self.num_tokens,
-                "num_decode_rows": self.num_decode_rows, "phases_s": dict(self.phases_s)}  # fmt: skip
+        return {
+            "kind": self.kind,
+            "wall_s": self.wall_s,
+            "gpu_forward_s": self.gpu_forward_s,
+            "num_seqs": self.num_seqs,
+            "num_tokens": self.num_tokens,
+            "num_decode_rows": self.num_decode_rows,
+            "phases_s": dict(self.phases_s),
+        }
 
 
 class NullTimeline:
@@ -164,9 +170,13 @@ def summarize(steps: list[TimedPhases]) -> dict[str, dict]:
     out = {}
     for kind, group in by_kind.items():
         gpu = [s.gpu_forward_s for s in group if s.gpu_forward_s is not None]
-        row = {"steps": len(group), "wall_s": statistics.median(s.wall_s for s in group),
-               "phases_s": {p: statistics.median(s.phases_s.get(p, 0.0) for s in group)
-                            for p in PHASES}}  # fmt: skip
+        row = {
+            "steps": len(group),
+            "wall_s": statistics.median(s.wall_s for s in group),
+            "phases_s": {
+                p: statistics.median(s.phases_s.get(p, 0.0) for s in group) for p in PHASES
+            },
+        }
         if gpu:
             row["gpu_forward_s"] = statistics.median(gpu)
             hidden = [min(1.0, (s.gpu_forward_s or 0) / s.wall_s) for s in group if s.wall_s]

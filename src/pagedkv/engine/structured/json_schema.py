@@ -29,8 +29,18 @@ MAX_BLANK_CHARS = 4
 WHITESPACE_PATTERN = rf"[\x20\x09]{{0,{MAX_BLANK_CHARS}}}"
 
 # Keywords whose value is one subschema, a list of them, or a name -> subschema map.
-_ONE = ("additionalProperties", "items", "contains", "not", "if", "then", "else",
-        "unevaluatedItems", "unevaluatedProperties", "propertyNames")  # fmt: skip
+_ONE = (
+    "additionalProperties",
+    "items",
+    "contains",
+    "not",
+    "if",
+    "then",
+    "else",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+    "propertyNames",
+)
 _MANY = ("prefixItems", "anyOf", "oneOf", "allOf")
 _NAMED = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _COMPOSED = ("allOf", "anyOf", "oneOf", "$ref")  # keys may come from here too

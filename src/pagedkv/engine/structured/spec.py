@@ -52,9 +52,10 @@ class StructuredOutput:
             if self.kind == "json" and not isinstance(value, (dict, bool)):
                 self._refuse("must be a JSON Schema (an object)")
             if self.kind == "choice" and not (
-                isinstance(value, list) and 0 < len(value) <= MAX_CHOICES
+                isinstance(value, list)
+                and 0 < len(value) <= MAX_CHOICES
                 and all(isinstance(c, str) and c for c in value)
-            ):  # fmt: skip
+            ):
                 self._refuse(f"must list 1 to {MAX_CHOICES} non-empty strings")
         elif self.kind in ("regex", "grammar", "lark") and not self.spec:
             self._refuse("is empty")

@@ -68,10 +68,19 @@ class NativeStep(TorchStep):
         num_tokens, (num_heads, num_kv_heads, head_dim) = qkv.shape[0], heads
         k_cache, v_cache = kv_cache
         plan.kernels.pk_rope_store(
-            qkv.data_ptr(), qkv.stride(0), cos.data_ptr(), sin.data_ptr(),
-            plan.slot_mapping.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-            num_tokens, num_heads, num_kv_heads, head_dim, torch.get_num_threads(),
-        )  # fmt: skip
+            qkv.data_ptr(),
+            qkv.stride(0),
+            cos.data_ptr(),
+            sin.data_ptr(),
+            plan.slot_mapping.data_ptr(),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            num_tokens,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            torch.get_num_threads(),
+        )
         q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
         q = qkv[:, :q_size].view(num_tokens, num_heads, head_dim)
         kv = (num_tokens, num_kv_heads, head_dim)
@@ -98,13 +107,35 @@ class NativeStep(TorchStep):
         size = rows * (width + c.qkv_width + num_heads * head_dim + 3 * c.intermediate)
         work = plan.scratch("decode_layer", (size,), torch.float32)
         status = plan.kernels.pk_decode_layer(
-            hidden.data_ptr(), rows, width, c.first_norm, c.second_norm, c.eps, c.formats, c.qkv,
-            c.qkv_bias, c.out, c.gate_up, c.down, c.intermediate, num_heads, num_kv_heads,
-            head_dim, cos.data_ptr(), sin.data_ptr(), plan.slot_mapping.data_ptr(),
-            k_cache.data_ptr(), v_cache.data_ptr(), g.tables.data_ptr(), g.tables.stride(0),
-            g.ctx_lens.data_ptr(), plan.block_size, head_dim**-0.5, work.data_ptr(),
+            hidden.data_ptr(),
+            rows,
+            width,
+            c.first_norm,
+            c.second_norm,
+            c.eps,
+            c.formats,
+            c.qkv,
+            c.qkv_bias,
+            c.out,
+            c.gate_up,
+            c.down,
+            c.intermediate,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            cos.data_ptr(),
+            sin.data_ptr(),
+            plan.slot_mapping.data_ptr(),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            g.tables.data_ptr(),
+            g.tables.stride(0),
+            g.ctx_lens.data_ptr(),
+            plan.block_size,
+            head_dim**-0.5,
+            work.data_ptr(),
             torch.get_num_threads(),
-        )  # fmt: skip
+        )
         if status != 0:
             raise MemoryError("decode layer: no memory for a quantized projection's scratch")
         return hidden

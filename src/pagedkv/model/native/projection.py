@@ -45,9 +45,11 @@ class NativeProjection(ProjectionBase):
             )
         self.in_features, self.out_features = in_features, out_features
         self.weight = nn.Parameter(weight.contiguous(), requires_grad=False)
-        self.bias = None if bias is None else nn.Parameter(
-            bias.to(torch.float32).contiguous(), requires_grad=False
-        )  # fmt: skip
+        self.bias = (
+            None
+            if bias is None
+            else nn.Parameter(bias.to(torch.float32).contiguous(), requires_grad=False)
+        )
         self._lib = native.kernels()
         if self._lib is None:
             raise RuntimeError(f"native kernels unavailable: {native.unavailable_reason()}")
@@ -83,11 +85,16 @@ class NativeProjection(ProjectionBase):
         rows = x.shape[0]
         y = torch.empty(rows, self.out_features, dtype=torch.float32)
         status = self._lib.pk_linear(
-            x.data_ptr(), self.weight.data_ptr(),
+            x.data_ptr(),
+            self.weight.data_ptr(),
             None if self.bias is None else self.bias.data_ptr(),
             None if residual is None else residual.data_ptr(),
-            y.data_ptr(), rows, self.in_features, self.out_features, torch.get_num_threads(),
-        )  # fmt: skip
+            y.data_ptr(),
+            rows,
+            self.in_features,
+            self.out_features,
+            torch.get_num_threads(),
+        )
         if status != 0:
             raise MemoryError("pk_linear: no memory for a thread's panel")
         return y
@@ -193,8 +200,12 @@ def gemm_product(
     operands = (
         None if bias is None else bias.data_ptr(),
         None if residual is None else residual.data_ptr(),
-        y.data_ptr(), rows, in_features, out_features, torch.get_num_threads(),
-    )  # fmt: skip
+        y.data_ptr(),
+        rows,
+        in_features,
+        out_features,
+        torch.get_num_threads(),
+    )
     if blocks:
         status = lib.pk_gemm_blocks(weight.kind, x.data_ptr(), weight.blocks.data_ptr(), *operands)
     else:

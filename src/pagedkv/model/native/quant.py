@@ -87,9 +87,11 @@ class NativeQuantProjection(ProjectionBase):
             raise RuntimeError(f"native kernels unavailable: {native.unavailable_reason()}")
         self.fmt, self.in_features, self.out_features = fmt, in_features, out_features
         self.register_buffer("blocks", ENCODERS[fmt](weight))
-        self.bias = None if bias is None else nn.Parameter(
-            bias.to(torch.float32).contiguous(), requires_grad=False
-        )  # fmt: skip
+        self.bias = (
+            None
+            if bias is None
+            else nn.Parameter(bias.to(torch.float32).contiguous(), requires_grad=False)
+        )
         self._kernel = getattr(self._lib, f"pk_linear_{fmt}")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -111,9 +113,13 @@ class NativeQuantProjection(ProjectionBase):
         """The weight dequantized, fp32 ``[out, in]`` (a new tensor the caller may keep)."""
         weight = torch.empty(self.out_features, self.in_features, dtype=torch.float32)
         self._lib.pk_dequantize(
-            FORMATS[self.fmt], self.blocks.data_ptr(), weight.data_ptr(), self.out_features,
-            self.in_features, torch.get_num_threads(),
-        )  # fmt: skip
+            FORMATS[self.fmt],
+            self.blocks.data_ptr(),
+            weight.data_ptr(),
+            self.out_features,
+            self.in_features,
+            torch.get_num_threads(),
+        )
         return weight
 
     def _block_weight(self) -> BlockWeight:
@@ -128,11 +134,16 @@ class NativeQuantProjection(ProjectionBase):
         rows = x.shape[0]
         y = torch.empty(rows, self.out_features, dtype=torch.float32)
         status = self._kernel(
-            x.data_ptr(), self.blocks.data_ptr(),
+            x.data_ptr(),
+            self.blocks.data_ptr(),
             None if self.bias is None else self.bias.data_ptr(),
             None if residual is None else residual.data_ptr(),
-            y.data_ptr(), rows, self.in_features, self.out_features, torch.get_num_threads(),
-        )  # fmt: skip
+            y.data_ptr(),
+            rows,
+            self.in_features,
+            self.out_features,
+            torch.get_num_threads(),
+        )
         if status != 0:
             raise MemoryError(f"{self.fmt} projection: no memory for a thread's scratch")
         return y

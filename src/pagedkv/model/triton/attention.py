@@ -118,8 +118,9 @@ class TritonPlan(LayerOps):
         """RoPE on Q and K and the K/V store in one launch (``rope_kv_write.py``: bit-equal to
         the torch ops it replaces, Q rotated in ``qkv``), then ``attend_stored``."""
         k_cache, v_cache = kv_cache
-        q, _, _ = self.kernels.rope_write_kv(qkv, cos, sin, k_cache, v_cache, self.slot_mapping,
-                                             heads.num_heads, in_place=True)  # fmt: skip
+        q, _, _ = self.kernels.rope_write_kv(
+            qkv, cos, sin, k_cache, v_cache, self.slot_mapping, heads.num_heads, in_place=True
+        )
         return self.attend_stored(q, kv_cache, scale)
 
     def attend_stored(self, q: torch.Tensor, kv_cache: KVCache, scale: float) -> torch.Tensor:
@@ -130,14 +131,28 @@ class TritonPlan(LayerOps):
         out = None
         if self.tiles is not None:
             out = kernels.paged_prefill(
-                q, k_cache, v_cache, self.block_tables, self.context_lens,
-                self.query_start_loc, self.tiles, scale, block_m=PREFILL_BLOCK_M,
-            )  # fmt: skip
+                q,
+                k_cache,
+                v_cache,
+                self.block_tables,
+                self.context_lens,
+                self.query_start_loc,
+                self.tiles,
+                scale,
+                block_m=PREFILL_BLOCK_M,
+            )
         if self.num_decode:
             out = kernels.paged_decode(
-                q, k_cache, v_cache, self.decode_tables, self.decode_lens, scale,
-                num_splits=self.num_splits, out=out, rows=self.decode_rows,
-            )  # fmt: skip
+                q,
+                k_cache,
+                v_cache,
+                self.decode_tables,
+                self.decode_lens,
+                scale,
+                num_splits=self.num_splits,
+                out=out,
+                rows=self.decode_rows,
+            )
         assert out is not None  # a step has at least one row
         return out.view(self.num_tokens, -1)
 

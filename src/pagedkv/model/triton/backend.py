@@ -36,8 +36,9 @@ class TritonBackend:
         """A decode plan over ``meta``'s static device buffers, its split count fixed by the rule
         at ``max_context_len``: what a CUDA graph records and replays."""
         num_seqs, num_kv_heads = meta.num_seqs, self.num_kv_heads
-        splits = self.kernels.decode_splits(num_seqs, num_kv_heads, max_context_len,
-                                            num_sms(self.device))  # fmt: skip
+        splits = self.kernels.decode_splits(
+            num_seqs, num_kv_heads, max_context_len, num_sms(self.device)
+        )
         return TritonPlan.for_graph(meta, block_size, self.kernels, splits)
 
     def copy_blocks(

@@ -150,11 +150,13 @@ def paged_decode(
         raise ValueError(f"out {tuple(out.shape)} must be shaped like q and contiguous in D")
     if num_seqs == 0 or num_rows == 0:
         return out
-    constants = decode_constants(num_q_heads // num_kv_heads, block_size,
-                                 tile_tokens(k_cache, tile), head_dim, k_cache.dtype)  # fmt: skip
+    constants = decode_constants(
+        num_q_heads // num_kv_heads, block_size, tile_tokens(k_cache, tile), head_dim, k_cache.dtype
+    )
     if num_splits > 1:
-        launch_split(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits, out,
-                     rows, constants)  # fmt: skip
+        launch_split(
+            q, k_cache, v_cache, block_tables, context_lens, scale, num_splits, out, rows, constants
+        )
         return out
     _decode_kernel[(num_seqs, num_kv_heads)](
         q,

@@ -25,8 +25,9 @@ LOG2_E = 1.4426950408889634
 
 
 @triton.jit
-def tile_offsets(bt_ptr, first, last, offs_t, stride_kb, stride_kt, B: tl.constexpr,
-                 T: tl.constexpr):  # fmt: skip
+def tile_offsets(
+    bt_ptr, first, last, offs_t, stride_kb, stride_kt, B: tl.constexpr, T: tl.constexpr
+):
     """(element offsets [T] of tokens ``first + offs_t`` in a pool with strides
     ``stride_kb``/``stride_kt``, their mask ``< last``): one table entry for the tile when B is a
     multiple of T (``first`` is then a multiple of T, so the tile lies in one block), else one

@@ -19,8 +19,16 @@ import torch
 
 from pagedkv.errors import UsageError
 
-_MODULES = ("decode", "decode_split", "prefill", "kv_write", "block_copy", "rope_kv_write",
-            "silu_mul", "rms_norm")  # fmt: skip
+_MODULES = (
+    "decode",
+    "decode_split",
+    "prefill",
+    "kv_write",
+    "block_copy",
+    "rope_kv_write",
+    "silu_mul",
+    "rms_norm",
+)
 _loaded: dict[str, TritonKernels] = {}
 
 

@@ -121,10 +121,12 @@ def _prefill_kernel(
     v_head = v_ptr + kv_head * stride_vh
     for first_key in tl.range(0, key_end, BLOCK_N, num_stages=NUM_STAGES):
         keys = first_key + offs_in_tile
-        k_offs, key_ok = tile_offsets(table_row, first_key, key_end, offs_in_tile, stride_kn,
-                                      stride_kb, BLOCK_SIZE, BLOCK_N)  # fmt: skip
-        v_offs, _ = tile_offsets(table_row, first_key, key_end, offs_in_tile, stride_vn,
-                                 stride_vb, BLOCK_SIZE, BLOCK_N)  # fmt: skip
+        k_offs, key_ok = tile_offsets(
+            table_row, first_key, key_end, offs_in_tile, stride_kn, stride_kb, BLOCK_SIZE, BLOCK_N
+        )
+        v_offs, _ = tile_offsets(
+            table_row, first_key, key_end, offs_in_tile, stride_vn, stride_vb, BLOCK_SIZE, BLOCK_N
+        )
         # Slots past the context hold stale or uninitialised data (maybe NaN): load zeros there,
         # since a masked score still multiplies V in the P@V dot (0 * NaN is NaN).
         k = tl.load(k_head + k_offs[:, None] + dims[None, :], mask=key_ok[:, None], other=0.0)

@@ -158,12 +158,25 @@ def rope_write_kv(
             raise ValueError(f"head_block {head_block} is not a power of two")
         grid = (num_tokens, triton.cdiv(total_heads, head_block))
         _rope_kv_write_kernel[grid](
-            qkv, cos, sin, out, k_cache, v_cache, slot_mapping,
-            qkv.stride(0), cos.stride(0), sin.stride(0), out.stride(0),
+            qkv,
+            cos,
+            sin,
+            out,
+            k_cache,
+            v_cache,
+            slot_mapping,
+            qkv.stride(0),
+            cos.stride(0),
+            sin.stride(0),
+            out.stride(0),
             *pool_strides(k_cache, v_cache),
-            NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_BLOCK=head_block,
-            BLOCK_SIZE=block_size, HEAD_DIM=head_dim, HALF=head_dim // 2,
-        )  # fmt: skip
+            NUM_HEADS=num_heads,
+            NUM_KV_HEADS=num_kv_heads,
+            HEAD_BLOCK=head_block,
+            BLOCK_SIZE=block_size,
+            HEAD_DIM=head_dim,
+            HALF=head_dim // 2,
+        )
     rotated = out.view(num_tokens, num_heads + num_kv_heads, head_dim)
     v = qkv[:, rotated_width:].view(num_tokens, num_kv_heads, head_dim)
     return rotated[:, :num_heads], rotated[:, num_heads:], v

@@ -92,10 +92,13 @@ class Setup:
 
 
 PAGEDKV_SETUP = Setup(
-    "llama-3-8b", "H200-141GB", 40 * 2**30, (16, 32, 64, 128, 256),
+    "llama-3-8b",
+    "H200-141GB",
+    40 * 2**30,
+    (16, 32, 64, 128, 256),
     {"sharegpt": (10.0, 20.0, 30.0, 40.0), "alpaca": (50.0, 100.0, 200.0, 300.0)},
     SchedulerConfig(max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=2048),
-)  # fmt: skip
+)
 
 
 def setup_of(clock: str) -> Setup:
@@ -249,11 +252,15 @@ def run(
     rows, shared_rows = all_rows[: len(paper)], all_rows[len(paper) :]
     cost, setup = _cost(clock), setup_of(clock)
     law = (
-        {"decode_attention_vs_measured_b16": {b: block_walk_factor(b, BACKEND) for b in BLOCK_SIZES},
-         "kernel": BACKEND}
+        {
+            "decode_attention_vs_measured_b16": {
+                b: block_walk_factor(b, BACKEND) for b in BLOCK_SIZES
+            },
+            "kernel": BACKEND,
+        }
         if clock == "vllm-class"
         else {"kernel": "pagedkv triton (paged decode law fitted to the ledger)"}
-    )  # fmt: skip
+    )
     return {
         "experiment": "block-size",
         "description": DESCRIPTION if clock == "vllm-class" else DESCRIPTION_PAGEDKV,

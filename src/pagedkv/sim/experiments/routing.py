@@ -47,13 +47,36 @@ ROUTERS = ("round-robin", "least-loaded", "prefix-aware")
 QUICK_NUM_REQUESTS = 1500
 # Kept in the JSON per point (the per-replica lists are kept whole).
 _FIELDS = (
-    "num_requests", "num_finished", "refused", "prompt_tokens", "output_tokens",
-    "prefix_hit_tokens", "ideal_prefix_hit_tokens", "prefix_hit_of_ideal", "prefix_hit_rate",
-    "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "e2e_p50_s", "e2e_p99_s",
-    "throughput_tokens_per_s", "duration_s", "mean_running", "peak_running", "load_imbalance",
-    "kv_utilization_mean", "cached_mean", "preemptions", "evictions", "num_steps",
-    "routing_decisions", "index_events", "num_kv_slots", "replicas",
-)  # fmt: skip
+    "num_requests",
+    "num_finished",
+    "refused",
+    "prompt_tokens",
+    "output_tokens",
+    "prefix_hit_tokens",
+    "ideal_prefix_hit_tokens",
+    "prefix_hit_of_ideal",
+    "prefix_hit_rate",
+    "ttft_p50_s",
+    "ttft_p90_s",
+    "ttft_p99_s",
+    "tpot_p50_s",
+    "e2e_p50_s",
+    "e2e_p99_s",
+    "throughput_tokens_per_s",
+    "duration_s",
+    "mean_running",
+    "peak_running",
+    "load_imbalance",
+    "kv_utilization_mean",
+    "cached_mean",
+    "preemptions",
+    "evictions",
+    "num_steps",
+    "routing_decisions",
+    "index_events",
+    "num_kv_slots",
+    "replicas",
+)
 
 
 def find_trace() -> Path:

@@ -67,11 +67,17 @@ def base_clock(data: GPUCheckData, decode_law: str, decode: dict[str, float]) ->
         "gemm": f"borrowed: {vllm_source}",
     }
     return EngineClock(
-        gpu=data.gpu.name, decode_law=decode_law, decode=decode, ref_block_size=ref,
-        gemm_launch_s=vllm.gemm_launch_s, gemm_bw_eff=vllm.gemm_bw_eff,
-        gemm_flops_eff=vllm.gemm_flops_eff, gemm_knee=vllm.gemm_knee,
-        sources=sources, **{k: v for k, v in STARTS.items()},
-    )  # fmt: skip
+        gpu=data.gpu.name,
+        decode_law=decode_law,
+        decode=decode,
+        ref_block_size=ref,
+        gemm_launch_s=vllm.gemm_launch_s,
+        gemm_bw_eff=vllm.gemm_bw_eff,
+        gemm_flops_eff=vllm.gemm_flops_eff,
+        gemm_knee=vllm.gemm_knee,
+        sources=sources,
+        **{k: v for k, v in STARTS.items()},
+    )
 
 
 def calibrate_engine(
@@ -97,23 +103,33 @@ def calibrate_engine(
         clock = fit_host(clock, data.host_steps)
         host_note = f"fitted on {len(data.host_steps)} host-only steps of {data.source}"
     else:
-        host_note = (f"fitted with the eager steps of {data.source} (no host-only step timed: "
-                     "per step and per sequence only; per table entry and per token not "
-                     "measured, 0)")  # fmt: skip
+        host_note = (
+            f"fitted with the eager steps of {data.source} (no host-only step timed: "
+            "per step and per sequence only; per table entry and per token not "
+            "measured, 0)"
+        )
     say(f"fitting steps: {len(data.eager_steps)} eager, {len(data.graph_steps)} with CUDA graphs")
-    clock = fit_steps(clock, model, data.gpu, data.eager_steps, data.graph_steps,
-                      host_fixed=bool(data.host_steps))  # fmt: skip
+    clock = fit_steps(
+        clock, model, data.gpu, data.eager_steps, data.graph_steps, host_fixed=bool(data.host_steps)
+    )
     steps_note = f"fitted on {len(data.eager_steps)} timed eager steps of {data.source}"
     graphs_note = (
         f"fitted on {len(data.graph_steps)} timed CUDA-graph steps of {data.source}"
-        if data.graph_steps else
-        "borrowed: no CUDA-graph step was timed; a replay assumed to remove exactly the eager "
+        if data.graph_steps
+        else "borrowed: no CUDA-graph step was timed; a replay assumed to remove exactly the eager "
         f"launches fitted above and cost {clock.graph_replay_s * 1e3:g} ms"
-    )  # fmt: skip
-    clock = replace(clock, sources={
-        **clock.sources, "prefill_attention": steps_note, "elementwise": steps_note,
-        "host": host_note, "host_eager": steps_note, "host_graphs": graphs_note,
-    })  # fmt: skip
+    )
+    clock = replace(
+        clock,
+        sources={
+            **clock.sources,
+            "prefill_attention": steps_note,
+            "elementwise": steps_note,
+            "host": host_note,
+            "host_eager": steps_note,
+            "host_graphs": graphs_note,
+        },
+    )
     meta: dict[str, Any] = {
         "fitted_on": data.source,
         "device": data.device_name,
@@ -145,6 +161,8 @@ def check_engine_runs(
     except UsageError as exc:
         return {"skipped": str(exc)}
     say(f"replaying the engine section's {len(requests)} requests on the clock, eager and graphs")
-    costs = {mode: EngineCostModel(model, data.gpu, clock, cuda_graphs=mode == "cuda_graphs")
-             for mode in ("eager", "cuda_graphs")}  # fmt: skip
+    costs = {
+        mode: EngineCostModel(model, data.gpu, clock, cuda_graphs=mode == "cuda_graphs")
+        for mode in ("eager", "cuda_graphs")
+    }
     return check_runs(data.workload, requests, data.runs, data.run_steps, costs)

@@ -50,9 +50,11 @@ def workload_requests(w: EngineWorkload, trace: str | Path | None = None) -> lis
 
 def replay(w: EngineWorkload, requests: list[TraceRequest], cost: CostModel) -> Any:
     """One simulated run of the workload on ``cost`` (a ``RunResult``)."""
-    scheduler = SchedulerConfig(max_num_seqs=w.max_num_seqs,
-                                max_num_batched_tokens=w.max_num_batched_tokens,
-                                max_model_len=w.max_model_len)  # fmt: skip
+    scheduler = SchedulerConfig(
+        max_num_seqs=w.max_num_seqs,
+        max_num_batched_tokens=w.max_num_batched_tokens,
+        max_model_len=w.max_model_len,
+    )
     # The engine's usable blocks + the null block, as build_parts gives its allocator.
     slots = (w.num_blocks + 1) * w.block_size
     policy = get_policy(w.policy).with_block_size(w.block_size)

@@ -44,10 +44,15 @@ from pagedkv.sim.pagedkv_triton.step_context import LongestShape
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 # benchmarks/gpu_check_run.DEVICE_SIZES of the engine section before it recorded its workload
 ENGINE_SECTION_V1: dict[str, Any] = {
-    "trace": "azure_llm_2023_conv.csv", "max_prompt": 2048, "max_output": 256,
-    "max_num_seqs": 256, "max_num_batched_tokens": 8192, "block_size": 16, "policy": "vllm",
+    "trace": "azure_llm_2023_conv.csv",
+    "max_prompt": 2048,
+    "max_output": 256,
+    "max_num_seqs": 256,
+    "max_num_batched_tokens": 8192,
+    "block_size": 16,
+    "policy": "vllm",
     "model_len_margin": 16,
-}  # fmt: skip
+}
 _SHAPE_FIELDS = {f.name for f in fields(StepShape)}
 LAYOUTS = ("paged", "contiguous")
 # What a timed step of the clock section may carry beside its shape, for people reading the
@@ -129,21 +134,26 @@ def ledger_rows(ledger: dict, where: str, layout: str = "paged") -> tuple[Ledger
     shape = ledger.get("shape")
     if not isinstance(shape, dict) or shape.get("dtype") not in DTYPE_BYTES:
         raise UsageError(f"{where}: ledger.shape needs num_kv_heads, head_dim and a dtype")
-    kv, hd = int(_num(shape.get("num_kv_heads"), f"{where}: ledger.shape.num_kv_heads")), int(
-        _num(shape.get("head_dim"), f"{where}: ledger.shape.head_dim"))  # fmt: skip
+    kv, hd = (
+        int(_num(shape.get("num_kv_heads"), f"{where}: ledger.shape.num_kv_heads")),
+        int(_num(shape.get("head_dim"), f"{where}: ledger.shape.head_dim")),
+    )
     rows = []
     for i, row in enumerate(ledger.get("rows", [])):
         if not isinstance(row, dict) or "median_ms" not in row:
             continue  # refused, skipped or failed: nothing measured
         at = f"{where}: ledger.rows[{i}]"
         if row.get("layout", "paged") not in LAYOUTS:
-            raise UsageError(f"{at}.layout must be one of {', '.join(LAYOUTS)}, "
-                             f"got {row.get('layout')!r}")  # fmt: skip
+            raise UsageError(
+                f"{at}.layout must be one of {', '.join(LAYOUTS)}, got {row.get('layout')!r}"
+            )
         if row.get("layout", "paged") != layout:
             continue
         ms = _num(row["median_ms"], f"{at}.median_ms")
-        b, ctx = int(_num(row.get("block_size"), f"{at}.block_size")), _num(
-            row.get("context_len"), f"{at}.context_len")  # fmt: skip
+        b, ctx = (
+            int(_num(row.get("block_size"), f"{at}.block_size")),
+            _num(row.get("context_len"), f"{at}.context_len"),
+        )
         n, s = int(_num(row.get("batch"), f"{at}.batch")), int(_num(row.get("num_splits", 1), at))
         if ms <= 0 or b < 1 or n < 1 or s < 1 or ctx < 1:
             raise UsageError(f"{at}: sizes and time must be > 0")
@@ -162,12 +172,19 @@ def timed_steps(records: Any, where: str) -> tuple[TimedStep, ...]:
             or "seconds" not in rec
             or not set(rec) - {"seconds", *STEP_NOTES} <= _SHAPE_FIELDS | {"max_context_tokens"}
         ):
-            raise UsageError(f"{where}[{i}]: a step is StepShape's fields, 'seconds' and "
-                             "optionally 'max_context_tokens'")  # fmt: skip
+            raise UsageError(
+                f"{where}[{i}]: a step is StepShape's fields, 'seconds' and "
+                "optionally 'max_context_tokens'"
+            )
         kind = LongestShape if "max_context_tokens" in rec else StepShape
         try:
-            shape = kind(**{k: int(_num(v, f"{where}[{i}].{k}")) for k, v in rec.items()
-                            if k != "seconds" and k not in STEP_NOTES})  # fmt: skip
+            shape = kind(
+                **{
+                    k: int(_num(v, f"{where}[{i}].{k}"))
+                    for k, v in rec.items()
+                    if k != "seconds" and k not in STEP_NOTES
+                }
+            )
         except TypeError as exc:
             raise UsageError(f"{where}[{i}]: {exc}") from None
         seconds = _num(rec["seconds"], f"{where}[{i}].seconds")
@@ -190,12 +207,19 @@ def _workload(engine: dict, clock: dict | None, where: str) -> EngineWorkload | 
             raise UsageError(f"{where}: sections.clock.workload: {exc}") from None
     v1 = ENGINE_SECTION_V1
     return EngineWorkload(
-        v1["trace"], int(engine["requests"]), v1["max_prompt"], v1["max_output"],
-        v1["max_num_seqs"], v1["max_num_batched_tokens"],
-        v1["max_prompt"] + v1["max_output"] + v1["model_len_margin"], v1["block_size"],
-        int(first["num_blocks"]), v1["policy"], int(engine["prompt_tokens"]),
+        v1["trace"],
+        int(engine["requests"]),
+        v1["max_prompt"],
+        v1["max_output"],
+        v1["max_num_seqs"],
+        v1["max_num_batched_tokens"],
+        v1["max_prompt"] + v1["max_output"] + v1["model_len_margin"],
+        v1["block_size"],
+        int(first["num_blocks"]),
+        v1["policy"],
+        int(engine["prompt_tokens"]),
         int(engine["output_tokens"]),
-    )  # fmt: skip
+    )
 
 
 def read_gpu_check(
@@ -246,8 +270,10 @@ def _read(path: Path, gpu: str | None, data: dict[str, Any], where: str) -> GPUC
             raise UsageError(f"cannot read cost profile {str(profile)!r}: {exc}") from None
         eager += timed_steps(samples, f"{profile}: samples")
     if not eager:
-        raise UsageError(f"{where}: no timed eager steps (no {profile.name} beside it, no "
-                         "clock section): nothing to fit the steps to")  # fmt: skip
+        raise UsageError(
+            f"{where}: no timed eager steps (no {profile.name} beside it, no "
+            "clock section): nothing to fit the steps to"
+        )
     graphs: tuple[TimedStep, ...] = ()
     if clock is not None and "graph_steps" in clock:
         graphs = timed_steps(clock["graph_steps"], f"{where}: sections.clock.graph_steps")
@@ -258,16 +284,32 @@ def _read(path: Path, gpu: str | None, data: dict[str, Any], where: str) -> GPUC
         if any(not isinstance(s.shape, LongestShape) for s in host):
             raise UsageError(f"{at}: every host-only step needs its max_context_tokens")
     engine = _section(data, "engine") or {}
-    runs = {k: _num(v["seconds"], f"{where}: engine.pagedkv.{k}.seconds")
-            for k, v in engine.get("pagedkv", {}).items()}  # fmt: skip
+    runs = {
+        k: _num(v["seconds"], f"{where}: engine.pagedkv.{k}.seconds")
+        for k, v in engine.get("pagedkv", {}).items()
+    }
     run_steps = {k: int(v.get("steps", 0)) for k, v in engine.get("pagedkv", {}).items()}
     shape = clock.get("model_shape") if clock is not None else None
     model = "<sections.clock.model_shape>" if shape else str(engine.get("model", "llama-3-8b"))
     label = f"{path.resolve().parent.name}/{path.name}"
     paged = ledger_rows(ledger, where)
     if not paged:
-        raise UsageError(f"{where}: the ledger timed no paged row: nothing to fit decode "
-                         "attention to")  # fmt: skip
-    return GPUCheckData(label, device, spec, model, shape, paged,
-                        ledger_rows(ledger, where, "contiguous"), ledger_kernels(ledger), eager,
-                        graphs, host, runs, run_steps, _workload(engine, clock, where))  # fmt: skip
+        raise UsageError(
+            f"{where}: the ledger timed no paged row: nothing to fit decode attention to"
+        )
+    return GPUCheckData(
+        label,
+        device,
+        spec,
+        model,
+        shape,
+        paged,
+        ledger_rows(ledger, where, "contiguous"),
+        ledger_kernels(ledger),
+        eager,
+        graphs,
+        host,
+        runs,
+        run_steps,
+        _workload(engine, clock, where),
+    )

@@ -47,8 +47,15 @@ DESCRIBES = (
     "host loop eager and with CUDA graphs"
 )
 # The clock's parts, each fitted or borrowed as a whole (``sources`` keys)
-PARTS = ("decode_attention", "prefill_attention", "gemm", "elementwise", "host", "host_eager",
-         "host_graphs")  # fmt: skip
+PARTS = (
+    "decode_attention",
+    "prefill_attention",
+    "gemm",
+    "elementwise",
+    "host",
+    "host_eager",
+    "host_graphs",
+)
 
 
 @dataclass(frozen=True)
@@ -105,9 +112,16 @@ def clock_to_dict(clock: EngineClock, meta: dict[str, Any]) -> dict[str, Any]:
     parameters."""
     params = asdict(clock)
     gpu, sources = params.pop("gpu"), params.pop("sources")
-    return {"format": ENGINE_CLOCK_FORMAT, "version": ENGINE_CLOCK_VERSION, "engine": ENGINE,
-            "describes": DESCRIBES, "gpu": gpu, "sources": sources, **meta,
-            "params": params}  # fmt: skip
+    return {
+        "format": ENGINE_CLOCK_FORMAT,
+        "version": ENGINE_CLOCK_VERSION,
+        "engine": ENGINE,
+        "describes": DESCRIBES,
+        "gpu": gpu,
+        "sources": sources,
+        **meta,
+        "params": params,
+    }
 
 
 def write_engine_clock(path: str | Path, clock: EngineClock, meta: dict[str, Any]) -> None:
@@ -123,15 +137,19 @@ def parse_engine_clock(data: Any, source: str) -> tuple[EngineClock, dict[str, A
     """The clock and the rest of the record; UsageError starting with ``source`` for anything
     that is not a version-1 engine clock with valid parameters."""
     if not is_engine_clock(data):
-        raise UsageError(f'{source}: not a pagedkv engine clock (no "format": '
-                         f'"{ENGINE_CLOCK_FORMAT}")')  # fmt: skip
+        raise UsageError(
+            f'{source}: not a pagedkv engine clock (no "format": "{ENGINE_CLOCK_FORMAT}")'
+        )
     if data.get("version") != ENGINE_CLOCK_VERSION:
-        raise UsageError(f"{source}: engine clock version {data.get('version')!r} is not "
-                         f"supported (this pagedkv reads {ENGINE_CLOCK_VERSION})")  # fmt: skip
+        raise UsageError(
+            f"{source}: engine clock version {data.get('version')!r} is not "
+            f"supported (this pagedkv reads {ENGINE_CLOCK_VERSION})"
+        )
     params, gpu, sources = data.get("params"), data.get("gpu"), data.get("sources", {})
     if not isinstance(params, dict) or not isinstance(gpu, str) or not isinstance(sources, dict):
-        raise UsageError(f"{source}: an engine clock needs 'gpu' (a name), 'params' and "
-                         "'sources' (objects)")  # fmt: skip
+        raise UsageError(
+            f"{source}: an engine clock needs 'gpu' (a name), 'params' and 'sources' (objects)"
+        )
     if not isinstance(params.get("decode"), dict):
         raise UsageError(f"{source}: params.decode must be an object of the law's parameters")
     try:

@@ -53,8 +53,12 @@ class EngineCostModel:
     @property
     def _gemm_clock(self) -> gc.GPUClock:
         c = self.clock
-        return gc.GPUClock(gemm_launch_s=c.gemm_launch_s, gemm_bw_eff=c.gemm_bw_eff,
-                           gemm_flops_eff=c.gemm_flops_eff, gemm_knee=c.gemm_knee)  # fmt: skip
+        return gc.GPUClock(
+            gemm_launch_s=c.gemm_launch_s,
+            gemm_bw_eff=c.gemm_bw_eff,
+            gemm_flops_eff=c.gemm_flops_eff,
+            gemm_knee=c.gemm_knee,
+        )
 
     def _element_bytes(self) -> int:
         """Bytes of one K (or V) value: from the model's KV record (a quantized KV reads fewer)."""
@@ -71,8 +75,16 @@ class EngineCostModel:
         kv_heads = max(1, md.num_kv_heads)
         longest = max(1, round(max(context_tokens, longest_tokens)))
         splits = decode_splits(num_seqs, kv_heads, longest, self.gpu.num_sms)
-        call = DecodeCall(num_seqs, context_tokens, block_size, splits, kv_heads,
-                          md.head_dim or 128, self._element_bytes(), longest)  # fmt: skip
+        call = DecodeCall(
+            num_seqs,
+            context_tokens,
+            block_size,
+            splits,
+            kv_heads,
+            md.head_dim or 128,
+            self._element_bytes(),
+            longest,
+        )
         return decode_call_s(c.decode_law, c.decode, self.gpu, call)
 
     def prefill_attention_s(self, shape: StepShape) -> float:
@@ -95,8 +107,9 @@ class EngineCostModel:
         gemm_clock = self._gemm_clock
         if shape.num_seqs and shape.num_decode_seqs == shape.num_seqs:
             mean = shape.decode_kv_tokens / shape.num_seqs
-            attention = self.decode_attention_s(shape.num_seqs, mean, max(1, shape.block_size),
-                                                longest_context_tokens(shape))  # fmt: skip
+            attention = self.decode_attention_s(
+                shape.num_seqs, mean, max(1, shape.block_size), longest_context_tokens(shape)
+            )
         else:
             attention = self.prefill_attention_s(shape)
         layer = layer_gemms_s(md, gemm_clock, g, m) + c.gpu_per_token_s * m + attention

@@ -215,9 +215,14 @@ def score_law(law: str, rows: Sequence[LedgerRow], gpu: GPUSpec) -> LawScore:
             held = fit_law(law, train, gpu)
             loco += [abs(e) for e in relative_errors(law, held, gpu, test)]
     return LawScore(
-        law, params, statistics.median(errs), _quantile(errs, 0.9), max(errs),
-        statistics.median(loco) if loco else None, _quantile(loco, 0.9) if loco else None,
-    )  # fmt: skip
+        law,
+        params,
+        statistics.median(errs),
+        _quantile(errs, 0.9),
+        max(errs),
+        statistics.median(loco) if loco else None,
+        _quantile(loco, 0.9) if loco else None,
+    )
 
 
 def choose_law(rows: Sequence[LedgerRow], gpu: GPUSpec) -> tuple[LawScore, list[LawScore]]:

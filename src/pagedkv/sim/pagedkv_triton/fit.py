@@ -35,15 +35,29 @@ from pagedkv.sim.pagedkv_triton.clock import EngineClock
 from pagedkv.sim.pagedkv_triton.cost import EngineCostModel
 from pagedkv.sim.pagedkv_triton.step_context import longest_context_tokens
 
-STEP_PARAMS = ("host_base_s", "host_per_seq_s", "launch_per_layer_s", "overlap_p",
-               "gpu_per_token_s", "prefill_launch_s", "prefill_decode_token_s",
-               "prefill_pair_s")  # fmt: skip
+STEP_PARAMS = (
+    "host_base_s",
+    "host_per_seq_s",
+    "launch_per_layer_s",
+    "overlap_p",
+    "gpu_per_token_s",
+    "prefill_launch_s",
+    "prefill_decode_token_s",
+    "prefill_pair_s",
+)
 GRAPH_PARAMS = ("graph_replay_s",)
 HOST_PARAMS = ("host_base_s", "host_per_seq_s", "host_per_table_entry_s", "host_per_token_s")
-STARTS = {"host_base_s": 1e-3, "host_per_seq_s": 2e-5, "launch_per_layer_s": 3e-4,
-          "overlap_p": 2.0, "gpu_per_token_s": 1e-7, "prefill_launch_s": 2e-5,
-          "prefill_decode_token_s": 2e-8, "prefill_pair_s": 2e-8,
-          "graph_replay_s": 1e-4}  # fmt: skip
+STARTS = {
+    "host_base_s": 1e-3,
+    "host_per_seq_s": 2e-5,
+    "launch_per_layer_s": 3e-4,
+    "overlap_p": 2.0,
+    "gpu_per_token_s": 1e-7,
+    "prefill_launch_s": 2e-5,
+    "prefill_decode_token_s": 2e-8,
+    "prefill_pair_s": 2e-8,
+    "graph_replay_s": 1e-4,
+}
 
 
 def _to_x(name: str, value: float) -> float:
@@ -149,8 +163,11 @@ def step_report(
     for kind in ("prefill", "mixed", "decode"):
         mine = [abs(e) for e, s in zip(errs, steps, strict=True) if _kind(s) == kind]
         if mine:
-            out[kind] = {"steps": len(mine), "median_rel_err": statistics.median(mine),
-                         "max_rel_err": max(mine)}  # fmt: skip
+            out[kind] = {
+                "steps": len(mine),
+                "median_rel_err": statistics.median(mine),
+                "max_rel_err": max(mine),
+            }
     total = sum(s.seconds for s in steps)
     out["sum_rel_err"] = (
         sum((1 + e) * s.seconds for e, s in zip(errs, steps, strict=True)) / total - 1
@@ -167,5 +184,11 @@ def host_report(
     total = sum(s.seconds for s in steps)
     predicted = sum((1 + e) * s.seconds for e, s in zip(errs, steps, strict=True))
     mags = [abs(e) for e in errs]
-    return {"all": {"steps": len(steps), "median_rel_err": statistics.median(mags),
-                    "max_rel_err": max(mags)}, "sum_rel_err": predicted / total - 1}  # fmt: skip
+    return {
+        "all": {
+            "steps": len(steps),
+            "median_rel_err": statistics.median(mags),
+            "max_rel_err": max(mags),
+        },
+        "sum_rel_err": predicted / total - 1,
+    }

@@ -96,8 +96,14 @@ class GPUClock:
             v = getattr(self, f.name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"clock parameter {f.name} must be finite and >= 0, got {v!r}")
-        for name in ("gemm_bw_eff", "gemm_flops_eff", "decode_bw_eff", "decode_tile_eff",
-                     "prefill_tile_eff", "gemm_knee"):  # fmt: skip
+        for name in (
+            "gemm_bw_eff",
+            "gemm_flops_eff",
+            "decode_bw_eff",
+            "decode_tile_eff",
+            "prefill_tile_eff",
+            "gemm_knee",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"clock parameter {name} must be > 0")
         missing = set(ELEMENTWISE_OPS) - set(self.elementwise)
@@ -146,9 +152,14 @@ def fa_num_splits(num_ctas: int, num_kv_tiles: int, num_slots: int) -> int:
 
 
 def decode_attention_s(
-    clock: GPUClock, gpu: GPUSpec, num_seqs: int, context_tokens: float, kv_heads: int,
-    head_dim: float, read_tokens: float | None = None,
-) -> float:  # fmt: skip
+    clock: GPUClock,
+    gpu: GPUSpec,
+    num_seqs: int,
+    context_tokens: float,
+    kv_heads: int,
+    head_dim: float,
+    read_tokens: float | None = None,
+) -> float:
     """One layer's decode attention: ``num_seqs`` sequences of ``context_tokens`` each (mean),
     ``kv_heads`` KV heads of ``head_dim`` (all query heads of a group share one CTA).
     ``read_tokens``: KV tokens read in all (whole blocks), default ``num_seqs * context``."""
@@ -178,9 +189,14 @@ def decode_attention_s(
 
 
 def prefill_attention_s(
-    clock: GPUClock, gpu: GPUSpec, num_seqs: int, chunk_tokens: float, cached_tokens: float,
-    query_heads: int, head_dim: int,
-) -> float:  # fmt: skip
+    clock: GPUClock,
+    gpu: GPUSpec,
+    num_seqs: int,
+    chunk_tokens: float,
+    cached_tokens: float,
+    query_heads: int,
+    head_dim: int,
+) -> float:
     """One layer's prefill attention: ``num_seqs`` chunks of ``chunk_tokens`` new queries
     (mean) after ``cached_tokens`` cached ones, causal within the chunk, ``query_heads``
     heads of ``head_dim``. The longest CTA walks the cached tiles and the chunk's own."""

@@ -37,7 +37,7 @@ PARAMS: dict[str, tuple[str, ...]] = {
         "decode_bw_eff",
         "decode_tile_eff",
         "decode_per_seq_s",
-    ),  # fmt: skip
+    ),
     "prefill_attention": ("prefill_launch_s", "prefill_split_s", "prefill_tile_eff"),
     "step_overhead": ("step_base_s", "step_per_seq_s", "step_per_worker_s"),
 }
@@ -84,8 +84,13 @@ def _groups(rows: Sequence[OpRow]) -> list[tuple[str, tuple[str, ...], list[OpRo
     for op in ELEMENTWISE_OPS:
         mine = [r for r in rows if r.family == "elementwise" and r.op == op]
         if mine:
-            out.append((f"elementwise:{op}", (f"elementwise:{op}:launch_s",
-                                              f"elementwise:{op}:bw_eff"), mine))  # fmt: skip
+            out.append(
+                (
+                    f"elementwise:{op}",
+                    (f"elementwise:{op}:launch_s", f"elementwise:{op}:bw_eff"),
+                    mine,
+                )
+            )
     return out
 
 
@@ -155,8 +160,13 @@ def summarize_errors(rel: Sequence[float]) -> dict[str, float | int]:
 
 def clock_to_dict(clock: GPUClock, gpu: GPUSpec, meta: dict[str, Any]) -> dict[str, Any]:
     params = asdict(clock)
-    return {"format": CLOCK_FORMAT, "version": CLOCK_VERSION, "gpu": gpu.name, **meta,
-            "params": params}  # fmt: skip
+    return {
+        "format": CLOCK_FORMAT,
+        "version": CLOCK_VERSION,
+        "gpu": gpu.name,
+        **meta,
+        "params": params,
+    }
 
 
 def write_clock(path: str | Path, clock: GPUClock, gpu: GPUSpec, meta: dict[str, Any]) -> None:
