@@ -16,7 +16,7 @@ every projection on pagedkv's kernels (``native/projection.py``), in torch
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -29,32 +29,9 @@ from pagedkv.model.decoder_layer import DecoderLayer
 from pagedkv.model.kv_pool import KVCache
 from pagedkv.model.layers import RMSNorm, RotaryEmbedding
 from pagedkv.model.native.projection import NativeProjection, native_factory
-from pagedkv.model.projection import Projection, ProjectionBase, projection_from_pieces
+from pagedkv.model.projection import Projection
+from pagedkv.model.weights import Load, ProjectionFactory, check_names, load_ends, load_layer
 from pagedkv.pages.backends import resolve_backend
-
-# A layer's projections → the canonical pieces their weight (and bias) concatenate, by rows.
-PROJECTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "qkv_proj": (
-        ("q_proj.weight", "k_proj.weight", "v_proj.weight"),
-        ("q_proj.bias", "k_proj.bias", "v_proj.bias"),
-    ),
-    "o_proj": (("o_proj.weight",), ()),
-    "mlp.gate_up_proj": (("gate_proj.weight", "up_proj.weight"), ()),
-    "mlp.down_proj": (("down_proj.weight",), ()),
-}
-# Layer parameters stored one to one: ours → canonical (the q/k norms where the family has
-# them: ``config.ARCHITECTURES``).
-LAYER_PARAMETERS: dict[str, str] = {
-    "input_norm.weight": "input_layernorm.weight",
-    "post_attention_norm.weight": "post_attention_layernorm.weight",
-}
-HEAD_NORM_PARAMETERS: dict[str, str] = {
-    "q_norm.weight": "q_norm.weight",
-    "k_norm.weight": "k_norm.weight",
-}
-# Builds one projection (a ``ProjectionBase``) from its fused weight ``[out, in]`` and bias or
-# None: by default ``Projection`` in the model dtype; ``quant.py`` makes the quantized ones.
-ProjectionFactory = Callable[[str, torch.Tensor, torch.Tensor | None], ProjectionBase]
 
 
 class CausalLM(nn.Module):
@@ -188,82 +165,14 @@ class CausalLM(nn.Module):
             }
         if make_projection is None and kernels is not None:
             make_projection = native_factory()
-        expected = _canonical_names(self.config)
-        missing = sorted(expected - weights.keys())
-        unexpected = sorted(weights.keys() - expected - {"rope_freqs.weight"})
-        if missing or unexpected:
-            raise ValueError(
-                f"weights do not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
-            )
-        cfg = self.config
-        embed = weights["embed_tokens.weight"]
-        lm_head = embed if cfg.tie_word_embeddings else weights["lm_head.weight"]
-        _check_shape("embed_tokens.weight", embed, (cfg.vocab_size, cfg.hidden_size))
-        _check_shape("lm_head.weight", lm_head, (cfg.vocab_size, cfg.hidden_size))
-        self.lm_head = projection_from_pieces("lm_head", [lm_head], [], dtype, make_projection)
-        if cfg.tie_word_embeddings and isinstance(self.lm_head, (Projection, NativeProjection)):
-            self.embed_tokens = None
-        else:
-            self.embed_tokens = nn.Embedding.from_pretrained(embed.to(dtype), freeze=True)
-        self.norm.weight = _parameter("norm.weight", weights["norm.weight"], self.norm, dtype)
-        self.norm.kernels = kernels if cfg.hidden_size % 8 == 0 else None
+        check_names(self.config, weights)
+        load = Load(self.config, weights, dtype, make_projection, kernels)
+        load_ends(self, load)
         for i, layer in enumerate(self.layers):
-            for ours, (weight_names, bias_names) in PROJECTIONS.items():
-                old = layer.get_submodule(ours)
-                pieces = [weights[f"layers.{i}.{p}"] for p in weight_names]
-                biases = [weights[f"layers.{i}.{p}"] for p in bias_names if old.bias is not None]
-                rows = sum(p.shape[0] for p in pieces)
-                for name, piece in zip(weight_names, pieces, strict=True):
-                    _check_shape(f"layers.{i}.{name}", piece, (piece.shape[0], old.in_features))
-                if rows != old.out_features:
-                    raise ValueError(
-                        f"layers.{i}.{ours}: {rows} rows, model wants {old.out_features}"
-                    )
-                new = projection_from_pieces(
-                    f"layers.{i}.{ours}", pieces, biases, dtype, make_projection
-                )
-                owner, _, leaf = ours.rpartition(".")
-                setattr(layer.get_submodule(owner) if owner else layer, leaf, new)
-            for ours, canonical in _layer_parameters(cfg).items():
-                norm = layer.get_submodule(ours.rpartition(".")[0])
-                norm.weight = _parameter(
-                    f"layers.{i}.{canonical}", weights[f"layers.{i}.{canonical}"], norm, dtype
-                )
-                norm.kernels = kernels if norm.weight.shape[0] % 8 == 0 else None
-            layer.mlp.kernels = kernels
+            load_layer(load, i, layer)
         if "rope_freqs.weight" in weights:
             self.rotary.scale_frequencies(weights["rope_freqs.weight"])
         self.rotary.to(device)
-
-
-def _check_shape(name: str, tensor: torch.Tensor, want: tuple[int, ...]) -> None:
-    if tuple(tensor.shape) != tuple(want):
-        raise ValueError(f"{name}: shape {tuple(tensor.shape)}, model wants {tuple(want)}")
-
-
-def _parameter(
-    name: str, tensor: torch.Tensor, norm: nn.Module, dtype: torch.dtype
-) -> nn.Parameter:
-    _check_shape(name, tensor, tuple(norm.weight.shape))
-    return nn.Parameter(tensor.detach().to(dtype).contiguous(), requires_grad=False)
-
-
-def _layer_parameters(config: ModelConfig) -> dict[str, str]:
-    return {**LAYER_PARAMETERS, **(HEAD_NORM_PARAMETERS if config.family.qk_norm else {})}
-
-
-def _canonical_names(config: ModelConfig) -> set[str]:
-    names = {"embed_tokens.weight", "norm.weight"}
-    if not config.tie_word_embeddings:
-        names.add("lm_head.weight")
-    for i in range(config.num_layers):
-        per_layer = [*_layer_parameters(config).values()]
-        for weight_names, bias_names in PROJECTIONS.values():
-            per_layer.extend(weight_names)
-            if config.attention_bias:
-                per_layer.extend(bias_names)
-        names.update(f"layers.{i}.{p}" for p in per_layer)
-    return names
 
 
 # The explicit architecture → model class table. All supported families share one forward.

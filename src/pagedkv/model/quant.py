@@ -92,7 +92,7 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class QuantizingFactory:
-    """A ``ProjectionFactory`` for ``llama.load_weights``: quantizes each projection and builds
+    """A ``ProjectionFactory`` for ``CausalLM.load_weights`` (``weights.py``): quantizes each projection and builds
     it on the kernel the module docstring's rule names (the same on every start).
     ``report()`` says what runs, per shape."""
 
