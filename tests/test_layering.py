@@ -169,7 +169,7 @@ def test_the_circle_check_sees_real_imports_and_finds_circles():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
 
 
-# DESIGN.md's layer picture, bottom first: a package may import only packages of the layers
+# docs/architecture.md's layer picture, bottom first: a package may import only packages of the layers
 # below its own (never a sibling). ``pagedkv`` is the root package (``__version__`` only).
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("pagedkv", "errors"),
@@ -227,7 +227,7 @@ def test_the_layer_table_names_every_package_once():
 
 def test_imports_follow_the_layers():
     violations = _layer_violations(_import_graph())
-    assert not violations, "imports against DESIGN.md's layers: " + "; ".join(violations)
+    assert not violations, "imports against docs/architecture.md's layers: " + "; ".join(violations)
 
 
 def test_the_layer_check_catches_a_violation():

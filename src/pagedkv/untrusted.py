@@ -1,6 +1,6 @@
 """Reading JSON that a peer or Redis sent: bounded, validated, one exception type.
 
-DESIGN.md's rule 7: every byte from a peer (a replica's ``/pagedkv/info``, a P/D handshake
+docs/architecture.md's rule 7: every byte from a peer (a replica's ``/pagedkv/info``, a P/D handshake
 record) or from Redis (a KV event entry) is untrusted. ``parse_json`` refuses, before
 ``json.loads`` sees the text:
 

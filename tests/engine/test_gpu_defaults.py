@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import pagedkv.engine.startup as startup
+import pagedkv.engine.pool_plan as pool_plan
 from pagedkv.commands import busy_machine
 from pagedkv.engine import EngineConfig
 from pagedkv.errors import UsageError
@@ -26,34 +26,34 @@ def on_a_gpu(monkeypatch):
         rule, note = resolve_backend(backend, "cuda")
         return Placement(GPU.device, dtype or "bfloat16", rule, note)
 
-    monkeypatch.setattr(startup, "resolve_placement", resolve)
+    monkeypatch.setattr(pool_plan, "resolve_placement", resolve)
 
 
 def test_cuda_graphs_default_on_a_gpu_with_triton_only(on_a_gpu):
-    placement = startup.engine_placement(EngineConfig(device="cuda"))
+    placement = pool_plan.engine_placement(EngineConfig(device="cuda"))
     assert placement == GPU
-    assert startup.graphs_wanted(EngineConfig(device="cuda"), placement)
-    assert not startup.graphs_wanted(EngineConfig(device="cuda", cuda_graphs=False), placement)
-    torch_sdpa = startup.engine_placement(EngineConfig(attention_backend="torch-sdpa"))
-    assert not startup.graphs_wanted(EngineConfig(), torch_sdpa)
+    assert pool_plan.graphs_wanted(EngineConfig(device="cuda"), placement)
+    assert not pool_plan.graphs_wanted(EngineConfig(device="cuda", cuda_graphs=False), placement)
+    torch_sdpa = pool_plan.engine_placement(EngineConfig(attention_backend="torch-sdpa"))
+    assert not pool_plan.graphs_wanted(EngineConfig(), torch_sdpa)
     with pytest.raises(UsageError, match="--cuda-graphs needs --device cuda and the triton"):
-        startup.engine_placement(EngineConfig(attention_backend="torch-sdpa", cuda_graphs=True))
+        pool_plan.engine_placement(EngineConfig(attention_backend="torch-sdpa", cuda_graphs=True))
     # The old name of an earlier vocabulary still works, and says what it became.
-    old = startup.engine_placement(EngineConfig(attention_backend="torch"))
+    old = pool_plan.engine_placement(EngineConfig(attention_backend="torch"))
     assert old.attention_backend == "torch-sdpa" and "now called torch-sdpa" in old.backend_note
 
 
 def test_cuda_graphs_stay_off_on_the_cpu():
-    placement = startup.engine_placement(EngineConfig(device="cpu"))
-    assert not startup.graphs_wanted(EngineConfig(device="cpu"), placement)
+    placement = pool_plan.engine_placement(EngineConfig(device="cpu"))
+    assert not pool_plan.graphs_wanted(EngineConfig(device="cpu"), placement)
 
 
 def test_reserved_runs_on_the_triton_kernels_on_a_gpu(on_a_gpu):
     """A max_model_len region is one block, and the kernels' tiles gather through the table:
     the reserved baseline runs where the paged policies run, with CUDA graphs."""
-    placement = startup.engine_placement(EngineConfig(policy="reserved"))
+    placement = pool_plan.engine_placement(EngineConfig(policy="reserved"))
     assert placement.attention_backend == "triton" and placement.device == GPU.device
-    assert startup.graphs_wanted(EngineConfig(policy="reserved"), placement)
+    assert pool_plan.graphs_wanted(EngineConfig(policy="reserved"), placement)
 
 
 def test_the_busy_warning_is_for_cpu_threads_only(monkeypatch, capsys):

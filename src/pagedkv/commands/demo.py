@@ -52,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from pagedkv.engine import LLMEngine, SamplingParams
-    from pagedkv.engine.startup import build_parts, engine_placement
+    from pagedkv.engine.pool_plan import engine_placement
+    from pagedkv.engine.startup import build_parts
     from pagedkv.model.loader import load_model
 
     if not 1 <= args.num_requests <= len(QUESTIONS):

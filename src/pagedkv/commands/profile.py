@@ -202,8 +202,8 @@ def measure(
     import rich.progress
     import torch
 
+    from pagedkv.engine.pool_plan import engine_placement
     from pagedkv.engine.profiling import machine_meta, profile_engine
-    from pagedkv.engine.startup import engine_placement
     from pagedkv.model import load_model
     from pagedkv.sim.costs.profile_fit import build_profile
 

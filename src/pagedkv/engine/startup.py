@@ -9,44 +9,36 @@ from dataclasses import dataclass, field
 from pagedkv.engine.card_memory import (
     CardStart,
     card_start,
-    free_memory_bytes,
     measure_card,
     profile_peak_bytes,
 )
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.kv.events import EngineKVEvents, new_instance_id, open_kv_events
 from pagedkv.engine.kv.identity import model_identity
-from pagedkv.engine.kv.setup import attach_tiers, host_tier_blocks
-from pagedkv.engine.kv.store import check_store_policy, store_tiers
+from pagedkv.engine.kv.setup import attach_tiers
+from pagedkv.engine.kv.store import store_tiers
 from pagedkv.engine.memory import (
-    CPU_KV_CACHE_MEMORY_BYTES,
     check_fits_one_sequence,
-    check_pool_fits,
-    check_swap_holds_a_block,
-    fixed_pool_blocks,
     kv_bytes_from_card,
 )
+from pagedkv.engine.pool_plan import PoolPlan, graphs_wanted, plan_pool
 from pagedkv.engine.runner import ModelRunner
 from pagedkv.engine.startup_report import startup_report
 from pagedkv.errors import UsageError
-from pagedkv.kvcache.policies import Policy, get_policy
+from pagedkv.kvcache.policies import Policy
 from pagedkv.kvcache.protocol import KVAllocator
 from pagedkv.kvstore.tier import StoreTier
 from pagedkv.model.attention_backend import make_backend
 from pagedkv.model.config import ModelConfig
-from pagedkv.model.device import Placement, make_current, resolve_placement
+from pagedkv.model.device import Placement, make_current
 from pagedkv.model.llama import CausalLM
 from pagedkv.model.loader import load_model, read_model_shape
 from pagedkv.model.tokenizer import Tokenizer
-from pagedkv.pages.backends import RULES
-from pagedkv.pages.kv_dtypes import get_kv_dtype
-from pagedkv.pages.layout import KVLayout, layout_from_shape
+from pagedkv.pages.layout import KVLayout
 from pagedkv.pages.page_format import PageFormat
-from pagedkv.planner.constraints import BlockSizeResolution, resolve_block_size
+from pagedkv.planner.constraints import BlockSizeResolution
 from pagedkv.sched.config import SchedulerConfig
 from pagedkv.sched.scheduler import Scheduler
-
-DEFAULT_MAX_MODEL_LEN = 2048
 
 
 @dataclass(frozen=True)
@@ -138,66 +130,6 @@ def build_parts(
     )
 
 
-@dataclass(frozen=True)
-class PoolPlan:
-    """What the model's shape and the flags decide before the weights load. ``num_blocks``:
-    the pool's blocks, None where the card sizes it (a GPU without ``--kv-cache-memory``)."""
-
-    max_model_len: int
-    policy: Policy
-    placement: Placement
-    layout: KVLayout
-    resolution: BlockSizeResolution
-    page_format: PageFormat
-    num_blocks: int | None
-    num_host_kv_blocks: int
-    lines: list[str]
-
-
-def plan_pool(config: EngineConfig, model_config: ModelConfig) -> PoolPlan:
-    """Section 1, the pool's plan: the context, the policy, the placement, the block size (the
-    backend's rule) and, for a given or CPU pool, its blocks, checked against the memory."""
-    context = model_config.max_position_embeddings
-    max_model_len = config.max_model_len or min(context, DEFAULT_MAX_MODEL_LEN)
-    if max_model_len > context:
-        raise UsageError(
-            f"max_model_len {max_model_len} exceeds the model's context of {context} tokens",
-            param="max_model_len",
-        )
-    policy, placement = get_policy(config.policy), engine_placement(config)
-    layout = layout_from_shape(model_config.model_shape(), get_kv_dtype(placement.dtype).name)
-    reserved = policy.allocator == "reserved"
-    # Reserved: one region of max_model_len slots per sequence is the whole point of this
-    # baseline, one block, which every backend reads (the Triton tiles gather through the table).
-    requested = max_model_len if reserved else config.block_size or policy.block_size
-    resolution = resolve_block_size(requested, placement.backend.name, layout)
-    block_size = resolution.block_size
-    if not reserved:  # the prefix match unit must divide the block size the kernel took
-        policy = config.engine_policy(block_size)
-    num_blocks = None
-    if config.kv_cache_memory_bytes is not None or placement.device.type != "cuda":
-        memory_bytes = config.kv_cache_memory_bytes or CPU_KV_CACHE_MEMORY_BYTES
-        num_blocks = fixed_pool_blocks(memory_bytes, layout, block_size, reserved)
-        pool_bytes = num_blocks * layout.block_bytes(block_size)
-        check_pool_fits(pool_bytes, free_memory_bytes(placement.device), placement.device.type)
-    check_swap_holds_a_block(config.preemption_mode, config.swap_space_bytes, layout, block_size)
-    num_host_kv_blocks = host_tier_blocks(config, policy, layout, block_size)
-    check_store_policy(config, policy)
-    lines = [placement.describe(), *([placement.backend_note] if placement.backend_note else [])]
-    page_format = PageFormat.from_layout(layout, block_size)
-    return PoolPlan(
-        max_model_len,
-        policy,
-        placement,
-        layout,
-        resolution,
-        page_format,
-        num_blocks,
-        num_host_kv_blocks,
-        lines,
-    )
-
-
 def size_pool(
     config: EngineConfig, plan: PoolPlan, model, backend, start: CardStart | None
 ) -> tuple[int, list[str]]:
@@ -285,26 +217,3 @@ def attach_extras(config: EngineConfig, plan: PoolPlan, runtime: Runtime, model)
     lines += event_lines
     lines += (model.weights_report if model is not None else "").splitlines()
     return Extras(store[0][0] if store else None, kv_events, instance_id, lines)
-
-
-def engine_placement(config: EngineConfig) -> Placement:
-    """The engine's device, dtype and attention backend. ``UsageError``: no such device, or
-    CUDA graphs asked for without a GPU and the Triton backend."""
-    placement = resolve_placement(config.device, config.dtype, config.attention_backend)
-    if config.cuda_graphs and not graphs_possible(placement):
-        recorded = " or ".join(r.name for r in RULES.values() if r.cuda_graphs)
-        raise UsageError(
-            f"--cuda-graphs needs --device cuda and the {recorded} attention backend",
-            param="cuda_graphs",
-        )
-    return placement
-
-
-def graphs_possible(placement: Placement) -> bool:
-    """CUDA graphs replay decode steps on a GPU, of a backend whose steps can be recorded."""
-    return placement.device.type == "cuda" and placement.backend.cuda_graphs
-
-
-def graphs_wanted(config: EngineConfig, placement: Placement) -> bool:
-    """``config.cuda_graphs``, or by default on wherever they can run."""
-    return graphs_possible(placement) if config.cuda_graphs is None else config.cuda_graphs

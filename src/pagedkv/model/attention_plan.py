@@ -80,17 +80,7 @@ class AttentionPlan:
         this is the reference path there, ``model/triton/`` the fast one)."""
         self.device = torch.device("cpu") if device is None else device
         if meta.slot_mapping.device.type != "cpu":  # the plan reads it on the host
-            meta = AttentionMetadata(
-                *(
-                    t.cpu()
-                    for t in (
-                        meta.slot_mapping,
-                        meta.block_tables,
-                        meta.context_lens,
-                        meta.query_start_loc,
-                    )
-                )
-            )
+            meta = AttentionMetadata(*(t.cpu() for t in _fields(meta)))
         self.kernels = kernels
         self.block_size = block_size
         self.slot_mapping = meta.slot_mapping.to(torch.int64).contiguous()
@@ -111,20 +101,9 @@ class AttentionPlan:
                 bool((q_lens == 1).all()),
             )
         else:
-            if (decode_ids := (q_lens == 1).nonzero().flatten()).numel():
-                whole = decode_ids.numel() == meta.num_seqs  # then row i is sequence i
-                rows = None if whole else starts[decode_ids]
-                ctx, table = ctx_lens[decode_ids], tables[decode_ids]
-                self.decode = _plan_decode(rows, ctx, table, block_size, dtype)
-            self.prefills = [
-                _plan_prefill(
-                    int(starts[i]), int(q_lens[i]), int(ctx_lens[i]), tables[i], block_size, dtype
-                )
-                for i in (q_lens > 1)
-                .nonzero()
-                .flatten()
-                .tolist()  # host: made from meta on the host
-            ]
+            self.decode, self.prefills = _plan_torch(
+                starts, q_lens, ctx_lens, tables, block_size, dtype
+            )
         if self.device.type != "cpu":
             self.slot_mapping = self.slot_mapping.to(self.device)
             self.decode = _moved(self.decode, self.device)
@@ -223,3 +202,32 @@ def _plan_prefill(
         hidden_keys[None, None], -torch.inf
     )
     return PrefillSeq(start, start + new, gather_slots, mask, _consecutive_from(gather_slots))
+
+
+def _fields(meta: AttentionMetadata) -> tuple[torch.Tensor, ...]:
+    return meta.slot_mapping, meta.block_tables, meta.context_lens, meta.query_start_loc
+
+
+def _plan_torch(
+    starts: torch.Tensor,
+    q_lens: torch.Tensor,
+    ctx_lens: torch.Tensor,
+    tables: torch.Tensor,
+    block_size: int,
+    dtype: torch.dtype,
+) -> tuple[DecodeGroup | None, list[PrefillSeq]]:
+    """The torch path's plan (host tensors): the decode rows as one group, each prefill chunk
+    on its own."""
+    decode = None
+    if (decode_ids := (q_lens == 1).nonzero().flatten()).numel():
+        whole = decode_ids.numel() == ctx_lens.numel()  # then row i is sequence i
+        rows = None if whole else starts[decode_ids]
+        decode = _plan_decode(rows, ctx_lens[decode_ids], tables[decode_ids], block_size, dtype)
+    prefill_ids = (q_lens > 1).nonzero().flatten().tolist()  # host: made from meta on the host
+    prefills = [
+        _plan_prefill(
+            int(starts[i]), int(q_lens[i]), int(ctx_lens[i]), tables[i], block_size, dtype
+        )
+        for i in prefill_ids
+    ]
+    return decode, prefills

@@ -9,6 +9,7 @@ the weights, so start-up may read it before the load.
 
 from __future__ import annotations
 
+import math
 import struct
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -138,8 +139,9 @@ def gguf_shape_fields(
 
     Tensor names decide what metadata cannot: tied embeddings (no ``output.weight``) and
     attention bias (``blk.0.attn_q.bias``). The parameter count is the sum of the tensor
-    element counts, which is exact. Weights are dequantized to fp32 at load (see DESIGN.md),
-    which is what a memory budget must count. UsageError naming a missing required key.
+    element counts, which is exact. Weights load dequantized unless ``--weights`` keeps them
+    quantized (``model/quant.py``), which a memory budget must count. UsageError naming a
+    missing required key.
     """
     arch = metadata.get("general.architecture")
     if not isinstance(arch, str) or not arch:
@@ -154,12 +156,7 @@ def gguf_shape_fields(
             raise UsageError(f"GGUF {origin} lacks {arch}.{GGUF_KEYS[field]}")
         return int(value)
 
-    num_params = 0
-    for shape in tensor_shapes.values():
-        count = 1
-        for dim in shape:
-            count *= dim
-        num_params += count
+    num_params = sum(math.prod(shape) for shape in tensor_shapes.values())
     num_heads = require("num_heads")
     hidden = get("hidden_size")
     head_dim = get("head_dim")
@@ -167,7 +164,6 @@ def gguf_shape_fields(
         head_dim = require("hidden_size") // num_heads
     mla = get("kv_lora_rank") is not None
     vocab = get("vocab_size") or len(metadata.get("tokenizer.ggml.tokens") or ()) or None
-    eos = metadata.get("tokenizer.ggml.eos_token_id")
     scaling = metadata.get(f"{arch}.rope.scaling.type") or "none"
     fields: dict[str, Any] = {
         "architecture": arch,
@@ -191,6 +187,14 @@ def gguf_shape_fields(
         "rope_scaling_type": "default" if scaling == "none" else str(scaling),
         "tie_word_embeddings": "output.weight" not in tensor_shapes,
         "attention_bias": "blk.0.attn_q.bias" in tensor_shapes,
+    }
+    fields.update(_tokens_and_name(metadata))
+    return fields
+
+
+def _tokens_and_name(metadata: dict[str, Any]) -> dict[str, Any]:
+    eos = metadata.get("tokenizer.ggml.eos_token_id")
+    fields = {
         "bos_token_id": _opt_int(metadata.get("tokenizer.ggml.bos_token_id")),
         "eos_token_ids": () if eos is None else (int(eos),),
     }

@@ -1,7 +1,7 @@
 """What the router reads of a replica's answer, within caps: its server-sent events
 (``SSESplitter``, incrementally, a cap per event) and a whole body (``read_at_most``).
 
-A replica's stream is untrusted input (DESIGN.md, rule 7): one that never sends the blank line
+A replica's stream is untrusted input (docs/architecture.md, rule 7): one that never sends the blank line
 ending an event must not make the router hold, or re-scan, everything it sent. ``SSESplitter``
 therefore keeps the pending event as the chunks it arrived in (joined once, when the event is
 whole) and searches each new chunk only, plus the one byte before it: the separator ``\\n\\n``

@@ -43,7 +43,7 @@ async def prometheus(request: Request) -> Response:
 
 
 async def replica_info(request: Request) -> JSONResponse:
-    """This replica's self-description for routers (``engine/kv_events.describe_replica``;
+    """This replica's self-description for routers (``engine/kv/events.describe_replica``;
     schema in docs/kv_events.md). Behind the API key like the ``/v1`` routes."""
     return JSONResponse(request.app.state.replica_info)
 

@@ -136,14 +136,8 @@ def paged_decode(
     """
     num_rows, num_q_heads, head_dim = q.shape
     num_seqs = context_lens.shape[0]
-    _, block_size, num_kv_heads, cache_head_dim = k_cache.shape
-    DECODE.check(block_size, head_dim)
+    _, block_size, num_kv_heads, _ = k_cache.shape
     _check_inputs(q, k_cache, v_cache, block_tables, context_lens, num_splits, rows)
-    if cache_head_dim != head_dim or num_q_heads % num_kv_heads:
-        raise ValueError(
-            f"q {tuple(q.shape)} does not match the cache {tuple(k_cache.shape)} "
-            "(head dims must agree and Hq be a multiple of Hkv)"
-        )
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     elif out.shape != q.shape or out.stride(2) != 1:
@@ -158,6 +152,61 @@ def paged_decode(
             q, k_cache, v_cache, block_tables, context_lens, scale, num_splits, out, rows, constants
         )
         return out
+    _launch(q, k_cache, v_cache, block_tables, context_lens, scale, out, rows, constants)
+    return out
+
+
+def _check_inputs(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    num_splits: int,
+    rows: torch.Tensor | None,
+) -> None:
+    """Shape/dtype/layout checks on metadata only (no device reads); the head dim against
+    ``DECODE``'s rule (UsageError)."""
+    _, num_q_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, cache_head_dim = k_cache.shape
+    DECODE.check(block_size, head_dim)
+    if cache_head_dim != head_dim or num_q_heads % num_kv_heads:
+        raise ValueError(
+            f"q {tuple(q.shape)} does not match the cache {tuple(k_cache.shape)} "
+            "(head dims must agree and Hq be a multiple of Hkv)"
+        )
+    if k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype:
+        raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache differ")
+    if q.stride(2) != 1 or k_cache.stride(3) != 1 or v_cache.stride(3) != 1:
+        raise ValueError("q and the caches must be contiguous in the head dim")
+    if block_tables.dtype != torch.int32 or context_lens.dtype != torch.int32:
+        raise ValueError("block_tables and context_lens must be int32")
+    num_seqs = context_lens.shape[0]
+    if block_tables.shape[0] != num_seqs or context_lens.dim() != 1:
+        raise ValueError("block_tables and context_lens need one row per sequence")
+    if rows is None and num_seqs != q.shape[0]:
+        raise ValueError("without rows, q needs one row per sequence")
+    if rows is not None and (rows.dtype != torch.int32 or rows.shape != (num_seqs,)):
+        raise ValueError("rows must be int32 [num_seqs]")
+    if block_tables.stride(1) != 1:
+        raise ValueError("block_tables must be contiguous along a row")
+    if num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+
+
+def _launch(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,
+    rows: torch.Tensor | None,
+    constants: dict,
+) -> None:
+    """The one-pass kernel's launch: a program per (sequence, KV head)."""
+    num_seqs, num_kv_heads = context_lens.shape[0], k_cache.shape[2]
     _decode_kernel[(num_seqs, num_kv_heads)](
         q,
         k_cache,
@@ -176,33 +225,3 @@ def paged_decode(
         HAS_ROWS=rows is not None,
         **constants,
     )
-    return out
-
-
-def _check_inputs(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    num_splits: int,
-    rows: torch.Tensor | None,
-) -> None:
-    """Shape/dtype/layout checks on metadata only (no device reads)."""
-    if k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype:
-        raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache differ")
-    if q.stride(2) != 1 or k_cache.stride(3) != 1 or v_cache.stride(3) != 1:
-        raise ValueError("q and the caches must be contiguous in the head dim")
-    if block_tables.dtype != torch.int32 or context_lens.dtype != torch.int32:
-        raise ValueError("block_tables and context_lens must be int32")
-    num_seqs = context_lens.shape[0]
-    if block_tables.shape[0] != num_seqs or context_lens.dim() != 1:
-        raise ValueError("block_tables and context_lens need one row per sequence")
-    if rows is None and num_seqs != q.shape[0]:
-        raise ValueError("without rows, q needs one row per sequence")
-    if rows is not None and (rows.dtype != torch.int32 or rows.shape != (num_seqs,)):
-        raise ValueError("rows must be int32 [num_seqs]")
-    if block_tables.stride(1) != 1:
-        raise ValueError("block_tables must be contiguous along a row")
-    if num_splits < 1:
-        raise ValueError(f"num_splits must be >= 1, got {num_splits}")

@@ -168,23 +168,17 @@ def launch_split(
     constants: dict,
 ) -> None:
     """Writes the split-K decode attention into ``out`` [R, Hq, D]. Called by
-    decode.paged_decode after its checks, with its launch constants (same contracts); callers
-    use paged_decode.
-
-    The fp32 partials (S * Hq * num_splits * (D + 1) floats) are allocated per call: the torch
-    caching allocator makes that cheap, and under CUDA-graph capture they come from the graph's
-    own pool, so replays reuse them.
-    """
+    decode.paged_decode after its checks, with its launch constants (same contracts). The fp32
+    partials (S * Hq * num_splits * (D + 1) floats) are allocated per call: the torch caching
+    allocator makes that cheap, and under CUDA-graph capture they come from the graph's own
+    pool, so replays reuse them."""
     num_seqs = context_lens.shape[0]
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_cache.shape[2]
     num_splits = min(num_splits, MAX_SPLITS)
-    part_out = torch.empty(
-        (num_seqs, num_q_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
-    )
-    part_lse = torch.empty(
-        (num_seqs, num_q_heads, num_splits), dtype=torch.float32, device=q.device
-    )
+    parts = (num_seqs, num_q_heads, num_splits)
+    part_out = torch.empty((*parts, head_dim), dtype=torch.float32, device=q.device)
+    part_lse = torch.empty(parts, dtype=torch.float32, device=q.device)
     row_index = context_lens if rows is None else rows  # unread without rows
     _split_kernel[(num_seqs, num_kv_heads, num_splits)](
         q,

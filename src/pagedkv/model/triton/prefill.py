@@ -178,23 +178,13 @@ def paged_prefill(
 
     Returns ``out`` [T, Hq, D] in q's dtype (written in place when given; rows no tile covers
     are left as they were). ``tile``: keys per K/V tile (None: ``triton_rules.kv_tile``'s
-    rule). Raises UsageError when the pool's head dim is not one the kernel accepts
-    (``PREFILL``; every block size is). Reads only tensor shapes on the host, never values:
-    usable inside CUDA-graph capture.
+    rule). UsageError for a head dim the kernel refuses (``PREFILL``; any block size is fine).
+    Reads only shapes on the host, never values: usable inside CUDA-graph capture.
     """
-    num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
-    RULE.check(block_size, head_dim)
-    num_tokens, num_q_heads, q_head_dim = q.shape
-    if q_head_dim != head_dim or v_cache.shape != k_cache.shape:
-        raise ValueError(f"q {tuple(q.shape)} / v {tuple(v_cache.shape)} do not match the pool")
-    if num_q_heads % num_kv_heads:
-        raise ValueError(f"{num_q_heads} query heads are not a multiple of {num_kv_heads}")
-    if block_m < 16 or block_m & (block_m - 1):
-        raise ValueError(f"block_m {block_m} is not a power of two >= 16 (tl.dot's tile)")
-    if out is None:
-        out = torch.empty_like(q)
-    if any(t.stride(-1) != 1 for t in (q, k_cache, v_cache, out)):
-        raise ValueError("the head dim of q, out and the caches must be contiguous")
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    num_q_heads = q.shape[1]
+    out = torch.empty_like(q) if out is None else out
+    _check(q, k_cache, v_cache, out, block_m)
     if tiles.shape[0] == 0:
         return out
     grid = (tiles.shape[0], num_q_heads)
@@ -224,3 +214,20 @@ def paged_prefill(
         NUM_STAGES=pipeline_stages(),
     )
     return out
+
+
+def _check(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor, block_m: int
+) -> None:
+    """``paged_prefill``'s argument checks (UsageError or ValueError)."""
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    RULE.check(block_size, head_dim)
+    _, num_q_heads, q_head_dim = q.shape
+    if q_head_dim != head_dim or v_cache.shape != k_cache.shape:
+        raise ValueError(f"q {tuple(q.shape)} / v {tuple(v_cache.shape)} do not match the pool")
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"{num_q_heads} query heads are not a multiple of {num_kv_heads}")
+    if block_m < 16 or block_m & (block_m - 1):
+        raise ValueError(f"block_m {block_m} is not a power of two >= 16 (tl.dot's tile)")
+    if any(t.stride(-1) != 1 for t in (q, k_cache, v_cache, out)):
+        raise ValueError("the head dim of q, out and the caches must be contiguous")

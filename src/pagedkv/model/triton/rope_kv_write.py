@@ -125,6 +125,31 @@ def rope_write_kv(
     Reads only shapes and strides on the host (no sync: usable inside CUDA-graph capture).
     """
     _, block_size, num_kv_heads, head_dim = k_cache.shape
+    _check(qkv, cos, sin, k_cache, v_cache, slot_mapping, num_heads)
+    num_tokens = qkv.shape[0]
+    rotated_width = (num_heads + num_kv_heads) * head_dim
+    if in_place:
+        out = qkv[:, :rotated_width]
+    else:
+        out = torch.empty(num_tokens, rotated_width, dtype=qkv.dtype, device=qkv.device)
+    if num_tokens > 0:
+        _launch(qkv, cos, sin, out, k_cache, v_cache, slot_mapping, num_heads, head_block)
+    rotated = out.view(num_tokens, num_heads + num_kv_heads, head_dim)
+    v = qkv[:, rotated_width:].view(num_tokens, num_kv_heads, head_dim)
+    return rotated[:, :num_heads], rotated[:, num_heads:], v
+
+
+def _check(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    num_heads: int,
+) -> None:
+    """``rope_write_kv``'s argument checks (UsageError or ValueError), shapes only."""
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
     RULE.check(block_size, head_dim)
     num_tokens = qkv.shape[0]
     total_heads = num_heads + 2 * num_kv_heads
@@ -145,38 +170,45 @@ def rope_write_kv(
         raise ValueError("v_cache or slot_mapping does not match k_cache / qkv")
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("the head dim of the caches must be contiguous")
-    rotated_width = (num_heads + num_kv_heads) * head_dim
-    if in_place:
-        out = qkv[:, :rotated_width]
-    else:
-        out = torch.empty(num_tokens, rotated_width, dtype=qkv.dtype, device=qkv.device)
-    if num_tokens > 0:
-        if head_block is None:
-            head_block = max(1, TILE_ELEMENTS // head_dim)
-        head_block = min(head_block, triton.next_power_of_2(total_heads))
-        if head_block & (head_block - 1):
-            raise ValueError(f"head_block {head_block} is not a power of two")
-        grid = (num_tokens, triton.cdiv(total_heads, head_block))
-        _rope_kv_write_kernel[grid](
-            qkv,
-            cos,
-            sin,
-            out,
-            k_cache,
-            v_cache,
-            slot_mapping,
-            qkv.stride(0),
-            cos.stride(0),
-            sin.stride(0),
-            out.stride(0),
-            *pool_strides(k_cache, v_cache),
-            NUM_HEADS=num_heads,
-            NUM_KV_HEADS=num_kv_heads,
-            HEAD_BLOCK=head_block,
-            BLOCK_SIZE=block_size,
-            HEAD_DIM=head_dim,
-            HALF=head_dim // 2,
-        )
-    rotated = out.view(num_tokens, num_heads + num_kv_heads, head_dim)
-    v = qkv[:, rotated_width:].view(num_tokens, num_kv_heads, head_dim)
-    return rotated[:, :num_heads], rotated[:, num_heads:], v
+
+
+def _launch(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    out: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    num_heads: int,
+    head_block: int | None,
+) -> None:
+    """The launch of ``rope_write_kv`` (its arguments checked)."""
+    num_tokens, (_, block_size, num_kv_heads, head_dim) = qkv.shape[0], k_cache.shape
+    total_heads = num_heads + 2 * num_kv_heads
+    if head_block is None:
+        head_block = max(1, TILE_ELEMENTS // head_dim)
+    head_block = min(head_block, triton.next_power_of_2(total_heads))
+    if head_block & (head_block - 1):
+        raise ValueError(f"head_block {head_block} is not a power of two")
+    grid = (num_tokens, triton.cdiv(total_heads, head_block))
+    _rope_kv_write_kernel[grid](
+        qkv,
+        cos,
+        sin,
+        out,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        qkv.stride(0),
+        cos.stride(0),
+        sin.stride(0),
+        out.stride(0),
+        *pool_strides(k_cache, v_cache),
+        NUM_HEADS=num_heads,
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_BLOCK=head_block,
+        BLOCK_SIZE=block_size,
+        HEAD_DIM=head_dim,
+        HALF=head_dim // 2,
+    )
