@@ -1,0 +1,128 @@
+"""``Ingress``: the HTTP entry of the Serve application. Every request goes to one engine
+replica through a ``DeploymentHandle`` whose request router is ``PagedKVRequestRouter``, and
+the replica's own ``pagedkv serve`` app answers it (``call.py``): the same routes, errors,
+streaming and headers as one ``pagedkv serve``, plus ``x-pagedkv-replica``.
+
+For a generation request the ingress computes the route key first, with ``pagedkv route``'s
+own edge (``router/edge.py``: the same parsing, tokenizer and block hashes): a request it
+cannot parse or tokenize carries no hashes (routed by load) and the replica answers it with
+serve's own 4xx. ``GET /pagedkv/replicas`` shows this ingress's router: each replica's load,
+index blocks and the decisions so far.
+
+A replica that dies: before its answer began, the client gets a 503 ``replica_failed``; in
+the middle of a stream, an error event and ``data: [DONE]`` (as ``pagedkv route``). Serve
+replaces the replica; the other requests go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from pagedkv.router.edge import Edge
+from pagedkv.router.forward import DONE_EVENT
+from pagedkv.serve_ray.call import AnswerHead, ReplicaCall
+from pagedkv.server import protocol as p
+from pagedkv.server.errors import APIError
+from pagedkv.server.http_edge import read_body
+
+log = logging.getLogger("pagedkv.serve_ray")
+
+ROUTED = {"/v1/completions": p.CompletionRequest, "/v1/chat/completions": p.ChatCompletionRequest}
+
+
+def _failed(replica: str, exc: BaseException, streaming: bool) -> APIError:
+    when = "after part of the answer was sent" if streaming else "before it answered"
+    return APIError(f"the replica {replica} serving this request failed {when} "
+                    f"({type(exc).__name__}); the answer is incomplete" if streaming else
+                    f"the replica serving this request failed {when} ({type(exc).__name__})",
+                    503, code="replica_failed")  # fmt: skip
+
+
+class Ingress:
+    """``engine``: the handle to the engine deployment; ``model``: the engines' model path
+    (its tokenizer is loaded here, never its weights)."""
+
+    async def __init__(self, engine: Any, model: str | None) -> None:
+        from pagedkv.router.server import load_tokenizer
+
+        self.engine = engine
+        info = await engine.info.remote()
+        tokenizer = await asyncio.to_thread(load_tokenizer, model)
+        if info.get("tokenizer") not in (None, tokenizer.fingerprint()):
+            raise RuntimeError(f"the ingress's tokenizer ({model or 'the embedded model'}) is "
+                               "not the engines': give the engines' --model")  # fmt: skip
+        self.edge = Edge(tokenizer, model=info["model"], block_size=info["block_size"],
+                         hash_algorithm=info["hash_algorithm"],
+                         max_model_len=info["max_model_len"])  # fmt: skip
+        self.num_unhashed = 0
+
+    async def __call__(self, request: Request) -> Response:
+        if request.url.path == "/pagedkv/replicas" and request.method == "GET":
+            return JSONResponse(self.replicas())
+        try:
+            body = await read_body(request)
+        except APIError as exc:
+            return exc.response()
+        call = ReplicaCall(request.method, request.url.path, request.url.query.encode(),
+                           tuple(request.headers.raw), body,
+                           await self._hashes(request, body))  # fmt: skip
+        return await self._forward(call)
+
+    async def _hashes(self, request: Request, body: bytes) -> tuple[bytes, ...]:
+        kind = ROUTED.get(request.url.path)
+        if kind is None or request.method != "POST":
+            return ()
+        try:
+            req = self.edge.parse(body, kind)
+            key = await asyncio.to_thread(self.edge.route_key, req)
+        except Exception:  # noqa: BLE001 - the replica answers it (serve's own 4xx)
+            self.num_unhashed += 1
+            return ()
+        return tuple(key.block_hashes)
+
+    async def _forward(self, call: ReplicaCall) -> Response:
+        answer = self.engine.options(stream=True).call.remote(call)
+        try:
+            head = await answer.__anext__()
+        except Exception as exc:  # noqa: BLE001 - the replica died (or its app failed)
+            answer.cancel()
+            log.warning("a replica failed before answering: %r", exc)
+            return _failed("?", exc, streaming=False).response()
+        if not isinstance(head, AnswerHead):
+            answer.cancel()
+            return APIError("the replica answered without a head", 502, code="bad_replica").response()
+        headers = dict(head.headers)
+        replica = headers.get("x-pagedkv-replica", "?")
+        sse = headers.get("content-type", "").startswith("text/event-stream")
+        return StreamingResponse(self._rest(answer, replica, sse), status_code=head.status,
+                                 headers=headers)  # fmt: skip
+
+    async def _rest(self, answer: Any, replica: str, sse: bool) -> AsyncIterator[bytes]:
+        """The body's chunks; a replica dying mid-answer ends a stream with an error event
+        (a plain body is cut: its length no longer matches). Cancels the call however it
+        ends, so a client leaving aborts the request on the replica."""
+        try:
+            async for chunk in answer:
+                yield chunk
+        except Exception as exc:  # noqa: BLE001 - the replica died mid-answer
+            log.warning("replica %s failed mid-answer: %r", replica, exc)
+            if not sse:
+                raise
+            import json
+
+            error = _failed(replica, exc, streaming=True).body()
+            yield b"data: " + json.dumps(error).encode() + b"\n\n" + DONE_EVENT
+        finally:
+            answer.cancel()
+
+    def replicas(self) -> dict[str, Any]:
+        from pagedkv.serve_ray.request_router import ROUTERS
+
+        return {"routers": [r.describe() for r in list(ROUTERS)],
+                "unhashed_requests": self.num_unhashed}  # fmt: skip

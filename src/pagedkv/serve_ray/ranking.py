@@ -1,0 +1,118 @@
+"""``Ranker``: the request router's decisions, without Ray: which replica a request goes to,
+from the replicas' routing stats (load and the prefix blocks they hold, ``stats.py``) and the
+requests this router has open on each.
+
+The decision is ``pagedkv.routing``'s policy, the very object ``pagedkv route`` and
+``pagedkv simulate --replicas`` ask: the longest cached prefix within the balance band, else
+the least loaded. ``Ranker.rank`` turns it into Serve's ranked tiers: the chosen replica alone
+first, then every other candidate (Serve takes the first tier with a replica whose queue is
+not full, so a full chosen replica falls back to the rest instead of waiting).
+
+**Load** of a replica = max(its ``num_requests`` at the last poll, the requests this router
+has routed there and not seen complete), as ``pagedkv route`` counts it: the poll sees other
+routers' traffic, the count reacts at once. Not thread-safe: Serve calls a router from one
+event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pagedkv.kvcache.hashing import BlockHash
+from pagedkv.routing import PrefixIndex, ReplicaLoad, RouteDecision, build_policy
+from pagedkv.serve_ray.stats import ReplicaStats, parse_stats
+from pagedkv.untrusted import UntrustedInput
+
+log = logging.getLogger("pagedkv.serve_ray")
+
+# Requests whose completion this router waits for, at most: a hook Serve never calls must not
+# grow the table without bound (the oldest are dropped; their replica's count then decays).
+MAX_OPEN_REQUESTS = 1 << 16
+
+
+class Ranker:
+    """``policy``: a ``pagedkv.routing`` policy name; ``balance_abs`` / ``balance_rel`` its
+    band. ``rank`` never raises on what replicas reported (bad stats count as none)."""
+
+    def __init__(self, policy: str = "prefix-aware", balance_abs: int = 4,
+                 balance_rel: float = 0.25, max_index_entries: int = 1 << 20) -> None:  # fmt: skip
+        self.policy = build_policy(policy, balance_abs=balance_abs, balance_rel=balance_rel)
+        self.index = PrefixIndex(max_index_entries)
+        self.stats: dict[str, ReplicaStats] = {}  # replica -> last stats applied
+        self.in_flight: Counter[str] = Counter()
+        self._open: dict[str, str] = {}  # request id -> replica
+        self.decisions: Counter[str] = Counter()  # reason -> requests
+        self.bad_stats: Counter[str] = Counter()  # replica -> stats refused
+
+    def observe(self, replica: str, raw: Any) -> ReplicaStats | None:
+        """Take ``replica``'s latest routing stats; its index entries are rebuilt only when
+        its (instance, epoch) changed. Refused stats keep what was known and are counted."""
+        try:
+            stats = parse_stats(raw)
+        except UntrustedInput as exc:
+            if not self.bad_stats[replica]:
+                log.warning("routing stats of replica %s refused: %s", replica, exc)
+            self.bad_stats[replica] += 1
+            return self.stats.get(replica)
+        if stats is None:
+            return self.stats.get(replica)
+        old = self.stats.get(replica)
+        if old is None or (old.instance_id, old.epoch) != (stats.instance_id, stats.epoch):
+            self.index.apply(replica, stats.snapshot_events())
+        self.stats[replica] = stats
+        return stats
+
+    def forget(self, replica: str) -> None:
+        """``replica`` is gone (dead, replaced, scaled down)."""
+        self.index.drop_replica(replica)
+        self.stats.pop(replica, None)
+        self.in_flight.pop(replica, None)
+
+    def load(self, replica: str) -> int:
+        stats = self.stats.get(replica)
+        return max(stats.num_requests if stats else 0, self.in_flight[replica])
+
+    def rank(
+        self, candidates: Sequence[tuple[str, Mapping[str, Any]]], block_hashes: Sequence[BlockHash]
+    ) -> tuple[list[list[str]], RouteDecision]:
+        """``candidates``: (replica, its routing stats) in a stable order, non-empty. Returns
+        the tiers (chosen first, then the others) and the policy's decision."""
+        names = [name for name, _ in candidates]
+        for name, raw in candidates:
+            self.observe(name, raw)
+        matched: dict[str, int] = {}
+        if self.policy.uses_prefix_index and block_hashes:
+            held = self.index.match(block_hashes)
+            matched = {n: held[n] for n in names if n in held}
+        decision = self.policy.choose([ReplicaLoad(n, self.load(n)) for n in names], matched)
+        self.decisions[decision.reason] += 1
+        rest = sorted((n for n in names if n != decision.replica), key=self.load)
+        return [[decision.replica], rest], decision
+
+    def routed(self, request_id: str, replica: str) -> None:
+        if len(self._open) >= MAX_OPEN_REQUESTS:
+            oldest = next(iter(self._open))
+            self._done(self._open.pop(oldest))
+        self._open[request_id] = replica
+        self.in_flight[replica] += 1
+
+    def completed(self, request_id: str) -> None:
+        replica = self._open.pop(request_id, None)
+        if replica is not None:
+            self._done(replica)
+
+    def _done(self, replica: str) -> None:
+        if self.in_flight[replica] > 0:
+            self.in_flight[replica] -= 1
+
+    def describe(self) -> dict[str, Any]:
+        """For ``/pagedkv/replicas``: each known replica's load and index size, the decisions."""
+        return {"policy": self.policy.name, "decisions": dict(self.decisions),
+                "replicas": [{"replica": n, "instance_id": s.instance_id, "load": self.load(n),
+                              "in_flight": self.in_flight[n], "num_requests": s.num_requests,
+                              "index_blocks": self.index.num_blocks(n),
+                              "truncated": s.truncated, "bad_stats": self.bad_stats[n]}
+                             for n, s in sorted(self.stats.items())]}  # fmt: skip
