@@ -31,8 +31,11 @@ def flags_from_mapping(args: Mapping[str, Any]) -> list[str]:
             raise UsageError(f"args: {key!r} is not a flag name", "args")
         name = key.strip("-").replace("_", "-")
         if name.replace("-", "_") in _NOT_IN_CONFIG:
-            raise UsageError(f"args: {key!r} is set by the Serve config itself (http_options, "
-                             "the cluster), not by pagedkv's args", key)  # fmt: skip
+            raise UsageError(
+                f"args: {key!r} is set by the Serve config itself (http_options, "
+                "the cluster), not by pagedkv's args",
+                key,
+            )
         if value is True:
             argv.append(f"--{name}")
         elif value is not None and value is not False:

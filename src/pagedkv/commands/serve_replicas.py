@@ -20,34 +20,78 @@ def add_replica_args(p: argparse.ArgumentParser) -> None:
         "With --replicas N, N engines (one KV pool each) run as a Ray Serve application and "
         "--host/--port is Serve's HTTP endpoint; needs pagedkv[ray]. Guide: docs/ray_serve.md",
     )
-    g.add_argument("--replicas", type=int, metavar="N",
-                   help="engine replicas (>= 1); with --max-replicas the least Serve's "
-                   "autoscaler keeps")  # fmt: skip
-    g.add_argument("--max-replicas", type=int, metavar="N",
-                   help="autoscale between --replicas and this many replicas")
-    g.add_argument("--target-ongoing-requests", type=float, default=4.0, metavar="R",
-                   help="autoscaling: requests per replica Serve aims at (default 4)")
-    g.add_argument("--ray-address", metavar="ADDR",
-                   help="join this Ray cluster (e.g. auto, or HOST:6379; default: start a "
-                   "local Ray and stop it at exit)")  # fmt: skip
-    g.add_argument("--ray-num-cpus", type=int, metavar="N",
-                   help="CPUs of the local Ray (default: the machine's)")
-    g.add_argument("--replica-cpus", type=float, default=1.0, metavar="C",
-                   help="Ray CPUs each engine replica takes (default 1)")
-    g.add_argument("--replica-gpus", type=float, metavar="G",
-                   help="Ray GPUs each engine replica takes (default 1 with --device cuda, else 0)")
-    g.add_argument("--replica-routing", default="prefix-aware", choices=REPLICA_ROUTINGS,
-                   help="prefix-aware (default): the replica holding the longest prefix within "
-                   "the balance band, else the least loaded (pagedkv route's policy); "
-                   "power-of-two: Serve's own router")  # fmt: skip
-    g.add_argument("--balance-abs", type=int, default=4,
-                   help="prefix-aware: a prefix holder may be this many requests busier than "
-                   "the least loaded replica (default 4)")  # fmt: skip
-    g.add_argument("--balance-rel", type=float, default=0.25,
-                   help="... or this fraction of the least load, whichever is larger (0.25)")
-    g.add_argument("--stats-period", type=float, default=0.5, metavar="S",
-                   help="seconds between Serve's polls of each replica's load and prefix "
-                   "blocks (default 0.5)")  # fmt: skip
+    g.add_argument(
+        "--replicas",
+        type=int,
+        metavar="N",
+        help="engine replicas (>= 1); with --max-replicas the least Serve's autoscaler keeps",
+    )
+    g.add_argument(
+        "--max-replicas",
+        type=int,
+        metavar="N",
+        help="autoscale between --replicas and this many replicas",
+    )
+    g.add_argument(
+        "--target-ongoing-requests",
+        type=float,
+        default=4.0,
+        metavar="R",
+        help="autoscaling: requests per replica Serve aims at (default 4)",
+    )
+    g.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="join this Ray cluster (e.g. auto, or HOST:6379; default: start a "
+        "local Ray and stop it at exit)",
+    )
+    g.add_argument(
+        "--ray-num-cpus",
+        type=int,
+        metavar="N",
+        help="CPUs of the local Ray (default: the machine's)",
+    )
+    g.add_argument(
+        "--replica-cpus",
+        type=float,
+        default=1.0,
+        metavar="C",
+        help="Ray CPUs each engine replica takes (default 1)",
+    )
+    g.add_argument(
+        "--replica-gpus",
+        type=float,
+        metavar="G",
+        help="Ray GPUs each engine replica takes (default 1 with --device cuda, else 0)",
+    )
+    g.add_argument(
+        "--replica-routing",
+        default="prefix-aware",
+        choices=REPLICA_ROUTINGS,
+        help="prefix-aware (default): the replica holding the longest prefix within "
+        "the balance band, else the least loaded (pagedkv route's policy); "
+        "power-of-two: Serve's own router",
+    )
+    g.add_argument(
+        "--balance-abs",
+        type=int,
+        default=4,
+        help="prefix-aware: a prefix holder may be this many requests busier than "
+        "the least loaded replica (default 4)",
+    )
+    g.add_argument(
+        "--balance-rel",
+        type=float,
+        default=0.25,
+        help="... or this fraction of the least load, whichever is larger (0.25)",
+    )
+    g.add_argument(
+        "--stats-period",
+        type=float,
+        default=0.5,
+        metavar="S",
+        help="seconds between Serve's polls of each replica's load and prefix blocks (default 0.5)",
+    )
 
 
 def serve_ray_config(args: argparse.Namespace, engine_cfg: Any, server_cfg: Any):
@@ -79,8 +123,11 @@ def check_ray_installed() -> None:
     from pagedkv.errors import UsageError
 
     if importlib.util.find_spec("ray") is None:
-        raise UsageError("--replicas runs on Ray Serve: install it with "
-                         "pip install 'pagedkv[ray]' (ray[serve]==2.60.0)", "replicas")  # fmt: skip
+        raise UsageError(
+            "--replicas runs on Ray Serve: install it with "
+            "pip install 'pagedkv[ray]' (ray[serve]==2.60.0)",
+            "replicas",
+        )
 
 
 def run_replicas(args: argparse.Namespace, engine_cfg: Any, server_cfg: Any) -> int:
@@ -88,8 +135,11 @@ def run_replicas(args: argparse.Namespace, engine_cfg: Any, server_cfg: Any) -> 
 
     cfg = serve_ray_config(args, engine_cfg, server_cfg)  # every flag judged before Ray starts
     if args.role != "both":
-        raise UsageError("--replicas with --role: use the P/D application instead "
-                         "(docs/ray_serve.md, 'P/D as a Serve graph')", "role")  # fmt: skip
+        raise UsageError(
+            "--replicas with --role: use the P/D application instead "
+            "(docs/ray_serve.md, 'P/D as a Serve graph')",
+            "role",
+        )
     check_ray_installed()
     from pagedkv.serve_ray.launch import run_on_ray
 

@@ -26,7 +26,8 @@ _MAX_ROUTE_HASHES = 1 << 16
 @dataclass(frozen=True)
 class ReplicaCall:
     """``block_hashes``: the prompt's full blocks' chained hashes for the request router
-    (empty: route by load). ``headers``: lower-case names, as ASGI wants them."""
+    (empty: route by load). ``replica``: this replica and no other (the ingress asking each
+    replica for its ``/metrics``). ``headers``: lower-case names, as ASGI wants them."""
 
     method: str
     path: str
@@ -34,6 +35,13 @@ class ReplicaCall:
     headers: tuple[tuple[bytes, bytes], ...]
     body: bytes
     block_hashes: tuple[BlockHash, ...] = ()
+    replica: str | None = None
+
+
+def call_pin(args: Sequence[Any] | None) -> str | None:
+    """The replica a routed call must go to, or None."""
+    pin = getattr(args[0], "replica", None) if args else None
+    return pin if isinstance(pin, str) else None
 
 
 def call_block_hashes(args: Sequence[Any] | None) -> tuple[BlockHash, ...]:
@@ -78,15 +86,20 @@ async def run_asgi(app: Any, call: ReplicaCall) -> AsyncIterator[AnswerHead | by
     try:
         while (msg := await messages.get()) is not _END:
             if msg["type"] == "http.response.start":
-                yield AnswerHead(msg["status"], tuple((k.decode("latin-1"), v.decode("latin-1"))
-                                                      for k, v in msg.get("headers", ())))  # fmt: skip
+                yield AnswerHead(
+                    msg["status"],
+                    tuple(
+                        (k.decode("latin-1"), v.decode("latin-1"))
+                        for k, v in msg.get("headers", ())
+                    ),
+                )
             elif msg["type"] == "http.response.body":
                 if msg.get("body"):
                     yield bytes(msg["body"])
                 if not msg.get("more_body", False):
                     break
-        if task.done() and task.exception() is not None:
-            raise task.exception()  # type: ignore[misc]
+        if task.done() and not task.cancelled() and (exc := task.exception()) is not None:
+            raise exc
     finally:
         gone.set()  # the app sees its client leave (a no-op once it answered in full)
         with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError, Exception):
@@ -96,8 +109,18 @@ async def run_asgi(app: Any, call: ReplicaCall) -> AsyncIterator[AnswerHead | by
 
 
 def _scope(call: ReplicaCall) -> dict[str, Any]:
-    return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
-            "method": call.method, "scheme": "http", "path": call.path,
-            "raw_path": call.path.encode(), "root_path": "", "query_string": call.query,
-            "headers": list(call.headers), "client": ("127.0.0.1", 0),
-            "server": ("127.0.0.1", 0), "state": {}}  # fmt: skip
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": call.method,
+        "scheme": "http",
+        "path": call.path,
+        "raw_path": call.path.encode(),
+        "root_path": "",
+        "query_string": call.query,
+        "headers": list(call.headers),
+        "client": ("127.0.0.1", 0),
+        "server": ("127.0.0.1", 0),
+        "state": {},
+    }

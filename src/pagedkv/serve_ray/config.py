@@ -57,51 +57,77 @@ class ServeRayConfig:
 
     def __post_init__(self) -> None:
         if not _is_int(self.num_replicas) or self.num_replicas < 1:
-            raise UsageError(f"--replicas must be an integer >= 1, got {self.num_replicas!r}",
-                             "replicas")  # fmt: skip
+            raise UsageError(
+                f"--replicas must be an integer >= 1, got {self.num_replicas!r}", "replicas"
+            )
         if self.max_replicas is not None and (
             not _is_int(self.max_replicas) or self.max_replicas < self.num_replicas
         ):
-            raise UsageError(f"--max-replicas must be an integer >= --replicas "
-                             f"({self.num_replicas}), got {self.max_replicas!r}", "max_replicas")  # fmt: skip
+            raise UsageError(
+                f"--max-replicas must be an integer >= --replicas "
+                f"({self.num_replicas}), got {self.max_replicas!r}",
+                "max_replicas",
+            )
         if self.routing not in REPLICA_ROUTINGS:
-            raise UsageError(f"unknown --replica-routing {self.routing!r}; choose one of "
-                             f"{', '.join(REPLICA_ROUTINGS)}", "replica_routing")  # fmt: skip
+            raise UsageError(
+                f"unknown --replica-routing {self.routing!r}; choose one of "
+                f"{', '.join(REPLICA_ROUTINGS)}",
+                "replica_routing",
+            )
         if self.routing != POWER_OF_TWO:
             build_policy(self.routing, balance_abs=self.balance_abs, balance_rel=self.balance_rel)
-        for flag, value in (("--stats-period", self.stats_period_s),
-                            ("--target-ongoing-requests", self.target_ongoing_requests),
-                            ("--start-timeout", self.start_timeout_s)):  # fmt: skip
+        for flag, value in (
+            ("--stats-period", self.stats_period_s),
+            ("--target-ongoing-requests", self.target_ongoing_requests),
+            ("--start-timeout", self.start_timeout_s),
+        ):
             if not (isinstance(value, (int, float)) and value > 0):
                 raise UsageError(f"{flag} must be > 0, got {value!r}", flag[2:].replace("-", "_"))
         if not _is_int(self.max_stats_blocks) or not 0 <= self.max_stats_blocks <= MAX_BLOCKS_LIMIT:
-            raise UsageError(f"max_stats_blocks must be an integer in [0, {MAX_BLOCKS_LIMIT}], "
-                             f"got {self.max_stats_blocks!r}", "max_stats_blocks")  # fmt: skip
+            raise UsageError(
+                f"max_stats_blocks must be an integer in [0, {MAX_BLOCKS_LIMIT}], "
+                f"got {self.max_stats_blocks!r}",
+                "max_stats_blocks",
+            )
         if not _is_int(self.max_ongoing_requests) or self.max_ongoing_requests < 1:
-            raise UsageError(f"--max-ongoing-requests must be an integer >= 1, got "
-                             f"{self.max_ongoing_requests!r}", "max_ongoing_requests")  # fmt: skip
-        for flag, value in (("--replica-cpus", self.replica_num_cpus),
-                            ("--replica-gpus", self.replica_num_gpus)):  # fmt: skip
+            raise UsageError(
+                f"--max-ongoing-requests must be an integer >= 1, got "
+                f"{self.max_ongoing_requests!r}",
+                "max_ongoing_requests",
+            )
+        for flag, value in (
+            ("--replica-cpus", self.replica_num_cpus),
+            ("--replica-gpus", self.replica_num_gpus),
+        ):
             if not (isinstance(value, (int, float)) and value >= 0):
                 raise UsageError(f"{flag} must be >= 0, got {value!r}", flag[2:].replace("-", "_"))
-        if self.ray_num_cpus is not None and (not _is_int(self.ray_num_cpus) or self.ray_num_cpus < 1):
-            raise UsageError(f"--ray-num-cpus must be an integer >= 1, got {self.ray_num_cpus!r}",
-                             "ray_num_cpus")  # fmt: skip
+        if self.ray_num_cpus is not None and (
+            not _is_int(self.ray_num_cpus) or self.ray_num_cpus < 1
+        ):
+            raise UsageError(
+                f"--ray-num-cpus must be an integer >= 1, got {self.ray_num_cpus!r}", "ray_num_cpus"
+            )
         if self.ray_address is not None and not self.ray_address.strip():
             raise UsageError("--ray-address must not be empty", "ray_address")
 
     @property
     def router_kwargs(self) -> dict[str, Any]:
         """``initialize_state``'s arguments of ``PagedKVRequestRouter`` (JSON, as Serve wants)."""
-        return {"policy": self.routing, "balance_abs": self.balance_abs,
-                "balance_rel": self.balance_rel}  # fmt: skip
+        return {
+            "policy": self.routing,
+            "balance_abs": self.balance_abs,
+            "balance_rel": self.balance_rel,
+        }
 
     @property
     def autoscaling(self) -> dict[str, Any] | None:
         if self.max_replicas is None or self.max_replicas == self.num_replicas:
             return None
-        return {"min_replicas": self.num_replicas, "max_replicas": self.max_replicas,
-                "target_ongoing_requests": self.target_ongoing_requests}  # fmt: skip
+        return {
+            "min_replicas": self.num_replicas,
+            "max_replicas": self.max_replicas,
+            "target_ongoing_requests": self.target_ongoing_requests,
+        }
 
 
 def _is_int(value: Any) -> bool:

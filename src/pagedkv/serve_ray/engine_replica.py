@@ -46,8 +46,9 @@ class EngineReplica:
     and port are unused: requests arrive through Serve). ``pd``: a decode side's front
     (``pd.py``), or None. ``max_stats_blocks``: the cap of each stats snapshot."""
 
-    async def __init__(self, engine_config: Any, server_config: Any, max_stats_blocks: int,
-                       pd_spec: Any = None) -> None:  # fmt: skip
+    async def __init__(
+        self, engine_config: Any, server_config: Any, max_stats_blocks: int, pd_spec: Any = None
+    ) -> None:
         from pagedkv.engine import LLMEngine
         from pagedkv.server import create_app
 
@@ -56,15 +57,17 @@ class EngineReplica:
         pd = None
         if pd_spec is not None:
             pd = await pd_spec.front(engine, server_config)
-        self.app = create_app(engine, server_config, pd=pd,
-                              flush_store=pd_spec is not None and pd_spec.is_prefill)  # fmt: skip
+        self.app = create_app(
+            engine, server_config, pd=pd, flush_store=pd_spec is not None and pd_spec.is_prefill
+        )
         self._lifespan = self.app.router.lifespan_context(self.app)
         await self._lifespan.__aenter__()  # starts the engine loop
         self.loop = self.app.state.engine_loop
         info = self.app.state.replica_info
         self.stats = StatsMaker(info["instance_id"], info["block_size"], max_stats_blocks)
-        log.info("engine replica %s (pid %d): instance %s", self.name, os.getpid(),
-                 info["instance_id"])  # fmt: skip
+        log.info(
+            "engine replica %s (pid %d): instance %s", self.name, os.getpid(), info["instance_id"]
+        )
 
     async def call(self, call: ReplicaCall) -> AsyncIterator[AnswerHead | bytes]:
         """The app's answer to ``call``: its head (with ``x-pagedkv-replica``), then chunks."""

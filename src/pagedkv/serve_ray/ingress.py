@@ -27,21 +27,27 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from pagedkv.router.edge import Edge
 from pagedkv.router.forward import DONE_EVENT
 from pagedkv.serve_ray.call import AnswerHead, ReplicaCall
+from pagedkv.serve_ray.ranking import LIVE_RANKERS
 from pagedkv.server import protocol as p
 from pagedkv.server.errors import APIError
 from pagedkv.server.http_edge import read_body
 
 log = logging.getLogger("pagedkv.serve_ray")
 
+METRICS_TIMEOUT_S = 5.0
 ROUTED = {"/v1/completions": p.CompletionRequest, "/v1/chat/completions": p.ChatCompletionRequest}
 
 
 def _failed(replica: str, exc: BaseException, streaming: bool) -> APIError:
     when = "after part of the answer was sent" if streaming else "before it answered"
-    return APIError(f"the replica {replica} serving this request failed {when} "
-                    f"({type(exc).__name__}); the answer is incomplete" if streaming else
-                    f"the replica serving this request failed {when} ({type(exc).__name__})",
-                    503, code="replica_failed")  # fmt: skip
+    return APIError(
+        f"the replica {replica} serving this request failed {when} "
+        f"({type(exc).__name__}); the answer is incomplete"
+        if streaming
+        else f"the replica serving this request failed {when} ({type(exc).__name__})",
+        503,
+        code="replica_failed",
+    )
 
 
 class Ingress:
@@ -55,23 +61,36 @@ class Ingress:
         info = await engine.info.remote()
         tokenizer = await asyncio.to_thread(load_tokenizer, model)
         if info.get("tokenizer") not in (None, tokenizer.fingerprint()):
-            raise RuntimeError(f"the ingress's tokenizer ({model or 'the embedded model'}) is "
-                               "not the engines': give the engines' --model")  # fmt: skip
-        self.edge = Edge(tokenizer, model=info["model"], block_size=info["block_size"],
-                         hash_algorithm=info["hash_algorithm"],
-                         max_model_len=info["max_model_len"])  # fmt: skip
+            raise RuntimeError(
+                f"the ingress's tokenizer ({model or 'the embedded model'}) is "
+                "not the engines': give the engines' --model"
+            )
+        self.edge = Edge(
+            tokenizer,
+            model=info["model"],
+            block_size=info["block_size"],
+            hash_algorithm=info["hash_algorithm"],
+            max_model_len=info["max_model_len"],
+        )
         self.num_unhashed = 0
 
     async def __call__(self, request: Request) -> Response:
-        if request.url.path == "/pagedkv/replicas" and request.method == "GET":
+        if request.method == "GET" and request.url.path == "/pagedkv/replicas":
             return JSONResponse(self.replicas())
+        if request.method == "GET" and request.url.path == "/metrics":
+            return await self._metrics(request)
         try:
             body = await read_body(request)
         except APIError as exc:
             return exc.response()
-        call = ReplicaCall(request.method, request.url.path, request.url.query.encode(),
-                           tuple(request.headers.raw), body,
-                           await self._hashes(request, body))  # fmt: skip
+        call = ReplicaCall(
+            request.method,
+            request.url.path,
+            request.url.query.encode(),
+            tuple(request.headers.raw),
+            body,
+            await self._hashes(request, body),
+        )
         return await self._forward(call)
 
     async def _hashes(self, request: Request, body: bytes) -> tuple[bytes, ...]:
@@ -96,12 +115,15 @@ class Ingress:
             return _failed("?", exc, streaming=False).response()
         if not isinstance(head, AnswerHead):
             answer.cancel()
-            return APIError("the replica answered without a head", 502, code="bad_replica").response()
+            return APIError(
+                "the replica answered without a head", 502, code="bad_replica"
+            ).response()
         headers = dict(head.headers)
         replica = headers.get("x-pagedkv-replica", "?")
         sse = headers.get("content-type", "").startswith("text/event-stream")
-        return StreamingResponse(self._rest(answer, replica, sse), status_code=head.status,
-                                 headers=headers)  # fmt: skip
+        return StreamingResponse(
+            self._rest(answer, replica, sse), status_code=head.status, headers=headers
+        )
 
     async def _rest(self, answer: Any, replica: str, sse: bool) -> AsyncIterator[bytes]:
         """The body's chunks; a replica dying mid-answer ends a stream with an error event
@@ -121,8 +143,38 @@ class Ingress:
         finally:
             answer.cancel()
 
-    def replicas(self) -> dict[str, Any]:
-        from pagedkv.serve_ray.request_router import ROUTERS
+    async def _metrics(self, request: Request) -> Response:
+        """Every replica's ``/metrics``, each sample labelled with its replica."""
+        from pagedkv.serve_ray.metrics_merge import merge_metrics
+        from pagedkv.server.http_edge import CONTENT_TYPE
 
-        return {"routers": [r.describe() for r in list(ROUTERS)],
-                "unhashed_requests": self.num_unhashed}  # fmt: skip
+        names = sorted({n for r in list(LIVE_RANKERS) for n in r.replicas})
+        headers = tuple(request.headers.raw)
+        pages = await asyncio.gather(*(self._page(n, headers) for n in names))
+        body = merge_metrics(
+            {n: page for n, page in zip(names, pages, strict=True) if page is not None}
+        )
+        return Response(body, media_type=CONTENT_TYPE)
+
+    async def _page(self, replica: str, headers: tuple) -> str | None:
+        call = ReplicaCall("GET", "/metrics", b"", headers, b"", replica=replica)
+        try:
+            answer = self.engine.options(stream=True).call.remote(call)
+            chunks = await asyncio.wait_for(_collect(answer), METRICS_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - a replica gone or slow: left out of this scrape
+            return None
+        return b"".join(chunks).decode(errors="replace")
+
+    def replicas(self) -> dict[str, Any]:
+        return {
+            "routers": [r.describe() for r in list(LIVE_RANKERS)],
+            "unhashed_requests": self.num_unhashed,
+        }
+
+
+async def _collect(answer: Any) -> list[bytes]:
+    """The body of a replica's answer (its head dropped); cancels the call if interrupted."""
+    try:
+        return [c async for c in answer if not isinstance(c, AnswerHead)]
+    finally:
+        answer.cancel()

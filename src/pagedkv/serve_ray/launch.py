@@ -25,16 +25,22 @@ def _init_ray(cfg: ServeRayConfig) -> bool:
     """Connect to ``cfg.ray_address`` or start a local Ray; True when started here."""
     import ray
 
-    quiet = {"include_dashboard": False, "logging_level": logging.WARNING,
-             "configure_logging": True, "log_to_driver": True}  # fmt: skip
+    quiet = {
+        "include_dashboard": False,
+        "logging_level": logging.WARNING,
+        "configure_logging": True,
+        "log_to_driver": True,
+    }
     if cfg.ray_address is None:
         ray.init(num_cpus=cfg.ray_num_cpus, **quiet)
         return True
     try:
         ray.init(address=cfg.ray_address, **quiet)
     except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise UsageError(f"--ray-address {cfg.ray_address}: no Ray cluster answers there "
-                         f"({_last_line(exc)})", "ray_address") from None  # fmt: skip
+        raise UsageError(
+            f"--ray-address {cfg.ray_address}: no Ray cluster answers there ({_last_line(exc)})",
+            "ray_address",
+        ) from None
     return False
 
 
@@ -78,12 +84,20 @@ def run_on_ray(cfg: ServeRayConfig, pd_spec: Any = None) -> None:
         t0 = time.monotonic()
         start_app(cfg, pd_spec)
         where = "a local Ray (started here)" if started else f"the Ray cluster at {cfg.ray_address}"
-        replicas = cfg.num_replicas if cfg.max_replicas is None else (
-            f"{cfg.num_replicas}..{cfg.max_replicas}")  # fmt: skip
-        print(f"pagedkv serve: {replicas} engine replicas on {where}, routing {cfg.routing}; "
-              f"ready in {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
-        print(f"pagedkv serve: listening on http://{cfg.server.host}:{cfg.server.port}/v1",
-              flush=True)  # fmt: skip
+        replicas = (
+            cfg.num_replicas
+            if cfg.max_replicas is None
+            else (f"{cfg.num_replicas}..{cfg.max_replicas}")
+        )
+        print(
+            f"pagedkv serve: {replicas} engine replicas on {where}, routing {cfg.routing}; "
+            f"ready in {time.monotonic() - t0:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+        print(
+            f"pagedkv serve: listening on http://{cfg.server.host}:{cfg.server.port}/v1", flush=True
+        )
         while True:
             time.sleep(3600)
     finally:

@@ -17,6 +17,7 @@ event loop.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -35,12 +36,23 @@ MAX_OPEN_REQUESTS = 1 << 16
 
 class Ranker:
     """``policy``: a ``pagedkv.routing`` policy name; ``balance_abs`` / ``balance_rel`` its
-    band. ``rank`` never raises on what replicas reported (bad stats count as none)."""
+    band. ``rank`` never raises on what replicas reported (bad stats count as none).
+    ``name``: what ``describe`` calls it (the deployment it routes for)."""
 
-    def __init__(self, policy: str = "prefix-aware", balance_abs: int = 4,
-                 balance_rel: float = 0.25, max_index_entries: int = 1 << 20) -> None:  # fmt: skip
+    def __init__(
+        self,
+        policy: str = "prefix-aware",
+        balance_abs: int = 4,
+        balance_rel: float = 0.25,
+        max_index_entries: int = 1 << 20,
+        name: str = "",
+    ) -> None:
+        self.name = name
+        self.num_fallbacks = 0  # requests its router routed by load after failing itself
+        LIVE_RANKERS.add(self)
         self.policy = build_policy(policy, balance_abs=balance_abs, balance_rel=balance_rel)
         self.index = PrefixIndex(max_index_entries)
+        self.replicas: list[str] = []  # the running replicas, as Serve last said
         self.stats: dict[str, ReplicaStats] = {}  # replica -> last stats applied
         self.in_flight: Counter[str] = Counter()
         self._open: dict[str, str] = {}  # request id -> replica
@@ -110,9 +122,28 @@ class Ranker:
 
     def describe(self) -> dict[str, Any]:
         """For ``/pagedkv/replicas``: each known replica's load and index size, the decisions."""
-        return {"policy": self.policy.name, "decisions": dict(self.decisions),
-                "replicas": [{"replica": n, "instance_id": s.instance_id, "load": self.load(n),
-                              "in_flight": self.in_flight[n], "num_requests": s.num_requests,
-                              "index_blocks": self.index.num_blocks(n),
-                              "truncated": s.truncated, "bad_stats": self.bad_stats[n]}
-                             for n, s in sorted(self.stats.items())]}  # fmt: skip
+        return {
+            "deployment": self.name,
+            "policy": self.policy.name,
+            "decisions": dict(self.decisions),
+            "fallbacks": self.num_fallbacks,
+            "replicas": [
+                {
+                    "replica": n,
+                    "instance_id": s.instance_id,
+                    "load": self.load(n),
+                    "in_flight": self.in_flight[n],
+                    "num_requests": s.num_requests,
+                    "index_blocks": self.index.num_blocks(n),
+                    "truncated": s.truncated,
+                    "bad_stats": self.bad_stats[n],
+                }
+                for n, s in sorted(self.stats.items())
+            ],
+        }
+
+
+# The rankers of this process: an ingress replica shows its router's (``/pagedkv/replicas``).
+# Kept here, not beside the router class: Serve may ship that class by value, with its own
+# copy of its module's globals.
+LIVE_RANKERS: weakref.WeakSet[Ranker] = weakref.WeakSet()

@@ -16,26 +16,21 @@ every candidate in one tier, which is Serve's own choice by queue length.
 from __future__ import annotations
 
 import logging
-import weakref
 from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
-from pagedkv.serve_ray.call import call_block_hashes
+from pagedkv.serve_ray.call import call_block_hashes, call_pin
 from pagedkv.serve_ray.ranking import Ranker
 
 log = logging.getLogger("pagedkv.serve_ray")
 
-# The routers of this process (an ingress replica reads them for ``/pagedkv/replicas``).
-ROUTERS: weakref.WeakSet[PagedKVRequestRouter] = weakref.WeakSet()
-
 
 class PagedKVRequestRouter(RequestRouter):
-    def initialize_state(self, policy: str = "prefix-aware", balance_abs: int = 4,
-                         balance_rel: float = 0.25) -> None:  # fmt: skip
-        self.ranker = Ranker(policy, balance_abs, balance_rel)
-        self.num_fallbacks = 0
-        ROUTERS.add(self)
+    def initialize_state(
+        self, policy: str = "prefix-aware", balance_abs: int = 4, balance_rel: float = 0.25
+    ) -> None:
+        self.ranker = Ranker(policy, balance_abs, balance_rel, name=str(self._deployment_id))
 
     async def choose_replicas(
         self,
@@ -46,18 +41,22 @@ class PagedKVRequestRouter(RequestRouter):
             return []
         try:
             by_name = {r.replica_id.unique_id: r for r in candidate_replicas}
+            pin = call_pin(pending_request.args if pending_request else None)
+            if pin is not None:  # gone: none (the caller's timeout ends the wait)
+                return [[by_name[pin]]] if pin in by_name else []
             hashes = call_block_hashes(pending_request.args if pending_request else None)
             stats = [(name, r.routing_stats or {}) for name, r in sorted(by_name.items())]
             tiers, _ = self.ranker.rank(stats, hashes)
             return [[by_name[name] for name in tier] for tier in tiers if tier]
         except Exception:  # noqa: BLE001 - Serve's loop must go on: route by queue length
-            if not self.num_fallbacks:
+            if not self.ranker.num_fallbacks:
                 log.exception("pagedkv's request router failed; routing by load")
-            self.num_fallbacks += 1
+            self.ranker.num_fallbacks += 1
             return [list(candidate_replicas)]
 
-    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
-                          result: Any) -> None:  # fmt: skip
+    def on_request_routed(
+        self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any
+    ) -> None:
         try:
             self.ranker.routed(pending_request.metadata.internal_request_id, replica_id.unique_id)
         except Exception:  # noqa: BLE001 - a count lost, never a request
@@ -72,6 +71,4 @@ class PagedKVRequestRouter(RequestRouter):
         gone -= {r.unique_id for r in self._replica_id_set}
         for name in gone:  # dead, replaced or scaled down: its cache went with it
             self.ranker.forget(name)
-
-    def describe(self) -> dict[str, Any]:
-        return {**self.ranker.describe(), "fallbacks": self.num_fallbacks}
+        self.ranker.replicas = sorted(r.unique_id for r in self._replica_id_set)

@@ -49,15 +49,22 @@ class ReplicaStats:
     truncated: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "instance_id": self.instance_id,
-                "num_requests": self.num_requests, "epoch": self.epoch,
-                "block_size": self.block_size, "block_hashes": list(self.block_hashes),
-                "truncated": self.truncated}  # fmt: skip
+        return {
+            "schema": SCHEMA,
+            "instance_id": self.instance_id,
+            "num_requests": self.num_requests,
+            "epoch": self.epoch,
+            "block_size": self.block_size,
+            "block_hashes": list(self.block_hashes),
+            "truncated": self.truncated,
+        }
 
     def snapshot_events(self) -> tuple[KVEvent, ...]:
         """What replaying this replica's KV events would give, as events for a
         ``PrefixIndex``: everything cleared, then every hash held (parents unknown)."""
-        stored = BlockStored(self.block_hashes, None, self.block_size) if self.block_hashes else None
+        stored = (
+            BlockStored(self.block_hashes, None, self.block_size) if self.block_hashes else None
+        )
         return (AllBlocksCleared(),) if stored is None else (AllBlocksCleared(), stored)
 
 
@@ -78,9 +85,14 @@ class StatsMaker:
             self._epoch += 1
             self._last = hashes
         ordered = sorted(hashes)  # one order for one set: an unchanged set is an equal dict
-        return ReplicaStats(self.instance_id, num_requests, self._epoch, self.block_size,
-                            tuple(ordered[: self.max_blocks]),
-                            truncated=len(ordered) > self.max_blocks)  # fmt: skip
+        return ReplicaStats(
+            self.instance_id,
+            num_requests,
+            self._epoch,
+            self.block_size,
+            tuple(ordered[: self.max_blocks]),
+            truncated=len(ordered) > self.max_blocks,
+        )
 
 
 def parse_stats(data: Any) -> ReplicaStats | None:
