@@ -18,6 +18,9 @@ from typing import Any
 
 from pagedkv.errors import UsageError
 
+# ``args.prefill``: the flags in which the prefill side's engines differ (P/D, with
+# ``prefill-replicas``), e.g. ``{"block-size": 32}`` with ``kv-import: relayout``.
+PREFILL_KEY = "prefill"
 # Flags a Serve config does not take: Serve owns the endpoint and the cluster.
 _NOT_IN_CONFIG = ("host", "port", "ray_address", "ray_num_cpus")
 
@@ -67,10 +70,18 @@ def app_config(args: Mapping[str, Any]):
 
     if not isinstance(args, Mapping):
         raise UsageError("args must be a mapping of pagedkv serve's flags", "args")
-    ns = parse_serve_flags(flags_from_mapping(args))
+    base = {k: v for k, v in args.items() if k != PREFILL_KEY}
+    ns = parse_serve_flags(flags_from_mapping(base))
     if ns.replicas is None:
         ns.replicas = 1
-    return serve_ray_config(ns, engine_config(ns), server_config(ns))
+    prefill = args.get(PREFILL_KEY)
+    prefill_engine = None
+    if prefill is not None:  # the prefill side's engine: the same flags, these changed
+        if not isinstance(prefill, Mapping):
+            raise UsageError(f"args.{PREFILL_KEY} must be a mapping of serve flags", PREFILL_KEY)
+        prefill_ns = parse_serve_flags(flags_from_mapping({**base, **prefill}))
+        prefill_engine = engine_config(prefill_ns)
+    return serve_ray_config(ns, engine_config(ns), server_config(ns), prefill_engine)
 
 
 def build_app(args: dict[str, Any]) -> Any:

@@ -86,6 +86,15 @@ def add_replica_args(p: argparse.ArgumentParser) -> None:
         help="... or this fraction of the least load, whichever is larger (0.25)",
     )
     g.add_argument(
+        "--prefill-replicas",
+        type=int,
+        default=0,
+        metavar="M",
+        help="P/D as a Serve graph: M prefill replicas in front of the --replicas decode "
+        "replicas, KV through --kv-store (the P/D flags above apply: --kv-import, "
+        "--prefill-timeout, ...; default 0: no P/D)",
+    )
+    g.add_argument(
         "--stats-period",
         type=float,
         default=0.5,
@@ -94,9 +103,27 @@ def add_replica_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def serve_ray_config(args: argparse.Namespace, engine_cfg: Any, server_cfg: Any):
+def pd_configs(args: argparse.Namespace, engine_cfg: Any) -> tuple[Any, Any]:
+    """(decode side, prefill side) ``PDConfig``s of a P/D graph; (None, None) without one."""
+    if not args.prefill_replicas:
+        return None, None
+    from dataclasses import replace
+
+    from pagedkv.commands.serve import pd_config
+    from pagedkv.serve_ray.pd import PREFILL_URL
+
+    args = argparse.Namespace(**vars(args))
+    args.role, args.prefill_url = "decode", PREFILL_URL
+    decode = pd_config(args)
+    return decode, replace(decode, role="prefill", prefill_url=None, kv_import="strict")
+
+
+def serve_ray_config(
+    args: argparse.Namespace, engine_cfg: Any, server_cfg: Any, prefill_engine: Any = None
+):
     from pagedkv.serve_ray.config import ServeRayConfig
 
+    decode, prefill = pd_configs(args, engine_cfg)
     gpus = args.replica_gpus
     if gpus is None:
         gpus = 1.0 if str(engine_cfg.device).startswith("cuda") else 0.0
@@ -114,6 +141,10 @@ def serve_ray_config(args: argparse.Namespace, engine_cfg: Any, server_cfg: Any)
         replica_num_gpus=gpus,
         ray_address=args.ray_address,
         ray_num_cpus=args.ray_num_cpus,
+        prefill_replicas=args.prefill_replicas,
+        prefill_engine=prefill_engine,
+        pd_decode=decode,
+        pd_prefill=prefill,
     )
 
 

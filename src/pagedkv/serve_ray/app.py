@@ -54,9 +54,9 @@ def _engine_options(cfg: ServeRayConfig) -> dict[str, Any]:
     return options
 
 
-def build_application(cfg: ServeRayConfig, pd_spec: Any = None) -> Any:
-    """The ``serve.Application`` (not yet running). ``pd_spec``: ``pd.py``'s decode side, or
-    None for plain replicas."""
+def build_application(cfg: ServeRayConfig) -> Any:
+    """The ``serve.Application`` (not yet running): the ingress over the engines, and with
+    ``cfg.prefill_replicas`` the engines as the decode side of a prefill deployment."""
     from ray import serve
 
     from pagedkv.serve_ray.engine_replica import EngineReplica
@@ -68,5 +68,23 @@ def build_application(cfg: ServeRayConfig, pd_spec: Any = None) -> Any:
         ray_actor_options={"num_cpus": 0},
         max_ongoing_requests=4 * cfg.max_ongoing_requests,
     )
-    engines = engine.bind(cfg.engine, cfg.server, cfg.max_stats_blocks, pd_spec)
-    return ingress.bind(engines, cfg.engine.model)
+    if not cfg.prefill_replicas:
+        engines = engine.bind(cfg.engine, cfg.server, cfg.max_stats_blocks)
+        return ingress.bind(engines, cfg.engine.model)
+    from pagedkv.serve_ray.pd import PREFILL_DEPLOYMENT, PDRole
+
+    prefill_options = {
+        **_engine_options(cfg),
+        "name": PREFILL_DEPLOYMENT,
+        "num_replicas": cfg.prefill_replicas,
+    }
+    prefill_options.pop("autoscaling_config", None)
+    prefill = serve.deployment(EngineReplica).options(**prefill_options)
+    prefill_engine = cfg.prefill_engine if cfg.prefill_engine is not None else cfg.engine
+    prefills = prefill.bind(
+        prefill_engine, cfg.server, cfg.max_stats_blocks, PDRole(cfg.pd_prefill)
+    )
+    decodes = engine.bind(
+        cfg.engine, cfg.server, cfg.max_stats_blocks, PDRole(cfg.pd_decode), prefills
+    )
+    return ingress.bind(decodes, cfg.engine.model)

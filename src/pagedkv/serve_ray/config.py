@@ -54,6 +54,13 @@ class ServeRayConfig:
     ray_num_cpus: int | None = None  # a local Ray's CPUs (None: the machine's)
     app_name: str = APP_NAME
     start_timeout_s: float = 600.0
+    # P/D as a Serve graph (``pd.py``): ``prefill_replicas`` > 0 adds a prefill deployment of
+    # ``prefill_engine`` (default: ``engine``); ``pd_decode`` / ``pd_prefill`` are each side's
+    # ``PDConfig`` (role, store, kv_import, group, timeouts, breaker).
+    prefill_replicas: int = 0
+    prefill_engine: Any = None
+    pd_decode: Any = None
+    pd_prefill: Any = None
 
     def __post_init__(self) -> None:
         if not _is_int(self.num_replicas) or self.num_replicas < 1:
@@ -106,6 +113,15 @@ class ServeRayConfig:
         ):
             raise UsageError(
                 f"--ray-num-cpus must be an integer >= 1, got {self.ray_num_cpus!r}", "ray_num_cpus"
+            )
+        if not _is_int(self.prefill_replicas) or self.prefill_replicas < 0:
+            raise UsageError(
+                f"--prefill-replicas must be an integer >= 0, got {self.prefill_replicas!r}",
+                "prefill_replicas",
+            )
+        if self.prefill_replicas and (self.pd_decode is None or self.pd_prefill is None):
+            raise UsageError(
+                "--prefill-replicas needs both sides' P/D configs (--kv-store)", "prefill_replicas"
             )
         if self.ray_address is not None and not self.ray_address.strip():
             raise UsageError("--ray-address must not be empty", "ray_address")

@@ -43,11 +43,17 @@ def replica_name() -> str:
 
 class EngineReplica:
     """Builds the engine from ``engine_config`` and serves with ``server_config`` (its host
-    and port are unused: requests arrive through Serve). ``pd``: a decode side's front
-    (``pd.py``), or None. ``max_stats_blocks``: the cap of each stats snapshot."""
+    and port are unused: requests arrive through Serve). ``pd_role``: this side of a P/D
+    graph (``pd.py``; ``prefill``: the prefill deployment's handle, on the decode side), or
+    None. ``max_stats_blocks``: the cap of each stats snapshot."""
 
     async def __init__(
-        self, engine_config: Any, server_config: Any, max_stats_blocks: int, pd_spec: Any = None
+        self,
+        engine_config: Any,
+        server_config: Any,
+        max_stats_blocks: int,
+        pd_role: Any = None,
+        prefill: Any = None,
     ) -> None:
         from pagedkv.engine import LLMEngine
         from pagedkv.server import create_app
@@ -55,11 +61,10 @@ class EngineReplica:
         self.name = replica_name()
         engine = await asyncio.to_thread(LLMEngine, engine_config)
         pd = None
-        if pd_spec is not None:
-            pd = await pd_spec.front(engine, server_config)
-        self.app = create_app(
-            engine, server_config, pd=pd, flush_store=pd_spec is not None and pd_spec.is_prefill
-        )
+        if pd_role is not None:  # the page-format contract is checked here (pd.py)
+            pd = await pd_role.front(engine, server_config, prefill)
+        prefill_side = pd_role is not None and pd_role.is_prefill
+        self.app = create_app(engine, server_config, pd=pd, flush_store=prefill_side)
         self._lifespan = self.app.router.lifespan_context(self.app)
         await self._lifespan.__aenter__()  # starts the engine loop
         self.loop = self.app.state.engine_loop

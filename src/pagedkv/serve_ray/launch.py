@@ -12,7 +12,9 @@ on. Errors the user can fix are ``UsageError`` (exit 2, one line): an unreachabl
 from __future__ import annotations
 
 import logging
+import re
 import signal
+import socket
 import sys
 import time
 from typing import Any
@@ -34,6 +36,7 @@ def _init_ray(cfg: ServeRayConfig) -> bool:
     if cfg.ray_address is None:
         ray.init(num_cpus=cfg.ray_num_cpus, **quiet)
         return True
+    check_reachable(cfg.ray_address)
     try:
         ray.init(address=cfg.ray_address, **quiet)
     except (ConnectionError, RuntimeError, ValueError) as exc:
@@ -42,6 +45,26 @@ def _init_ray(cfg: ServeRayConfig) -> bool:
             "ray_address",
         ) from None
     return False
+
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """A ``UsageError`` now for a ``HOST:PORT`` (or ``ray://HOST:PORT``) where nothing
+    listens: Ray's own client would retry for minutes. ``auto`` is Ray's to resolve."""
+    if address == "auto":
+        return
+    client = address.startswith("ray://")
+    hostport = address.removeprefix("ray://").rstrip("/")
+    host, _, port_text = hostport.rpartition(":") if ":" in hostport else (hostport, "", "")
+    try:
+        port = int(port_text) if port_text else (10001 if client else 6379)
+        socket.create_connection((host.strip("[]"), port), timeout=timeout_s).close()
+    except (OSError, ValueError) as exc:
+        raise UsageError(
+            f"--ray-address {address}: no Ray cluster answers there ({exc}); "
+            "start one with `ray start --head` or leave the flag out to start a "
+            "local Ray",
+            "ray_address",
+        ) from None
 
 
 def _last_line(exc: BaseException) -> str:
@@ -58,22 +81,47 @@ def _terminate_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def start_app(cfg: ServeRayConfig, pd_spec: Any = None) -> None:
+def start_app(cfg: ServeRayConfig) -> None:
     """Serve's proxy on ``cfg.server``'s host and port, and the application, ready (every
     replica's engine loaded). ``UsageError`` for a deploy that failed."""
     from ray import serve
 
     from pagedkv.serve_ray.app import build_application
 
-    serve.start(http_options={"host": cfg.server.host, "port": cfg.server.port})
-    app = build_application(cfg, pd_spec)
+    # Serve's own INFO lines (one per request and replica call) only with --log-level debug.
+    level = "DEBUG" if cfg.server.log_level in ("debug", "trace") else "WARNING"
+    serve.start(
+        http_options={"host": cfg.server.host, "port": cfg.server.port},
+        logging_config={"log_level": level, "enable_access_log": level == "DEBUG"},
+    )
+    app = build_application(cfg)
     try:
         serve.run(app, name=cfg.app_name, route_prefix="/", blocking=False)
     except RuntimeError as exc:  # DEPLOY_FAILED: a replica's constructor raised
-        raise UsageError(f"the application did not start: {_last_line(exc)}", "replicas") from None
+        why = _replica_error(cfg.app_name) or _last_line(exc)
+        raise UsageError(f"a replica could not start: {why}", "replicas") from None
 
 
-def run_on_ray(cfg: ServeRayConfig, pd_spec: Any = None) -> None:
+_ERROR_LINE = re.compile(r"^\s*(?:[\w.]+\.)?\w*(?:Error|Exception): (?!Traceback).+")
+
+
+def _replica_error(app_name: str) -> str | None:
+    """The last ``SomeError: message`` line of the failed deployment's status (the replica
+    constructor's own error), or None."""
+    from ray import serve
+
+    try:
+        app = serve.status().applications[app_name]
+    except Exception:  # noqa: BLE001 - the caller falls back to Serve's own message
+        return None
+    for dep in app.deployments.values():
+        lines = [ln for ln in (dep.message or "").splitlines() if _ERROR_LINE.match(ln)]
+        if lines:
+            return lines[-1].strip()[:600]
+    return None
+
+
+def run_on_ray(cfg: ServeRayConfig) -> None:
     """Serve until interrupted; stops what it started, however it ends."""
     from pagedkv.server.uvicorn_server import bind
 
@@ -82,7 +130,7 @@ def run_on_ray(cfg: ServeRayConfig, pd_spec: Any = None) -> None:
     started = _init_ray(cfg)
     try:
         t0 = time.monotonic()
-        start_app(cfg, pd_spec)
+        start_app(cfg)
         where = "a local Ray (started here)" if started else f"the Ray cluster at {cfg.ray_address}"
         replicas = (
             cfg.num_replicas
