@@ -46,6 +46,7 @@ def _engine_options(cfg: ServeRayConfig) -> dict[str, Any]:
         "health_check_period_s": HEALTH_CHECK_PERIOD_S,
         "graceful_shutdown_timeout_s": GRACEFUL_SHUTDOWN_TIMEOUT_S,
         "max_constructor_retry_count": CONSTRUCTOR_RETRIES,
+        "logging_config": cfg.serve_logging,
     }
     if cfg.autoscaling is not None:
         options["autoscaling_config"] = cfg.autoscaling
@@ -67,6 +68,7 @@ def build_application(cfg: ServeRayConfig) -> Any:
         name=INGRESS_DEPLOYMENT,
         ray_actor_options={"num_cpus": 0},
         max_ongoing_requests=4 * cfg.max_ongoing_requests,
+        logging_config=cfg.serve_logging,
     )
     if not cfg.prefill_replicas:
         engines = engine.bind(cfg.engine, cfg.server, cfg.max_stats_blocks)

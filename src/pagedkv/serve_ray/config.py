@@ -136,6 +136,13 @@ class ServeRayConfig:
         }
 
     @property
+    def serve_logging(self) -> dict[str, Any]:
+        """Serve's ``logging_config``: its INFO lines (one per request and replica call) only
+        with ``--log-level debug``."""
+        debug = self.server.log_level in ("debug", "trace")
+        return {"log_level": "DEBUG" if debug else "WARNING", "enable_access_log": debug}
+
+    @property
     def autoscaling(self) -> dict[str, Any] | None:
         if self.max_replicas is None or self.max_replicas == self.num_replicas:
             return None

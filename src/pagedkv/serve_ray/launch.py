@@ -88,11 +88,9 @@ def start_app(cfg: ServeRayConfig) -> None:
 
     from pagedkv.serve_ray.app import build_application
 
-    # Serve's own INFO lines (one per request and replica call) only with --log-level debug.
-    level = "DEBUG" if cfg.server.log_level in ("debug", "trace") else "WARNING"
     serve.start(
         http_options={"host": cfg.server.host, "port": cfg.server.port},
-        logging_config={"log_level": level, "enable_access_log": level == "DEBUG"},
+        logging_config=cfg.serve_logging,
     )
     app = build_application(cfg)
     try:
