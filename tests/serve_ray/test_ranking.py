@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pagedkv.routing import PrefixAware, ReplicaLoad
-from pagedkv.serve_ray.ranking import MAX_OPEN_REQUESTS, Ranker
+from pagedkv.serve_ray.ranking import Ranker
 from pagedkv.serve_ray.stats import StatsMaker
 
 
@@ -47,23 +47,26 @@ def test_a_loaded_holder_loses_to_the_least_loaded():
     assert tiers[0] == ["a"] and d.reason == "prefix"  # at the band's edge: still the holder
 
 
-def test_requests_routed_here_count_at_once_and_complete():
+def test_requests_sent_here_count_at_once_until_they_complete():
     r = Ranker(balance_abs=1)
     cands = [("a", _stats("ia", CHAIN)), ("b", _stats("ib", []))]
-    r.routed("q1", "a")
+    r.sent("a")
     assert r.rank(cands, CHAIN)[0][0] == ["a"]  # a: 1, within 0 + 1
-    r.routed("q2", "a")
+    r.sent("a")
     assert r.rank(cands, CHAIN)[0][0] == ["b"]  # a: 2, outside
-    r.completed("q1")
-    r.completed("unknown")  # a hook for a request never seen: nothing happens
-    assert r.in_flight["a"] == 1 and r.rank(cands, CHAIN)[0][0] == ["a"]
+    r.completed("a")
+    r.completed("b")  # never below zero
+    assert (r.in_flight["a"], r.in_flight["b"]) == (1, 0)
+    assert r.rank(cands, CHAIN)[0][0] == ["a"]
 
 
-def test_the_open_request_table_is_bounded():
-    r = Ranker()
-    for i in range(MAX_OPEN_REQUESTS + 5):
-        r.routed(f"q{i}", "a")
-    assert len(r._open) == MAX_OPEN_REQUESTS and r.in_flight["a"] == MAX_OPEN_REQUESTS
+def test_the_poll_s_load_counts_when_it_is_the_larger():
+    r = Ranker(balance_abs=1)
+    r.sent("a")
+    r.observe("a", _stats("ia", CHAIN, load=3))  # other routers' requests there too
+    assert r.load("a") == 3
+    r.observe("a", _stats("ia", CHAIN, load=0))
+    assert r.load("a") == 1
 
 
 def test_bad_stats_count_as_none_and_never_raise():

@@ -150,10 +150,12 @@ class Ingress:
 
         names = sorted({n for r in list(LIVE_RANKERS) for n in r.replicas})
         headers = tuple(request.headers.raw)
-        pages = await asyncio.gather(*(self._page(n, headers) for n in names))
-        body = merge_metrics(
-            {n: page for n, page in zip(names, pages, strict=True) if page is not None}
-        )
+        pages = {}
+        for name in names:  # one at a time: Serve gives this request's calls one request id
+            page = await self._page(name, headers)
+            if page is not None:
+                pages[name] = page
+        body = merge_metrics(pages)
         return Response(body, media_type=CONTENT_TYPE)
 
     async def _page(self, replica: str, headers: tuple) -> str | None:

@@ -9,9 +9,10 @@ first, then every other candidate (Serve takes the first tier with a replica who
 not full, so a full chosen replica falls back to the rest instead of waiting).
 
 **Load** of a replica = max(its ``num_requests`` at the last poll, the requests this router
-has routed there and not seen complete), as ``pagedkv route`` counts it: the poll sees other
-routers' traffic, the count reacts at once. Not thread-safe: Serve calls a router from one
-event loop.
+sent there and has not seen complete), as ``pagedkv route`` counts it: the poll sees other
+routers' traffic, the count reacts at once and lasts until the answer is delivered (a
+stream's engine work may end well before its last event reaches the client). Not
+thread-safe: Serve calls a router from one event loop.
 """
 
 from __future__ import annotations
@@ -28,10 +29,6 @@ from pagedkv.serve_ray.stats import ReplicaStats, parse_stats
 from pagedkv.untrusted import UntrustedInput
 
 log = logging.getLogger("pagedkv.serve_ray")
-
-# Requests whose completion this router waits for, at most: a hook Serve never calls must not
-# grow the table without bound (the oldest are dropped; their replica's count then decays).
-MAX_OPEN_REQUESTS = 1 << 16
 
 
 class Ranker:
@@ -55,7 +52,6 @@ class Ranker:
         self.replicas: list[str] = []  # the running replicas, as Serve last said
         self.stats: dict[str, ReplicaStats] = {}  # replica -> last stats applied
         self.in_flight: Counter[str] = Counter()
-        self._open: dict[str, str] = {}  # request id -> replica
         self.decisions: Counter[str] = Counter()  # reason -> requests
         self.bad_stats: Counter[str] = Counter()  # replica -> stats refused
 
@@ -104,19 +100,12 @@ class Ranker:
         rest = sorted((n for n in names if n != decision.replica), key=self.load)
         return [[decision.replica], rest], decision
 
-    def routed(self, request_id: str, replica: str) -> None:
-        if len(self._open) >= MAX_OPEN_REQUESTS:
-            oldest = next(iter(self._open))
-            self._done(self._open.pop(oldest))
-        self._open[request_id] = replica
+    def sent(self, replica: str) -> None:
+        """A request went to ``replica`` (Serve calls this for every request it sends)."""
         self.in_flight[replica] += 1
 
-    def completed(self, request_id: str) -> None:
-        replica = self._open.pop(request_id, None)
-        if replica is not None:
-            self._done(replica)
-
-    def _done(self, replica: str) -> None:
+    def completed(self, replica: str) -> None:
+        """A request to ``replica`` ended, however (Serve calls this once per sent request)."""
         if self.in_flight[replica] > 0:
             self.in_flight[replica] -= 1
 

@@ -6,7 +6,8 @@ to the engines) and asks ``choose_replicas(candidates, pending_request)`` for ra
 it then takes, in the first tier holding one, the replica with the shortest queue that is
 not full. The ranking is ``Ranker``'s (``ranking.py``): the policy module ``pagedkv route``
 uses, fed by the replicas' ``record_routing_stats`` (load, prefix blocks held) and this
-router's own count of open requests (``on_request_routed`` / ``on_request_completed``).
+router's own count of open requests (``on_send_request`` / ``on_request_completed``, which
+Serve calls for every request; ``on_request_routed`` only with strict queue limits).
 
 It never raises into Serve's routing loop: a request without well-formed block hashes is
 routed by load, and anything unexpected (a bug included) is logged once and answered with
@@ -16,7 +17,6 @@ every candidate in one tier, which is Serve's own choice by queue length.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
@@ -54,16 +54,12 @@ class PagedKVRequestRouter(RequestRouter):
             self.ranker.num_fallbacks += 1
             return [list(candidate_replicas)]
 
-    def on_request_routed(
-        self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any
-    ) -> None:
-        try:
-            self.ranker.routed(pending_request.metadata.internal_request_id, replica_id.unique_id)
-        except Exception:  # noqa: BLE001 - a count lost, never a request
-            log.debug("on_request_routed failed", exc_info=True)
+    def on_send_request(self, replica_id: ReplicaID) -> None:
+        super().on_send_request(replica_id)  # Serve's queue-length cache
+        self.ranker.sent(replica_id.unique_id)
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
-        self.ranker.completed(internal_request_id)
+        self.ranker.completed(replica_id.unique_id)
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         gone = {r.unique_id for r in self._replica_id_set}
@@ -72,3 +68,5 @@ class PagedKVRequestRouter(RequestRouter):
         for name in gone:  # dead, replaced or scaled down: its cache went with it
             self.ranker.forget(name)
         self.ranker.replicas = sorted(r.unique_id for r in self._replica_id_set)
+        for replica in replicas:  # new stats arrive with the replicas: index them now
+            self.ranker.observe(replica.replica_id.unique_id, replica.routing_stats or {})
