@@ -124,9 +124,9 @@ def run_on_ray(cfg: ServeRayConfig) -> None:
     from pagedkv.server.uvicorn_server import bind
 
     bind(cfg.server.host, cfg.server.port).close()  # a port in use: one line now, not later
-    _terminate_on_sigterm()
     started = _init_ray(cfg)
     try:
+        _terminate_on_sigterm()  # after ray.init, whose own handler aborts the process
         t0 = time.monotonic()
         start_app(cfg)
         where = "a local Ray (started here)" if started else f"the Ray cluster at {cfg.ray_address}"
