@@ -144,12 +144,15 @@ class Ingress:
             answer.cancel()
 
     async def _metrics(self, request: Request) -> Response:
-        """Every replica's ``/metrics``, each sample labelled with its replica."""
+        """Every replica's ``/metrics``, each sample labelled with its replica (with Serve's
+        own router, which knows no pinned call: one replica's, unlabelled)."""
         from pagedkv.serve_ray.metrics_merge import merge_metrics
         from pagedkv.server.http_edge import CONTENT_TYPE
 
         names = sorted({n for r in list(LIVE_RANKERS) for n in r.replicas})
         headers = tuple(request.headers.raw)
+        if not names:  # Serve's own router (power-of-two): one replica's page, as it is
+            return await self._forward(ReplicaCall("GET", "/metrics", b"", headers, b""))
         pages = {}
         for name in names:  # one at a time: Serve gives this request's calls one request id
             page = await self._page(name, headers)
