@@ -159,14 +159,35 @@ def main() -> None:
     p.add_argument("--conversations", type=int, default=SliceSpec.conversations)
     p.add_argument("--profile", help="a `pagedkv profile` JSON (default: measure one, --quick)")
     p.add_argument("--json", default="results/bench_serve_ray.json")
+    p.add_argument(
+        "--sim-only",
+        action="store_true",
+        help="keep --json's Serve runs, redo the simulator's prediction (--profile)",
+    )
     args = p.parse_args()
     spec = SliceSpec(time_scale=args.time_scale, conversations=args.conversations)
     requests = conversation_slice(spec)
     meta = machine_meta(workload=spec.describe(), num_requests=len(requests))
     profile = cost_profile(args)  # before Ray: the profile times this machine unloaded
+    if args.sim_only:
+        import json
+
+        old = json.loads(Path(args.json).read_text())
+        sims = {
+            name: simulate(
+                requests,
+                profile,
+                old["num_blocks"] * args.block_size,
+                args.block_size,
+                router,
+                args.balance_abs,
+                args.max_num_seqs,
+            )
+            for name, router in SIM_ROUTERS.items()
+        }
+        return report(args, old["meta"], old["runs"], sims, spec, old["num_blocks"], profile)
 
     import ray
-
     from tests.kvstore.redis_server import free_port
 
     ray.init(num_cpus=args.ray_num_cpus, include_dashboard=False, log_to_driver=False)
@@ -199,10 +220,10 @@ def main() -> None:
         )
         for name, router in SIM_ROUTERS.items()
     }
-    report(args, meta, runs, sims, spec, num_blocks)
+    report(args, meta, runs, sims, spec, num_blocks, profile)
 
 
-def report(args, meta, runs, sims, spec, num_blocks) -> None:
+def report(args, meta, runs, sims, spec, num_blocks, profile) -> None:
     keys = (
         "hit_rate",
         "makespan_s",
@@ -241,17 +262,18 @@ def report(args, meta, runs, sims, spec, num_blocks) -> None:
         )
     ratio = med["serve-pow2"]["makespan_s"] / med["pagedkv"]["makespan_s"]
     print(f"\nthroughput pagedkv / serve-pow2 (makespan ratio): {ratio:.2f}x")
-    write_json(
-        args.json,
-        {
-            "meta": finish_meta(meta),
-            "workload": spec.describe(),
-            "runs": runs,
-            "median": med,
-            "simulated": sim,
-            "throughput_ratio": ratio,
-        },
-    )
+    meta = meta if "load_avg_after" in meta else finish_meta(meta)  # --sim-only keeps it
+    out = {
+        "meta": meta,
+        "workload": spec.describe(),
+        "num_blocks": num_blocks,
+        "profile": profile,
+        "runs": runs,
+        "median": med,
+        "simulated": sim,
+        "throughput_ratio": ratio,
+    }
+    write_json(args.json, out)
 
 
 if __name__ == "__main__":

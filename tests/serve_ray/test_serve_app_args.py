@@ -113,3 +113,20 @@ def test_serve_without_replicas_never_imports_ray():
         "assert args.replicas is None; assert 'ray' not in sys.modules, 'ray imported'"
     )
     assert proc.returncode == 0, proc.stderr
+
+
+def test_the_checked_in_serve_config_builds_its_config():
+    """docs/examples/serve_ray.yaml: its import path is the builder, its args parse whole."""
+    from pathlib import Path
+
+    import yaml
+
+    from pagedkv.commands import serve_app
+
+    path = Path(__file__).resolve().parents[2] / "docs" / "examples" / "serve_ray.yaml"
+    (app,) = yaml.safe_load(path.read_text())["applications"]
+    module, _, name = app["import_path"].partition(":")
+    assert module == serve_app.__name__ and callable(getattr(serve_app, name))
+    cfg = app_config(app["args"])
+    assert cfg.num_replicas == 2 and cfg.routing == "prefix-aware"
+    assert cfg.replica_num_cpus == 2 and cfg.engine.kv_cache_memory_bytes == 2 << 30

@@ -6,7 +6,8 @@ self-description for a router; --kv-events publishes its prefix cache's changes,
 docs/kv_events.md). Listens on 127.0.0.1 unless --host says otherwise. With --api-key (or $PAGEDKV_API_KEY) every /v1 route needs
 "Authorization: Bearer KEY" (so do /openapi.json and unknown paths; /health and /metrics stay
 open for probes). Without --model the embedded SmolLM2-135M-Instruct is served. The address is
-bound before the model loads, so a port in use is reported at once.
+bound before the model loads, so a port in use is reported at once. With --replicas N, N
+engines run on Ray Serve behind this address, routed by prefix (docs/ray_serve.md).
 """
 
 from __future__ import annotations
