@@ -20,19 +20,15 @@ both: the least loaded, ties at random).
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import sys
 import threading
-import time
-from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 
 from common import finish_meta, machine_line, machine_meta, medians, round_order, write_json
-from serve_ray_slice import SliceSpec, conversation_slice, prompt_token_ids, simulate
+from serve_ray_slice import SliceSpec, conversation_slice, replay, simulate
 
 ROUTERS = {"pagedkv": "prefix-aware", "serve-pow2": "power-of-two"}
 SIM_ROUTERS = {"pagedkv": "prefix-aware", "serve-pow2": "least-loaded"}
@@ -58,48 +54,6 @@ def app_config(args, router: str, port: int):
         replica_num_cpus=args.replica_cpus,
         stats_period_s=0.25,
     )
-
-
-def replay(base: str, requests, vocab_size: int) -> dict:
-    """Each request sent at its arrival time (open loop); the answers' usage and timing."""
-    rows: list[dict] = [{} for _ in requests]
-    t0 = time.perf_counter()
-
-    def send(i: int) -> None:
-        r = requests[i]
-        time.sleep(max(0.0, r.arrival_time_s - (time.perf_counter() - t0)))
-        body = {
-            "prompt": prompt_token_ids(r, vocab_size),
-            "max_tokens": r.output_len_tokens,
-            "ignore_eos": True,
-            "temperature": 0,
-        }
-        sent = time.perf_counter()
-        resp = httpx.post(f"{base}/v1/completions", json=body, timeout=1800)
-        resp.raise_for_status()
-        usage = resp.json()["usage"]
-        rows[i] = {
-            "latency_s": time.perf_counter() - sent,
-            "end_s": time.perf_counter() - t0,
-            "prompt": usage["prompt_tokens"],
-            "output": usage["completion_tokens"],
-            "cached": usage["prompt_tokens_details"]["cached_tokens"],
-            "replica": resp.headers["x-pagedkv-replica"],
-        }
-
-    with ThreadPoolExecutor(len(requests)) as pool:
-        list(pool.map(send, range(len(requests))))
-    makespan = max(r["end_s"] for r in rows)
-    lat = sorted(r["latency_s"] for r in rows)
-    return {
-        "hit_rate": sum(r["cached"] for r in rows) / sum(r["prompt"] for r in rows),
-        "makespan_s": makespan,
-        "requests_per_s": len(rows) / makespan,
-        "output_tokens_per_s": sum(r["output"] for r in rows) / makespan,
-        "p50_latency_s": statistics.median(lat),
-        "p90_latency_s": lat[int(0.9 * len(lat))],
-        "split": sorted(Counter(r["replica"] for r in rows).values()),
-    }
 
 
 def run_once(args, name: str, requests, port: int) -> tuple[dict, int]:
@@ -145,48 +99,31 @@ def cost_profile(args) -> str:
     return str(path)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--model", help="default: the embedded SmolLM2-135M")
-    p.add_argument("--vocab-size", type=int, default=49152, help="the model's (SmolLM2: 49152)")
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--max-num-seqs", type=int, default=16)
-    p.add_argument("--balance-abs", type=int, default=4)
-    p.add_argument("--replica-cpus", type=float, default=1.0)
-    p.add_argument("--ray-num-cpus", type=int, default=2)
-    p.add_argument("--time-scale", type=float, default=SliceSpec.time_scale)
-    p.add_argument("--conversations", type=int, default=SliceSpec.conversations)
-    p.add_argument("--profile", help="a `pagedkv profile` JSON (default: measure one, --quick)")
-    p.add_argument("--json", default="results/bench_serve_ray.json")
-    p.add_argument(
+    a = p.add_argument
+    a("--rounds", type=int, default=2)
+    a("--model", help="default: the embedded SmolLM2-135M")
+    a("--vocab-size", type=int, default=49152, help="the model's (SmolLM2: 49152)")
+    a("--block-size", type=int, default=16)
+    a("--max-num-seqs", type=int, default=16)
+    a("--balance-abs", type=int, default=4)
+    a("--replica-cpus", type=float, default=1.0)
+    a("--ray-num-cpus", type=int, default=2)
+    a("--time-scale", type=float, default=SliceSpec.time_scale)
+    a("--conversations", type=int, default=SliceSpec.conversations)
+    a("--profile", help="a `pagedkv profile` JSON (default: measure one, --quick)")
+    a("--json", default="results/bench_serve_ray.json")
+    a(
         "--sim-only",
         action="store_true",
         help="keep --json's Serve runs, redo the simulator's prediction (--profile)",
     )
-    args = p.parse_args()
-    spec = SliceSpec(time_scale=args.time_scale, conversations=args.conversations)
-    requests = conversation_slice(spec)
-    meta = machine_meta(workload=spec.describe(), num_requests=len(requests))
-    profile = cost_profile(args)  # before Ray: the profile times this machine unloaded
-    if args.sim_only:
-        import json
+    return p.parse_args()
 
-        old = json.loads(Path(args.json).read_text())
-        sims = {
-            name: simulate(
-                requests,
-                profile,
-                old["num_blocks"] * args.block_size,
-                args.block_size,
-                router,
-                args.balance_abs,
-                args.max_num_seqs,
-            )
-            for name, router in SIM_ROUTERS.items()
-        }
-        return report(args, old["meta"], old["runs"], sims, spec, old["num_blocks"], profile)
 
+def serve_runs(args, requests) -> tuple[dict[str, list[dict]], int]:
+    """Every router's runs, rounds alternating the order; and the replicas' pool in blocks."""
     import ray
     from tests.kvstore.redis_server import free_port
 
@@ -198,25 +135,30 @@ def main() -> None:
             for name in round_order(list(ROUTERS), rnd):
                 result, num_blocks = run_once(args, name, requests, port)
                 runs[name].append(result)
-                print(
-                    f"round {rnd + 1} {name}: "
-                    + ", ".join(
-                        f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
-                        for k, v in result.items()
-                    ),
-                    flush=True,
-                )
+                shown = {k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()}
+                print(f"round {rnd + 1} {name}: {shown}", flush=True)
     finally:
         ray.shutdown()
+    return runs, num_blocks
+
+
+def main() -> None:
+    args = parse_args()
+    spec = SliceSpec(time_scale=args.time_scale, conversations=args.conversations)
+    requests = conversation_slice(spec)
+    meta = machine_meta(workload=spec.describe(), num_requests=len(requests))
+    profile = cost_profile(args)  # before Ray: the profile times this machine unloaded
+    if args.sim_only:
+        import json
+
+        old = json.loads(Path(args.json).read_text())
+        meta, runs, num_blocks = old["meta"], old["runs"], old["num_blocks"]
+    else:
+        runs, num_blocks = serve_runs(args, requests)
+    slots = num_blocks * args.block_size
     sims = {
         name: simulate(
-            requests,
-            profile,
-            num_blocks * args.block_size,
-            args.block_size,
-            router,
-            args.balance_abs,
-            args.max_num_seqs,
+            requests, profile, slots, args.block_size, router, args.balance_abs, args.max_num_seqs
         )
         for name, router in SIM_ROUTERS.items()
     }

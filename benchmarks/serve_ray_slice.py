@@ -1,5 +1,5 @@
 """The workload of ``bench_serve_ray.py``: multi-turn conversations of the Mooncake trace,
-scaled to a CPU, and the simulator's prediction for them (``pagedkv simulate --replicas``'s
+scaled to a CPU, its open-loop replay against an endpoint, and the simulator's prediction (``pagedkv simulate --replicas``'s
 own ``Cluster``, on a cost profile of this machine).
 
 **The slice.** Mooncake's ``conversation`` trace names each 512-token prefix block
@@ -20,9 +20,14 @@ vocabulary by a generator seeded with the block id.
 from __future__ import annotations
 
 import random
-from collections import defaultdict
+import statistics
+import time
+from collections import Counter, defaultdict
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+
+import httpx
 
 from pagedkv.traces import TraceRequest, load_trace, require_shared_trace
 
@@ -83,6 +88,48 @@ def prompt_token_ids(req: TraceRequest, vocab_size: int) -> list[int]:
         rng = random.Random(seg_id)
         ids.extend(rng.randrange(10, vocab_size - 10) for _ in range(n))
     return ids
+
+
+def replay(base: str, requests, vocab_size: int) -> dict:
+    """Each request sent at its arrival time (open loop); the answers' usage and timing."""
+    rows: list[dict] = [{} for _ in requests]
+    t0 = time.perf_counter()
+
+    def send(i: int) -> None:
+        r = requests[i]
+        time.sleep(max(0.0, r.arrival_time_s - (time.perf_counter() - t0)))
+        body = {
+            "prompt": prompt_token_ids(r, vocab_size),
+            "max_tokens": r.output_len_tokens,
+            "ignore_eos": True,
+            "temperature": 0,
+        }
+        sent = time.perf_counter()
+        resp = httpx.post(f"{base}/v1/completions", json=body, timeout=1800)
+        resp.raise_for_status()
+        usage = resp.json()["usage"]
+        rows[i] = {
+            "latency_s": time.perf_counter() - sent,
+            "end_s": time.perf_counter() - t0,
+            "prompt": usage["prompt_tokens"],
+            "output": usage["completion_tokens"],
+            "cached": usage["prompt_tokens_details"]["cached_tokens"],
+            "replica": resp.headers["x-pagedkv-replica"],
+        }
+
+    with ThreadPoolExecutor(len(requests)) as pool:
+        list(pool.map(send, range(len(requests))))
+    makespan = max(r["end_s"] for r in rows)
+    lat = sorted(r["latency_s"] for r in rows)
+    return {
+        "hit_rate": sum(r["cached"] for r in rows) / sum(r["prompt"] for r in rows),
+        "makespan_s": makespan,
+        "requests_per_s": len(rows) / makespan,
+        "output_tokens_per_s": sum(r["output"] for r in rows) / makespan,
+        "p50_latency_s": statistics.median(lat),
+        "p90_latency_s": lat[int(0.9 * len(lat))],
+        "split": sorted(Counter(r["replica"] for r in rows).values()),
+    }
 
 
 def simulate(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-REPLICA_ROUTINGS = ("prefix-aware", "least-loaded", "round-robin", "power-of-two")
+from pagedkv.serve_ray.config import REPLICA_ROUTINGS  # imports neither ray nor torch
 
 
 def add_replica_args(p: argparse.ArgumentParser) -> None:
@@ -64,6 +64,10 @@ def add_replica_args(p: argparse.ArgumentParser) -> None:
         metavar="G",
         help="Ray GPUs each engine replica takes (default 1 with --device cuda, else 0)",
     )
+    _add_routing_args(g)
+
+
+def _add_routing_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument(
         "--replica-routing",
         default="prefix-aware",

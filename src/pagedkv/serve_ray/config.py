@@ -53,7 +53,6 @@ class ServeRayConfig:
     ray_address: str | None = None
     ray_num_cpus: int | None = None  # a local Ray's CPUs (None: the machine's)
     app_name: str = APP_NAME
-    start_timeout_s: float = 600.0
     # P/D as a Serve graph (``pd.py``): ``prefill_replicas`` > 0 adds a prefill deployment of
     # ``prefill_engine`` (default: ``engine``); ``pd_decode`` / ``pd_prefill`` are each side's
     # ``PDConfig`` (role, store, kv_import, group, timeouts, breaker).
@@ -63,6 +62,10 @@ class ServeRayConfig:
     pd_prefill: Any = None
 
     def __post_init__(self) -> None:
+        self._check_replicas()
+        self._check_knobs()
+
+    def _check_replicas(self) -> None:
         if not _is_int(self.num_replicas) or self.num_replicas < 1:
             raise UsageError(
                 f"--replicas must be an integer >= 1, got {self.num_replicas!r}", "replicas"
@@ -83,10 +86,11 @@ class ServeRayConfig:
             )
         if self.routing != POWER_OF_TWO:
             build_policy(self.routing, balance_abs=self.balance_abs, balance_rel=self.balance_rel)
+
+    def _check_knobs(self) -> None:
         for flag, value in (
             ("--stats-period", self.stats_period_s),
             ("--target-ongoing-requests", self.target_ongoing_requests),
-            ("--start-timeout", self.start_timeout_s),
         ):
             if not (isinstance(value, (int, float)) and value > 0):
                 raise UsageError(f"{flag} must be > 0, got {value!r}", flag[2:].replace("-", "_"))

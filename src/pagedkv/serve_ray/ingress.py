@@ -38,13 +38,19 @@ METRICS_TIMEOUT_S = 5.0
 ROUTED = {"/v1/completions": p.CompletionRequest, "/v1/chat/completions": p.ChatCompletionRequest}
 
 
-def _failed(replica: str, exc: BaseException, streaming: bool) -> APIError:
-    when = "after part of the answer was sent" if streaming else "before it answered"
+def _failed(exc: BaseException, replica: str | None = None) -> APIError:
+    """The 503 of a request whose replica died: before its answer began (``replica``
+    unknown), or mid-stream (then the body of the stream's last event)."""
+    if replica is None:
+        return APIError(
+            f"the replica serving this request failed before it answered "
+            f"({type(exc).__name__}); Serve is replacing it",
+            503,
+            code="replica_failed",
+        )
     return APIError(
-        f"the replica {replica} serving this request failed {when} "
-        f"({type(exc).__name__}); the answer is incomplete"
-        if streaming
-        else f"the replica serving this request failed {when} ({type(exc).__name__})",
+        f"the replica {replica} serving this request failed after part of the "
+        f"answer was sent ({type(exc).__name__}); the answer is incomplete",
         503,
         code="replica_failed",
     )
@@ -112,7 +118,7 @@ class Ingress:
         except Exception as exc:  # noqa: BLE001 - the replica died (or its app failed)
             answer.cancel()
             log.warning("a replica failed before answering: %r", exc)
-            return _failed("?", exc, streaming=False).response()
+            return _failed(exc).response()
         if not isinstance(head, AnswerHead):
             answer.cancel()
             return APIError(
@@ -138,7 +144,7 @@ class Ingress:
                 raise
             import json
 
-            error = _failed(replica, exc, streaming=True).body()
+            error = _failed(exc, replica).body()
             yield b"data: " + json.dumps(error).encode() + b"\n\n" + DONE_EVENT
         finally:
             answer.cancel()
