@@ -30,11 +30,20 @@ import httpx
 from common import finish_meta, machine_line, machine_meta, medians, round_order, write_json
 from serve_ray_slice import SliceSpec, conversation_slice, replay, simulate
 
-ROUTERS = {"pagedkv": "prefix-aware", "serve-pow2": "power-of-two"}
-SIM_ROUTERS = {"pagedkv": "prefix-aware", "serve-pow2": "least-loaded"}
+# name -> (--replica-routing, --hint-ttl); the simulator's router for each
+ROUTERS = {
+    "pagedkv": ("prefix-aware", 60.0),
+    "serve-pow2": ("power-of-two", 0.0),
+    "pagedkv-no-hints": ("prefix-aware", 0.0),
+}
+SIM_ROUTERS = {
+    "pagedkv": "prefix-aware",
+    "serve-pow2": "least-loaded",
+    "pagedkv-no-hints": "prefix-aware",
+}
 
 
-def app_config(args, router: str, port: int):
+def app_config(args, name: str, port: int):
     from pagedkv.engine import EngineConfig
     from pagedkv.serve_ray.config import ServeRayConfig
     from pagedkv.server import ServerConfig
@@ -49,7 +58,8 @@ def app_config(args, router: str, port: int):
         engine=engine,
         server=ServerConfig("bench", port=port, log_level="warning"),
         num_replicas=2,
-        routing=router,
+        routing=ROUTERS[name][0],
+        hint_ttl_s=ROUTERS[name][1],
         balance_abs=args.balance_abs,
         replica_num_cpus=args.replica_cpus,
         stats_period_s=0.25,
@@ -61,10 +71,12 @@ def run_once(args, name: str, requests, port: int) -> tuple[dict, int]:
 
     from pagedkv.serve_ray.launch import start_app
 
-    start_app(app_config(args, ROUTERS[name], port))
+    start_app(app_config(args, name, port))
     base = f"http://127.0.0.1:{port}"
     try:
         result = replay(base, requests, args.vocab_size)
+        routers = httpx.get(f"{base}/pagedkv/replicas", timeout=60).json()["routers"]
+        result["decisions"] = routers[0]["decisions"] if routers else None
         info = httpx.get(f"{base}/metrics", timeout=60).text  # the router knows them now
         blocks = [
             float(ln.rsplit(" ", 1)[1])
@@ -115,6 +127,12 @@ def parse_args() -> argparse.Namespace:
     a("--profile", help="a `pagedkv profile` JSON (default: measure one, --quick)")
     a("--json", default="results/bench_serve_ray.json")
     a(
+        "--variants",
+        type=lambda t: t.split(","),
+        default=["pagedkv", "serve-pow2"],
+        help=f"comma list of {', '.join(ROUTERS)} (default pagedkv,serve-pow2)",
+    )
+    a(
         "--sim-only",
         action="store_true",
         help="keep --json's Serve runs, redo the simulator's prediction (--profile)",
@@ -128,11 +146,11 @@ def serve_runs(args, requests) -> tuple[dict[str, list[dict]], int]:
     from tests.kvstore.redis_server import free_port
 
     ray.init(num_cpus=args.ray_num_cpus, include_dashboard=False, log_to_driver=False)
-    runs: dict[str, list[dict]] = {name: [] for name in ROUTERS}
+    runs: dict[str, list[dict]] = {name: [] for name in args.variants}
     num_blocks, port = 0, free_port()  # Serve's proxy keeps its first port
     try:
         for rnd in range(args.rounds):
-            for name in round_order(list(ROUTERS), rnd):
+            for name in round_order(args.variants, rnd):
                 result, num_blocks = run_once(args, name, requests, port)
                 runs[name].append(result)
                 shown = {k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()}
@@ -161,6 +179,7 @@ def main() -> None:
             requests, profile, slots, args.block_size, router, args.balance_abs, args.max_num_seqs
         )
         for name, router in SIM_ROUTERS.items()
+        if name in runs
     }
     report(args, meta, runs, sims, spec, num_blocks, profile)
 
@@ -194,10 +213,10 @@ def report(args, meta, runs, sims, spec, num_blocks, profile) -> None:
         "| p50 latency s | simulated | p90 latency s | simulated |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for name in ROUTERS:
+    for name in runs:
         m, s = med[name], sim[name]
         print(
-            f"| {name} ({ROUTERS[name]}) | {m['hit_rate']:.3f} | {s['hit_rate']:.3f} | "
+            f"| {name} ({ROUTERS[name][0]}) | {m['hit_rate']:.3f} | {s['hit_rate']:.3f} | "
             f"{m['makespan_s']:.1f} | {s['makespan_s']:.1f} | {m['requests_per_s']:.3f} | "
             f"{m['output_tokens_per_s']:.1f} | {m['p50_latency_s']:.2f} | "
             f"{s['p50_latency_s']:.2f} | {m['p90_latency_s']:.2f} | {s['p90_latency_s']:.2f} |"

@@ -90,6 +90,14 @@ def _add_routing_args(g: argparse._ArgumentGroup) -> None:
         help="... or this fraction of the least load, whichever is larger (0.25)",
     )
     g.add_argument(
+        "--hint-ttl",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="prefix-aware: the blocks of a request sent to a replica count as held there for "
+        "S seconds, until its stats report them (default 60; 0: only the reports count)",
+    )
+    g.add_argument(
         "--prefill-replicas",
         type=int,
         default=0,
@@ -141,6 +149,7 @@ def serve_ray_config(
         balance_abs=args.balance_abs,
         balance_rel=args.balance_rel,
         stats_period_s=args.stats_period,
+        hint_ttl_s=args.hint_ttl,
         replica_num_cpus=args.replica_cpus,
         replica_num_gpus=gpus,
         ray_address=args.ray_address,

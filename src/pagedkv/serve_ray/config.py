@@ -13,6 +13,7 @@ from typing import Any
 
 from pagedkv.errors import UsageError
 from pagedkv.routing import ROUTING_POLICIES, build_policy
+from pagedkv.serve_ray.hints import DEFAULT_TTL_S
 from pagedkv.serve_ray.stats import DEFAULT_MAX_BLOCKS, MAX_BLOCKS_LIMIT
 
 # pagedkv's policies, plus Serve's own default router (two random replicas, the shorter queue).
@@ -46,6 +47,7 @@ class ServeRayConfig:
     balance_abs: int = 4
     balance_rel: float = 0.25
     stats_period_s: float = DEFAULT_STATS_PERIOD_S
+    hint_ttl_s: float = DEFAULT_TTL_S  # what a router sent counts as held this long (0: off)
     max_stats_blocks: int = DEFAULT_MAX_BLOCKS
     max_ongoing_requests: int = DEFAULT_MAX_ONGOING_REQUESTS
     replica_num_cpus: float = 1.0
@@ -109,6 +111,7 @@ class ServeRayConfig:
         for flag, value in (
             ("--replica-cpus", self.replica_num_cpus),
             ("--replica-gpus", self.replica_num_gpus),
+            ("--hint-ttl", self.hint_ttl_s),
         ):
             if not (isinstance(value, (int, float)) and value >= 0):
                 raise UsageError(f"{flag} must be >= 0, got {value!r}", flag[2:].replace("-", "_"))
@@ -137,6 +140,7 @@ class ServeRayConfig:
             "policy": self.routing,
             "balance_abs": self.balance_abs,
             "balance_rel": self.balance_rel,
+            "hint_ttl_s": self.hint_ttl_s,
         }
 
     @property

@@ -53,9 +53,12 @@ class HandleTransport(httpx.AsyncBaseTransport):
         head = items[0]
         if not isinstance(head, AnswerHead):
             raise httpx.RemoteProtocolError("an answer without a head", request=request)
-        return httpx.Response(head.status, headers=list(head.headers),
-                              content=b"".join(c for c in items[1:] if isinstance(c, bytes)),
-                              request=request)  # fmt: skip
+        return httpx.Response(
+            head.status,
+            headers=list(head.headers),
+            content=b"".join(c for c in items[1:] if isinstance(c, bytes)),
+            request=request,
+        )
 
 
 async def _all(answer: Any) -> list[Any]:
@@ -87,9 +90,13 @@ class PDRole:
         from pagedkv.server.pd_front import PDFront
 
         info = await prefill.info.remote()
-        peer = PeerRecord("prefill", info.get("model_identity") or "",
-                          PageFormat.from_dict(dict(info["page_format"])), 0,
-                          str(info.get("replica", "")))  # fmt: skip
+        peer = PeerRecord(
+            "prefill",
+            info.get("model_identity") or "",
+            PageFormat.from_dict(dict(info["page_format"])),
+            0,
+            str(info.get("replica", "")),
+        )
         model = engine.parts.model_identity
         ours = own_record("decode", model, engine.parts.page_format)
         check_peer(ours, peer, self.config.kv_import, self.config.group)

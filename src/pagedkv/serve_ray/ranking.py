@@ -25,6 +25,7 @@ from typing import Any
 
 from pagedkv.kvcache.hashing import BlockHash
 from pagedkv.routing import PrefixIndex, ReplicaLoad, RouteDecision, build_policy
+from pagedkv.serve_ray.hints import DEFAULT_TTL_S, RoutedHints
 from pagedkv.serve_ray.stats import ReplicaStats, parse_stats
 from pagedkv.untrusted import UntrustedInput
 
@@ -34,7 +35,9 @@ log = logging.getLogger("pagedkv.serve_ray")
 class Ranker:
     """``policy``: a ``pagedkv.routing`` policy name; ``balance_abs`` / ``balance_rel`` its
     band. ``rank`` never raises on what replicas reported (bad stats count as none).
-    ``name``: what ``describe`` calls it (the deployment it routes for)."""
+    ``name``: what ``describe`` calls it (the deployment it routes for). ``hint_ttl_s``:
+    how long the blocks of a request sent to a replica count as held there (``hints.py``;
+    0: never, only the replicas' reports count)."""
 
     def __init__(
         self,
@@ -43,21 +46,29 @@ class Ranker:
         balance_rel: float = 0.25,
         max_index_entries: int = 1 << 20,
         name: str = "",
+        hint_ttl_s: float = DEFAULT_TTL_S,
     ) -> None:
         self.name = name
         self.num_fallbacks = 0  # requests its router routed by load after failing itself
         LIVE_RANKERS.add(self)
         self.policy = build_policy(policy, balance_abs=balance_abs, balance_rel=balance_rel)
         self.index = PrefixIndex(max_index_entries)
+        self.hints = RoutedHints(hint_ttl_s) if hint_ttl_s > 0 else None
         self.replicas: list[str] = []  # the running replicas, as Serve last said
         self.stats: dict[str, ReplicaStats] = {}  # replica -> last stats applied
+        self._raw: dict[str, Any] = {}  # replica -> the stats object last read
         self.in_flight: Counter[str] = Counter()
         self.decisions: Counter[str] = Counter()  # reason -> requests
         self.bad_stats: Counter[str] = Counter()  # replica -> stats refused
 
     def observe(self, replica: str, raw: Any) -> ReplicaStats | None:
         """Take ``replica``'s latest routing stats; its index entries are rebuilt only when
-        its (instance, epoch) changed. Refused stats keep what was known and are counted."""
+        its (instance, epoch) changed. Refused stats keep what was known and are counted.
+        The dict Serve last handed over is not parsed again (it keeps one until the next
+        broadcast): a request costs no pass over every replica's hashes."""
+        if raw is self._raw.get(replica):
+            return self.stats.get(replica)
+        self._raw[replica] = raw
         try:
             stats = parse_stats(raw)
         except UntrustedInput as exc:
@@ -76,7 +87,10 @@ class Ranker:
     def forget(self, replica: str) -> None:
         """``replica`` is gone (dead, replaced, scaled down)."""
         self.index.drop_replica(replica)
+        if self.hints is not None:
+            self.hints.forget(replica)
         self.stats.pop(replica, None)
+        self._raw.pop(replica, None)
         self.in_flight.pop(replica, None)
 
     def load(self, replica: str) -> int:
@@ -92,11 +106,17 @@ class Ranker:
         for name, raw in candidates:
             self.observe(name, raw)
         matched: dict[str, int] = {}
-        if self.policy.uses_prefix_index and block_hashes:
+        use_index = self.policy.uses_prefix_index and bool(block_hashes)
+        if use_index:
             held = self.index.match(block_hashes)
-            matched = {n: held[n] for n in names if n in held}
+            hinted = self.hints.match(block_hashes, names) if self.hints else {}
+            for n in names:
+                if best := max(held.get(n, 0), hinted.get(n, 0)):
+                    matched[n] = best
         decision = self.policy.choose([ReplicaLoad(n, self.load(n)) for n in names], matched)
         self.decisions[decision.reason] += 1
+        if use_index and self.hints is not None:
+            self.hints.add(decision.replica, block_hashes)
         rest = sorted((n for n in names if n != decision.replica), key=self.load)
         return [[decision.replica], rest], decision
 
@@ -124,6 +144,7 @@ class Ranker:
                     "in_flight": self.in_flight[n],
                     "num_requests": s.num_requests,
                     "index_blocks": self.index.num_blocks(n),
+                    "hinted_blocks": self.hints.num_blocks(n) if self.hints else 0,
                     "truncated": s.truncated,
                     "bad_stats": self.bad_stats[n],
                 }

@@ -28,9 +28,15 @@ log = logging.getLogger("pagedkv.serve_ray")
 
 class PagedKVRequestRouter(RequestRouter):
     def initialize_state(
-        self, policy: str = "prefix-aware", balance_abs: int = 4, balance_rel: float = 0.25
+        self,
+        policy: str = "prefix-aware",
+        balance_abs: int = 4,
+        balance_rel: float = 0.25,
+        hint_ttl_s: float = 60.0,
     ) -> None:
-        self.ranker = Ranker(policy, balance_abs, balance_rel, name=str(self._deployment_id))
+        self.ranker = Ranker(
+            policy, balance_abs, balance_rel, name=str(self._deployment_id), hint_ttl_s=hint_ttl_s
+        )
 
     async def choose_replicas(
         self,
