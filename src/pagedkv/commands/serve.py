@@ -162,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
     if args.replicas is not None:  # N engines on Ray Serve (ray is imported only then)
         from pagedkv.commands.serve_replicas import run_replicas
 
-        return run_replicas(args, engine_cfg, config)
+        return run_replicas(args, engine_cfg, config, pd_config)
     pd_cfg = pd_config(args)
     from pagedkv.server import bind, create_app, serve_forever
 

@@ -65,7 +65,7 @@ def parse_serve_flags(argv: list[str]) -> argparse.Namespace:
 def app_config(args: Mapping[str, Any]):
     """The ``ServeRayConfig`` a Serve config's ``args`` describe (judged whole, here)."""
     from pagedkv.commands.engine_flags import engine_config
-    from pagedkv.commands.serve import server_config
+    from pagedkv.commands.serve import pd_config, server_config
     from pagedkv.commands.serve_replicas import serve_ray_config
 
     if not isinstance(args, Mapping):
@@ -81,7 +81,7 @@ def app_config(args: Mapping[str, Any]):
             raise UsageError(f"args.{PREFILL_KEY} must be a mapping of serve flags", PREFILL_KEY)
         prefill_ns = parse_serve_flags(flags_from_mapping({**base, **prefill}))
         prefill_engine = engine_config(prefill_ns)
-    return serve_ray_config(ns, engine_config(ns), server_config(ns), prefill_engine)
+    return serve_ray_config(ns, engine_config(ns), server_config(ns), pd_config, prefill_engine)
 
 
 def build_app(args: dict[str, Any]) -> Any:

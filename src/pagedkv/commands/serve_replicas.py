@@ -9,6 +9,7 @@ is never imported.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any
 
 from pagedkv.serve_ray.config import REPLICA_ROUTINGS  # imports neither ray nor torch
@@ -115,13 +116,13 @@ def _add_routing_args(g: argparse._ArgumentGroup) -> None:
     )
 
 
-def pd_configs(args: argparse.Namespace, engine_cfg: Any) -> tuple[Any, Any]:
-    """(decode side, prefill side) ``PDConfig``s of a P/D graph; (None, None) without one."""
+def pd_configs(args: argparse.Namespace, pd_config: Callable[[argparse.Namespace], Any]):
+    """(decode side, prefill side) ``PDConfig``s of a P/D graph, built by ``serve``'s own
+    ``pd_config`` (passed in: ``serve`` imports this module); (None, None) without one."""
     if not args.prefill_replicas:
         return None, None
     from dataclasses import replace
 
-    from pagedkv.commands.serve import pd_config
     from pagedkv.serve_ray.pd import PREFILL_URL
 
     args = argparse.Namespace(**vars(args))
@@ -131,11 +132,15 @@ def pd_configs(args: argparse.Namespace, engine_cfg: Any) -> tuple[Any, Any]:
 
 
 def serve_ray_config(
-    args: argparse.Namespace, engine_cfg: Any, server_cfg: Any, prefill_engine: Any = None
+    args: argparse.Namespace,
+    engine_cfg: Any,
+    server_cfg: Any,
+    pd_config: Callable[[argparse.Namespace], Any],
+    prefill_engine: Any = None,
 ):
     from pagedkv.serve_ray.config import ServeRayConfig
 
-    decode, prefill = pd_configs(args, engine_cfg)
+    decode, prefill = pd_configs(args, pd_config)
     gpus = args.replica_gpus
     if gpus is None:
         gpus = 1.0 if str(engine_cfg.device).startswith("cuda") else 0.0
@@ -174,10 +179,15 @@ def check_ray_installed() -> None:
         )
 
 
-def run_replicas(args: argparse.Namespace, engine_cfg: Any, server_cfg: Any) -> int:
+def run_replicas(
+    args: argparse.Namespace,
+    engine_cfg: Any,
+    server_cfg: Any,
+    pd_config: Callable[[argparse.Namespace], Any],
+) -> int:
     from pagedkv.errors import UsageError
 
-    cfg = serve_ray_config(args, engine_cfg, server_cfg)  # every flag judged before Ray starts
+    cfg = serve_ray_config(args, engine_cfg, server_cfg, pd_config)  # judged before Ray starts
     if args.role != "both":
         raise UsageError(
             "--replicas with --role: use the P/D application instead "
