@@ -179,11 +179,12 @@ def test_a_killed_replica_is_replaced_and_requests_keep_succeeding(base):
         time.sleep(1.0)
         victim = sorted(before)[0]
         ray.kill(ray.get_actor(before[victim], namespace="serve"), no_restart=True)
-        wait_for(
-            lambda: victim not in engine_replicas(APP) and running_count(APP) == 2,
-            "Serve to replace the killed replica",
-            timeout_s=120,
-        )
+
+        def replaced() -> bool:
+            names = set(engine_replicas(APP))
+            return len(names) == 2 and victim not in names and running_count(APP) == 2
+
+        wait_for(replaced, "Serve to replace the killed replica", timeout_s=120)
         time.sleep(1.0)
         stop.set()
         for f in futures:
