@@ -182,6 +182,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("disagg",),
     ("server",),
     ("router",),
+    ("serve_ray",),  # replicas on Ray Serve: above the server and the router it reuses
     ("commands",),
     ("cli",),
     ("__main__",),
@@ -195,6 +196,7 @@ NEVER: dict[str, frozenset[str]] = {
     "disagg": frozenset({"sim"}),
     "server": frozenset({"sim"}),
     "router": frozenset({"sim", "engine", "disagg"}),
+    "serve_ray": frozenset({"sim"}),
 }
 MAY_IMPORT: dict[str, frozenset[str]] = {
     package: frozenset(p for lower in LAYERS[:i] for p in lower) - NEVER.get(package, frozenset())

@@ -6,7 +6,8 @@ self-description for a router; --kv-events publishes its prefix cache's changes,
 docs/kv_events.md). Listens on 127.0.0.1 unless --host says otherwise. With --api-key (or $PAGEDKV_API_KEY) every /v1 route needs
 "Authorization: Bearer KEY" (so do /openapi.json and unknown paths; /health and /metrics stay
 open for probes). Without --model the embedded SmolLM2-135M-Instruct is served. The address is
-bound before the model loads, so a port in use is reported at once.
+bound before the model loads, so a port in use is reported at once. With --replicas N, N
+engines run on Ray Serve behind this address, routed by prefix (docs/ray_serve.md).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from pagedkv.commands.busy_machine import warn_if_busy
 from pagedkv.commands.engine_flags import add_engine_args, engine_config
+from pagedkv.commands.serve_replicas import add_replica_args
 
 # The cap's default, repeated here so that parsing flags needs no server import (FastAPI is
 # slow to import); tests check that the two agree.
@@ -57,6 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_engine_args(p)
     _add_pd_args(p)
+    add_replica_args(p)
     p.set_defaults(func=run)
 
 
@@ -185,6 +188,10 @@ def _is_loopback(host: str) -> bool:
 def run(args: argparse.Namespace) -> int:
     config = server_config(args)  # validate the edge before loading anything
     engine_cfg = engine_config(args)
+    if args.replicas is not None:  # N engines on Ray Serve (ray is imported only then)
+        from pagedkv.commands.serve_replicas import run_replicas
+
+        return run_replicas(args, engine_cfg, config, pd_config)
     pd_cfg = pd_config(args)
     from pagedkv.server import bind, create_app, serve_forever
 

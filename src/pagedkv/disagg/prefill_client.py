@@ -118,8 +118,12 @@ class PrefillClient:
         await self._client.aclose()
 
 
-def prefill_client(cfg: PDConfig, api_key: str | None) -> PrefillClient:
-    """The decode side's client as ``cfg`` configures it (``cfg.role`` is ``decode``)."""
+def prefill_client(
+    cfg: PDConfig, api_key: str | None, transport: httpx.AsyncBaseTransport | None = None
+) -> PrefillClient:
+    """The decode side's client as ``cfg`` configures it (``cfg.role`` is ``decode``).
+    ``transport``: where its HTTP calls go instead of the network (a Serve deployment's
+    handle on Ray, ``serve_ray/pd.py``)."""
     assert cfg.prefill_url is not None
     breaker = CircuitBreaker(
         failure_threshold=cfg.breaker_failures,
@@ -129,4 +133,4 @@ def prefill_client(cfg: PDConfig, api_key: str | None) -> PrefillClient:
         # any call can take is presumed lost.
         probe_timeout_s=2 * cfg.prefill_timeout_s + MAX_CONNECT_TIMEOUT_S,
     )
-    return PrefillClient(cfg.prefill_url, cfg.prefill_timeout_s, api_key, breaker)
+    return PrefillClient(cfg.prefill_url, cfg.prefill_timeout_s, api_key, breaker, transport)

@@ -32,6 +32,7 @@ from pagedkv.engine import LLMEngine, SamplingParams
 from pagedkv.engine.stats import EngineSnapshot
 from pagedkv.errors import UsageError
 from pagedkv.server.delivery import Deliver, Delivery, Failure, Submission, failure_of
+from pagedkv.server.engine_call import EngineCall
 from pagedkv.server.fair_queue import FairQueue
 
 __all__ = ["Deliver", "Delivery", "EngineLoop", "Failure", "LoopSnapshot", "Submission"]
@@ -145,6 +146,13 @@ class EngineLoop:
         step); a no-op for a request that already finished."""
         self._commands.put(_Abort(request_id))
 
+    def call(self, call: EngineCall) -> None:
+        """Run ``call`` on the engine thread between two steps (refused once stopped)."""
+        with self._lock:
+            if not self._stopped:
+                return self._commands.put(call)
+        call.refuse()
+
     # -- the engine thread -----------------------------------------------------------------
 
     def _run(self) -> None:
@@ -187,7 +195,9 @@ class EngineLoop:
             except queue.Empty:
                 return commands
 
-    def _apply(self, command: _Submit | _Abort) -> None:
+    def _apply(self, command: _Submit | _Abort | EngineCall) -> None:
+        if isinstance(command, EngineCall):
+            return command.run(self.engine)
         if isinstance(command, _Abort):
             if self._queued.remove(command.request_id):
                 return
@@ -268,7 +278,9 @@ class EngineLoop:
             self._stopped = True
         self._fail_all("the server is shutting down", 503, "shutting_down")
         for command in pending + self._drain(block=False):
-            if isinstance(command, _Submit):
+            if isinstance(command, EngineCall):
+                command.refuse()
+            elif isinstance(command, _Submit):
                 for sub in command.group:
                     sub.deliver(Failure("the server is shutting down", 503, "shutting_down"))
 
