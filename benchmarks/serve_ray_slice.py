@@ -147,7 +147,7 @@ def simulate(
     from pagedkv.sched import SchedulerConfig
     from pagedkv.sim.cluster import Cluster
     from pagedkv.sim.cluster_summary import cluster_ideal_hits, summarize_cluster
-    from pagedkv.sim.profiled_cost import read_cost_profile
+    from pagedkv.sim.costs.profiled import read_cost_profile
 
     cost = read_cost_profile(profile_path).cost_model()
     policy = get_policy(f"paged:{block_size}")
