@@ -1,7 +1,7 @@
 """`pagedkv simulate`: replay a trace through the real scheduler and allocators, per policy.
 
 A thin edge: parse the flags into a ``SimulateConfig`` (every bad value is one error line,
-exit 2), call ``sim.scenario.load_scenario(config).run()`` (the library's "simulate run"), and
+exit 2), call ``sim.scenario_load.load_scenario(config).run()`` (the library's "simulate run"), and
 print a rich table (or JSON), optionally a plot.
 """
 
@@ -20,7 +20,7 @@ from pagedkv.errors import UsageError
 from pagedkv.units import parse_bytes, parse_count, parse_int_list, parse_number, parse_tokens
 
 if TYPE_CHECKING:
-    from pagedkv.sim.scenario import SimulateConfig
+    from pagedkv.sim.simulate_config import SimulateConfig
 
 
 def _int_list(option: str, text: str | None) -> tuple[int, ...]:
@@ -34,7 +34,7 @@ def _int_list(option: str, text: str | None) -> tuple[int, ...]:
 
 def validate(a: argparse.Namespace) -> SimulateConfig:
     """The flags as a validated ``SimulateConfig`` (UsageError naming the flag otherwise)."""
-    from pagedkv.sim.scenario import SimulateConfig
+    from pagedkv.sim.simulate_config import SimulateConfig
 
     if bool(a.trace) == bool(a.synthetic):
         raise UsageError("give exactly one of --trace FILE or --synthetic SPEC")
@@ -258,7 +258,7 @@ def run(a: argparse.Namespace) -> int:
     from rich.markup import escape
 
     from pagedkv.sim.report import plot_runs, print_table
-    from pagedkv.sim.scenario import load_scenario
+    from pagedkv.sim.scenario_load import load_scenario
     from pagedkv.traces import skipped_lines_note
 
     scenario = load_scenario(config)
