@@ -163,7 +163,8 @@ class NativeBackend:
     def plan(
         self, meta: AttentionMetadata, kv_caches: list[KVCache], block_size: int
     ) -> NativeStep:
-        kernels = self.usable_kernels(kv_caches)
+        # MLA's latent pages: torch ops over the plan's gathers (``mla/paged.py``)
+        kernels = None if self.model.config.mla is not None else self.usable_kernels(kv_caches)
         if kernels is not None:  # C reads and writes where the slots say: check them first
             check_slots(meta, kv_caches[0][0].shape[0], block_size)
         model = self.model
@@ -204,7 +205,8 @@ def chain_of(layer) -> Chain | None:
     is not on the native kernels or the chain lacks an op of the layer (Qwen3's q/k norms)."""
     projections, norms = layer.projections(), layer.norms()
     if not (
-        len(norms) == 2
+        len(projections) == 4  # none: MLA or the experts, which the chain does not compile
+        and len(norms) == 2
         and all(n.kernels is not None for n in norms)
         and norms[0].eps == norms[1].eps
         and layer.mlp.kernels is not None
