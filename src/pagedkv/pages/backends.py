@@ -69,13 +69,15 @@ TORCH_SDPA = BackendRule(
 )
 TRITON = BackendRule(
     "triton",
-    f"pagedkv's Triton kernels (GPU): {triton_rules.block_size_note()}",
+    f"pagedkv's Triton kernels (GPU): {triton_rules.block_size_note()}; MLA latent records "
+    "too, at any B (FlashMLA's tile is its page and forces 64; this kernel's tile is not)",
     devices=("cuda", "cpu"),  # the CPU: Triton's interpreter, for tests
     factory="pagedkv.model.triton.backend:TritonBackend",
     default_on=("cuda",),
     cuda_graphs=True,
     cpu_note="Triton's interpreter on the CPU: for tests, slow",
     engine_clock=True,
+    layouts=("mha", "mla"),
     problems=triton_rules.block_size_problems,
     loops_over_tiles=True,
 )
