@@ -99,23 +99,20 @@ def load_deepseek(load, index: int, layer: nn.Module) -> None:
         per_head = dims.qk_nope_head_dim + dims.v_head_dim
         kv_b = weights[prefix + "kv_b_proj.weight"]
         _check(prefix + "kv_b_proj.weight", kv_b, (dims.num_heads * per_head, dims.kv_lora_rank))
-        kv_b = kv_b.to(dtype).reshape(dims.num_heads, per_head, dims.kv_lora_rank).contiguous()
-        layer.get_submodule("mla").kv_b = nn.Parameter(kv_b, requires_grad=False)
+        layer.get_submodule("mla").load_kv_b(kv_b.to(dtype))
     if is_moe_layer(config, index):
         _load_experts(load, prefix, layer.get_submodule("mlp"))
 
 
 def _load_experts(load, prefix: str, moe: nn.Module) -> None:
-    weights, dtype = load.weights, load.dtype
-    num, hidden = moe.router.shape
-    width = moe.experts_down.shape[2]
+    """The router (+ its bias) and the routed experts, stacked, into ``moe`` (a ``MoE``)."""
+    weights, shape = load.weights, load.config.moe
+    num, hidden, width = shape.num_experts, load.config.hidden_size, shape.expert_intermediate_size
     router = weights[prefix + "router.weight"]
     _check(prefix + "router.weight", router, (num, hidden))
-    moe.router = nn.Parameter(router.float().contiguous(), requires_grad=False)
-    if moe.router_bias is not None:
-        bias = weights[prefix + "router.bias"]
+    bias = weights[prefix + "router.bias"] if shape.topk_method == "noaux_tc" else None
+    if bias is not None:
         _check(prefix + "router.bias", bias, (num,))
-        moe.router_bias = nn.Parameter(bias.float().contiguous(), requires_grad=False)
     want = {"gate_proj.weight": (width, hidden), "up_proj.weight": (width, hidden)}
     want["down_proj.weight"] = (hidden, width)
     gate_up, down = [], []
@@ -123,12 +120,11 @@ def _load_experts(load, prefix: str, moe: nn.Module) -> None:
         names = {p: f"{prefix}experts.{e}.{p}" for p in EXPERT_PIECES}
         for piece, name in names.items():
             _check(name, weights[name], want[piece])
-        gate_up.append(torch.cat((weights[names["gate_proj.weight"]], weights[names["up_proj.weight"]])))
+        pair = (weights[names["gate_proj.weight"]], weights[names["up_proj.weight"]])
+        gate_up.append(torch.cat(pair))
         down.append(weights[names["down_proj.weight"]])
-    moe.experts_gate_up = nn.Parameter(torch.stack(gate_up).to(dtype), requires_grad=False)
-    moe.experts_down = nn.Parameter(torch.stack(down).to(dtype), requires_grad=False)
-    if moe.shared is not None:
-        moe.shared.kernels = load.kernels
+    stacked = (torch.stack(gate_up).to(load.dtype), torch.stack(down).to(load.dtype))
+    moe.load_experts(router, bias, *stacked, load.kernels)
 
 
 def _check(name: str, tensor: torch.Tensor, want: tuple[int, ...]) -> None:

@@ -38,7 +38,7 @@ class MoE(nn.Module):
         assert shape is not None  # built for a layer the shape routes (decoder_layer)
         self.shape = shape
         hidden, width, num = config.hidden_size, shape.expert_intermediate_size, shape.num_experts
-        self.router = nn.Parameter(torch.empty(num, hidden), requires_grad=False)
+        self.router_weight = nn.Parameter(torch.empty(num, hidden), requires_grad=False)
         self.router_bias: nn.Parameter | None = None
         if shape.topk_method == "noaux_tc":
             self.router_bias = nn.Parameter(torch.empty(num), requires_grad=False)
@@ -48,10 +48,29 @@ class MoE(nn.Module):
         if shape.num_shared_experts:
             self.shared = SwiGLU(hidden, width * shape.num_shared_experts)
 
+    def load_experts(
+        self,
+        router: torch.Tensor,
+        bias: torch.Tensor | None,
+        gate_up: torch.Tensor,
+        down: torch.Tensor,
+        kernels=None,
+    ) -> None:
+        """Take the router ``[E, H]`` (kept fp32), its score bias ``[E]`` (``noaux_tc``), the
+        stacked experts (``[E, 2I, H]``, ``[E, H, I]``, in the model dtype); ``kernels``: the
+        shared experts' native SiLU * up (``layers.SwiGLU``). Shapes checked by the loader."""
+        self.router_weight = nn.Parameter(router.float().contiguous(), requires_grad=False)
+        if self.router_bias is not None and bias is not None:
+            self.router_bias = nn.Parameter(bias.float().contiguous(), requires_grad=False)
+        self.experts_gate_up = nn.Parameter(gate_up.contiguous(), requires_grad=False)
+        self.experts_down = nn.Parameter(down.contiguous(), requires_grad=False)
+        if self.shared is not None:
+            self.shared.kernels = kernels
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[T, H]``: the MLP's output for ``x`` ``[T, H]`` (the residual is the layer's), a
         new tensor."""
-        weights, experts = route(x, self.router, self.router_bias, self.shape)
+        weights, experts = route(x, self.router_weight, self.router_bias, self.shape)
         out = routed(x, weights, experts, self.experts_gate_up, self.experts_down)
         if self.shared is not None:
             out += self.shared(x)

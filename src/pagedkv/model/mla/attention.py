@@ -82,6 +82,14 @@ class MLAAttention(nn.Module):
         records[:, dims.kv_lora_rank :] = apply_rotary(k_pe, cos, sin)[:, 0]
         return ops.mla_attend(q, records, kv_cache, self.latent_weights(), self.scale)
 
+    def load_kv_b(self, kv_b: torch.Tensor) -> None:
+        """Take ``kv_b_proj``'s weight ``[H * (Dn + Dv), R]`` (shape checked by the loader),
+        kept per head."""
+        dims = self.dims
+        per_head = dims.qk_nope_head_dim + dims.v_head_dim
+        kv_b = kv_b.reshape(dims.num_heads, per_head, dims.kv_lora_rank).contiguous()
+        self.kv_b = nn.Parameter(kv_b, requires_grad=False)
+
     def latent_weights(self) -> LatentWeights:
         """What the backends' attention reads of this layer's weights."""
         return LatentWeights(self.kv_b, self.dims)

@@ -23,21 +23,21 @@ from pagedkv.pages.mla_shape import MLADims
 
 
 class LatentWeights(NamedTuple):
-    """``kv_b_proj``'s weight per head ``[H, Dn + Dv, R]`` (in the model dtype, on its
-    device), and the dims. Views, read only."""
+    """``weight``: ``kv_b_proj``'s weight per head ``[H, Dn + Dv, R]`` (in the model dtype, on
+    its device), and the dims. Views, read only."""
 
-    kv_b: torch.Tensor
+    weight: torch.Tensor
     dims: MLADims
 
     @property
     def w_uk(self) -> torch.Tensor:
         """``[H, Dn, R]``: a head's query nope part into latent space (from the right)."""
-        return self.kv_b[:, : self.dims.qk_nope_head_dim]
+        return self.weight[:, : self.dims.qk_nope_head_dim]
 
     @property
     def w_uv(self) -> torch.Tensor:
         """``[H, Dv, R]``: a head's latent output into its value dims (transposed)."""
-        return self.kv_b[:, self.dims.qk_nope_head_dim :]
+        return self.weight[:, self.dims.qk_nope_head_dim :]
 
 
 def absorb_queries(q: torch.Tensor, latent: LatentWeights) -> torch.Tensor:
@@ -65,8 +65,8 @@ def decompress(records: torch.Tensor, latent: LatentWeights) -> tuple[torch.Tens
     ``[L, R + Dr]``: ``kv_b_proj`` of the compressed part, k_pe shared by every head."""
     dims = latent.dims
     rank, nope = dims.kv_lora_rank, dims.qk_nope_head_dim
-    num_heads = latent.kv_b.shape[0]
-    kv = records[:, :rank] @ latent.kv_b.reshape(-1, rank).t()  # [L, H * (Dn + Dv)]
+    num_heads = latent.weight.shape[0]
+    kv = records[:, :rank] @ latent.weight.reshape(-1, rank).t()  # [L, H * (Dn + Dv)]
     kv = kv.view(records.shape[0], num_heads, -1)
     keys = records.new_empty(records.shape[0], num_heads, dims.qk_head_dim)
     keys[:, :, :nope] = kv[:, :, :nope]

@@ -226,8 +226,9 @@ def _mla_reduce_kernel(
     first = (seq * tl.num_programs(1) + head) * num_splits
     lse = tl.load(lse_ptr + first + offs_split, mask=split_ok, other=float("-inf"))
     mask = split_ok[:, None] & (offs_r < RANK)[None, :]
-    part = tl.load(part_ptr + (first + offs_split)[:, None] * RANK + offs_r[None, :], mask=mask,
-                   other=0.0)
+    part = tl.load(
+        part_ptr + (first + offs_split)[:, None] * RANK + offs_r[None, :], mask=mask, other=0.0
+    )
     top = tl.max(lse, 0)
     top = tl.where(top == float("-inf"), 0.0, top)
     weights = tl.exp2(lse - top)
