@@ -42,7 +42,9 @@ class MoE(nn.Module):
         self.router_bias: nn.Parameter | None = None
         if shape.topk_method == "noaux_tc":
             self.router_bias = nn.Parameter(torch.empty(num), requires_grad=False)
-        self.experts_gate_up = nn.Parameter(torch.empty(num, 2 * width, hidden), requires_grad=False)
+        self.experts_gate_up = nn.Parameter(
+            torch.empty(num, 2 * width, hidden), requires_grad=False
+        )
         self.experts_down = nn.Parameter(torch.empty(num, hidden, width), requires_grad=False)
         self.shared: SwiGLU | None = None
         if shape.num_shared_experts:
