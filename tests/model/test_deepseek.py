@@ -30,9 +30,10 @@ FAMILIES = ["deepseek_v2", "deepseek_v3"]
 
 
 def hf_greedy(hf, prompt: list[int], new_tokens: int = NEW_TOKENS) -> list[int]:
+    ids = torch.tensor([prompt])  # the mask given: a token 0 is no padding here
     with torch.no_grad():
-        out = hf.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False,
-                          eos_token_id=None, pad_token_id=0)  # fmt: skip
+        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                          do_sample=False, eos_token_id=None, pad_token_id=0)  # fmt: skip
     return out[0, len(prompt) :].tolist()
 
 
