@@ -124,8 +124,11 @@ def _deepseek_config(arch: str, common: dict):
     raise ValueError(arch)
 
 
-def make_tiny_model(arch: str, folder: Path, seed: int = 0, context_len: int | None = None):
-    """Save a random ``arch`` model to ``folder``; returns the transformers model (fp32, eval).
+def make_tiny_model(
+    arch: str, folder: Path, seed: int = 0, context_len: int | None = None, config=None
+):
+    """Save a random ``arch`` model (of ``config``, a transformers config, when given) to
+    ``folder``; returns the transformers model (fp32, eval).
 
     Every parameter (norms and biases too, which transformers initialises to 1 and 0) is drawn
     at random so that each one influences the logits.
@@ -133,9 +136,8 @@ def make_tiny_model(arch: str, folder: Path, seed: int = 0, context_len: int | N
     import transformers
 
     torch.manual_seed(seed)
-    model = (
-        transformers.AutoModelForCausalLM.from_config(hf_config(arch, context_len)).float().eval()
-    )
+    config = hf_config(arch, context_len) if config is None else config
+    model = transformers.AutoModelForCausalLM.from_config(config).float().eval()
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
@@ -158,6 +160,20 @@ def _write_tokenizer(folder: Path) -> None:
     tok.save(str(folder / "tokenizer.json"))
     config = {"bos_token": "<s>", "eos_token": "</s>", "chat_template": CHAT_TEMPLATE}
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
+
+
+def add_tokenizer(writer) -> None:
+    """The tiny byte-level tokenizer as GGUF metadata (llama.cpp's "gpt2" model)."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tokens = alphabet + ["<s>", "</s>"] + [f"<unused{i}>" for i in range(VOCAB_SIZE - 258)]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * 256 + [3] * (len(tokens) - 256))
+    writer.add_token_merges([])
+    writer.add_bos_token_id(256)
+    writer.add_eos_token_id(257)
+    writer.add_chat_template(CHAT_TEMPLATE)
 
 
 def llama_cpp_permute(w: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -213,16 +229,7 @@ def write_tiny_gguf(hf_model, arch: str, path: Path) -> None:
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
     writer.add_vocab_size(cfg.vocab_size)
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    tokens = alphabet + ["<s>", "</s>"] + [f"<unused{i}>" for i in range(VOCAB_SIZE - 258)]
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_types([1] * 256 + [3] * (len(tokens) - 256))
-    writer.add_token_merges([])
-    writer.add_bos_token_id(256)
-    writer.add_eos_token_id(257)
-    writer.add_chat_template(CHAT_TEMPLATE)
+    add_tokenizer(writer)
 
     permute = arch == "llama"
     for name, tensor in hf_model.state_dict().items():
