@@ -127,7 +127,11 @@ def mha_read_rate(op: dict, repeats: int) -> dict:
     meta = AttentionMetadata(slots, tables, torch.full((batch,), context, dtype=torch.int32),
                              torch.arange(batch + 1, dtype=torch.int32))  # fmt: skip
     plan = AttentionPlan(meta, BLOCK_SIZE, torch.float32, native.kernels())
-    q, k, v = torch.randn(batch, hq, dim), torch.randn(batch, hkv, dim), torch.randn(batch, hkv, dim)
+    q, k, v = (
+        torch.randn(batch, hq, dim),
+        torch.randn(batch, hkv, dim),
+        torch.randn(batch, hkv, dim),
+    )
     samples = [
         seconds(paged_attention, q, k, v, (k_cache, v_cache), plan, dim**-0.5)
         for _ in range(repeats + 1)
