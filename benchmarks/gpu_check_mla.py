@@ -64,19 +64,20 @@ def correctness(run: Run, kernels, gen) -> list[dict]:
             for splits in (1, 3):
                 pool, tables, lens_t = latent_pool(lens, block_size, rank + rope, dtype,
                                                    run.device, gen)  # fmt: skip
-                q = (torch.randn(len(lens), 8, rank + rope, generator=gen) / rank**0.25).to(dtype)
+                q = torch.randn(len(lens), 8, rank + rope, generator=gen) / rank**0.25
                 case = {"dtype": str(dtype).removeprefix("torch."), "block_size": block_size,
                         "num_splits": splits, "tolerance": TOLERANCE[dtype]}  # fmt: skip
-
-                def error(q=q.to(run.device), p=pool, t=tables, n=lens_t, s=splits) -> float:
-                    got = kernels.mla_decode(q, p, t, n, 0.1, rank, num_splits=s)
-                    want = reference(q, p, t, n, rank, 0.1)
-                    return (got.double().cpu() - want).abs().max().item()
-
-                err = attempt(case, "error", error)
+                operands = (q.to(dtype=dtype, device=run.device), pool, tables, lens_t)
+                err = attempt(case, "error", _error, kernels, operands, rank, splits)
                 case.update(max_abs_error=err, ok=err is not None and err <= TOLERANCE[dtype])
                 cases.append(case)
     return cases
+
+
+def _error(kernels, operands, rank: int, splits: int) -> float:
+    got = kernels.mla_decode(*operands, 0.1, rank, num_splits=splits)
+    want = reference(*operands, rank, 0.1)
+    return (got.double().cpu() - want).abs().max().item()
 
 
 def bandwidth(run: Run, kernels, gen, copy_gb_s: float) -> list[dict]:
