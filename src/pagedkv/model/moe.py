@@ -139,7 +139,7 @@ def _grouped(
     # tokens, the runs' lengths read once on the host.
     out = rows.new_empty(rows.shape[0], weight.shape[1])
     start = 0
-    for expert, count in enumerate(counts.tolist()):  # sync: fp32/fp16 MoE on a GPU only
+    for expert, count in enumerate(counts.cpu().tolist()):  # a host sync: fp32 MoE on a GPU
         if count:
             out[start : start + count] = rows[start : start + count] @ weight[expert].t()
         start += count
