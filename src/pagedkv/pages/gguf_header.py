@@ -164,8 +164,6 @@ def gguf_shape_fields(
     if head_dim is None:
         head_dim = require("hidden_size") // num_heads
     mla = get("kv_lora_rank") is not None
-    if arch == "deepseek2" and not mla:  # its attention is latent: its record needs the rank
-        raise UsageError(f"GGUF {origin} lacks {arch}.{GGUF_KEYS['kv_lora_rank']} (MLA metadata)")
     vocab = get("vocab_size") or len(metadata.get("tokenizer.ggml.tokens") or ()) or None
     scaling = metadata.get(f"{arch}.rope.scaling.type") or "none"
     fields: dict[str, Any] = {
@@ -191,9 +189,7 @@ def gguf_shape_fields(
         "tie_word_embeddings": "output.weight" not in tensor_shapes,
         "attention_bias": "blk.0.attn_q.bias" in tensor_shapes,
     }
-    fields.update(_tokens_and_name(metadata))
-    if mla:
-        fields.update(gguf_mla_fields(metadata, arch, origin))
+    fields.update(_tokens_and_name(metadata), **gguf_mla_fields(metadata, arch, origin))
     return fields
 
 

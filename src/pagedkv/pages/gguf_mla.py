@@ -23,8 +23,13 @@ GATING_FUNCS = {1: "softmax", 2: "sigmoid"}  # llama.cpp's LLAMA_EXPERT_GATING_F
 
 
 def gguf_mla_fields(metadata: dict[str, Any], arch: str, origin: str) -> dict[str, Any]:
-    """The MLA model's fields beyond the header's common ones; ``UsageError`` naming the key
-    a latent-attention model needs and the header lacks."""
+    """An MLA model's fields beyond the header's common ones (none for a header without
+    ``attention.kv_lora_rank``); ``UsageError`` naming the key a latent-attention model needs
+    and the header lacks (a ``deepseek2`` header without the rank among them)."""
+    if f"{arch}.attention.kv_lora_rank" not in metadata:
+        if arch == "deepseek2":  # its attention is latent: its record needs the rank
+            raise UsageError(f"GGUF {origin} lacks {arch}.attention.kv_lora_rank (MLA metadata)")
+        return {}
 
     def get(key: str) -> Any:
         return metadata.get(f"{arch}.{key}")

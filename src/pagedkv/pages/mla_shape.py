@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pagedkv.errors import UsageError
+from pagedkv.pages.moe_shape import MoEShape
 
 # The rope types of a config.json that mean DeepSeek's YaRN (older checkpoints spell it so).
 YARN_TYPES = ("yarn", "deepseek_yarn")
@@ -164,27 +165,37 @@ class MLADims:
         return decompressed <= absorbed
 
 
-def mla_hf_fields(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``ModelShape`` fields of an MLA ``config.json`` beyond the record's two (a query
-    head's width as ``head_dim``: its nope and rope dims). Values are checked by ``MLADims``
-    when the model is built; a planner needs none of them."""
-
+def mla_hf_fields(
+    config: Mapping[str, Any], rope: Mapping[str, Any], common: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The ``ModelShape`` fields of an MLA ``config.json`` beyond ``common`` (the fields every
+    config gives, ``pages/sources.py``): the latent attention's other dims (a query head's
+    width as ``head_dim``: its nope and rope dims), DeepSeek's YaRN from ``rope`` (the
+    config's ``rope_scaling`` / ``rope_parameters``), the experts, and the parameter count
+    when the config does not give it. Values are checked by ``MLADims`` and ``MoEShape``."""
     def get(key: str) -> Any:
         return config.get(key)
 
+    moe = MoEShape.from_hf(config, common["architecture"])
     fields: dict[str, Any] = {
         "q_lora_rank": get("q_lora_rank"),
         "qk_nope_head_dim": get("qk_nope_head_dim") or 0,
         "v_head_dim": get("v_head_dim") or 0,
         # DeepSeek's rotary dims pair adjacently (V2 always; V3 unless rope_interleave false)
         "rope_interleaved": bool(config.get("rope_interleave", True)),
+        "moe": moe,
     }
     if get("qk_nope_head_dim") and get("qk_rope_head_dim"):
         fields["head_dim"] = int(get("qk_nope_head_dim")) + int(get("qk_rope_head_dim"))
+    if common["rope_scaling_type"] in YARN_TYPES:
+        fields["rope_scaling_type"] = "yarn"
+        fields["yarn"] = YarnRopeScaling.from_dict(rope, common["max_context_tokens"])
+    if common["num_params"] is None:
+        fields["num_params"] = estimate_mla_num_params(config, moe)
     return fields
 
 
-def estimate_mla_num_params(config: Mapping[str, Any], moe: Any) -> int | None:
+def estimate_mla_num_params(config: Mapping[str, Any], moe: MoEShape | None) -> int | None:
     """Parameter count of a DeepSeek-style config (None if a needed key is missing): the
     embeddings (+ an untied head), per layer the latent attention (queries with or without
     their low rank, the KV compression and its decompression, the output, two latent norms),

@@ -20,13 +20,7 @@ from typing import Any
 
 from pagedkv.errors import UsageError
 from pagedkv.pages.gguf_header import gguf_shape_fields, read_gguf_header
-from pagedkv.pages.mla_shape import (
-    YARN_TYPES,
-    YarnRopeScaling,
-    estimate_mla_num_params,
-    mla_hf_fields,
-)
-from pagedkv.pages.moe_shape import MoEShape
+from pagedkv.pages.mla_shape import mla_hf_fields
 from pagedkv.pages.shape import Llama3RopeScaling, ModelShape
 
 # -- Hugging Face config.json (and presets, which use its spelling) ---------------------------
@@ -86,21 +80,13 @@ def shape_from_hf_config(
             "eos_token_ids": tuple(int(e) for e in eos_ids),
         }
         if mla:  # DeepSeek: the latent attention's other dims, YaRN, the experts
-            fields.update(mla_hf_fields(config))
-            fields["moe"] = MoEShape.from_hf(config, fields["architecture"])
-        if rope_type in YARN_TYPES:
-            fields["rope_scaling_type"] = "yarn"
-            fields["yarn"] = YarnRopeScaling.from_dict(rope, fields["max_context_tokens"])
+            fields.update(mla_hf_fields(config, rope, fields))
     except KeyError as exc:
         raise UsageError(f"model config {origin} lacks the key {exc.args[0]!r}") from None
     except (TypeError, ValueError) as exc:
         raise UsageError(f"model config {origin}: {exc}") from None
-    if fields["num_params"] is None:
-        fields["num_params"] = (
-            estimate_mla_num_params(config, fields["moe"])
-            if mla
-            else estimate_dense_num_params(config)
-        )
+    if fields["num_params"] is None and not mla:
+        fields["num_params"] = estimate_dense_num_params(config)
     return ModelShape(name=name, source=source, origin=origin, **fields)
 
 

@@ -143,39 +143,14 @@ def mla_decode(
     cache's dtype (IEEE fp32 for an fp32 cache). ``num_splits`` > 1: split-K over the context
     (``decode_splits``'s rule, with ``mla_head_block``'s programs per sequence). Mutates nothing.
     ``UsageError`` for a rank ``MLA_DECODE`` refuses."""
-    num_seqs, num_heads, width = q.shape
-    _, block_size, one, cache_width = cache.shape
-    MLA_DECODE.check(block_size, kv_lora_rank)
-    if one != 1 or cache_width != width or not 0 < kv_lora_rank < width:
-        raise ValueError(f"q {tuple(q.shape)} does not match the latent pool {tuple(cache.shape)}")
-    if q.stride(2) != 1 or cache.stride(3) != 1 or block_tables.stride(1) != 1:
-        raise ValueError("q, the pool and the block tables must be contiguous in their last dim")
-    if block_tables.dtype != torch.int32 or context_lens.dtype != torch.int32:
-        raise ValueError("block_tables and context_lens must be int32")
-    if block_tables.shape[0] != num_seqs or context_lens.shape != (num_seqs,):
-        raise ValueError("q, block_tables and context_lens need one row per sequence")
+    num_seqs, num_heads, _ = q.shape
+    _check(q, cache, block_tables, context_lens, kv_lora_rank)
     out = torch.empty((num_seqs, num_heads, kv_lora_rank), dtype=q.dtype, device=q.device)
     if num_seqs == 0:
         return out
-    rope = width - kv_lora_rank
-    head_block = mla_head_block(num_heads)
-    tile = mla_tile(width, cache.element_size()) if tile is None else tile
+    constants = _constants(q, cache, kv_lora_rank, tile)
     splits = max(1, min(num_splits, MAX_SPLITS))
-    constants = dict(
-        H=num_heads,
-        H_BLOCK=head_block,
-        RANK=kv_lora_rank,
-        ROPE=rope,
-        RANK_PAD=max(MIN_TILE, triton.next_power_of_2(kv_lora_rank)),
-        ROPE_PAD=max(MIN_TILE, triton.next_power_of_2(rope)),
-        B=block_size,
-        T=tile,
-        DOT_PRECISION=dot_precision(cache.dtype),
-        UPCAST_DOTS=upcast_dots(cache.dtype),
-        NUM_STAGES=pipeline_stages(),
-        num_warps=4 if head_block * kv_lora_rank <= 16 * 512 else 8,
-    )
-    grid = (num_seqs, triton.cdiv(num_heads, head_block), splits)
+    grid = (num_seqs, triton.cdiv(num_heads, constants["H_BLOCK"]), splits)
     operands = (q, cache, block_tables, context_lens)
     strides = (q.stride(0), q.stride(1), cache.stride(0), cache.stride(1), block_tables.stride(0))
     qk_scale = scale * LOG2_E
@@ -202,6 +177,45 @@ def mla_decode(
         SPLITS_PAD=triton.next_power_of_2(splits),
     )
     return out
+
+
+def _check(q, cache, block_tables, context_lens, kv_lora_rank: int) -> None:
+    """Shapes, dtypes and layouts (metadata only: no device read); the rank against
+    ``MLA_DECODE`` (UsageError)."""
+    num_seqs, _, width = q.shape
+    _, block_size, one, cache_width = cache.shape
+    MLA_DECODE.check(block_size, kv_lora_rank)
+    if one != 1 or cache_width != width or not 0 < kv_lora_rank < width:
+        raise ValueError(f"q {tuple(q.shape)} does not match the latent pool {tuple(cache.shape)}")
+    if q.stride(2) != 1 or cache.stride(3) != 1 or block_tables.stride(1) != 1:
+        raise ValueError("q, the pool and the block tables must be contiguous in their last dim")
+    if block_tables.dtype != torch.int32 or context_lens.dtype != torch.int32:
+        raise ValueError("block_tables and context_lens must be int32")
+    if block_tables.shape[0] != num_seqs or context_lens.shape != (num_seqs,):
+        raise ValueError("q, block_tables and context_lens need one row per sequence")
+
+
+def _constants(q, cache, kv_lora_rank: int, tile: int | None) -> dict:
+    """The kernel's compile-time constants and warp count: heads a program
+    (``mla_head_block``), each record part padded to a power of two >= 16, the tile
+    (``mla_tile``'s rule unless given)."""
+    num_heads, width, block_size = q.shape[1], q.shape[2], cache.shape[1]
+    rope = width - kv_lora_rank
+    head_block = mla_head_block(num_heads)
+    return dict(
+        H=num_heads,
+        H_BLOCK=head_block,
+        RANK=kv_lora_rank,
+        ROPE=rope,
+        RANK_PAD=max(MIN_TILE, triton.next_power_of_2(kv_lora_rank)),
+        ROPE_PAD=max(MIN_TILE, triton.next_power_of_2(rope)),
+        B=block_size,
+        T=mla_tile(width, cache.element_size()) if tile is None else tile,
+        DOT_PRECISION=dot_precision(cache.dtype),
+        UPCAST_DOTS=upcast_dots(cache.dtype),
+        NUM_STAGES=pipeline_stages(),
+        num_warps=4 if head_block * kv_lora_rank <= 16 * 512 else 8,
+    )
 
 
 @triton.jit
