@@ -169,15 +169,19 @@ def mla_hf_fields(
     config: Mapping[str, Any], rope: Mapping[str, Any], common: Mapping[str, Any]
 ) -> dict[str, Any]:
     """The ``ModelShape`` fields of an MLA ``config.json`` beyond ``common`` (the fields every
-    config gives, ``pages/sources.py``): the latent attention's other dims (a query head's
-    width as ``head_dim``: its nope and rope dims), DeepSeek's YaRN from ``rope`` (the
-    config's ``rope_scaling`` / ``rope_parameters``), the experts, and the parameter count
-    when the config does not give it. Values are checked by ``MLADims`` and ``MoEShape``."""
+    config gives, ``pages/sources.py``): the record's dims, the latent attention's other dims
+    (a query head's width as ``head_dim``: its nope and rope dims), DeepSeek's YaRN from
+    ``rope`` (the config's ``rope_scaling`` / ``rope_parameters``), the experts, and the
+    parameter count when the config does not give it. The record's dims must be integers;
+    the others are checked by ``MLADims`` and ``MoEShape`` when the model is built."""
+
     def get(key: str) -> Any:
         return config.get(key)
 
     moe = MoEShape.from_hf(config, common["architecture"])
     fields: dict[str, Any] = {
+        "kv_lora_rank": _count(get("kv_lora_rank"), "kv_lora_rank"),
+        "qk_rope_head_dim": _count(get("qk_rope_head_dim") or 0, "qk_rope_head_dim"),
         "q_lora_rank": get("q_lora_rank"),
         "qk_nope_head_dim": get("qk_nope_head_dim") or 0,
         "v_head_dim": get("v_head_dim") or 0,
@@ -193,6 +197,14 @@ def mla_hf_fields(
     if common["num_params"] is None:
         fields["num_params"] = estimate_mla_num_params(config, moe)
     return fields
+
+
+def _count(value: Any, key: str) -> int:
+    """A count from a config.json: an integer (2.0 is fine, 2.5 or "2" is not) >= 0."""
+    integral = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    if isinstance(value, bool) or not integral or value < 0:
+        raise UsageError(f"{key} must be an integer >= 0, got {value!r}")
+    return int(value)
 
 
 def estimate_mla_num_params(config: Mapping[str, Any], moe: MoEShape | None) -> int | None:
