@@ -5,16 +5,20 @@ of its 27, a 32k vocabulary) with every sequence's context already in the paged 
 
 Sides, alternated with their order flipped every round, medians:
 
-* ``absorbed``: the engine's decode (``mla/paged.py``: queries into latent space, MQA over the
-  paged latents, the output through W_UV), on the native backend;
+* ``absorbed``: the engine's decode on the native backend (``mla/native.py``: queries into
+  latent space, pagedkv's C paged-attention kernel reading the latent pool in place as MQA,
+  the output through W_UV);
+* ``absorbed_torch``: the same math on torch ops (``mla/paged.py``: the records gathered
+  through the plan, two batched products), the torch-sdpa backend's;
 * ``decompressed``: the same step with each layer's attention decompressing every context
   latent into per-head K and V (``latent.decompress``) and attending over them, what an
   engine without absorption does at decode.
 
 Timed twice: the whole decode step (``model.forward``), and one layer's attention op alone.
-The absorbed op's read rate (the latent bytes of the contexts per second) is printed beside
-pagedkv's native MHA kernel reading K/V of the same bytes (a GQA cache of 8 heads of 128 over
-the same contexts' bytes): the MHA path's standard on this machine. Then capacity: the engine's
+The absorbed op's read rate (the latent bytes of the contexts per second) and its GFLOP/s are
+printed beside pagedkv's native MHA kernel reading K/V of the same bytes (a GQA cache of 8
+heads of 128), alternated with them: the MHA path's standard on this machine. (Absorbed MLA does
+~15 flops per byte of the pool where GQA decode does ~2: on a CPU it is compute-bound.) Then capacity: the engine's
 start-up section 1 (``engine/pool_plan.plan_pool``) sizes a ``--kv-cache-memory`` pool for the
 DeepSeek-V2-Lite and Llama-3-8B presets in bf16: the tokens each holds. Nothing is asserted.
 
@@ -29,14 +33,14 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from bench_mla_parts import capacity, mha_read_rate, mla_model, step_inputs
+from bench_mla_parts import capacity, mha_same_bytes, mla_model, step_inputs
 from common import alternate_s, finish_meta, machine_line, machine_meta, medians, write_json
 from pagedkv.model.attention import _read_decode
 from pagedkv.model.mla.latent import decompress
-from pagedkv.model.native.backend import NativeStep
+from pagedkv.model.torch_backend import TorchStep
 
 
-class DecompressedStep(NativeStep):
+class DecompressedStep(TorchStep):
     """The native step with MLA's decode rows decompressed: each sequence's context latents
     (gathered through the plan as the absorbed path gathers them) through ``kv_b_proj`` into
     per-head K and V (``latent.decompress``), then SDPA over them. Decode-only steps of equal
@@ -72,12 +76,11 @@ def main() -> None:
     # Before the model takes its memory: start-up refuses a pool the machine has no room for.
     results: dict = {"capacity": capacity(args.kv_cache_memory)}
     model = mla_model(args.layers)
-    results.update(decode_step=[], attention_op=[], read_rate=[])
+    results.update(decode_step=[], attention_op=[])
     for context in (int(c) for c in args.contexts.split(",")):
         inputs = step_inputs(model, args.batch, context)
         results["decode_step"].append(time_step(model, inputs, context, args))
         results["attention_op"].append(time_op(model, inputs, context, args))
-        results["read_rate"].append(mha_read_rate(results["attention_op"][-1], args.repeats))
     for line in report_lines(results):
         print(line)
     write_json(args.out, {"meta": finish_meta(meta), **results})
@@ -85,9 +88,14 @@ def main() -> None:
 
 
 def _steps(model, inputs):
+    """The engine's native step (the C kernel over the latent pool), the same absorbed math
+    on torch ops (records gathered through the plan, two batched products), decompressed."""
     absorbed = model.default_backend().plan(inputs.meta, inputs.kv, inputs.block_size)
-    decompressed = DecompressedStep(absorbed.plan, absorbed.chains, absorbed.heads)
-    return {"absorbed": absorbed, "decompressed": decompressed}
+    return {
+        "absorbed": absorbed,
+        "absorbed_torch": TorchStep(absorbed.plan),
+        "decompressed": DecompressedStep(absorbed.plan),
+    }
 
 
 def time_step(model, inputs, context: int, args) -> dict:
@@ -98,30 +106,37 @@ def time_step(model, inputs, context: int, args) -> dict:
         return model(inputs.ids, inputs.positions, inputs.kv, inputs.meta, inputs.block_size, step)
 
     out = {name: forward(step) for name, step in steps.items()}
-    diff = (out["absorbed"] - out["decompressed"]).abs().max().item()
+    diff = max((out["absorbed"] - o).abs().max().item() for o in out.values())
     runs = alternate_s({n: (lambda s=s: forward(s)) for n, s in steps.items()}, args.repeats)
     med = medians(runs)
     return {"context": context, "batch": args.batch, "layers": args.layers,
             "max_abs_diff": diff, "median_s": med,
-            "decompressed_over_absorbed": med["decompressed"] / med["absorbed"]}  # fmt: skip
+            "decompressed_over_absorbed": med["decompressed"] / med["absorbed"],
+            "torch_over_absorbed": med["absorbed_torch"] / med["absorbed"]}  # fmt: skip
 
 
 def time_op(model, inputs, context: int, args) -> dict:
-    """Layer 0's attention op alone (this step's queries and records), both sides."""
+    """Layer 0's attention op alone (this step's queries and records), both sides, and the
+    native MHA kernel reading the same bytes, alternated."""
     steps = _steps(model, inputs)
     q, records = inputs.layer0_q, inputs.layer0_records
     latent, scale = inputs.latent, inputs.scale
+    latent_bytes = args.batch * context * inputs.kv[0][0].shape[-1] * 4
+    mha, mha_bytes, mha_context = mha_same_bytes(args.batch, latent_bytes)
 
     def attend(step):
         return step.mla_attend(q, records, inputs.kv[0], latent, scale)
 
-    runs = alternate_s({n: (lambda s=s: attend(s)) for n, s in steps.items()}, args.repeats)
-    med = medians(runs)
-    latent_bytes = args.batch * context * inputs.kv[0][0].shape[-1] * 4
+    sides = {n: (lambda s=s: attend(s)) for n, s in steps.items()}
+    med = medians(alternate_s({**sides, "mha_native": mha}, args.repeats))
+    dims = latent.dims  # multiply-adds of the absorbed op: scores and the weighted sum
+    flop = 2 * args.batch * context * dims.num_heads * (dims.record_width + dims.kv_lora_rank)
     return {"context": context, "batch": args.batch, "median_s": med,
-            "latent_bytes": latent_bytes,
-            "absorbed_gb_s": latent_bytes / med["absorbed"] / 1e9,
-            "decompressed_over_absorbed": med["decompressed"] / med["absorbed"]}  # fmt: skip
+            "latent_bytes": latent_bytes, "absorbed_gb_s": latent_bytes / med["absorbed"] / 1e9,
+            "absorbed_gflop_s": flop / med["absorbed"] / 1e9,
+            "mha_context": mha_context, "mha_gb_s": mha_bytes / med["mha_native"] / 1e9,
+            "decompressed_over_absorbed": med["decompressed"] / med["absorbed"],
+            "torch_over_absorbed": med["absorbed_torch"] / med["absorbed"]}  # fmt: skip
 
 
 def report_lines(results: dict) -> list[str]:
@@ -129,16 +144,19 @@ def report_lines(results: dict) -> list[str]:
     for r in results["decode_step"]:
         m = r["median_s"]
         lines.append(f"  context {r['context']:>6} batch {r['batch']}: absorbed "
-                     f"{m['absorbed'] * 1e3:8.1f} ms, decompressed {m['decompressed'] * 1e3:8.1f}"
-                     f" ms ({r['decompressed_over_absorbed']:.1f}x), max |diff| "
+                     f"{m['absorbed'] * 1e3:8.1f} ms (torch ops {m['absorbed_torch'] * 1e3:.1f}),"
+                     f" decompressed {m['decompressed'] * 1e3:8.1f} ms "
+                     f"({r['decompressed_over_absorbed']:.1f}x), max |diff| "
                      f"{r['max_abs_diff']:.1e}")  # fmt: skip
     lines.append("one layer's attention op:")
-    for r, rate in zip(results["attention_op"], results["read_rate"], strict=True):
+    for r in results["attention_op"]:
         m = r["median_s"]
         lines.append(f"  context {r['context']:>6}: absorbed {m['absorbed'] * 1e3:7.2f} ms "
-                     f"({r['absorbed_gb_s']:.1f} GB/s of latents), decompressed "
-                     f"{m['decompressed'] * 1e3:7.2f} ms ({r['decompressed_over_absorbed']:.0f}x);"
-                     f" native MHA kernel on the same bytes: {rate['mha_gb_s']:.1f} GB/s")  # fmt: skip
+                     f"({r['absorbed_gb_s']:.1f} GB/s of latents, {r['absorbed_gflop_s']:.0f} "
+                     f"GFLOP/s; torch ops {m['absorbed_torch'] * 1e3:.2f} ms), "
+                     f"decompressed {m['decompressed'] * 1e3:7.2f} ms "
+                     f"({r['decompressed_over_absorbed']:.0f}x); native MHA kernel on the same "
+                     f"bytes: {m['mha_native'] * 1e3:.2f} ms, {r['mha_gb_s']:.1f} GB/s")  # fmt: skip
     lines.append(f"capacity of one {results['capacity']['pool']} pool (engine start-up):")
     for name, c in results["capacity"]["models"].items():
         lines.append(f"  {name:<18} {c['record_bytes']:>7} B/token -> {c['tokens']:>9,} tokens")

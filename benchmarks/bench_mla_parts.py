@@ -5,12 +5,10 @@ pool sizing for two presets on one pool."""
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 
 import torch
 
-from common import seconds
 from pagedkv.model.attention_metadata import AttentionMetadata
 from pagedkv.model.config import ModelConfig
 from pagedkv.model.kv_pool import allocate_kv_caches
@@ -110,14 +108,15 @@ def step_inputs(model, batch: int, context: int) -> StepInputs:
                       mla.scale)  # fmt: skip
 
 
-def mha_read_rate(op: dict, repeats: int) -> dict:
+def mha_same_bytes(batch: int, latent_bytes: int):
     """pagedkv's native MHA decode kernel (``pk_paged_attention``) over a GQA cache (32 query
-    and 8 KV heads of 128, fp32) holding the same bytes as ``op``'s latents: GB/s read."""
+    and 8 KV heads of 128, fp32) holding ``latent_bytes`` over ``batch`` sequences: the call,
+    the bytes it reads and its context."""
     from pagedkv.model import native
     from pagedkv.model.attention import AttentionPlan, paged_attention
 
-    batch, hq, hkv, dim = op["batch"], 32, 8, 128
-    context = max(1, op["latent_bytes"] // (batch * 2 * hkv * dim * 4))
+    hq, hkv, dim = 32, 8, 128
+    context = max(1, latent_bytes // (batch * 2 * hkv * dim * 4))
     blocks = -(-context // BLOCK_SIZE)
     shape = (batch * blocks + 1, BLOCK_SIZE, hkv, dim)
     k_cache, v_cache = torch.randn(shape), torch.randn(shape)
@@ -132,14 +131,11 @@ def mha_read_rate(op: dict, repeats: int) -> dict:
         torch.randn(batch, hkv, dim),
         torch.randn(batch, hkv, dim),
     )
-    samples = [
-        seconds(paged_attention, q, k, v, (k_cache, v_cache), plan, dim**-0.5)
-        for _ in range(repeats + 1)
-    ]
-    seconds_median = statistics.median(samples[1:])  # the first warms the caches
-    read = batch * context * 2 * hkv * dim * 4
-    return {"mha_context": context, "mha_bytes": read, "mha_s": seconds_median,
-            "mha_gb_s": read / seconds_median / 1e9}  # fmt: skip
+
+    def call():
+        paged_attention(q, k, v, (k_cache, v_cache), plan, dim**-0.5)
+
+    return call, batch * context * 2 * hkv * dim * 4, context
 
 
 def capacity(pool: str) -> dict:

@@ -40,25 +40,28 @@ def _complete(port: int) -> dict:
     return resp.json()
 
 
-@pytest.mark.parametrize("dst", [16, 32])
-def test_a_pair_carries_latent_pages(deepseek_folder, tiny_folder, redis, dst):
-    p_port, d_port = free_port(), free_port()
+def test_a_pair_carries_latent_pages(deepseek_folder, tiny_folder, redis):
+    """One prefill instance (B = 16); decode instances at its block size, re-paged to 32, and
+    one of an MHA model (refused), in turn."""
+    p_port = free_port()
     prefill = _serve(deepseek_folder, p_port, "--role", "prefill", "--kv-store", redis.url)
-    decode = None
     try:
         _wait_healthy(prefill, p_port)
-        relayout = ["--kv-import", "relayout"] if dst != 16 else []
-        decode = _serve(deepseek_folder, d_port, "--role", "decode", "--kv-store", redis.url,
-                        "--prefill-url", f"http://127.0.0.1:{p_port}", "--block-size", str(dst),
-                        *relayout)  # fmt: skip
-        _wait_healthy(decode, d_port)
-        out = _complete(d_port)
-        assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == 48 // dst * dst
-        assert out["choices"][0]["text"] == _reference(deepseek_folder, dst)
-        if dst == 16:  # an MHA model's decode side cannot read latent pages: one line, exit 2
-            error = _refused_decode(tiny_folder, redis.url, p_port)
-            assert "attention mha (decode) vs mla (prefill)" in error
+        for dst in (16, 32):
+            d_port = free_port()
+            relayout = ["--kv-import", "relayout"] if dst != 16 else []
+            decode = _serve(deepseek_folder, d_port, "--role", "decode", "--kv-store", redis.url,
+                            "--prefill-url", f"http://127.0.0.1:{p_port}",
+                            "--block-size", str(dst), *relayout)  # fmt: skip
+            try:
+                _wait_healthy(decode, d_port)
+                out = _complete(d_port)
+            finally:
+                _stop(decode)
+            assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == 48 // dst * dst
+            assert out["choices"][0]["text"] == _reference(deepseek_folder, dst)
+        # an MHA model's decode side cannot read latent pages: one line, exit 2
+        error = _refused_decode(tiny_folder, redis.url, p_port)
+        assert "attention mha (decode) vs mla (prefill)" in error
     finally:
-        if decode is not None:
-            _stop(decode)
         _stop(prefill)

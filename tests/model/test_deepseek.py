@@ -125,3 +125,38 @@ def test_startup_prints_the_latent_record(deepseek):
     assert re.search(rf"\brecord_bytes={3 * (32 + 8) * 4}\b", report)
     assert load_layout(folder, "fp32").record_bytes == 3 * (32 + 8) * 4
     assert engine.runner.kv_cache_bytes == engine.runner.num_blocks * 16 * 3 * 40 * 4
+
+
+def test_the_native_step_reads_latent_pages_in_place(deepseek):
+    """On the native backend the absorbed rows (decode rows, and a chunk the rule runs
+    absorbed) go to the C paged-attention kernel, the record pool read in place as keys and
+    values; a chunk the rule decompresses stays on torch ops. Each layer's attention equals
+    the torch-sdpa reference's."""
+    from pagedkv.model.attention_backend import make_backend
+    from pagedkv.model.kv_pool import allocate_kv_caches
+    from pagedkv.model.mla.native import NativeLatentStep
+    from pagedkv.pages.backends import RULES
+    from tests.model.helpers import BlockAssigner, page_of
+
+    _, _, (config, model, _), _ = deepseek
+    assigner = BlockAssigner(3, 64, 16)
+    steps = [[Chunk(0, 0, 24), Chunk(1, 0, 10), Chunk(2, 0, 5)],
+             [Chunk(0, 24, 40), Chunk(1, 10, 40), Chunk(2, 5, 6)]]  # fmt: skip
+    gen = torch.Generator().manual_seed(4)
+    for backend in ("native", "torch-sdpa"):
+        kv = allocate_kv_caches(page_of(config, 16), assigner.num_blocks)
+        outs = []
+        for chunks in steps:
+            positions, meta = assigner.step(chunks)
+            plan = make_backend(RULES[backend], model, model.device).plan(meta, kv, 16)
+            ids = torch.randint(0, 256, (positions.numel(),), generator=gen)
+            outs.append(model(ids, positions, kv, meta, 16, plan))
+        if backend == "native":
+            assert isinstance(plan, NativeLatentStep)
+            rows = plan._rows  # the second step: sequence 1's 30-token chunk decompresses
+            assert [p.stop - p.start for p in rows.decompressed] == [30]
+            assert rows.q_lens.tolist() == [16, 1]  # sequence 0's absorbed chunk, 2's decode
+            native_outs = outs
+        gen = torch.Generator().manual_seed(4)
+    for got, want in zip(native_outs, outs, strict=True):
+        assert (got - want).abs().max().item() < FP32_TOL

@@ -66,14 +66,31 @@ def _prefill(
     scale: float,
 ) -> torch.Tensor:
     """``[n, H * Dv]`` of one prefill chunk of ``n`` new tokens over its context."""
-    queries = q[p.start : p.stop]
-    if p.gather_slots is None:  # the whole context is new: its records, as if read back
-        context = _as(_as(records[p.start : p.stop], flat.dtype), q.dtype)
-    else:
-        context = _as(_read(flat, p.gather_slots, p.contiguous_from), q.dtype)
-    new_tokens, context_tokens = queries.shape[0], context.shape[0]
-    if not latent.dims.decompress_prefill(new_tokens, context_tokens):
+    queries, context = q[p.start : p.stop], chunk_context(q, records, flat, p)
+    if not latent.dims.decompress_prefill(queries.shape[0], context.shape[0]):
         return _absorbed_prefill(queries, context, p.mask, latent, scale)
+    return attend_decompressed(queries, context, p.mask, latent, scale)
+
+
+def chunk_context(
+    q: torch.Tensor, records: torch.Tensor, flat: torch.Tensor, p: PrefillSeq
+) -> torch.Tensor:
+    """The records ``[L, R + Dr]`` a prefill chunk attends (its cached prefix and itself), in
+    the queries' dtype; the step's records already stored into ``flat`` (the pool's rows)."""
+    if p.gather_slots is None:  # the whole context is new: its records, as if read back
+        return _as(_as(records[p.start : p.stop], flat.dtype), q.dtype)
+    return _as(_read(flat, p.gather_slots, p.contiguous_from), q.dtype)
+
+
+def attend_decompressed(
+    queries: torch.Tensor,
+    context: torch.Tensor,
+    mask: torch.Tensor | None,
+    latent: LatentWeights,
+    scale: float,
+) -> torch.Tensor:
+    """``[n, H * Dv]``: ``n`` queries ``[n, H, Dn + Dr]`` over the per-head K and V of the
+    records ``context`` (``mask`` ``[1, 1, n, L]`` additive; None: causal, n == L)."""
     keys, values = decompress(context, latent)
     # Values padded to the keys' width: SDPA's fused CPU kernel wants one head width (with
     # 192 / 128 it fell back to a path 4x slower); the padding's outputs are dropped.
@@ -83,11 +100,11 @@ def _prefill(
         queries.transpose(0, 1)[None],
         keys.transpose(0, 1)[None],
         padded.transpose(0, 1)[None],
-        attn_mask=p.mask,
-        is_causal=p.mask is None,
+        attn_mask=mask,
+        is_causal=mask is None,
         scale=scale,
     )
-    return attn[0, :, :, : values.shape[-1]].transpose(0, 1).reshape(new_tokens, -1)
+    return attn[0, :, :, : values.shape[-1]].transpose(0, 1).reshape(queries.shape[0], -1)
 
 
 def _absorbed_decode(
