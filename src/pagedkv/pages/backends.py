@@ -57,7 +57,7 @@ NATIVE = BackendRule(
     devices=("cpu",),
     factory="pagedkv.model.native.backend:NativeBackend",
     default_on=("cpu",),
-    layouts=("mha", "mla"),  # MLA's latent pages: torch ops over the same gathers
+    layouts=("mha", "mla"),  # MLA: the same kernel reads the latent record as one head
     loops_over_tiles=True,
 )
 TORCH_SDPA = BackendRule(
