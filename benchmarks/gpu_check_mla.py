@@ -123,12 +123,11 @@ def _time_point(kernels, heads, context, batch, block_size, rank, rope, run, flu
 def summarise(rows: list[dict]) -> list[dict]:
     """Per (heads, context, batch): the best and worst B's share of copy bandwidth, and
     whether the target holds (every B >= 80 % and within 15 % of the best)."""
-    points: dict[tuple, dict[int, float]] = {}
+    points: dict[tuple, dict[str, float]] = {}  # shares by B, keyed as the JSON keeps them
     for r in rows:
         if "of_copy_bw" in r:
-            points.setdefault((r["heads"], r["context_len"], r["batch"]), {})[r["block_size"]] = r[
-                "of_copy_bw"
-            ]
+            point = points.setdefault((r["heads"], r["context_len"], r["batch"]), {})
+            point[str(r["block_size"])] = r["of_copy_bw"]
     out = []
     for (heads, context, batch), shares in points.items():
         best, worst = max(shares.values()), min(shares.values())
