@@ -24,6 +24,11 @@ Sections (each timed and caught: a failing one records its error and the next on
    block per sequence, the identity table) at every (context, batch), so paging's cost is
    paged / contiguous; and prefill attention's TFLOP/s over context lengths beside torch's
    fused attention on the same shapes.
+4b. ``mla``: the Triton MLA decode kernel (issue 55, ``gpu_check_mla.py``): against float64
+   (fp32 and bf16, B = 1, 16, 64 and a reserved region, one pass and split-K), then its
+   bandwidth at DeepSeek's record (rank 512 + rope 64, bf16; 16 and 128 heads) at batches >= 32,
+   contexts 1k-16k, B = 1, 16, 64, against the device-to-device copy (target >= 80 %, every B
+   within 15 % of the best).
 5. ``engine``: a Llama-3-8B-shaped model with random bf16 weights made on the GPU; 256 Azure
    conversation requests at t = 0 (prompts <= 2048, outputs <= 256 tokens, EOS ignored):
    pagedkv's output tok/s eager and with CUDA graphs (both synchronous, as issue 24's check ran
@@ -101,6 +106,7 @@ from gpu_check_kernels import (  # noqa: E402
     fused_cases,
     kernel_cases,
 )
+from gpu_check_mla import check_mla  # noqa: E402
 from gpu_check_profile import check_profile_sim  # noqa: E402
 from gpu_check_report import summary_markdown, versions  # noqa: E402
 from gpu_check_run import DEVICE_SIZES, DRY_SIZES, GIB, SMALL_GGUF, TRACE, Run, attempt  # noqa: E402
@@ -305,7 +311,7 @@ def check_engine(run: Run) -> dict:
 
 
 SECTIONS = {"kernels": check_kernels, "greedy": check_greedy, "service": check_service,
-            "ledger": check_ledger, "engine": check_engine,
+            "ledger": check_ledger, "mla": check_mla, "engine": check_engine,
             "profile_sim": check_profile_sim, "clock": check_clock}  # fmt: skip
 
 

@@ -186,5 +186,11 @@ def _clock(r: dict) -> list[str]:
     return clock_markdown(r)
 
 
+def _mla(r: dict) -> list[str]:
+    from gpu_check_mla import mla_markdown  # the section's own module renders it
+
+    return mla_markdown(r)
+
+
 _RENDER = {"kernels": _kernels, "greedy": _greedy, "service": _service, "ledger": _ledger,
-           "engine": _engine, "profile_sim": _profile_sim, "clock": _clock}  # fmt: skip
+           "mla": _mla, "engine": _engine, "profile_sim": _profile_sim, "clock": _clock}  # fmt: skip

@@ -50,6 +50,14 @@ class Sizes:
     batch1_tokens: int  # and its decode steps
     gemm_peak_dim: int  # the square bf16 product the prompt GEMMs are held against
     profile_plan: dict = field(default_factory=dict)  # ProfilePlan's fields
+    # section mla: the record's (rank, rope dims), query heads, contexts, batches, block sizes;
+    # the contexts of its correctness cases
+    mla_dims: tuple[int, int] = (512, 64)
+    mla_heads: tuple[int, ...] = (16, 128)
+    mla_contexts: tuple[int, ...] = (1024, 4096, 16384)
+    mla_batches: tuple[int, ...] = (32, 64, 128)
+    mla_block_sizes: tuple[int, ...] = (1, 16, 64)
+    mla_check_lens: tuple[int, ...] = (1, 37, 200, 0)
     # each section's likely seconds: one that would end past --deadline-s is not started
     section_s: dict = field(default_factory=dict)
 
@@ -67,8 +75,8 @@ DEVICE_SIZES = Sizes(
                       context_lens=(256, 1024), prefill_lens=(64, 512, 2048), steps_per_point=3,
                       max_num_batched_tokens=8192),
     # From the H200 run of 2026-12-04 (gpu_check.err) and what each section added since.
-    section_s=dict(kernels=45, greedy=40, service=80, ledger=60, engine=150, profile_sim=15,
-                   clock=80),
+    section_s=dict(kernels=45, greedy=40, service=80, ledger=60, mla=40, engine=150,
+                   profile_sim=15, clock=80),
 )  # fmt: skip
 DRY_SIZES = Sizes(
     kernel_block_sizes=(1, 16), greedy_prompts=2, greedy_tokens=4, greedy_layers=2,
@@ -80,6 +88,8 @@ DRY_SIZES = Sizes(
     batch1_prompt=16, batch1_tokens=4, gemm_peak_dim=128,
     profile_plan=dict(block_sizes=(16,), batch_sizes=(1, 2), context_lens=(16,),
                       prefill_lens=(8, 32), steps_per_point=2, max_num_batched_tokens=64),
+    mla_dims=(64, 16), mla_heads=(4,), mla_contexts=(40,), mla_batches=(2,),
+    mla_block_sizes=(1, 16), mla_check_lens=(1, 21, 0),
 )  # fmt: skip
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SECTIONS = ("kernels", "greedy", "service", "ledger", "engine", "profile_sim", "clock")
+SECTIONS = ("kernels", "greedy", "service", "ledger", "mla", "engine", "profile_sim", "clock")
 # A few rows in the Azure conversation trace's format: the test needs no shared trace.
 TRACE_ROWS = [(374, 44), (396, 109), (879, 55), (91, 16)]
 
@@ -126,6 +126,18 @@ def test_ledger_engine_and_simulator_recorded(dry_run):
     assert set(engine["prompt_gemms"]["projections"]) == {"qkv", "o", "gate_up", "down"}
     sim = sections["profile_sim"]["result"]
     assert sim["predicted_s"] > 0 and Path(sim["profile_path"]).is_file()
+
+
+def test_the_mla_section_checks_and_times_its_kernel(dry_run):
+    """Issue 55's section: the MLA decode kernel within tolerance at every block size, a
+    reserved region and split-K, both dtypes; every point timed and held against the copy."""
+    mla = dry_run[0]["sections"]["mla"]["result"]
+    assert mla["interpreted"] and mla["all_pass"]
+    assert {(c["dtype"], c["block_size"], c["num_splits"]) for c in mla["cases"]} == {
+        (d, b, s) for d in ("float32", "bfloat16") for b in (1, 16, 21) for s in (1, 3)}  # fmt: skip
+    assert {r["block_size"] for r in mla["rows"] if r.get("median_ms", 0) > 0} == {1, 16}
+    assert all(r["of_copy_bw"] > 0 for r in mla["rows"]) and mla["summary"]
+    assert mla["summary"][0]["shares"].keys() == {"1", "16"}  # B, as JSON keys
 
 
 def test_summary_has_every_section_header(dry_run):

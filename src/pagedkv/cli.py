@@ -26,6 +26,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pagedkv.commands.demo",
     "pagedkv.commands.generate",
     "pagedkv.commands.plan",
+    "pagedkv.commands.capacity",
     "pagedkv.commands.simulate",
     "pagedkv.commands.experiment",
     "pagedkv.commands.profile",

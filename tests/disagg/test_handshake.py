@@ -120,3 +120,24 @@ def test_config_accepts_a_pair():
     assert not PDConfig().is_pair
     cfg = PDConfig(role="decode", kv_store="redis://h:1", prefill_url="http://h:2")
     assert cfg.is_pair
+
+
+MLA = PageFormat(block_size=16, attention="mla", kv_dtype="bf16", num_layers=27,
+                 num_kv_heads=0, head_dim=0, kv_lora_rank=512, qk_rope_head_dim=64,
+                 record_bytes=31104)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("theirs", "named"),
+    [(FMT, ["attention mla (decode) vs mha (prefill)", "kv_lora_rank 512 (decode) vs 0"]),
+     (dataclasses.replace(MLA, kv_lora_rank=256, record_bytes=17280),
+      ["kv_lora_rank 512 (decode) vs 256 (prefill)", "record_bytes 31104 (decode) vs 17280"])],
+)  # fmt: skip
+def test_mla_pages_are_refused_against_mha_or_another_rank_in_one_line(theirs, named):
+    """Issue 55: a latent page read as K/V (or with another rank) is silently wrong."""
+    ours = PeerRecord("decode", "m", MLA, 1, "h")
+    for kv_import in ("strict", "relayout"):  # relayout bridges the block size, nothing else
+        with pytest.raises(UsageError) as err:
+            check_peer(ours, PeerRecord("prefill", "m", theirs, 1, "h"), kv_import, "g")
+        line = str(err.value)
+        assert "\n" not in line and all(n in line for n in named), line

@@ -79,10 +79,14 @@ class PartialMachine(AllocatorMachine):
     @rule()
     def end_step(self) -> None:
         bs = self.alloc.block_size
+        # The hashes as the step's orders were made: draining releases the copy sources' pins,
+        # and a source whose hash this step's recomputed block now also holds leaves the index
+        # then (its slots intact: nothing is allocated between the drain and the copies).
+        hashes = list(self.alloc.pool.block_hashes)
         orders = self.alloc.drain_tier_orders()
         for src, dst, n in orders.prefix_copies:
             assert 0 < n < bs
-            assert self.alloc.pool.block_hashes[src] is not None, "copy from an unindexed block"
+            assert hashes[src] is not None, "copy from an unindexed block"
             source = self._block(src)[:n]
             assert None not in source, "a prefix copy reads slots nobody wrote yet"
             owners = [sid for sid, q in self.live.items() if dst in self.alloc.block_table(q)]

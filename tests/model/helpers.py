@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedkv.model import AttentionMetadata, CausalLM, allocate_kv_caches
+from pagedkv.pages.layout import layout_from_shape
 from pagedkv.pages.page_format import PageFormat
 
 
@@ -68,8 +69,11 @@ def run_steps(
 
 
 def page_of(cfg, block_size: int, dtype: torch.dtype = torch.float32) -> PageFormat:
-    """The page of ``cfg``'s pools in blocks of ``block_size``, K/V in ``dtype``."""
+    """The page of ``cfg``'s pools in blocks of ``block_size``, K/V (or MLA's latent records)
+    in ``dtype``."""
     name = str(dtype).removeprefix("torch.")
+    if cfg.mla is not None:
+        return PageFormat.from_layout(layout_from_shape(cfg.model_shape(), name), block_size)
     return PageFormat.mha(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, name, block_size)
 
 

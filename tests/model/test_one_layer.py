@@ -15,33 +15,51 @@ import pagedkv
 
 SRC = Path(pagedkv.__file__).parent
 THE_LAYER = SRC / "model" / "decoder_layer.py"
-# The parts whose order is the layer's: its norms, projections and MLP halves.
+# The parts whose order is the layer's: its norms, projections and MLP halves; MLA's
+# projections, norms and per-head weights (issue 55); the experts and their router.
+SWIGLU_PARTS = {"gate_up_proj", "down_proj"}
+MLA_PARTS = {"q_kv_a_proj", "q_a_norm", "q_b_proj", "kv_a_norm", "kv_b"}
+MOE_PARTS = {"router_weight", "router_bias", "experts_gate_up", "experts_down", "shared"}
 PARTS = {
     "input_norm", "post_attention_norm", "q_norm", "k_norm", "qkv_proj", "o_proj",
-    "gate_up_proj", "down_proj",
+    *SWIGLU_PARTS, *MLA_PARTS, *MOE_PARTS,
 }  # fmt: skip
+# A module that owns a part's own behaviour may name that part's pieces and nothing else: the
+# SwiGLU module its two projections, MLA's attention part its projections (its own order up
+# to the layer's output projection), the experts their router and stacks (and the shared
+# experts' SwiGLU, which they call).
+OWNERS = {
+    "model/layers.py": SWIGLU_PARTS,
+    "model/mla/attention.py": MLA_PARTS,
+    "model/moe.py": MOE_PARTS,
+}
 
 
-def parts_named(path: Path) -> list[str]:
-    """``line: .attr`` for every access to a layer part in ``path``."""
+def parts_named(path: Path, allowed: frozenset[str] = frozenset()) -> list[str]:
+    """``line: .attr`` for every access to a layer part in ``path`` (but ``allowed`` ones)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     return [
         f"{node.lineno}: .{node.attr}"
         for node in ast.walk(tree)
-        if isinstance(node, ast.Attribute) and node.attr in PARTS
+        if isinstance(node, ast.Attribute) and node.attr in PARTS - allowed
     ]
 
 
 def test_no_module_but_the_layer_names_its_parts():
-    named = {
-        str(path.relative_to(SRC)): found
-        for path in sorted(SRC.rglob("*.py"))
-        if path != THE_LAYER and (found := parts_named(path))
-    }
-    # The modules that own a part's own behaviour (the SwiGLU module's halves) are not the
-    # layer's order: SwiGLU holds its two projections.
-    named.pop("model/layers.py", None)
+    named = {}
+    for path in sorted(SRC.rglob("*.py")):
+        rel = str(path.relative_to(SRC))
+        if path != THE_LAYER and (found := parts_named(path, frozenset(OWNERS.get(rel, ())))):
+            named[rel] = found
     assert not named, f"a second statement of the layer's op order: {named}"
+
+
+def test_the_owners_name_their_own_parts_only():
+    """Each owner names its parts (the table is not stale) and no other layer part."""
+    for rel, own in OWNERS.items():
+        path = SRC / rel
+        assert {found.rsplit(".", 1)[1] for found in parts_named(path)} <= own, rel
+        assert parts_named(path) and not parts_named(path, frozenset(own)), rel
 
 
 def test_the_check_sees_a_second_statement(tmp_path):

@@ -21,6 +21,23 @@ COMMON = dict(
     bos_token_id=256,
     eos_token_id=257,
 )
+# DeepSeek's latent attention and experts, tiny: 3 layers (the first dense, two of 8 experts,
+# 2 per token, in 2 groups), a latent of 32 + 8 rope dims, heads of 16 + 8 query dims and 16
+# value dims; YaRN stretching a 32-token original context 4x.
+DEEPSEEK = dict(
+    num_hidden_layers=3,
+    num_key_value_heads=4,
+    kv_lora_rank=32,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=16,
+    v_head_dim=16,
+    moe_intermediate_size=32,
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    n_group=2,
+    topk_group=1,
+    first_k_dense_replace=1,
+)
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}{{ eos_token }}"
     "{% endfor %}{% if add_generation_prompt %}[assistant] {% endif %}"
@@ -76,11 +93,42 @@ def hf_config(arch: str, context_len: int | None = None):
         return transformers.MistralConfig(**common, tie_word_embeddings=False)
     if arch == "qwen3":  # per-head q/k RMSNorm; head_dim apart from hidden / heads (64 / 4)
         return transformers.Qwen3Config(**common, head_dim=32, tie_word_embeddings=True)
+    if arch.startswith("deepseek"):
+        return _deepseek_config(arch, common)
     raise ValueError(arch)
 
 
-def make_tiny_model(arch: str, folder: Path, seed: int = 0, context_len: int | None = None):
-    """Save a random ``arch`` model to ``folder``; returns the transformers model (fp32, eval).
+def _deepseek_config(arch: str, common: dict):
+    """V2: queries without a low rank, softmax routing limited to the best group, routed
+    weights scaled by 1.5, one shared expert, YaRN with DeepSeek's equal mscales. V3: queries
+    through a low rank of 24, sigmoid routing with the score bias over the groups' two best,
+    normalised and scaled by 2.5, two shared experts, YaRN with mscale apart from mscale_all_dim
+    (cos and sin scaled too)."""
+    import transformers
+
+    yarn = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": 32,
+            "beta_slow": 1, "original_max_position_embeddings": 32, "mscale": 0.707,
+            "mscale_all_dim": 0.707}  # fmt: skip
+    fields = {**common, **DEEPSEEK}
+    if arch == "deepseek_v2":
+        return transformers.DeepseekV2Config(
+            **fields, q_lora_rank=None, topk_method="group_limited_greedy",
+            routed_scaling_factor=1.5, n_shared_experts=1, rope_parameters=yarn,
+        )  # fmt: skip
+    if arch == "deepseek_v3":
+        yarn = dict(yarn, mscale=1.0)
+        return transformers.DeepseekV3Config(
+            **fields, q_lora_rank=24, routed_scaling_factor=2.5, norm_topk_prob=True,
+            n_shared_experts=2, rope_parameters=yarn,
+        )  # fmt: skip
+    raise ValueError(arch)
+
+
+def make_tiny_model(
+    arch: str, folder: Path, seed: int = 0, context_len: int | None = None, config=None
+):
+    """Save a random ``arch`` model (of ``config``, a transformers config, when given) to
+    ``folder``; returns the transformers model (fp32, eval).
 
     Every parameter (norms and biases too, which transformers initialises to 1 and 0) is drawn
     at random so that each one influences the logits.
@@ -88,13 +136,15 @@ def make_tiny_model(arch: str, folder: Path, seed: int = 0, context_len: int | N
     import transformers
 
     torch.manual_seed(seed)
-    model = (
-        transformers.AutoModelForCausalLM.from_config(hf_config(arch, context_len)).float().eval()
-    )
+    config = hf_config(arch, context_len) if config is None else config
+    model = transformers.AutoModelForCausalLM.from_config(config).float().eval()
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+        for name, buffer in model.named_buffers():  # DeepSeek-V3's router score bias
+            if name.endswith("e_score_correction_bias"):
+                buffer.copy_(torch.randn(buffer.shape, generator=gen) * 0.2)
     model.save_pretrained(folder, safe_serialization=True)
     _write_tokenizer(folder)
     return model
@@ -110,6 +160,20 @@ def _write_tokenizer(folder: Path) -> None:
     tok.save(str(folder / "tokenizer.json"))
     config = {"bos_token": "<s>", "eos_token": "</s>", "chat_template": CHAT_TEMPLATE}
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
+
+
+def add_tokenizer(writer) -> None:
+    """The tiny byte-level tokenizer as GGUF metadata (llama.cpp's "gpt2" model)."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tokens = alphabet + ["<s>", "</s>"] + [f"<unused{i}>" for i in range(VOCAB_SIZE - 258)]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * 256 + [3] * (len(tokens) - 256))
+    writer.add_token_merges([])
+    writer.add_bos_token_id(256)
+    writer.add_eos_token_id(257)
+    writer.add_chat_template(CHAT_TEMPLATE)
 
 
 def llama_cpp_permute(w: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -165,16 +229,7 @@ def write_tiny_gguf(hf_model, arch: str, path: Path) -> None:
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
     writer.add_vocab_size(cfg.vocab_size)
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    tokens = alphabet + ["<s>", "</s>"] + [f"<unused{i}>" for i in range(VOCAB_SIZE - 258)]
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_types([1] * 256 + [3] * (len(tokens) - 256))
-    writer.add_token_merges([])
-    writer.add_bos_token_id(256)
-    writer.add_eos_token_id(257)
-    writer.add_chat_template(CHAT_TEMPLATE)
+    add_tokenizer(writer)
 
     permute = arch == "llama"
     for name, tensor in hf_model.state_dict().items():

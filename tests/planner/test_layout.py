@@ -18,7 +18,9 @@ from pagedkv.pages.sources import estimate_dense_num_params, list_presets, load_
 
 
 def test_presets_are_listed():
-    assert list_presets() == ["deepseek-v3", "llama-3-8b", "opt-13b", "qwen2.5-7b", "smollm2-135m"]
+    assert list_presets() == [
+        "deepseek-v2-lite", "deepseek-v3", "llama-3-8b", "opt-13b", "qwen2.5-7b", "smollm2-135m"
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -106,3 +106,19 @@ def test_the_splitter_yields_whole_events_only():
 def test_the_load_is_in_flight_plus_queued():
     text = "# HELP x\npagedkv_requests_in_flight 3.0\npagedkv_requests_queued 2.0\nother 9\n"
     assert scraped_requests(text) == 5
+
+
+def test_mla_replicas_are_refused_beside_mha_or_another_rank():
+    """Issue 55: one router over replicas whose pages mean different records would route a
+    prefix to a replica that cannot read it; the line names the page field."""
+    mla = {"block_size": 16, "attention": "mla", "kv_dtype": "bf16", "num_layers": 27,
+           "num_kv_heads": 0, "head_dim": 0, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
+           "record_bytes": 31104}  # fmt: skip
+    a = _info("http://a", page_format=mla)
+    mha = _info("http://b")
+    assert first_difference(mha, a).startswith("page_format.attention mha (http://b) vs mla")
+    ranked = _info("http://c", page_format={**mla, "kv_lora_rank": 256, "record_bytes": 17280})
+    want = r"page_format.kv_lora_rank 256 \(http://c\) vs 512 \(http://a\)$"
+    with pytest.raises(UsageError, match=want):
+        check_compatible([a, ranked])
+    assert first_difference(_info("http://d", page_format=mla), a) is None

@@ -202,6 +202,7 @@ def _pool_bytes(args: argparse.Namespace, layout) -> int | None:
 
 def run(args: argparse.Namespace) -> int:
     from pagedkv.planner.constraints import resolve_block_size
+    from pagedkv.planner.framework_pages import framework_pages, pages_to_json, render_pages
     from pagedkv.planner.plan import build_plan
     from pagedkv.planner.report import plan_to_json, render_plan
 
@@ -239,8 +240,13 @@ def run(args: argparse.Namespace) -> int:
         log_line = resolve_block_size(block_size, plan.backend, layout, num_blocks).log_line()
     if args.plot:
         _save_plot(plan, args.plot)
+    # An MLA model: each framework's page for it (the first article's thought experiment).
+    pages = framework_pages(layout, plan.pool_bytes) if layout.attention == "mla" else None
     if args.json:
-        json.dump(plan_to_json(plan, log_line), sys.stdout, indent=2, allow_nan=False)
+        out = plan_to_json(plan, log_line)
+        if pages is not None:
+            out["framework_pages"] = pages_to_json(pages)
+        json.dump(out, sys.stdout, indent=2, allow_nan=False)
         sys.stdout.write("\n")
     else:
         from rich.console import Console
@@ -249,6 +255,8 @@ def run(args: argparse.Namespace) -> int:
         if not console.is_terminal:  # piped: do not squeeze the table into 80 columns
             console = Console(width=132)
         render_plan(plan, console, log_line)
+        if pages is not None:
+            render_pages(layout, pages, console)
         if args.plot:
             print(f"plot written to {args.plot}")
     return 0

@@ -1,7 +1,8 @@
 """``--kv-import relayout``: re-page a prefill instance's blocks into this block size.
 
 A block's body (``engine/kv/block_copy.py``) is, layer by layer, K then V, each ``block_size``
-token rows of ``num_kv_heads * head_dim`` values: ``2 * num_layers`` segments of rows. A token's
+token rows of ``num_kv_heads * head_dim`` values: ``2 * num_layers`` segments of rows (MLA: the
+latent records, one segment per layer; ``pages/layout.pools_per_layer``). A token's
 row is the same bytes whatever the block size, so re-paging B_src -> B_dst is concatenating each
 segment's rows over consecutive source blocks and cutting them every B_dst rows. The block
 hashes differ (a block's hash chains over its own tokens), so the importer computes both
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 
 from pagedkv.kvcache.hashing import HashExtraKeys, hash_blocks, root_hash
 from pagedkv.kvstore.codec import Rejected, decode_payload, encode_payload, store_key
+from pagedkv.pages.layout import pools_per_layer
 
 
 def repage(
@@ -55,11 +57,12 @@ class RelayoutImporter:
         dst_block_size: int,
         num_layers: int,
         record_bytes: int,
+        pools_per_layer: int = 2,
     ) -> None:
         self._client = client
         self._src_ns, self._dst_ns = src_namespace, dst_namespace
         self.src_block_size, self.dst_block_size = src_block_size, dst_block_size
-        self._num_segments = 2 * num_layers
+        self._num_segments = pools_per_layer * num_layers
         self._row_bytes = record_bytes // self._num_segments
         self.num_blocks_written = 0
         self.num_source_misses = 0
@@ -82,6 +85,7 @@ class RelayoutImporter:
             ours.block_size,
             ours.num_layers,
             ours.record_bytes,
+            pools_per_layer(ours.attention),
         )
 
     def import_prompts(self, prompts: Sequence[Sequence[int]], cache_salt: str | None) -> int:

@@ -29,7 +29,8 @@ from pagedkv.engine.outputs import RequestOutput
 from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.startup import build_parts
 from pagedkv.errors import UsageError
-from pagedkv.pages.layout import mha_layout
+from pagedkv.pages.kv_dtypes import get_kv_dtype
+from pagedkv.pages.layout import layout_from_shape
 from pagedkv.sched.batch import ScheduledBatch
 from pagedkv.sched.step_shape import StepShape, TimedStep
 
@@ -180,8 +181,7 @@ def _engine_config(base: EngineConfig, model_config: Any, plan: ProfilePlan, blo
 def kv_record_bytes(model_config: Any, dtype: str) -> int:
     """Bytes of one token's K and V over all layers in the engine's pool (to size a pool in
     blocks: ``kv_cache_memory_bytes = num_blocks * block_size * kv_record_bytes``)."""
-    cfg = model_config
-    return mha_layout(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype).record_bytes
+    return layout_from_shape(model_config.model_shape(), get_kv_dtype(dtype).name).record_bytes
 
 
 def _params(max_tokens: int) -> SamplingParams:

@@ -148,7 +148,7 @@ class ModelRunner:
 
     @property
     def kv_cache_bytes(self) -> int:
-        return sum(k.numel() * k.element_size() * 2 for k, _ in self.kv_caches)
+        return sum(pool.numel() * pool.element_size() for pair in self.kv_caches for pool in pair)
 
     def prepare(self, batch: ScheduledBatch, allocator: KVAllocator) -> StepInputs:
         """Build the step's tensors from the batch and the allocator's block tables."""

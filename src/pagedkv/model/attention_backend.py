@@ -8,6 +8,9 @@ backend overrides where it has a fused kernel):
 - ``norm``: an RMSNorm (a Triton launch in bf16);
 - ``rope_attend``: RoPE on Q and K, this step's K/V written to their slots, attention over the
   paged pool (RoPE + the store in one C call or one Triton launch where the backend has it);
+- ``mla_attend``: an MLA layer's attention (``mla/``): this step's latent records written to
+  their slots, attention over the paged latents (absorbed for decode rows: Triton's kernel on
+  the GPU, torch ops elsewhere);
 - ``add_norm``: a projection added to the residual stream, then the next RMSNorm (one Triton
   launch for the add and the norm in bf16);
 - ``silu_mul``: SwiGLU's ``silu(gate(x)) * up(x)`` from the gate/up product of ``x`` (one C
@@ -32,6 +35,7 @@ from pagedkv.pages.backends import BackendRule
 
 if TYPE_CHECKING:  # only types: the layers import this module, never the reverse
     from pagedkv.model.layers import RMSNorm, SwiGLU
+    from pagedkv.model.mla.latent import LatentWeights
     from pagedkv.model.projection import ProjectionBase
 
 
@@ -63,6 +67,19 @@ class StepOps(Protocol):
         """Attention of one layer from its fused QKV product ``[T, (Hq + 2 Hkv) * D]``: RoPE on
         Q and K, the new K/V written into ``kv_cache`` first (a prefill reads itself), then
         ``[T, Hq * D]``. May overwrite ``qkv``; mutates nothing else."""
+        ...
+
+    def mla_attend(
+        self,
+        q: torch.Tensor,
+        records: torch.Tensor,
+        kv_cache: KVCache,
+        latent: LatentWeights,
+        scale: float,
+    ) -> torch.Tensor:
+        """Attention of one MLA layer: ``q`` ``[T, H, Dn + Dr]`` (rope part rotated),
+        ``records`` ``[T, R + Dr]`` the step's latent records, written into ``kv_cache``
+        (``(latents,)``) first; returns ``[T, H * Dv]``. Mutates nothing else."""
         ...
 
     def add_norm(

@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass, field
 
 from pagedkv.errors import UsageError
+from pagedkv.pages.mla_shape import MLADims, YarnRopeScaling
+from pagedkv.pages.moe_shape import MoEShape
 from pagedkv.pages.shape import Llama3RopeScaling, ModelShape, check_head_groups
 
 
@@ -27,6 +29,10 @@ class ArchitectureSpec:
     gguf_qk_permuted: bool
     # Q and K normalised per head (an RMSNorm over head_dim) before RoPE: Qwen3.
     qk_norm: bool = False
+    # "mha" (Q, K, V heads; K and V cached) or "mla" (DeepSeek's latent attention, one latent
+    # record cached per token: ``model/mla/``); the MLP is SwiGLU, or the experts where the
+    # shape has them (``ModelConfig.moe``).
+    attention: str = "mha"
 
 
 ARCHITECTURES: dict[str, ArchitectureSpec] = {
@@ -36,6 +42,14 @@ ARCHITECTURES: dict[str, ArchitectureSpec] = {
     "qwen3": ArchitectureSpec(
         "qwen3", default_attention_bias=False, gguf_qk_permuted=False, qk_norm=True
     ),
+    # DeepSeek: HF names the two generations apart; llama.cpp's GGUF calls both "deepseek2"
+    # (their routing differs by the header's gating and group keys, ``pages/gguf_mla.py``).
+    **{
+        name: ArchitectureSpec(
+            name, default_attention_bias=False, gguf_qk_permuted=False, attention="mla"
+        )
+        for name in ("deepseek_v2", "deepseek_v3", "deepseek2")
+    },
 }
 
 
@@ -71,6 +85,10 @@ class ModelConfig:
     rope_scaling: Llama3RopeScaling | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    # The latent attention's dims (the "mla" families), DeepSeek's YaRN, the experts.
+    mla: MLADims | None = None
+    yarn: YarnRopeScaling | None = None
+    moe: MoEShape | None = None
     # The shape read from the model file (None for a config built by hand).
     shape: ModelShape | None = field(default=None, compare=False, repr=False)
 
@@ -97,6 +115,13 @@ class ModelConfig:
             raise UsageError(f"rms_norm_eps must be > 0, got {self.rms_norm_eps}")
         if not (self.rope_theta > 0 and math.isfinite(self.rope_theta)):
             raise UsageError(f"rope_theta must be > 0, got {self.rope_theta}")
+        if (self.mla is not None) != (self.family.attention == "mla"):
+            raise UsageError(f"{self.architecture} needs {self.family.attention} dims")
+        if self.mla is not None and self.mla.qk_head_dim != self.head_dim:
+            raise UsageError(
+                f"head_dim {self.head_dim} differs from qk_nope_head_dim + qk_rope_head_dim "
+                f"({self.mla.qk_head_dim})"
+            )
 
     @property
     def family(self) -> ArchitectureSpec:
@@ -112,22 +137,30 @@ class ModelConfig:
         """The forward pass's config of a model shape (``pages/sources.py`` read the file).
 
         ``UsageError`` for what this engine cannot run: an architecture outside
-        ``ARCHITECTURES``, MLA, partial rotary embeddings, a RoPE scaling other than llama3, or
-        a fact the shape lacks (naming the file's key).
+        ``ARCHITECTURES``, an attention kind other than its family's, partial rotary
+        embeddings, a RoPE scaling other than llama3 (yarn: the MLA families), or a fact the
+        shape lacks or gets inconsistent (naming the file's key).
         """
         spec = architecture_spec(shape.architecture, shape.source)
-        if shape.attention != "mha":
-            raise UsageError(f"model {shape.origin}: {shape.attention.upper()} is not supported")
-        if shape.rope_dims is not None and shape.rope_dims != shape.head_dim:
+        mla = spec.attention == "mla"
+        if shape.attention != spec.attention:
+            raise UsageError(
+                f"model {shape.origin}: {spec.name} has {spec.attention.upper()} attention, "
+                f"the file describes {shape.attention.upper()} (kv_lora_rank)"
+            )
+        if not mla and shape.rope_dims is not None and shape.rope_dims != shape.head_dim:
             raise UsageError(
                 f"partial rotary embeddings ({shape.rope_dims} of {shape.head_dim}) "
                 "are not supported"
             )
-        if shape.rope_scaling_type not in ("default", "llama3"):
+        scalings = ("default", "yarn") if mla else ("default", "llama3")
+        if shape.rope_scaling_type not in scalings:
             raise UsageError(
-                f"unsupported rope scaling type {shape.rope_scaling_type!r} "
-                "(supported: default, llama3)"
+                f"unsupported rope scaling type {shape.rope_scaling_type!r} for {spec.name} "
+                f"(supported: {', '.join(scalings)})"
             )
+        if mla and shape.attention_bias:
+            raise UsageError(f"model {shape.origin}: attention_bias is not supported for MLA")
         max_context = shape.require("max_context_tokens")
         if shape.sliding_window_tokens is not None:
             # Attention within the window is exact, so capping the context keeps us exact.
@@ -150,6 +183,9 @@ class ModelConfig:
             attention_bias=spec.default_attention_bias if bias is None else bias,
             bos_token_id=shape.bos_token_id,
             eos_token_ids=shape.eos_token_ids,
+            mla=shape.mla_dims() if mla else None,
+            yarn=shape.yarn,
+            moe=shape.moe,
             shape=shape,
         )
 

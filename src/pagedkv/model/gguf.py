@@ -19,6 +19,7 @@ import torch
 
 from pagedkv.errors import UsageError
 from pagedkv.model.config import ARCHITECTURES, ModelConfig
+from pagedkv.model.gguf_deepseek import DeepseekPieces
 from pagedkv.model.gguf_file import GGUFFile, open_gguf
 from pagedkv.model.gguf_quants import TORCH_DECODERS
 
@@ -44,6 +45,18 @@ GGUF_LAYER_NAMES: dict[str, str] = {
     "ffn_gate.weight": "gate_proj.weight",
     "ffn_up.weight": "up_proj.weight",
     "ffn_down.weight": "down_proj.weight",
+    # deepseek2: the latent attention and the experts (stacked ones: ``gguf_deepseek.py``)
+    "attn_q_a.weight": "q_a_proj.weight",
+    "attn_q_a_norm.weight": "q_a_norm.weight",
+    "attn_q_b.weight": "q_b_proj.weight",
+    "attn_kv_a_mqa.weight": "kv_a_proj.weight",
+    "attn_kv_a_norm.weight": "kv_a_norm.weight",
+    "attn_kv_b.weight": "kv_b_proj.weight",
+    "ffn_gate_inp.weight": "router.weight",
+    "exp_probs_b.bias": "router.bias",
+    "ffn_gate_shexp.weight": "shared_experts.gate_proj.weight",
+    "ffn_up_shexp.weight": "shared_experts.up_proj.weight",
+    "ffn_down_shexp.weight": "shared_experts.down_proj.weight",
 }
 _LAYER_NAME = re.compile(r"^blk\.(\d+)\.(.+)$")
 
@@ -101,9 +114,10 @@ def iter_gguf_weights(
     import gguf
 
     permuted = ARCHITECTURES[config.architecture].gguf_qk_permuted
+    pieces = DeepseekPieces()
     total = len(reader.tensors)
     for done, tensor in enumerate(reader.tensors, start=1):
-        name = canonical_name(tensor.name)
+        name = tensor.name if pieces.handles(tensor.name) else canonical_name(tensor.name)
         # GGUF lists dims fastest-first; we want torch order (rows, cols).
         shape = tuple(int(d) for d in reversed(tensor.shape))
         decoder = TORCH_DECODERS.get(tensor.tensor_type.name)
@@ -118,6 +132,11 @@ def iter_gguf_weights(
             data = unpermute_qk_rows(data, config.num_heads)
         elif permuted and name.endswith(("k_proj.weight", "k_proj.bias")):
             data = unpermute_qk_rows(data, config.num_kv_heads)
-        yield name, data.to(dtype)
+        if pieces.handles(name):
+            yield from ((n, t.to(dtype)) for n, t in pieces.canonical(name, data))
+        else:
+            yield name, data.to(dtype)
         if progress is not None:
             progress(done, total)
+    if pieces.unpaired():
+        raise UsageError(f"GGUF lacks the other half of {', '.join(pieces.unpaired())}")

@@ -1,16 +1,20 @@
-"""The KV pools: per layer, K and V of shape ``[num_blocks, block_size, num_kv_heads, head_dim]``,
-sized by one object, the page format (``pages/page_format.py``: block size, layers, KV heads,
-head dim, KV dtype), so every pool of an engine (device, swap, host tier) has the same pages."""
+"""The KV pools: per layer, K and V of shape ``[num_blocks, block_size, num_kv_heads, head_dim]``
+(MHA), or one tensor of latent records ``[num_blocks, block_size, 1, kv_lora_rank +
+qk_rope_head_dim]`` (MLA: ``(latents,)``), sized by one object, the page format
+(``pages/page_format.py``: attention kind, block size, layers, KV heads, head dim or the
+latent's dims, KV dtype), so every pool of an engine (device, swap, host tier) has the same
+pages. A layer's pool is a tuple of ``pools_per_layer`` tensors; code that moves blocks walks
+the tuple, whatever its length."""
 
 from __future__ import annotations
 
 import torch
 
-from pagedkv.pages.layout import KVLayout, mha_layout
+from pagedkv.pages.layout import KVLayout, mha_layout, pools_per_layer
 from pagedkv.pages.page_format import PageFormat
 from pagedkv.units import check_block_size
 
-KVCache = tuple[torch.Tensor, torch.Tensor]
+KVCache = tuple[torch.Tensor, ...]  # (k, v): MHA; (latents,): MLA
 
 
 # The engine's KV dtypes (a page format's ``kv_dtype``) as torch dtypes.
@@ -32,18 +36,16 @@ def torch_kv_dtype(page: PageFormat) -> torch.dtype:
 def allocate_kv_caches(
     page: PageFormat, num_blocks: int, device: torch.device | str = "cpu"
 ) -> list[KVCache]:
-    """Zero-filled ``(k, v)`` pools per layer of ``page`` (its block size, heads, head dim and
-    dtype), ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+    """Zero-filled pools per layer of ``page`` (its block size, heads, head dim and dtype):
+    ``(k, v)`` of ``[num_blocks, block_size, num_kv_heads, head_dim]``, or MLA's ``(latents,)``.
 
     Zeros matter: masked-out slots are still multiplied by a zero weight, and garbage NaNs from
     uninitialised memory would poison real rows. The caller owns the tensors.
     """
     shape, dtype = _pool_shape(page, num_blocks), torch_kv_dtype(page)
+    count = pools_per_layer(page.attention)
     return [
-        (
-            torch.zeros(shape, dtype=dtype, device=device),
-            torch.zeros(shape, dtype=dtype, device=device),
-        )
+        tuple(torch.zeros(shape, dtype=dtype, device=device) for _ in range(count))
         for _ in range(page.num_layers)
     ]
 
@@ -56,11 +58,9 @@ def allocate_host_kv_caches(
     (``torch.empty``: the memory is committed page by page as copies touch it); ``pin_memory``
     for faster transfers to and from a GPU. The caller owns the tensors."""
     shape, dtype = _pool_shape(page, num_blocks), torch_kv_dtype(page)
+    count = pools_per_layer(page.attention)
     return [
-        (
-            torch.empty(shape, dtype=dtype, pin_memory=pin_memory),
-            torch.empty(shape, dtype=dtype, pin_memory=pin_memory),
-        )
+        tuple(torch.empty(shape, dtype=dtype, pin_memory=pin_memory) for _ in range(count))
         for _ in range(page.num_layers)
     ]
 
@@ -81,13 +81,22 @@ def copy_pool_rows(
 
 
 def _pool_shape(page: PageFormat, num_blocks: int) -> tuple[int, int, int, int]:
-    """One layer's K (or V) pool shape; ValueError for an MLA page or a bad block count."""
-    if page.attention != "mha":
-        raise ValueError(f"the engine's pools hold MHA pages, not {page.attention}")
+    """One layer's K (or V, or latent) pool shape; ValueError for a bad block count or a page
+    whose record bytes are not this pool's (``pages/layout.py`` owns them)."""
     check_block_size(page.block_size)
     if num_blocks < 1:
         raise ValueError(f"need num_blocks >= 1, got {num_blocks}")
-    return (num_blocks, page.block_size, page.num_kv_heads, page.head_dim)
+    heads, width = page.num_kv_heads, page.head_dim
+    if page.attention == "mla":  # one "head": the latent, then k_pe
+        heads, width = 1, page.kv_lora_rank + page.qk_rope_head_dim
+    element_bytes = torch.empty((), dtype=torch_kv_dtype(page)).element_size()
+    row_bytes = pools_per_layer(page.attention) * heads * width * element_bytes
+    if row_bytes * page.num_layers != page.record_bytes:
+        raise ValueError(
+            f"a {page.attention} pool of {row_bytes} bytes a token and layer is not the "
+            f"page's {page.record_bytes} bytes a token"
+        )
+    return (num_blocks, page.block_size, heads, width)
 
 
 def page_of_pools(kv_caches: list[KVCache]) -> PageFormat:
@@ -96,8 +105,11 @@ def page_of_pools(kv_caches: list[KVCache]) -> PageFormat:
 
 
 def pool_layout(kv_caches: list[KVCache]) -> KVLayout:
-    """The page layout of these pools (``pages/layout.py`` owns their record and block bytes):
-    one layer per ``(k, v)`` pair, KV heads, head dim and dtype read off the tensors."""
+    """The page layout of these MHA pools (``pages/layout.py`` owns their record and block
+    bytes): one layer per ``(k, v)`` pair, KV heads, head dim and dtype read off the tensors.
+    ValueError for MLA's latent pools (their tensors do not say where the latent ends)."""
+    if len(kv_caches[0]) != 2:
+        raise ValueError("the layout of latent pools is their page format's, not the tensors'")
     k = kv_caches[0][0]
     dtype_name = str(k.dtype).removeprefix("torch.")  # "float32": a spelling get_kv_dtype knows
     return mha_layout(len(kv_caches), k.shape[2], k.shape[3], dtype_name)

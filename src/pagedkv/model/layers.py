@@ -88,6 +88,7 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         inv_freq = rope_inverse_frequencies(head_dim, theta, scaling)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.cos_sin_scale = 1.0  # YaRN's attention factor (``mla/rope.py``) multiplies both
 
     def scale_frequencies(self, factors: torch.Tensor) -> None:
         """Divide the frequencies by per-frequency ``factors`` (GGUF ``rope_freqs.weight``)."""
@@ -107,6 +108,8 @@ class RotaryEmbedding(nn.Module):
         """
         angles = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
         cos, sin = angles.cos(), angles.sin()
+        if self.cos_sin_scale != 1.0:
+            cos, sin = cos * self.cos_sin_scale, sin * self.cos_sin_scale
         return (
             torch.cat((cos, cos), dim=-1).to(dtype)[:, None, :],
             torch.cat((-sin, sin), dim=-1).to(dtype)[:, None, :],

@@ -1,4 +1,5 @@
-"""The Llama-family decoder (Llama, Mistral, Qwen2) over a paged KV cache.
+"""The decoder of every family (Llama, Mistral, Qwen2, Qwen3, DeepSeek-V2/V3) over a paged KV
+cache.
 
 Usage by the engine (one call per step)::
 
@@ -28,6 +29,7 @@ from pagedkv.model.config import ModelConfig
 from pagedkv.model.decoder_layer import DecoderLayer
 from pagedkv.model.kv_pool import KVCache
 from pagedkv.model.layers import RMSNorm, RotaryEmbedding
+from pagedkv.model.mla.rope import mla_rotary
 from pagedkv.model.native.projection import NativeProjection, native_factory
 from pagedkv.model.projection import Projection
 from pagedkv.model.weights import Load, ProjectionFactory, check_names, load_ends, load_layer
@@ -54,6 +56,12 @@ class CausalLM(nn.Module):
         # tensors run torch's reference implementations, which import torch._dynamo: ~1 s).
         with torch.device("cpu"):
             self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
+            if config.mla is not None:  # the rotary dims only, DeepSeek's YaRN
+                self.rotary = mla_rotary(config.mla, config.rope_theta, config.yarn)
+        # One layer's pool rows: K and V heads, or MLA's one latent record (``kv_pool.py``).
+        self.pool_row = (config.num_kv_heads, config.head_dim)
+        if config.mla is not None:
+            self.pool_row = (1, config.mla.record_width)
         self.weights_report = ""  # how the projections compute, set by the loader
         self.kernels = None  # native.kernels() when load_weights put the weights on them (fp32)
         self._default: AttentionBackend | None = None  # ``default_backend``, built once loaded
@@ -93,14 +101,14 @@ class CausalLM(nn.Module):
         ``input_ids``/``positions``: int64 ``[T]`` in batch order (``query_start_loc``); the
         position of new token i of a sequence must be ``context_len - new_tokens + i`` (RoPE
         reads ``positions``, the causal mask reads the metadata; they must agree).
-        ``kv_caches``: one ``(k, v)`` pair per layer; the new tokens' K/V are written into their
-        slots (mutated in place). ``block_size`` defaults to the caches' dimension 1. ``plan``:
+        ``kv_caches``: one ``(k, v)`` pair per layer (MLA: ``(latents,)``); the new tokens' K/V
+        are written into their slots (mutated in place). ``block_size`` defaults to the caches' dimension 1. ``plan``:
         the step's ops on the engine's backend (``attention_backend.py``: the runner makes
         them, or a CUDA graph over its buffers); None = ``default_backend``'s.
         """
         if len(kv_caches) != self.config.num_layers:
             raise ValueError(f"need {self.config.num_layers} KV caches, got {len(kv_caches)}")
-        want = (self.config.num_kv_heads, self.config.head_dim)
+        want = self.pool_row
         if kv_caches[0][0].dim() != 4 or tuple(kv_caches[0][0].shape[2:]) != want:
             raise ValueError(
                 f"KV caches must be [num_blocks, block_size, {want[0]}, {want[1]}], "
@@ -181,6 +189,9 @@ MODEL_CLASSES: dict[str, type[CausalLM]] = {
     "mistral": CausalLM,
     "qwen2": CausalLM,
     "qwen3": CausalLM,
+    "deepseek_v2": CausalLM,
+    "deepseek_v3": CausalLM,
+    "deepseek2": CausalLM,
 }
 
 

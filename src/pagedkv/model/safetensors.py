@@ -34,10 +34,23 @@ HF_LAYER_NAMES: dict[str, str] = {
     "mlp.gate_proj.weight": "gate_proj.weight",
     "mlp.up_proj.weight": "up_proj.weight",
     "mlp.down_proj.weight": "down_proj.weight",
+    # DeepSeek-V2/V3: the latent attention (``deepseek_weights.py``) and the experts
+    "self_attn.q_a_proj.weight": "q_a_proj.weight",
+    "self_attn.q_a_layernorm.weight": "q_a_norm.weight",
+    "self_attn.q_b_proj.weight": "q_b_proj.weight",
+    "self_attn.kv_a_proj_with_mqa.weight": "kv_a_proj.weight",
+    "self_attn.kv_a_layernorm.weight": "kv_a_norm.weight",
+    "self_attn.kv_b_proj.weight": "kv_b_proj.weight",
+    "mlp.gate.weight": "router.weight",
+    "mlp.gate.e_score_correction_bias": "router.bias",
+    "mlp.shared_experts.gate_proj.weight": "shared_experts.gate_proj.weight",
+    "mlp.shared_experts.up_proj.weight": "shared_experts.up_proj.weight",
+    "mlp.shared_experts.down_proj.weight": "shared_experts.down_proj.weight",
 }
 # Present in some checkpoints, never needed: recomputed from the config.
 HF_IGNORED = re.compile(r"^model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq$")
 _LAYER_NAME = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+_EXPERT_NAME = re.compile(r"^mlp\.experts\.(\d+)\.((?:gate|up|down)_proj\.weight)$")
 
 ProgressCallback = Callable[[int, int], None]
 
@@ -51,6 +64,8 @@ def canonical_name(hf_name: str) -> str | None:
     match = _LAYER_NAME.match(hf_name)
     if match and match.group(2) in HF_LAYER_NAMES:
         return f"layers.{match.group(1)}.{HF_LAYER_NAMES[match.group(2)]}"
+    if match and (expert := _EXPERT_NAME.match(match.group(2))):
+        return f"layers.{match.group(1)}.experts.{expert.group(1)}.{expert.group(2)}"
     raise UsageError(f"unexpected tensor {hf_name!r} in safetensors checkpoint")
 
 
@@ -63,7 +78,9 @@ def iter_hf_weights(
     """Yield ``(canonical name, tensor)`` from every ``*.safetensors`` file of ``folder``.
 
     A tied checkpoint that still stores ``lm_head.weight`` has it skipped (the model reuses the
-    embedding). Yielded tensors are owned by the caller.
+    embedding), and so are the layers past an MLA model's last (DeepSeek-V3's multi-token
+    prediction module, which decoding one token a step does not run). Yielded tensors are
+    owned by the caller.
     """
     from safetensors import safe_open
 
@@ -76,9 +93,17 @@ def iter_hf_weights(
     for handle in handles:
         for hf_name in handle.keys():  # noqa: SIM118 - safe_open is not a dict
             done += 1
+            if config.mla is not None and _layer_index(hf_name) >= config.num_layers:
+                continue
             name = canonical_name(hf_name)
             if name is None or (name == "lm_head.weight" and config.tie_word_embeddings):
                 continue
             yield name, handle.get_tensor(hf_name).to(dtype)
             if progress is not None:
                 progress(done, total)
+
+
+def _layer_index(hf_name: str) -> int:
+    """The layer of a ``model.layers.{i}.`` tensor; -1 for the model's ends."""
+    match = _LAYER_NAME.match(hf_name)
+    return int(match.group(1)) if match else -1

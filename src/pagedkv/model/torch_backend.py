@@ -1,6 +1,6 @@
 """The ``torch-sdpa`` backend: torch ops on any device (K/V gathered by slot, then
-``scaled_dot_product_attention``; ``attention.py``): the reference path every other backend is
-held to. ``TorchStep`` is its step's ops, and the base of the native backend's."""
+``scaled_dot_product_attention``; ``attention.py``, and ``mla/paged.py`` over latent pages): the
+reference path every other backend is held to. ``TorchStep`` is its step's ops, and the base of the native backend's."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from pagedkv.model.attention_metadata import AttentionMetadata
 from pagedkv.model.attention_plan import AttentionPlan
 from pagedkv.model.kv_pool import KVCache, copy_pool_rows
 from pagedkv.model.layers import rotated_qkv
+from pagedkv.model.mla.latent import LatentWeights
+from pagedkv.model.mla.paged import mla_paged_attention
 from pagedkv.pages.backends import TORCH_SDPA, BackendRule
 
 
@@ -33,6 +35,16 @@ class TorchStep(LayerOps):
     ) -> torch.Tensor:
         q, k, v = rotated_qkv(qkv, cos, sin, heads)
         return paged_attention(q, k, v, kv_cache, self.plan, scale)
+
+    def mla_attend(
+        self,
+        q: torch.Tensor,
+        records: torch.Tensor,
+        kv_cache: KVCache,
+        latent: LatentWeights,
+        scale: float,
+    ) -> torch.Tensor:
+        return mla_paged_attention(q, records, kv_cache, self.plan, latent, scale)
 
 
 class TorchBackend:

@@ -14,6 +14,14 @@ from torch import nn
 
 from pagedkv.model.config import ModelConfig
 from pagedkv.model.decoder_layer import DecoderLayer
+from pagedkv.model.deepseek_weights import (
+    deepseek_names,
+    deepseek_norms,
+    deepseek_projections,
+    is_moe_layer,
+    load_deepseek,
+    rope_reordered,
+)
 from pagedkv.model.native.projection import NativeProjection
 from pagedkv.model.projection import Projection, ProjectionBase, projection_from_pieces
 
@@ -81,9 +89,10 @@ class Load:
 
 
 def load_layer(load: Load, i: int, layer: DecoderLayer) -> None:
-    """Layer ``i``'s projections (fused from their canonical pieces) and norms."""
-    weights, dtype = load.weights, load.dtype
-    for ours, (weight_names, bias_names) in PROJECTIONS.items():
+    """Layer ``i``'s projections (fused from their canonical pieces) and norms; DeepSeek's
+    latent attention and experts (``deepseek_weights.py``)."""
+    weights, dtype = rope_reordered(load.config, i, load.weights), load.dtype
+    for ours, (weight_names, bias_names) in layer_projections(load.config, i).items():
         old = layer.get_submodule(ours)
         pieces = [weights[f"layers.{i}.{p}"] for p in weight_names]
         biases = [weights[f"layers.{i}.{p}"] for p in bias_names if old.bias is not None]
@@ -102,7 +111,24 @@ def load_layer(load: Load, i: int, layer: DecoderLayer) -> None:
         name = f"layers.{i}.{canonical}"
         norm.weight = _parameter(name, weights[name], norm, dtype)
         norm.kernels = load.kernels if norm.weight.shape[0] % 8 == 0 else None
-    layer.mlp.kernels = load.kernels
+    load_deepseek(load, i, layer)
+    if not is_moe_layer(load.config, i):
+        layer.mlp.kernels = load.kernels
+
+
+def layer_projections(
+    config: ModelConfig, i: int
+) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
+    """Layer ``i``'s projections: MHA's QKV or MLA's, the output, SwiGLU's or the shared
+    experts' (ours -> its canonical weight and bias pieces)."""
+    dense = not is_moe_layer(config, i)
+    table = {
+        ours: pieces
+        for ours, pieces in PROJECTIONS.items()
+        if (config.mla is None or ours != "qkv_proj") and (dense or not ours.startswith("mlp."))
+    }
+    table.update({ours: (names, ()) for ours, names in deepseek_projections(config, i).items()})
+    return table
 
 
 def _check_shape(name: str, tensor: torch.Tensor, want: tuple[int, ...]) -> None:
@@ -118,7 +144,8 @@ def _parameter(
 
 
 def layer_parameters(config: ModelConfig) -> dict[str, str]:
-    return {**LAYER_PARAMETERS, **(HEAD_NORM_PARAMETERS if config.family.qk_norm else {})}
+    heads = HEAD_NORM_PARAMETERS if config.family.qk_norm else {}
+    return {**LAYER_PARAMETERS, **heads, **deepseek_norms(config)}
 
 
 def canonical_names(config: ModelConfig) -> set[str]:
@@ -126,8 +153,8 @@ def canonical_names(config: ModelConfig) -> set[str]:
     if not config.tie_word_embeddings:
         names.add("lm_head.weight")
     for i in range(config.num_layers):
-        per_layer = [*layer_parameters(config).values()]
-        for weight_names, bias_names in PROJECTIONS.values():
+        per_layer = [*layer_parameters(config).values(), *deepseek_names(config, i)]
+        for weight_names, bias_names in layer_projections(config, i).values():
             per_layer.extend(weight_names)
             if config.attention_bias:
                 per_layer.extend(bias_names)

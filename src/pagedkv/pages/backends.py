@@ -57,6 +57,7 @@ NATIVE = BackendRule(
     devices=("cpu",),
     factory="pagedkv.model.native.backend:NativeBackend",
     default_on=("cpu",),
+    layouts=("mha", "mla"),  # MLA: the same kernel reads the latent record as one head
     loops_over_tiles=True,
 )
 TORCH_SDPA = BackendRule(
@@ -68,13 +69,15 @@ TORCH_SDPA = BackendRule(
 )
 TRITON = BackendRule(
     "triton",
-    f"pagedkv's Triton kernels (GPU): {triton_rules.block_size_note()}",
+    f"pagedkv's Triton kernels (GPU): {triton_rules.block_size_note()}; MLA latent records "
+    "too, at any B (FlashMLA's tile is its page and forces 64; this kernel's tile is not)",
     devices=("cuda", "cpu"),  # the CPU: Triton's interpreter, for tests
     factory="pagedkv.model.triton.backend:TritonBackend",
     default_on=("cuda",),
     cuda_graphs=True,
     cpu_note="Triton's interpreter on the CPU: for tests, slow",
     engine_clock=True,
+    layouts=("mha", "mla"),
     problems=triton_rules.block_size_problems,
     loops_over_tiles=True,
 )

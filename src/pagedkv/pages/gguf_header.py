@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from pagedkv.errors import UsageError
+from pagedkv.pages.gguf_mla import gguf_mla_fields
 
 GGUF_MAGIC = b"GGUF"
 # value type id -> struct format of a scalar (8 = string, 9 = array are handled apart)
@@ -188,7 +189,7 @@ def gguf_shape_fields(
         "tie_word_embeddings": "output.weight" not in tensor_shapes,
         "attention_bias": "blk.0.attn_q.bias" in tensor_shapes,
     }
-    fields.update(_tokens_and_name(metadata))
+    fields.update(_tokens_and_name(metadata), **gguf_mla_fields(metadata, arch, origin))
     return fields
 
 

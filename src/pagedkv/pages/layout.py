@@ -110,6 +110,14 @@ class KVLayout:
         return get_kv_dtype(self.weight_dtype).vector_bytes(self.num_params)
 
 
+def pools_per_layer(attention: str) -> int:
+    """Tensors an engine pool keeps per layer for this attention kind: K and V (``"mha"``), or
+    the one latent record (``"mla"``); a block body is this many segments per layer."""
+    if attention not in ("mha", "mla"):
+        raise ValueError(f"no engine pool holds {attention!r} pages")
+    return 2 if attention == "mha" else 1
+
+
 def int32_max_pool_blocks(block_bytes: int) -> int:
     """Largest pool (in blocks) whose every byte offset ``block_id * block_bytes + i`` fits int32.
 

@@ -10,6 +10,8 @@ from typing import Any
 
 from pagedkv.errors import UsageError
 from pagedkv.pages.gguf_header import GGUF_KEYS
+from pagedkv.pages.mla_shape import MLADims, YarnRopeScaling
+from pagedkv.pages.moe_shape import MoEShape
 
 ATTENTION_KINDS = ("mha", "mla")
 # The key each optional fact has in a config.json (GGUF_KEYS: in a GGUF header).
@@ -91,6 +93,14 @@ class ModelShape:
     attention_bias: bool | None = None  # None: the source does not say
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    # MLA's other dims (``mla_dims``; the record's are kv_lora_rank and qk_rope_head_dim),
+    # DeepSeek's YaRN (rope_scaling_type "yarn") and the experts (None: a dense MLP).
+    q_lora_rank: int | None = None
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    rope_interleaved: bool = False
+    yarn: YarnRopeScaling | None = None
+    moe: MoEShape | None = None
 
     def __post_init__(self) -> None:
         where = f"model {self.origin}"
@@ -113,6 +123,21 @@ class ModelShape:
     def query_dim(self) -> int:
         """Width of a token's queries in one layer (heads x head dim): the attention FLOPs."""
         return self.num_heads * self.head_dim
+
+    def mla_dims(self) -> MLADims:
+        """The latent attention's dims (``UsageError`` naming the key that is missing or
+        inconsistent: an MLA model's forward pass needs every one)."""
+        if self.attention != "mla":
+            raise UsageError(f"model {self.origin} has no latent attention (MLA)")
+        return MLADims(
+            num_heads=self.num_heads,
+            q_lora_rank=self.q_lora_rank,
+            kv_lora_rank=self.kv_lora_rank,
+            qk_nope_head_dim=self.qk_nope_head_dim,
+            qk_rope_head_dim=self.qk_rope_head_dim,
+            v_head_dim=self.v_head_dim,
+            rope_interleaved=self.rope_interleaved,
+        )
 
     def require(self, field: str) -> Any:
         """The value of an optional fact; UsageError naming the source's key when absent."""

@@ -20,6 +20,7 @@ from typing import Any
 
 from pagedkv.errors import UsageError
 from pagedkv.pages.gguf_header import gguf_shape_fields, read_gguf_header
+from pagedkv.pages.mla_shape import mla_hf_fields
 from pagedkv.pages.shape import Llama3RopeScaling, ModelShape
 
 # -- Hugging Face config.json (and presets, which use its spelling) ---------------------------
@@ -56,8 +57,6 @@ def shape_from_hf_config(
             "head_dim": _int(get("head_dim"), "head_dim", 1)
             if get("head_dim")
             else _int(config["hidden_size"], "hidden_size", 1) // num_heads,
-            "kv_lora_rank": _int(get("kv_lora_rank", 0), "kv_lora_rank"),
-            "qk_rope_head_dim": _int(get("qk_rope_head_dim", 0), "qk_rope_head_dim"),
             "vocab_size": _int_or_none(get("vocab_size"), "vocab_size"),
             "hidden_size": _int_or_none(get("hidden_size"), "hidden_size"),
             "intermediate_size": _int_or_none(get("intermediate_size"), "intermediate_size"),
@@ -78,6 +77,7 @@ def shape_from_hf_config(
             "bos_token_id": _int_or_none(get("bos_token_id"), "bos_token_id"),
             "eos_token_ids": tuple(int(e) for e in eos_ids),
         }
+        fields.update(mla_hf_fields(config, rope, fields) if mla else {})  # DeepSeek's
     except KeyError as exc:
         raise UsageError(f"model config {origin} lacks the key {exc.args[0]!r}") from None
     except (TypeError, ValueError) as exc:

@@ -112,6 +112,41 @@ BLOCK_COPY = KernelRule(
     "triton block copy", ANY_BLOCK, TileRule("head dim", 1, 1 << 30, power_of_two=False)
 )
 
+# MLA's latent records (``model/triton/mla_decode.py``): any rank and rope width (each part of
+# a record is padded to a power of two >= 16 and masked), up to a [heads, rank] fp32
+# accumulator a program holds.
+MLA_DECODE = KernelRule(
+    "triton MLA decode",
+    ANY_BLOCK,
+    TileRule("latent rank", minimum=1, maximum=1024, power_of_two=False),
+)
+MLA_MAX_HEAD_BLOCK = 32  # query heads per program: a [32, 512] fp32 accumulator
+
+
+def mla_head_block(num_heads: int) -> int:
+    """Query heads per MLA decode program: all of them up to ``MLA_MAX_HEAD_BLOCK`` (one read
+    of the records per sequence), a power of two, at least tl.dot's 16."""
+    block = MIN_TILE
+    while block < min(num_heads, MLA_MAX_HEAD_BLOCK):
+        block *= 2
+    return block
+
+
+def mla_programs(num_heads: int) -> int:
+    """MLA decode programs per sequence (blocks of ``mla_head_block`` heads): what the split
+    rule (``triton_splits.decode_splits``) counts where MHA counts KV heads."""
+    return -(-num_heads // mla_head_block(num_heads))
+
+
+def mla_tile(record_width: int, element_bytes: int) -> int:
+    """Tokens per latent tile of the MLA decode kernel: ``kv_tile``'s rule with both budgets,
+    K's and V's, since one tile of records is both (DeepSeek's 576 values in bf16: 16)."""
+    tile = MAX_KV_TILE
+    while tile > MIN_TILE and tile * record_width * element_bytes > 2 * KV_TILE_BYTES:
+        tile //= 2
+    return tile
+
+
 # The kernels one engine step runs: the block size must satisfy all of them.
 ENGINE_KERNELS = (DECODE, PREFILL, KV_WRITE, BLOCK_COPY)
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default; no longer the kernels' smallest

@@ -74,6 +74,7 @@ BACKENDS: dict[str, Backend] = {
     for b in (
         Backend("torch-sdpa-reserved", 16, note="pagedkv contiguous max_len baseline"),
         Backend("flashmla", 64, (64,), 64, _MLA, note="FlashMLA: only 64"),
+        Backend("flashinfer-mla", 1, note="FlashInfer / Triton MLA (SGLang's defaults): any"),
         Backend("trtllm-mla", 64, (32, 64), 64, _MLA, note="TRT-LLM MLA: 32/64"),
         Backend("tokenspeed-mla", 64, (32, 64), 64, _MLA, note="tokenspeed_mla: 32/64"),
         Backend("cutedsl-mla", 64, (32, 64), 64, _MLA, note="CuteDSL MLA: 32/64"),

@@ -1,8 +1,9 @@
 """Block-row copies: the one module that moves KV blocks, between pools or to bytes.
 
 Every pool pagedkv keeps (the device pool, the host swap pool, the host tier) is, per layer, a
-K and a V tensor of shape ``[num_blocks, block_size, num_kv_heads, head_dim]``, so a block is one
-row of each tensor and moving blocks is moving rows. Swap (device <-> host swap pool), the host
+K and a V tensor of shape ``[num_blocks, block_size, num_kv_heads, head_dim]`` (MLA: one tensor
+of latent records, ``[num_blocks, block_size, 1, kv_lora_rank + qk_rope_head_dim]``), so a block
+is one row of each tensor and moving blocks is moving rows. Swap (device <-> host swap pool), the host
 tier (device <-> host tier), copy-on-write (device -> device) and the store (device <-> bytes)
 all call this module, and each call moves a whole step's blocks of one kind together:
 
@@ -15,8 +16,9 @@ all call this module, and each call moves a whole step's blocks of one kind toge
   partial prefix hit, ``kvcache/partial.py``), as one gather and one scatter of the slots per
   layer and tensor.
 * ``read_blocks`` / ``write_blocks``: a block's *body* in the page layout, layer by layer (K
-  then V, each ``[block_size, num_kv_heads, head_dim]``, C order, native little-endian): the
-  page format's ``record_bytes * block_size`` bytes (``block_body_bytes``), what the store keeps.
+  then V, each ``[block_size, num_kv_heads, head_dim]``; MLA: the latents
+  ``[block_size, 1, R + Dr]``; C order, native little-endian): the page format's
+  ``record_bytes * block_size`` bytes (``block_body_bytes``), what the store keeps.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from collections.abc import Sequence
 import torch
 
 from pagedkv.kvcache.tiers.contract import PrefixCopy
-from pagedkv.model.kv_pool import KVCache, pool_layout
+from pagedkv.model.kv_pool import KVCache
 
 # Slice copies pay off when the average run is at least this long (fewer, bigger memcpys and no
 # temporary); shorter runs go through one gather/scatter per tensor.
@@ -85,8 +87,10 @@ def copy_slot_prefixes(kv_caches: list[KVCache], copies: Sequence[PrefixCopy]) -
 
 
 def block_body_bytes(kv_caches: list[KVCache]) -> int:
-    """Bytes of one block's body (every layer's K and V), from the page layout."""
-    return pool_layout(kv_caches).block_bytes(kv_caches[0][0].shape[1])
+    """Bytes of one block's body: a block row of every layer's tensors (K and V, or the
+    latents), as the pools were allocated from the page format (``kv_pool._pool_shape``
+    checks them against its record bytes)."""
+    return sum(pool[0].numel() * pool.element_size() for pair in kv_caches for pool in pair)
 
 
 def read_blocks(kv_caches: list[KVCache], block_ids: Sequence[int]) -> list[memoryview]:
@@ -94,8 +98,10 @@ def read_blocks(kv_caches: list[KVCache], block_ids: Sequence[int]) -> list[memo
     if not block_ids:
         return []
     ids = torch.tensor(block_ids, dtype=torch.int64, device=kv_caches[0][0].device)
-    # [N, L, 2, B, H, D]: one gather per layer and pool, then one contiguous copy.
-    stacked = torch.stack([torch.stack((k[ids], v[ids]), dim=1) for k, v in kv_caches], dim=1)
+    # [N, L, pools, B, H, D]: one gather per layer and pool, then one contiguous copy.
+    stacked = torch.stack(
+        [torch.stack([pool[ids] for pool in pair], dim=1) for pair in kv_caches], dim=1
+    )
     raw = memoryview(stacked.contiguous().cpu().view(torch.uint8).numpy()).cast("B")
     n = raw.nbytes // len(block_ids)
     return [raw[i * n : (i + 1) * n] for i in range(len(block_ids))]
@@ -113,8 +119,9 @@ def write_blocks(
         buf[i * n : (i + 1) * n] = body
     k0 = kv_caches[0][0]
     flat = torch.frombuffer(buf, dtype=torch.uint8).view(k0.dtype)
-    blocks = flat.view(len(block_ids), len(kv_caches), 2, *k0.shape[1:]).to(k0.device)
+    pools = len(kv_caches[0])
+    blocks = flat.view(len(block_ids), len(kv_caches), pools, *k0.shape[1:]).to(k0.device)
     ids = torch.tensor(block_ids, dtype=torch.int64, device=k0.device)
-    for layer, (k, v) in enumerate(kv_caches):
-        k[ids] = blocks[:, layer, 0]
-        v[ids] = blocks[:, layer, 1]
+    for layer, pair in enumerate(kv_caches):
+        for index, pool in enumerate(pair):
+            pool[ids] = blocks[:, layer, index]

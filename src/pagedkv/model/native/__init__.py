@@ -54,8 +54,8 @@ FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
 # off (native.set_gemm). Both sides compute the same bits (latency.md, tenth round).
 MAX_ROWS = 64
 # Paged attention keeps a work item's queries and outputs on the stack, sized for heads of up to
-# this many dims (native_attention.c's MAX_D).
-MAX_HEAD_DIM = 256
+# this many dims (native_attention.c's MAX_D): MLA's latent record, 512 + 64, is one head.
+MAX_HEAD_DIM = 576
 
 _state: dict[str, object] = {}
 _P, _I64, _INT, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float

@@ -20,6 +20,7 @@ from pagedkv.model.attention_backend import HeadShape
 from pagedkv.model.attention_metadata import AttentionMetadata
 from pagedkv.model.attention_plan import AttentionPlan
 from pagedkv.model.kv_pool import KVCache, copy_pool_rows
+from pagedkv.model.mla.native import NativeLatentStep
 from pagedkv.model.native.projection import NativeProjection
 from pagedkv.model.native.quant import NativeQuantProjection
 from pagedkv.model.torch_backend import TorchStep
@@ -162,13 +163,26 @@ class NativeBackend:
 
     def plan(
         self, meta: AttentionMetadata, kv_caches: list[KVCache], block_size: int
-    ) -> NativeStep:
+    ) -> NativeStep | NativeLatentStep:
+        model = self.model
+        if model.config.mla is not None:  # latent pages: ``mla/native.py``
+            return self._latent_step(meta, kv_caches, block_size)
         kernels = self.usable_kernels(kv_caches)
         if kernels is not None:  # C reads and writes where the slots say: check them first
             check_slots(meta, kv_caches[0][0].shape[0], block_size)
-        model = self.model
         plan = AttentionPlan(meta, block_size, model.dtype, kernels, model.device)
         return NativeStep(plan, self.chains, self.heads)
+
+    def _latent_step(
+        self, meta: AttentionMetadata, kv_caches: list[KVCache], block_size: int
+    ) -> NativeLatentStep:
+        """An MLA model's step: the torch plan (its prefill chunks' gathers), and the C
+        kernel for the absorbed rows when it loaded (the slots checked first)."""
+        if self.kernels is not None:
+            check_slots(meta, kv_caches[0][0].shape[0], block_size)
+        model = self.model
+        plan = AttentionPlan(meta, block_size, model.dtype, None, model.device)
+        return NativeLatentStep(plan, meta, self.kernels)
 
     def graph_plan(self, meta: AttentionMetadata, block_size: int, max_context_len: int) -> None:
         return None  # its plan reads the metadata on the host: no graph can replay it
@@ -204,7 +218,8 @@ def chain_of(layer) -> Chain | None:
     is not on the native kernels or the chain lacks an op of the layer (Qwen3's q/k norms)."""
     projections, norms = layer.projections(), layer.norms()
     if not (
-        len(norms) == 2
+        len(projections) == 4  # none: MLA or the experts, which the chain does not compile
+        and len(norms) == 2
         and all(n.kernels is not None for n in norms)
         and norms[0].eps == norms[1].eps
         and layer.mlp.kernels is not None

@@ -35,7 +35,9 @@
 #define KEYS 32   /* keys per softmax block */
 #define ROWS 48   /* query rows per work item: up to 6 vectors of lanes */
 #define AHEAD 8   /* keys requested ahead of the one being scored */
-#define MAX_D 256 /* the scratch below is sized for it (native.MAX_HEAD_DIM) */
+/* the scratch below is sized for it (native.MAX_HEAD_DIM): DeepSeek's MLA record, 512 + 64,
+ * read as one head (mla/native.py) */
+#define MAX_D 576
 
 #define INLINE static inline __attribute__((always_inline))
 

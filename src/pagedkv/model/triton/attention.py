@@ -28,12 +28,15 @@ import torch
 
 if TYPE_CHECKING:
     from pagedkv.model.layers import RMSNorm, SwiGLU
+    from pagedkv.model.mla.latent import LatentWeights
     from pagedkv.model.projection import ProjectionBase
 
 from pagedkv.model.attention_backend import HeadShape, LayerOps
 from pagedkv.model.attention_metadata import AttentionMetadata
+from pagedkv.model.attention_plan import AttentionPlan
 from pagedkv.model.kv_pool import KVCache
 from pagedkv.model.triton.kernels import TritonKernels, num_sms
+from pagedkv.model.triton.mla_attention import triton_mla_attend
 
 PREFILL_BLOCK_M = 16  # query rows per prefill program: tl.dot's smallest tile
 
@@ -56,6 +59,9 @@ class TritonPlan(LayerOps):
         self.block_size = block_size
         self.num_tokens = meta.num_tokens
         self.decode_only = meta.num_tokens == meta.num_seqs  # every sequence one new token
+        # MLA's prefill chunks run on torch ops over a plan made from the host metadata.
+        self.host_meta = None if self.decode_only else meta
+        self.mla_prefill: AttentionPlan | None = None  # made from it by the first MLA layer
         self.slot_mapping = _on(meta.slot_mapping, device, torch.int64)
         self.block_tables = _on(meta.block_tables, device, torch.int32)
         self.context_lens = _on(meta.context_lens, device, torch.int32)
@@ -102,7 +108,7 @@ class TritonPlan(LayerOps):
         plan.slot_mapping, plan.block_tables = meta.slot_mapping, meta.block_tables
         plan.context_lens, plan.query_start_loc = meta.context_lens, meta.query_start_loc
         plan.decode_tables, plan.decode_lens = plan.block_tables, plan.context_lens
-        plan.decode_rows = None
+        plan.decode_rows, plan.host_meta, plan.mla_prefill = None, None, None
         plan.num_decode, plan.num_splits = meta.num_seqs, num_splits
         return plan
 
@@ -155,6 +161,17 @@ class TritonPlan(LayerOps):
             )
         assert out is not None  # a step has at least one row
         return out.view(self.num_tokens, -1)
+
+    def mla_attend(
+        self,
+        q: torch.Tensor,
+        records: torch.Tensor,
+        kv_cache: KVCache,
+        latent: LatentWeights,
+        scale: float,
+    ) -> torch.Tensor:
+        """MLA: the records stored, decode rows on the MLA kernel (``mla_attention.py``)."""
+        return triton_mla_attend(self, q, records, kv_cache, latent, scale)
 
     # In bf16 each RMSNorm is one launch, the second with the residual add before it
     # (``rms_norm.py``), and SiLU * up is one (``silu_mul.py``). fp32 keeps the modules' own

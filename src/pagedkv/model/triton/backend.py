@@ -11,6 +11,7 @@ from pagedkv.model.kv_pool import KVCache
 from pagedkv.model.triton.attention import TritonPlan
 from pagedkv.model.triton.kernels import TritonKernels, load_kernels, num_sms
 from pagedkv.pages.backends import TRITON, BackendRule
+from pagedkv.pages.triton_rules import mla_programs
 
 
 class TritonBackend:
@@ -20,6 +21,8 @@ class TritonBackend:
         """For ``model`` (its KV heads) on ``device``; ``kernels``: loaded here unless given."""
         self.kernels = load_kernels(device) if kernels is None else kernels
         self.device, self.num_kv_heads = device, model.config.num_kv_heads
+        if model.config.mla is not None:  # decode programs per sequence: blocks of heads
+            self.num_kv_heads = mla_programs(model.config.mla.num_heads)
 
     @property
     def rule(self) -> BackendRule:

@@ -28,6 +28,8 @@ _MODULES = (
     "rope_kv_write",
     "silu_mul",
     "rms_norm",
+    "mla_decode",
+    "mla_write",
 )
 _loaded: dict[str, TritonKernels] = {}
 
@@ -46,6 +48,8 @@ class TritonKernels:
     rope_write_kv: Any  # RoPE + the K/V store in one launch (TritonPlan.rope_attend)
     silu_mul: Any
     rms_norm: Any  # RMSNorm, alone or after the residual add, in one launch
+    mla_decode: Any  # MLA: absorbed decode over latent pages (mla_decode.py)
+    write_latents: Any  # MLA: the step's latent records into their slots
 
 
 def load_kernels(device: torch.device) -> TritonKernels:
@@ -81,6 +85,8 @@ def load_kernels(device: torch.device) -> TritonKernels:
         rope_write_kv=modules["rope_kv_write"].rope_write_kv,
         silu_mul=modules["silu_mul"].silu_mul,
         rms_norm=modules["rms_norm"].rms_norm,
+        mla_decode=modules["mla_decode"].mla_decode,
+        write_latents=modules["mla_write"].write_latents,
     )
     _loaded[kind] = kernels
     return kernels
