@@ -11,7 +11,7 @@ from tests.server.conftest import MODEL_NAME, running_server
 
 KEYS = {"instance_id", "model", "model_identity", "page_format", "allocator", "block_size",
         "prefix_caching", "hash_algorithm", "max_model_len", "kv_events", "tokenizer", "device",
-        "dtype", "attention_backend"}  # fmt: skip
+        "dtype", "attention_backend", "tensor_parallel"}  # fmt: skip
 
 
 @pytest.mark.parametrize(

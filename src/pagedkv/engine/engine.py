@@ -76,6 +76,19 @@ class LLMEngine(OfflineCalls):
     # The requests a failure inside a step ended (the rest went on).
     num_failed_requests = property(lambda self: self.loop.record.num_failed_requests)
 
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks' processes (nothing at one rank); the engine
+        cannot step afterwards. Idempotent; also run at exit."""
+        if self.parts.ranks is not None:
+            self.parts.ranks.close()
+
+    @property
+    def ranks_failure(self) -> str | None:
+        """Why a tensor-parallel rank ended this engine (one line), or None. Any thread."""
+        ranks = self.parts.ranks
+        workers = ranks.workers if ranks is not None else None
+        return workers.failure if workers is not None else None
+
     def flush_kv_store(self, timeout_s: float = 30.0) -> bool:
         """Wait until every block written through to the KV store so far has been sent (True;
         False on timeout or with no store). Safe from any thread: it only waits on the
