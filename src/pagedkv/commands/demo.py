@@ -68,7 +68,12 @@ def run(args: argparse.Namespace) -> int:
     }
     placement = engine_placement(configs[args.policy])
     warn_if_busy("demo", adapts=not args.fixed_threads, device=args.device)
-    loaded = load_model(args.model, placement.dtype, weights=args.weights, device=placement.device)
+    one_rank = args.tensor_parallel_size == 1  # else each engine starts ranks loading shares
+    loaded = (
+        load_model(args.model, placement.dtype, weights=args.weights, device=placement.device)
+        if one_rank
+        else None
+    )
     results = {}
     for policy, config in configs.items():
         engine = LLMEngine(config, parts=build_parts(config, loaded))
@@ -97,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
                         streaming = False
             progress.update(outputs, quiet=streaming)  # never inside the streamed answer
         results[policy] = (engine.stats(), engine.info)
+        engine.close()
         print_stats(results[policy][0], title=f"{len(prompts)} chat requests — policy {policy}")
     table = Table(title="what paging saves on the same KV pool")
     table.add_column("metric")

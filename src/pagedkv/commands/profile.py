@@ -20,7 +20,7 @@ import argparse
 from pathlib import Path
 
 from pagedkv.commands.busy_machine import warn_if_busy
-from pagedkv.commands.engine_flags import add_placement_args
+from pagedkv.commands.engine_flags import add_placement_args, add_tensor_parallel_arg
 from pagedkv.commands.progress import ProgressLines
 from pagedkv.errors import UsageError
 
@@ -55,6 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add = p.add_argument
     add("--model", help="GGUF file or Hugging Face folder (default: the embedded SmolLM2)")
     add_placement_args(p)
+    add_tensor_parallel_arg(p)
     add("-o", "--output", default="cost-profile.json", help="JSON to write (%(default)s)")
     # Grid flags default to None: the grid (DEFAULT_GRID, or QUICK_GRID with --quick) fills
     # only what the user did not give, so --quick never overrides an explicit value.
@@ -163,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         attention_backend=args.attention_backend,
         log_startup=False,
+        tensor_parallel_size=args.tensor_parallel_size,
     )
     if args.timeline:
         from pagedkv.commands.profile_timeline import run_timeline
@@ -212,7 +214,12 @@ def measure(
     placement = engine_placement(base)
     base = dataclasses.replace(base, dtype=placement.dtype)  # the KV record size reads it
     given = loaded  # a model the caller built (no path to name it by)
-    if loaded is None:
+    if loaded is None and base.tensor_parallel_size > 1:  # each engine starts its ranks
+        from pagedkv.model.config import ModelConfig
+        from pagedkv.model.loader import read_model_shape
+
+        loaded = (ModelConfig.from_shape(read_model_shape(base.model)), None, None)
+    elif loaded is None:
         loaded = load_model(base.model, placement.dtype, progress=progress, device=placement.device)
     columns = (
         *rich.progress.Progress.get_default_columns(),

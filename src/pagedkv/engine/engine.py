@@ -29,7 +29,7 @@ from pagedkv.engine.step.loop import StepLoop
 from pagedkv.engine.step.record import StepRecord
 from pagedkv.engine.step.timeline import NullTimeline, StepTimeline
 from pagedkv.engine.structured.grammar import GrammarCache
-from pagedkv.errors import UsageError
+from pagedkv.errors import RankFailure, UsageError
 from pagedkv.kvcache.hashing import HashExtraKeys
 
 log = logging.getLogger("pagedkv.engine")
@@ -211,5 +211,9 @@ class LLMEngine(OfflineCalls):
 
     def publish_kv_events(self) -> None:
         """Publish the prefix cache's changes since the last call (each step calls it; an idle
-        server does too, so a snapshot owed after a Redis outage goes out). Engine thread only."""
+        server does too, so a snapshot owed after a Redis outage goes out). Engine thread only.
+        ``RankFailure`` when a tensor-parallel rank has failed meanwhile (an idle server learns
+        it here, within its idle wake)."""
+        if (why := self.ranks_failure) is not None:
+            raise RankFailure(why)
         self.loop.record.publish_kv_events()
