@@ -247,7 +247,8 @@ def _pair_up(pd_cfg, engine, config):
         f"pagedkv: P/D role {pd_cfg.role}, group {pd_cfg.group!r}, store {pd_cfg.kv_store}"
         + (
             f"; prefill instance {pd_cfg.prefill_url} (pid {peer.pid} on {peer.host}, "
-            f"block_size={peer.page_format.block_size}, kv import {pd_cfg.kv_import})"
+            f"block_size={peer.page_format.block_size}, tp_size={peer.page_format.tp_size}, "
+            f"kv import {pd_cfg.kv_import})"
             if peer
             else ""
         ),

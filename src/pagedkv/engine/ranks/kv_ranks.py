@@ -104,7 +104,7 @@ class RankedStore:
             bodies = self.tier.take(hashes)
             whole = torch.frombuffer(bytearray(b"".join(bodies)), dtype=torch.uint8)
             parts = self.slices.split_out(whole.view(n, -1), n)
-        mine = self.group.scatter_bytes(parts, n * size).numpy()  # host bytes
+        mine = memoryview(self.group.scatter_bytes(parts, n * size).numpy())  # host bytes
         write_blocks(kv_caches, device_blocks, [mine[i * size : (i + 1) * size] for i in range(n)])
 
     def save(
