@@ -49,12 +49,13 @@ def tiny_model_config():
     )
 
 
-def hf_config(arch: str, context_len: int | None = None):
+def hf_config(arch: str, context_len: int | None = None, **overrides):
     """A transformers config of ``arch`` exercising that family's particulars (``context_len``
-    replaces the usual ``max_position_embeddings``)."""
+    replaces the usual ``max_position_embeddings``; ``overrides`` replace ``COMMON``'s
+    fields, e.g. ``num_key_value_heads=1``)."""
     import transformers
 
-    common = dict(COMMON)
+    common = {**COMMON, **overrides}
     if context_len is not None:
         common["max_position_embeddings"] = context_len
 
@@ -79,7 +80,9 @@ def hf_config(arch: str, context_len: int | None = None):
     raise ValueError(arch)
 
 
-def make_tiny_model(arch: str, folder: Path, seed: int = 0, context_len: int | None = None):
+def make_tiny_model(
+    arch: str, folder: Path, seed: int = 0, context_len: int | None = None, **overrides
+):
     """Save a random ``arch`` model to ``folder``; returns the transformers model (fp32, eval).
 
     Every parameter (norms and biases too, which transformers initialises to 1 and 0) is drawn
@@ -89,7 +92,9 @@ def make_tiny_model(arch: str, folder: Path, seed: int = 0, context_len: int | N
 
     torch.manual_seed(seed)
     model = (
-        transformers.AutoModelForCausalLM.from_config(hf_config(arch, context_len)).float().eval()
+        transformers.AutoModelForCausalLM.from_config(hf_config(arch, context_len, **overrides))
+        .float()
+        .eval()
     )
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
