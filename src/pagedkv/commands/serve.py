@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -219,18 +218,18 @@ def run(args: argparse.Namespace) -> int:
         engine.close()
         raise
     app = create_app(engine, config, pd=pd, flush_store=pd_cfg.role == "prefill")
-    app.state.engine_loop.on_fatal = _stop_serving
+    app.state.engine_loop.on_fatal = lambda why: _stop_serving(app, why)
     serve_forever(app, config, sock)
     if (why := engine.ranks_failure) is not None:  # a rank died: serving ended, say why
         raise RankFailure(why)
     return 0
 
 
-def _stop_serving(why: str) -> None:
+def _stop_serving(app, why: str) -> None:
     """A tensor-parallel rank failed: the engine cannot serve; end this server as Ctrl-C
     would (open requests get their error, the workers are stopped), then exit 1."""
     print(f"pagedkv serve: {why}: shutting down", file=sys.stderr, flush=True)
-    os.kill(os.getpid(), signal.SIGTERM)
+    app.state.uvicorn_server.should_exit = True
 
 
 def _pair_up(pd_cfg, engine, config):

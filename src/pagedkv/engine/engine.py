@@ -177,7 +177,10 @@ class LLMEngine(OfflineCalls):
         changed (finished ones for the last time: the engine forgets them afterwards), and the
         outputs ``generate`` / ``stream`` stepped past. Never raises because of one request: a
         failure in the forward pass or the sampler fails the requests it is traced to
-        (``error`` set, blocks freed) and the others go on."""
+        (``error`` set, blocks freed) and the others go on. ``RankFailure`` once a
+        tensor-parallel rank has failed: the engine is over."""
+        if (why := self.ranks_failure) is not None:  # its ranks are gone: it cannot step
+            raise RankFailure(why)
         outputs = self.loop.step()
         stashed, self._stash = list(self._stash.values()), {}
         return stashed + outputs

@@ -264,7 +264,7 @@ class EngineLoop:
             log.error(
                 "the engine loop failed %d times in a row; failing every request",
                 self._step_failures,
-                exc_info=exc,
+                exc_info=None if fatal else exc,  # a rank's failure is its own one line
             )
             self.failed = f"{type(exc).__name__}: {exc}"
             self._fail_all(f"the engine failed: {self.failed}", 500, "engine_failed")

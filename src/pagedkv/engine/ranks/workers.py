@@ -162,7 +162,8 @@ class Workers:
         pending = {p.sentinel: p for p in self.procs}
         while pending and not self._stopping.is_set():
             for sentinel in wait(list(pending), timeout=0.5):
-                pending.pop(sentinel)  # type: ignore[call-overload]
+                # The sentinel's pipe closes a moment before the process can be reaped.
+                pending.pop(sentinel).join(1.0)  # type: ignore[call-overload]
                 if not self._stopping.is_set():
                     self._check_exits()
 
