@@ -33,6 +33,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     model.add_argument("--model", help="preset name, config.json (or its folder), or .gguf")
     model.add_argument("--record-bytes", metavar="C", help="KV bytes per token, all layers")
     model.add_argument("--kv-dtype", help="fp32, fp16, bf16, fp8, mxfp8, fp4 (default: model's)")
+    model.add_argument(
+        "--tensor-parallel-size",
+        "--tp",
+        dest="tp",
+        default="1",
+        metavar="N",
+        help="plan one rank of N (tensor parallel): its KV heads' page bytes (replicated heads "
+        "as the engine holds them), its share of the weights against --gpu-memory, and with "
+        "--gpu its step with two all-reduces a layer (1)",
+    )
     work = p.add_argument_group("workload (parameters or --trace)")
     work.add_argument("--num-seqs", metavar="K", help="live sequences at once (required)")
     work.add_argument("--mean-len", metavar="L", help="mean sequence length, tokens (32k = 32768)")
@@ -207,7 +217,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.plot:
         prepare_plot_path(args.plot, args.force)
-    layout = _layout(args)
+    args.tp = parse_count("--tensor-parallel-size", args.tp)
+    layout = _rank_layout(_layout(args), args.tp)
     workload = _workload(args)
     unit = None
     if args.prefix_match_unit is not None:
@@ -240,7 +251,8 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         _save_plot(plan, args.plot)
     if args.json:
-        json.dump(plan_to_json(plan, log_line), sys.stdout, indent=2, allow_nan=False)
+        data = {**plan_to_json(plan, log_line), "tensor_parallel_size": args.tp}
+        json.dump(data, sys.stdout, indent=2, allow_nan=False)
         sys.stdout.write("\n")
     else:
         from rich.console import Console
@@ -252,6 +264,21 @@ def run(args: argparse.Namespace) -> int:
         if args.plot:
             print(f"plot written to {args.plot}")
     return 0
+
+
+def _rank_layout(layout, tp: int):
+    """One rank's layout at ``tp`` ranks (``pages/head_split.py``; ``UsageError`` in one line
+    for a size the heads refuse), named so; the layout itself at 1. ``args.tp`` becomes the
+    count."""
+    from dataclasses import replace
+
+    from pagedkv.pages.head_split import rank_layout
+
+    if tp < 1:
+        raise UsageError(f"--tensor-parallel-size must be >= 1, got {tp}", "tensor_parallel_size")
+    if tp == 1:
+        return layout
+    return replace(rank_layout(layout, tp), name=f"{layout.name}, one rank of TP {tp}")
 
 
 def _save_plot(plan, path: str) -> None:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from pagedkv.errors import UsageError
 from pagedkv.kvcache.policies import Policy
+from pagedkv.pages.head_split import rank_layout
 from pagedkv.pages.layout import KVLayout, layout_from_shape
 from pagedkv.pages.sources import load_shape
 from pagedkv.sched import SchedulerConfig
@@ -111,8 +112,9 @@ class Scenario:
             return self.cost
         if self.engine_clock is not None:
             engine, source = self.engine_clock
-            graphs = self.config.cuda_graphs is not False
-            return EngineCostModel(self.model, self.gpu, engine, graphs, source)
+            tp = self.config.tensor_parallel  # no CUDA graphs at TP > 1: the engine's rule
+            graphs = self.config.cuda_graphs is not False and tp == 1
+            return EngineCostModel(self.model, self.gpu, engine, graphs, source, tp)
         if self.gpu_clock is not None:
             clock, source = self.gpu_clock
             tp = self.config.tensor_parallel
@@ -135,8 +137,10 @@ class Scenario:
         elif cfg.cost == "roofline":
             text = "roofline cost model"
         elif self.engine_clock is not None:
-            graphs = "eager" if cfg.cuda_graphs is False else "CUDA graphs"
-            text = f"pagedkv's engine ({graphs}): {self.engine_clock[1]}"
+            size = cfg.tensor_parallel
+            graphs = "eager" if cfg.cuda_graphs is False or size > 1 else "CUDA graphs"
+            ranks = f", TP {size}" if size > 1 else ""
+            text = f"pagedkv's engine ({graphs}{ranks}): {self.engine_clock[1]}"
         elif self.gpu_clock is not None:
             tp = f", TP {cfg.tensor_parallel}" if cfg.tensor_parallel > 1 else ""
             text = f"fitted GPU clock{tp}: {self.gpu_clock[1]}"
@@ -278,7 +282,10 @@ def load_scenario(config: SimulateConfig) -> Scenario:
         link = None
         if config.preemption_mode == "swap":
             link = get_link(config.host_link) if config.host_link else host_link_for_gpu(gpu.name)
-    pools_slots = tuple(b // model.kv_record_bytes for b in pools_bytes)
+    # Per-rank KV: a replica's pool is its ranks' pools, each holding its KV heads of every
+    # token (pages/head_split.py: replicated heads take room on every rank that holds them).
+    rank = rank_layout(layout, tp, shape.num_heads)
+    pools_slots = tuple(b // tp // rank.record_bytes for b in pools_bytes)
     if min(pools_slots) < config.max_model_len and any(p.allocator == "reserved" for p in policies):
         raise UsageError(
             f"a KV pool of {min(pools_slots)} tokens cannot hold one max_model_len region "
@@ -325,9 +332,10 @@ def _fitted_clock(
     if isinstance(clock, GPUClock):
         return (clock, source), None
     assert isinstance(clock, EngineClock) and kind == "pagedkv-triton"
-    if config.tensor_parallel > 1:
+    if config.tensor_parallel > 1 and config.cuda_graphs:
         raise UsageError(
-            "a pagedkv-triton clock prices one GPU (pagedkv has no tensor parallelism)"
+            "--cuda-graphs with --tensor-parallel-size > 1: pagedkv captures no graphs at TP > 1",
+            "cuda_graphs",
         )
     if config.kernel is not None:
         raise UsageError(

@@ -104,7 +104,7 @@ class RankedStore:
             bodies = self.tier.take(hashes)
             whole = torch.frombuffer(bytearray(b"".join(bodies)), dtype=torch.uint8)
             parts = self.slices.split_out(whole.view(n, -1), n)
-        mine = memoryview(self.group.scatter_bytes(parts, n * size).numpy())  # host bytes
+        mine = memoryview(self.group.scatter_bytes(parts, n * size).numpy())  # host: gloo's bytes
         write_blocks(kv_caches, device_blocks, [mine[i * size : (i + 1) * size] for i in range(n)])
 
     def save(
@@ -115,7 +115,7 @@ class RankedStore:
         parts = self.group.gather_bytes(mine)
         if parts is None or self.tier is None:
             return
-        whole = self.slices.join(parts, len(device_blocks)).numpy()
+        whole = self.slices.join(parts, len(device_blocks)).numpy()  # host: gathered bytes
         items = [(h, memoryview(whole[i])) for i, h in enumerate(hashes)]
         self.tier.submit(items)
 
