@@ -107,3 +107,21 @@ def test_host_tier_blocks_move_on_every_rank(pair):
         assert engine.runner.mover.counts.blocks.get(("host", "loaded"), 0) > 0
         assert_no_leaks(engine)
     assert results[0] == results[1]
+
+
+@pytest.mark.parametrize("weights", ["int8", "int4"])
+def test_quantized_weights_are_sharded_at_block_boundaries(tmp_path, weights):
+    """``--weights int8|int4`` quantizes each rank's slices in blocks of 32 inputs: with MLP
+    rows of 128 (64 a rank) and 4 heads of 16 (32 inputs a rank for o_proj) every block of
+    one rank is a block of the whole model's, so TP 2 gives the quantized TP 1's tokens."""
+    make_tiny_model("llama", tmp_path, intermediate_size=128)
+    params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
+    ids = []
+    for tp in (1, 2):
+        engine = LLMEngine(_config(tmp_path, tp, weights=weights))
+        try:
+            ids.append([o.outputs[0].token_ids for o in engine.generate(PROMPTS, params)])
+            assert weights in engine.parts.model.weights_report
+        finally:
+            engine.close()
+    assert ids[0] == ids[1]

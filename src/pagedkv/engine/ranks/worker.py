@@ -103,9 +103,14 @@ def _build(spec: WorkerSpec, conn: Connection) -> ModelRunner:
     if isinstance(order, SizeOrder):
         assert start is not None
 
-        def peak() -> int:
+        def peak() -> int:  # rank 0's largest step, in step: its collectives meet ours
             return profile_peak_bytes(
-                model, backend, page, config.max_num_batched_tokens, plan.max_model_len, 1
+                model,
+                backend,
+                page,
+                config.max_num_batched_tokens,
+                plan.max_model_len,
+                config.max_num_seqs,
             )
 
         card = measure_card(placement.device, start, peak)
