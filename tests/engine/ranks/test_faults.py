@@ -1,7 +1,8 @@
 """Faults of a tensor-parallel engine end it with one clear error, within seconds, never a hang:
 a worker killed mid-run, a worker that raises, a head count that does not split (refused
 before anything loads), and ``pagedkv serve`` whose worker dies (the server exits 1 naming the
-rank)."""
+rank). SIGTERM (or Ctrl-C) to ``serve`` stops every rank; rank 0 killed outright takes its
+workers with it."""
 
 from __future__ import annotations
 
@@ -97,7 +98,8 @@ def test_heads_that_do_not_split_are_refused_in_one_line():
     assert "loading" not in done.stderr  # refused before the weights load
 
 
-def test_serve_ends_when_a_worker_dies(folder):
+def _serving(folder) -> tuple[subprocess.Popen, int]:
+    """``pagedkv serve --tensor-parallel-size 2`` answering, and its worker's pid."""
     port = free_port()
     env = {**os.environ, "PAGEDKV_API_KEY": ""}
     serve = subprocess.Popen(
@@ -105,17 +107,48 @@ def test_serve_ends_when_a_worker_dies(folder):
          "--kv-cache-memory", "8MiB", "--tensor-parallel-size", "2"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
+    deadline = time.monotonic() + 90
+    info = None
+    while info is None and time.monotonic() < deadline and serve.poll() is None:
+        try:
+            info = httpx.get(f"http://127.0.0.1:{port}/pagedkv/info", timeout=1).json()
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    assert info is not None, serve.stderr.read() if serve.poll() is not None else "no answer"
+    assert info["tensor_parallel"] == {"size": 2, "heads_per_rank": 2, "kv_heads_per_rank": 1}
+    return serve, _only_child(serve.pid)
+
+
+def _gone(pid: int, within_s: float = WITHIN_S) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(") ")[1].startswith("Z"):  # a zombie has ended
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def test_stopping_serve_stops_its_worker(folder, how):
+    """SIGTERM: serve's graceful stop stops the worker; SIGKILL: the worker dies with it."""
+    serve, worker = _serving(folder)
     try:
-        deadline = time.monotonic() + 90
-        info = None
-        while info is None and time.monotonic() < deadline and serve.poll() is None:
-            try:
-                info = httpx.get(f"http://127.0.0.1:{port}/pagedkv/info", timeout=1).json()
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        assert info is not None, serve.stderr.read() if serve.poll() is not None else "no answer"
-        assert info["tensor_parallel"] == {"size": 2, "heads_per_rank": 2, "kv_heads_per_rank": 1}
-        worker = _only_child(serve.pid)
+        serve.send_signal(getattr(signal, how))
+        serve.wait(WITHIN_S)
+        assert _gone(worker), f"the worker {worker} outlived serve's {how}"
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+            serve.wait()
+
+
+def test_serve_ends_when_a_worker_dies(folder):
+    serve, worker = _serving(folder)
+    try:
         killed = time.monotonic()
         os.kill(worker, signal.SIGKILL)
         _, err = serve.communicate(timeout=WITHIN_S)  # it ends by itself, idle as it is

@@ -1,8 +1,9 @@
 """Tensor parallelism at 2 ranks (one worker process each engine), gloo on the CPU: the greedy
 tokens equal transformers' on the same weights and the single-rank engine's, for heads that
-split (the tiny Llama and Qwen2: bias, tied embeddings) and for KV heads replicated (one KV
-head on two ranks); prompt log-probabilities (logits outside a step) and the host tier's KV
-(evicted and loaded on every rank) equal the single rank's too.
+split (the tiny Llama, scheduled one step ahead: each step's drawn ids broadcast from rank 0;
+and Qwen2: bias, tied embeddings) and for KV heads replicated (one KV head on two ranks);
+prompt log-probabilities (logits outside a step), the host tier's KV (evicted and loaded on
+every rank) and quantized weights equal the single rank's too.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from tests.model.tiny import make_tiny_model
 
 PROMPTS = [[200, 1, 2], list(range(30, 67)), [9, 250, 3, 77, 140, 66], [5, 17, 40, 99, 12, 7]]
 NEW_TOKENS = 8
-CASES = {
-    "split-llama": ("llama", {}),  # 4 query heads, 2 KV heads: 2 and 1 a rank
-    "split-qwen2": ("qwen2", {}),  # q/k/v biases split with their heads; tied vocab rows
-    "replicated-kv": ("llama", {"num_key_value_heads": 1}),  # 1 KV head, held by both ranks
+CASES = {  # (family, the model's overrides, the TP 2 engine's)
+    "split-llama": ("llama", {}, {"async_scheduling": True}),  # 4 query, 2 KV heads: 2, 1 a rank
+    "split-qwen2": ("qwen2", {}, {}),  # q/k/v biases split with their heads; tied vocab rows
+    "replicated-kv": ("llama", {"num_key_value_heads": 1}, {}),  # 1 KV head, on both ranks
 }
 
 
@@ -34,7 +35,7 @@ def _config(folder, tp: int, **extra) -> EngineConfig:
 
 @pytest.fixture(scope="module", params=list(CASES))
 def case(request, tmp_path_factory):
-    arch, overrides = CASES[request.param]
+    arch, overrides, _ = CASES[request.param]
     folder = tmp_path_factory.mktemp(f"tiny-tp-{request.param}")
     hf = make_tiny_model(arch, folder, **overrides)
     with torch.no_grad():
@@ -52,8 +53,9 @@ def case(request, tmp_path_factory):
 
 def test_greedy_ids_equal_transformers_and_one_rank(case):
     name, folder, reference, single = case
-    engine = LLMEngine(_config(folder, 2))
+    engine = LLMEngine(_config(folder, 2, **CASES[name][2]))
     try:
+        assert engine.steps_ahead == (name == "split-llama")
         page = engine.parts.page_format
         kv_heads = 1 if name == "replicated-kv" else 2
         assert (page.tp_size, page.num_kv_heads, page.model_kv_heads) == (2, 1, kv_heads)
