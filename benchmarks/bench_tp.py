@@ -53,7 +53,7 @@ def _run(engine, threads: int, prompts, params) -> dict:
     tokens/s, and rank 0's all-reduce seconds and count (TP > 1)."""
     import torch
 
-    group = engine.runner.tp
+    group = engine.parts.ranks.group
     torch.set_num_threads(threads)
     if group is not None:
         group.timed, group.reduce_s, group.num_reduces = True, 0.0, 0

@@ -68,12 +68,11 @@ def run(args: argparse.Namespace) -> int:
     }
     placement = engine_placement(configs[args.policy])
     warn_if_busy("demo", adapts=not args.fixed_threads, device=args.device)
-    one_rank = args.tensor_parallel_size == 1  # else each engine starts ranks loading shares
-    loaded = (
-        load_model(args.model, placement.dtype, weights=args.weights, device=placement.device)
-        if one_rank
-        else None
-    )
+    loaded = None  # under tensor parallelism each engine's ranks load their shares
+    if args.tensor_parallel_size == 1:
+        loaded = load_model(
+            args.model, placement.dtype, weights=args.weights, device=placement.device
+        )
     results = {}
     for policy, config in configs.items():
         engine = LLMEngine(config, parts=build_parts(config, loaded))

@@ -206,7 +206,6 @@ def measure(
 
     from pagedkv.engine.pool_plan import engine_placement
     from pagedkv.engine.profiling import machine_meta, profile_engine
-    from pagedkv.model import load_model
     from pagedkv.sim.costs.profile_fit import build_profile
 
     if threads is not None:
@@ -214,13 +213,8 @@ def measure(
     placement = engine_placement(base)
     base = dataclasses.replace(base, dtype=placement.dtype)  # the KV record size reads it
     given = loaded  # a model the caller built (no path to name it by)
-    if loaded is None and base.tensor_parallel_size > 1:  # each engine starts its ranks
-        from pagedkv.model.config import ModelConfig
-        from pagedkv.model.loader import read_model_shape
-
-        loaded = (ModelConfig.from_shape(read_model_shape(base.model)), None, None)
-    elif loaded is None:
-        loaded = load_model(base.model, placement.dtype, progress=progress, device=placement.device)
+    if loaded is None:
+        loaded = _load(base, placement, progress)
     columns = (
         *rich.progress.Progress.get_default_columns(),
         rich.progress.TextColumn("{task.fields[what]}"),
@@ -249,6 +243,17 @@ def measure(
         "plan": dict(plan.__dict__),
     }
     return build_profile(samples, meta)
+
+
+def _load(base, placement, progress: bool):
+    """``(config, model, tokenizer)`` to profile; under tensor parallelism the config alone
+    (each engine's ranks load their shares)."""
+    from pagedkv.model.config import ModelConfig
+    from pagedkv.model.loader import load_model, read_model_shape
+
+    if base.tensor_parallel_size > 1:
+        return ModelConfig.from_shape(read_model_shape(base.model)), None, None
+    return load_model(base.model, placement.dtype, progress=progress, device=placement.device)
 
 
 def _report(profile, output: Path) -> None:

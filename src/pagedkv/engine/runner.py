@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 import torch
 
@@ -28,7 +28,6 @@ from pagedkv.model.config import ModelConfig
 from pagedkv.model.graphs import DecodeGraphs
 from pagedkv.model.kv_pool import KVCache, allocate_kv_caches
 from pagedkv.model.llama import CausalLM
-from pagedkv.model.parallel import TPGroup
 from pagedkv.model.projection import keep_shards
 from pagedkv.pages.page_format import PageFormat
 from pagedkv.sched.batch import ScheduledBatch
@@ -63,22 +62,6 @@ class PromptHidden(NamedTuple):
 class StepOutput(NamedTuple):
     logits: torch.Tensor  # fp32 [R, vocab], the entries that need a token, in batch order
     prompt_hidden: list[PromptHidden]
-
-
-class RankLink(Protocol):
-    """Rank 0's link to the other tensor-parallel ranks (``engine/ranks/workers.py``)."""
-
-    def send_step(self, batch: ScheduledBatch, inputs: StepInputs | None) -> None:
-        """Send the step to every other rank, before rank 0 runs it."""
-        ...
-
-    def send_logits(self, rows: int) -> None:
-        """Have every other rank compute logits of ``rows`` rows rank 0 broadcasts next."""
-        ...
-
-    def failure_of(self, exc: BaseException | None) -> Exception:
-        """The engine-ending error for a step that raised ``exc`` on rank 0."""
-        ...
 
 
 class ModelRunner:
@@ -123,10 +106,6 @@ class ModelRunner:
         self.timeline: StepTimeline | NullTimeline = NULL_TIMELINE  # the engine attaches one
         self.graphs: DecodeGraphs | None = None  # ``capture_graphs``: CUDA graphs of decode
         self.cpu_share: CpuShare | None = None  # ``share_cpu``: threads step by step
-        # Tensor parallelism (``engine/ranks/``): this rank's group (None: one rank), and on
-        # rank 0 the workers each step is sent to first.
-        self.tp: TPGroup | None = None
-        self.ranks: RankLink | None = None
 
     def share_cpu(self, adapt: bool) -> str:
         """On the CPU, the threads of each step: with ``adapt``, as many as the cores other
@@ -230,15 +209,6 @@ class ModelRunner:
         ]
         return ids
 
-    def _placeholder_ids(self, inputs: StepInputs, prev: PendingDraws | None) -> torch.Tensor:
-        """The step's ids with the placeholders' drawn ids, on the device; a worker receives
-        rank 0's (one broadcast of the device ids: the host never waits)."""
-        if self.tp is None:
-            return self._drawn_ids(inputs, prev)
-        if self.tp.rank == 0:
-            return self.tp.broadcast_first(self._drawn_ids(inputs, prev))
-        return self.tp.broadcast_first(inputs.input_ids.to(self.device, non_blocking=True))
-
     def _host_tensor(self, values: list[int], dtype: torch.dtype) -> torch.Tensor:
         """A step tensor made on the host, pinned when the model runs on a GPU: the copies
         there (``.to(device, non_blocking=True)``) then overlap instead of blocking."""
@@ -255,7 +225,13 @@ class ModelRunner:
         draws, still on the device, when this step computes tokens scheduled before they were
         drawn (an asynchronous engine): their ids are read from there, on the device."""
         with self._step_threads():
-            return self._execute(batch, allocator, prev)
+            inputs = self.prepare(batch, allocator) if batch.seqs else None
+            self.timeline.mark("prepare")
+            return self.run_step(batch, inputs, prev)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """fp32 logits ``[N, vocab]`` of hidden rows outside a step (prompt scoring)."""
+        return self.model.compute_logits(hidden)
 
     @contextmanager
     def _step_threads(self) -> Iterator[None]:
@@ -274,33 +250,9 @@ class ModelRunner:
             keep_shards(1)
             torch.set_num_threads(full)
 
-    def _execute(
-        self, batch: ScheduledBatch, allocator: KVAllocator, prev: PendingDraws | None
-    ) -> StepOutput:
-        inputs = self.prepare(batch, allocator) if batch.seqs else None
-        self.timeline.mark("prepare")
-        if self.ranks is None:
-            return self.run_step(batch, inputs, prev)
-        self.ranks.send_step(batch, inputs)
-        try:
-            return self.run_step(batch, inputs, prev)
-        except Exception as exc:  # the ranks' collectives are out of step: the engine ends
-            raise self.ranks.failure_of(exc) from exc
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """fp32 logits ``[N, vocab]`` of hidden rows outside a step (prompt scoring): every
-        rank computes its vocabulary rows of them (rank 0 sends the rows first)."""
-        if self.ranks is not None and self.tp is not None:
-            self.ranks.send_logits(hidden.shape[0])
-            hidden = self.tp.broadcast_first(hidden)
-        return self.model.compute_logits(hidden)
-
-    def run_step(
+    def run_step(  # the step from its prepared inputs: what every tensor-parallel rank runs
         self, batch: ScheduledBatch, inputs: StepInputs | None, prev: PendingDraws | None
     ) -> StepOutput:
-        """The step from its prepared inputs on: the KV orders of ``batch`` around the forward
-        pass, the logits. What every tensor-parallel rank runs, in the same order (a worker's
-        ``batch`` has no sequences, only the orders; its logits are rank 0's to keep)."""
         tl = self.timeline
         self.mover.before_forward(batch)
         tl.mark("kv_copies")
@@ -308,7 +260,7 @@ class ModelRunner:
             return StepOutput(torch.empty(0, self.config.vocab_size), [])
         tl.forward_started()
         if inputs.placeholders:
-            inputs = replace(inputs, input_ids=self._placeholder_ids(inputs, prev))
+            inputs = replace(inputs, input_ids=self._drawn_ids(inputs, prev))
         meta = inputs.metadata
         if (
             self.graphs is not None

@@ -232,7 +232,8 @@ def build_runtime(
     ).build(allocator)
     # The scheduler's SwapSpace hands out host block ids: the host pool has exactly its blocks.
     num_host_blocks = scheduler.swap_space.num_blocks if scheduler.swap_space else 0
-    runner = ModelRunner(
+    make_runner = ModelRunner if ranks is None else ranks.runner_type()
+    runner = make_runner(
         model,
         model_config,
         plan.page_format,

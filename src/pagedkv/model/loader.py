@@ -106,6 +106,32 @@ def read_model_shape(path: str | os.PathLike[str] | None = None) -> ModelShape:
     return load_shape(resolved, architectures=ARCHITECTURES)
 
 
+def _read(
+    resolved: Path,
+    config: ModelConfig,
+    dtype: torch.dtype,
+    status: _StatusLine,
+    digest: WeightsDigest,
+    rank: TensorRank | None,
+) -> tuple[Tokenizer, dict[str, torch.Tensor]]:
+    """The tokenizer and the canonical tensors of ``resolved`` (each in ``digest`` as read;
+    only ``rank``'s share of it kept)."""
+
+    def kept(stream: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in stream:
+            digest.update(name, tensor)
+            yield name, tensor if rank is None else rank.shard.slice(name, tensor)
+
+    if resolved.is_dir():
+        tokenizer = tokenizer_from_hf_folder(resolved, config.eos_token_ids)
+        return tokenizer, dict(kept(iter_hf_weights(resolved, config, dtype, status)))
+    reader = read_gguf(resolved)
+    tokenizer = tokenizer_from_gguf_metadata(gguf_metadata(reader))
+    tensors = dict(kept(iter_gguf_weights(reader, config, dtype, status)))
+    del reader  # releases the memory map: every tensor is a copy now
+    return tokenizer, tensors
+
+
 def load_model(
     path: str | os.PathLike[str] | None = None,
     dtype: str = "float32",
@@ -142,21 +168,8 @@ def load_model(
     config = ModelConfig.from_shape(read_model_shape(resolved))
     status = _StatusLine(f"loading {resolved.name}", progress)
     digest = WeightsDigest(torch_dtype, weights)
-
-    def kept(stream: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
-        for name, tensor in stream:
-            digest.update(name, tensor)
-            yield name, tensor if rank is None else rank.shard.slice(name, tensor)
-
     with _one_thread():
-        if resolved.is_dir():
-            tokenizer = tokenizer_from_hf_folder(resolved, config.eos_token_ids)
-            tensors = dict(kept(iter_hf_weights(resolved, config, torch_dtype, status)))
-        else:
-            reader = read_gguf(resolved)
-            tokenizer = tokenizer_from_gguf_metadata(gguf_metadata(reader))
-            tensors = dict(kept(iter_gguf_weights(reader, config, torch_dtype, status)))
-            del reader  # releases the memory map: every tensor is a copy now
+        tokenizer, tensors = _read(resolved, config, torch_dtype, status, digest, rank)
         model = build_model(config if rank is None else rank.shard.local_config())
         try:
             model.load_weights(tensors, torch_dtype, factory, device)

@@ -282,9 +282,7 @@ def load_scenario(config: SimulateConfig) -> Scenario:
         link = None
         if config.preemption_mode == "swap":
             link = get_link(config.host_link) if config.host_link else host_link_for_gpu(gpu.name)
-    # Per-rank KV: a replica's pool is its ranks' pools, each holding its KV heads of every
-    # token (pages/head_split.py: replicated heads take room on every rank that holds them).
-    rank = rank_layout(layout, tp, shape.num_heads)
+    rank = rank_layout(layout, tp, shape.num_heads)  # each GPU holds its KV heads of a token
     pools_slots = tuple(b // tp // rank.record_bytes for b in pools_bytes)
     if min(pools_slots) < config.max_model_len and any(p.allocator == "reserved" for p in policies):
         raise UsageError(

@@ -8,6 +8,8 @@ At ``--tensor-parallel-size 1`` every method is a no-op and the engine is one pr
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from functools import partial
 
 import torch
 
@@ -18,6 +20,7 @@ from pagedkv.engine.pool_plan import PoolPlan
 from pagedkv.engine.ranks.group import Rendezvous, free_port, leave, rank_threads
 from pagedkv.engine.ranks.kv_ranks import HeadSlices, RankedStore
 from pagedkv.engine.ranks.messages import BuildOrder, SizeOrder, WorkerSpec
+from pagedkv.engine.ranks.runner import RankRunner
 from pagedkv.engine.ranks.workers import Workers
 from pagedkv.engine.runner import ModelRunner
 from pagedkv.kvcache.tiers.contract import TIER_HOST
@@ -68,6 +71,10 @@ class Ranks:
         shard = RankShard.of(model_config, self.size, 0, self.config.weights)
         return TensorRank(shard, self.group)
 
+    def runner_type(self) -> Callable[..., ModelRunner]:
+        """The runner of this rank: a ``RankRunner`` in its group, at one rank the plain one."""
+        return ModelRunner if self.group is None else partial(RankRunner, group=self.group)
+
     def wait_loaded(self) -> None:
         if self.workers is not None:
             self.workers.replies("loaded", LOAD_TIMEOUT_S)
@@ -94,7 +101,8 @@ class Ranks:
         order = BuildOrder(runner.num_blocks, swap, num_host_kv_blocks, store is not None)
         self.workers.send(order)
         self.workers.replies("built", BUILD_TIMEOUT_S)
-        runner.tp, runner.ranks = self.group, self.workers
+        assert isinstance(runner, RankRunner)
+        runner.link = self.workers
         host = runner.mover.executor(TIER_HOST)
         if isinstance(host, HostKVTier):
             self.workers.host_index = host.index

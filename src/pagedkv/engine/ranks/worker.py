@@ -36,7 +36,7 @@ from pagedkv.engine.ranks.messages import (
     StepMessage,
     WorkerSpec,
 )
-from pagedkv.engine.runner import ModelRunner
+from pagedkv.engine.ranks.runner import RankRunner
 from pagedkv.kvcache.tiers.contract import TIER_HOST, TIER_STORE
 from pagedkv.model.attention_backend import make_backend
 from pagedkv.model.config import ModelConfig
@@ -79,7 +79,7 @@ def _receive(conn: Connection) -> object:
         return STOP
 
 
-def _build(spec: WorkerSpec, conn: Connection) -> ModelRunner:
+def _build(spec: WorkerSpec, conn: Connection) -> RankRunner:
     """Join, load this rank's share, size and build its pools as rank 0 orders."""
     plan, config, rank = spec.plan, spec.config, spec.rank
     placement = replace(plan.placement, device=rank_device(plan.placement.device, rank))
@@ -121,8 +121,9 @@ def _build(spec: WorkerSpec, conn: Connection) -> ModelRunner:
         order = _receive(conn)
     if not isinstance(order, BuildOrder):
         raise RuntimeError(f"rank {rank} expected its pools' sizes, got {order!r}")
-    runner = ModelRunner(model, full, page, order.num_blocks, order.num_swap_blocks, backend)
-    runner.tp = group
+    runner = RankRunner(
+        model, full, page, order.num_blocks, order.num_swap_blocks, backend, group=group
+    )
     if order.num_host_kv_blocks:
         index = FollowedIndex(order.num_host_kv_blocks)
         host = HostKVTier(index, page, placement.device)  # type: ignore[arg-type]
@@ -134,7 +135,7 @@ def _build(spec: WorkerSpec, conn: Connection) -> ModelRunner:
     return runner
 
 
-def _serve(runner: ModelRunner, conn: Connection) -> None:
+def _serve(runner: RankRunner, conn: Connection) -> None:
     """Run every step rank 0 sends until ``STOP``."""
     host = runner.mover.executor(TIER_HOST)
     model = runner.model
@@ -150,6 +151,6 @@ def _serve(runner: ModelRunner, conn: Connection) -> None:
             hidden = torch.empty(
                 message.rows, model.config.hidden_size, dtype=model.dtype, device=model.device
             )
-            runner.compute_logits(runner.tp.broadcast_first(hidden))  # type: ignore[union-attr]
+            runner.compute_logits(runner.tp.broadcast_first(hidden))
         else:
             raise RuntimeError(f"unexpected message {message!r}")
