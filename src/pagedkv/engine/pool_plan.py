@@ -143,5 +143,8 @@ def graphs_possible(placement: Placement) -> bool:
 
 
 def graphs_wanted(config: EngineConfig, placement: Placement) -> bool:
-    """``config.cuda_graphs``, or by default on wherever they can run."""
+    """``config.cuda_graphs``, or by default on wherever they can run (never under tensor
+    parallelism: a graph would not hold the ranks' collectives)."""
+    if config.tensor_parallel_size > 1:
+        return False
     return graphs_possible(placement) if config.cuda_graphs is None else config.cuda_graphs
