@@ -9,8 +9,8 @@ any other wrote, and a P/D pair of different sizes moves KV by head slices:
   group), which joins them on the head axis (one copy of each KV head: replicated heads are
   taken from their first rank) and hands the whole bodies to the store's writer;
 * a load splits each whole body rank 0's tier verified into the ranks' head slices and scatters
-  them; every rank writes its slice into the same device blocks. Rank 0 forgets the bodies only
-  once every rank has its slice (the scatter returned).
+  them; every rank writes its slice into the same device blocks. Rank 0 holds the bodies until
+  the scatter returns, when every rank has its slice.
 
 The workers' host tier keeps the same slots as rank 0's (its index decides; ``FollowedIndex``
 reads the step's slots from the step's message).
