@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from pagedkv.engine import EngineConfig, LLMEngine, SamplingParams
-from pagedkv.errors import RankFailure
+from pagedkv.errors import RankFailure, UsageError
 from tests.kvstore.redis_server import free_port
 from tests.model.tiny import make_tiny_model
 
@@ -79,6 +79,17 @@ def test_a_worker_that_raises_ends_the_engine_with_its_error(folder):
         assert worker.exitcode == 1
     finally:
         engine.close()
+
+
+def test_one_tensor_parallel_engine_a_process_at_a_time(folder):
+    engine = _engine(folder)
+    try:
+        with pytest.raises(UsageError, match="another tensor-parallel engine runs in this process"):
+            _engine(folder)
+    finally:
+        engine.close()
+    again = _engine(folder)  # once closed, the next one starts
+    again.close()
 
 
 def _pagedkv(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:

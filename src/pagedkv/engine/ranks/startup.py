@@ -12,6 +12,7 @@ from collections.abc import Callable
 from functools import partial
 
 import torch
+import torch.distributed as dist
 
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.kv.host_tier import HostKVTier
@@ -23,6 +24,7 @@ from pagedkv.engine.ranks.messages import BuildOrder, SizeOrder, WorkerSpec
 from pagedkv.engine.ranks.runner import RankRunner
 from pagedkv.engine.ranks.workers import Workers
 from pagedkv.engine.runner import ModelRunner
+from pagedkv.errors import UsageError
 from pagedkv.kvcache.tiers.contract import TIER_HOST
 from pagedkv.kvstore.tier import StoreTier
 from pagedkv.model.config import ModelConfig
@@ -46,6 +48,12 @@ class Ranks:
         self.threads = torch.get_num_threads()
         if self.size == 1:
             return
+        if dist.is_initialized():  # torch.distributed's default group is the process's one
+            raise UsageError(
+                "another tensor-parallel engine runs in this process: close() it first (one "
+                "engine of --tensor-parallel-size > 1 a process at a time)",
+                "tensor_parallel_size",
+            )
         on_cpu = plan.placement.device.type == "cpu"
         if on_cpu:
             self.threads = rank_threads(self.size, self.threads)
