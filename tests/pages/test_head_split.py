@@ -4,6 +4,8 @@ is refused, and that two sizes of one model compare equal as whole-model pages."
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from pagedkv.errors import UsageError
@@ -90,8 +92,15 @@ def test_two_sizes_of_one_model_match_across_ranks_only():
 
 
 def test_whole_of_leaves_a_peers_nonsense_to_the_comparison():
-    bad = {**PageFormat.mha(2, 4, 16, "fp32", 16).to_dict(), "num_kv_heads": 0}
+    rank = PageFormat.mha(2, 4, 16, "fp32", 16).for_rank(HeadSplit(2, 8, 4), 1)
+    bad = {**rank.to_dict(), "num_kv_heads": 0}
     assert whole_of(bad)["num_kv_heads"] == 0  # no division by zero, and it differs below
     assert format_differences(
         bad, PageFormat.mha(2, 4, 16, "fp32", 16).to_dict(), across_ranks=True
     )
+
+
+def test_one_ranks_format_holds_every_head_whatever_it_is_made_from():
+    whole = PageFormat.mha(2, 4, 16, "fp32", 16)
+    assert dataclasses.replace(whole, num_kv_heads=3).model_kv_heads == 3
+    assert whole_of({**whole.to_dict(), "num_kv_heads": 3})["num_kv_heads"] == 3

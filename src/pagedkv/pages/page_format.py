@@ -43,7 +43,7 @@ class PageFormat:
     model_kv_heads: int = 0
 
     def __post_init__(self) -> None:
-        if self.model_kv_heads == 0:
+        if self.model_kv_heads == 0 or self.tp_size == 1:  # one rank holds every head
             object.__setattr__(self, "model_kv_heads", self.num_kv_heads)
 
     @classmethod
@@ -123,8 +123,11 @@ def whole_of(page: Mapping[str, object]) -> dict[str, object]:
     """A page-format mapping (maybe a peer's, unvalidated) with its rank fields replaced by the
     whole model's: every KV head, their record bytes (a rank's scale with its heads: K and V
     of ``head_dim`` per head, scales included), one rank. An MHA mapping whose head fields are
-    not positive integers is returned as it is (a comparison then names them)."""
+    not positive integers is returned as it is (a comparison then names them), and so is one
+    of one rank (``tp_size`` 1 or absent: the whole model's already)."""
     out = dict(page)
+    if page.get("tp_size", 1) == 1:
+        return out
     heads, model_heads, record = (
         page.get(k) for k in ("num_kv_heads", "model_kv_heads", "record_bytes")
     )
