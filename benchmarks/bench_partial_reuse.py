@@ -41,7 +41,8 @@ from partial_reuse_engine import BLOCK_SIZES, MOONCAKE, SYNTHETIC, engine_sectio
 
 
 def sim_section(args: argparse.Namespace) -> dict:
-    from pagedkv.sim.scenario import SimulateConfig, load_scenario
+    from pagedkv.sim.scenario_load import load_scenario
+    from pagedkv.sim.simulate_config import SimulateConfig
 
     out = {}
     workloads = {

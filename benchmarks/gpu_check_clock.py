@@ -299,7 +299,7 @@ def check_clock(run: Run) -> dict:
     steps, and replay the engine section's runs and the warm runs on it."""
     from pagedkv.sim.pagedkv_triton.calibrate import calibrate_engine
     from pagedkv.sim.pagedkv_triton.check import check_runs, workload_requests
-    from pagedkv.sim.pagedkv_triton.check_data import timed_steps
+    from pagedkv.sim.pagedkv_triton.check_records import timed_steps
     from pagedkv.sim.pagedkv_triton.clock import clock_to_dict, write_engine_clock
     from pagedkv.sim.pagedkv_triton.cost import EngineCostModel
     from pagedkv.sim.pagedkv_triton.fit import step_report

@@ -1,4 +1,4 @@
-"""`sim.scenario`: one library call is one `pagedkv simulate` run."""
+"""`sim.scenario_load`: one library call is one `pagedkv simulate` run."""
 
 from __future__ import annotations
 

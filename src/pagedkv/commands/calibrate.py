@@ -33,6 +33,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the simulator is imported when the command runs
+    from pagedkv.sim.gpus import GPUSpec
+    from pagedkv.sim.vllm_class.clock import GPUClock
+    from pagedkv.sim.vllm_class.data import OpRow
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -73,20 +79,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
     from pagedkv.errors import UsageError
-    from pagedkv.sim.clock_presets import VLLM_CLASS, clock_for
-    from pagedkv.sim.gpus import get_gpu
-    from pagedkv.sim.vllm_class.data import FAMILIES, read_rows
-    from pagedkv.sim.vllm_class.fit import (
-        errors,
-        fit_clock,
-        read_clock,
-        summarize_errors,
-        write_clock,
-    )
 
     output = Path(args.output)
     if output.is_dir() or not output.parent.is_dir():
@@ -95,36 +88,32 @@ def run(args: argparse.Namespace) -> int:
         from pagedkv.commands.calibrate_engine import run_from_gpu_check
 
         return run_from_gpu_check(args, output)
+    return _run_vllm_class(args, output)
+
+
+def _run_vllm_class(args: argparse.Namespace, output: Path) -> int:
+    """``--data``: fit the vLLM-class clock of the ``--gpu`` folder's rows, write it to
+    ``output`` with what was fitted on what and what was borrowed, print each family's errors."""
+    from pagedkv.errors import UsageError
+    from pagedkv.sim.clock_presets import VLLM_CLASS
+    from pagedkv.sim.gpus import get_gpu
+    from pagedkv.sim.vllm_class.data import FAMILIES, read_rows
+    from pagedkv.sim.vllm_class.fit import fit_clock, write_clock
+
     if args.gpu is None:
         raise UsageError("--data needs --gpu (the GPU folder to fit, e.g. a100 or h100)")
     gpu = get_gpu(args.spec or args.gpu)
     rows = [r for d in args.data for r in read_rows(d) if r.gpu == args.gpu]
     if not rows:
         raise UsageError(f"--gpu {args.gpu!r}: no rows of that GPU folder under {args.data}")
-    if args.base:
-        base, base_meta = read_clock(args.base)
-        base_source = f"{args.base} ({base_meta.get('gpu', '?')})"
-    else:
-        try:
-            base, base_source = clock_for(gpu)
-        except UsageError:
-            from pagedkv.sim.vllm_class.clock import GPUClock
-
-            base, base_source = GPUClock(), "pagedkv's starting values (not fitted)"
+    base, base_source = _base_clock(args, gpu)
     try:
         clock, sigmas = fit_clock(
             rows, gpu, base, progress=lambda line: print(line, file=sys.stderr, flush=True)
         )
     except ImportError as exc:
         raise UsageError(f"calibrate needs numpy and scipy ({exc}): pip install scipy") from None
-    families = {}
-    for family in FAMILIES:
-        mine = [r for r in rows if r.family == family]
-        if mine:
-            families[family] = {
-                **summarize_errors(errors(mine, clock, gpu)),
-                "files": sorted({r.file for r in mine}),
-            }
+    families = _family_errors(rows, clock, gpu)
     borrowed = {f: base_source for f in FAMILIES if f not in families}
     meta = {
         "describes": VLLM_CLASS,
@@ -135,10 +124,54 @@ def run(args: argparse.Namespace) -> int:
         "rel_sigma": sigmas,
     }
     write_clock(output, clock, gpu, meta)
-    table = Table(title=f"clock of {gpu.name} fitted on {len(rows):,} rows ({args.gpu})")
+    _print_fit(f"clock of {gpu.name} fitted on {len(rows):,} rows ({args.gpu})", meta)
+    print(f"wrote {output}")
+    return 0
+
+
+def _base_clock(args: argparse.Namespace, gpu: GPUSpec) -> tuple[GPUClock, str]:
+    """(the clock whose numbers unfitted families keep, where it came from): ``--base``, else
+    the clock shipped for ``gpu``, else pagedkv's starting values."""
+    from pagedkv.errors import UsageError
+    from pagedkv.sim.clock_presets import clock_for
+    from pagedkv.sim.vllm_class.fit import read_clock
+
+    if args.base:
+        base, base_meta = read_clock(args.base)
+        return base, f"{args.base} ({base_meta.get('gpu', '?')})"
+    try:
+        return clock_for(gpu)
+    except UsageError:
+        from pagedkv.sim.vllm_class.clock import GPUClock
+
+        return GPUClock(), "pagedkv's starting values (not fitted)"
+
+
+def _family_errors(rows: list[OpRow], clock: GPUClock, gpu: GPUSpec) -> dict:
+    """Per family with rows: the fitted clock's relative errors on them, and their files."""
+    from pagedkv.sim.vllm_class.data import FAMILIES
+    from pagedkv.sim.vllm_class.fit import errors, summarize_errors
+
+    families = {}
+    for family in FAMILIES:
+        mine = [r for r in rows if r.family == family]
+        if mine:
+            families[family] = {
+                **summarize_errors(errors(mine, clock, gpu)),
+                "files": sorted({r.file for r in mine}),
+            }
+    return families
+
+
+def _print_fit(title: str, meta: dict) -> None:
+    """One row per family: its fit's errors, or the clock it was kept from."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
     for col in ("family", "rows", "median |err|", "p95", "max"):
         table.add_column(col, justify="left" if col == "family" else "right")
-    for family, s in families.items():
+    for family, s in meta["families"].items():
         table.add_row(
             family,
             f"{s['rows']:,}",
@@ -146,8 +179,6 @@ def run(args: argparse.Namespace) -> int:
             f"{s['p95_rel_err']:.1%}",
             f"{s['max_rel_err']:.1%}",
         )
-    for family, source in borrowed.items():
+    for family, source in meta["borrowed"].items():
         table.add_row(family, "0", f"kept from {source}", "", "")
     Console().print(table)
-    print(f"wrote {output}")
-    return 0

@@ -11,11 +11,18 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from pagedkv.commands.busy_machine import warn_if_busy
 from pagedkv.commands.engine_flags import add_engine_args, engine_config, print_stats
 from pagedkv.commands.progress import BatchProgress
 from pagedkv.errors import UsageError
+
+if TYPE_CHECKING:  # torch: imported once the flags are checked
+    from rich.console import Console
+
+    from pagedkv.engine import EngineConfig, SamplingParams
+    from pagedkv.engine.stats import EngineInfo, EngineStats
 
 SYSTEM_PROMPT = (
     "You are a concise assistant for a team that builds LLM inference engines. Answer in two "
@@ -49,11 +56,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.table import Table
 
-    from pagedkv.engine import LLMEngine, SamplingParams
+    from pagedkv.engine import SamplingParams
     from pagedkv.engine.pool_plan import engine_placement
-    from pagedkv.engine.startup import build_parts
     from pagedkv.model.loader import load_model
 
     if not 1 <= args.num_requests <= len(QUESTIONS):
@@ -75,39 +80,66 @@ def run(args: argparse.Namespace) -> int:
         )
     results = {}
     for policy, config in configs.items():
-        engine = LLMEngine(config, parts=build_parts(config, loaded))
-        prompts = [
-            engine.tokenizer.encode_chat(
-                [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": q}]
-            )
-            for q in QUESTIONS[: args.num_requests]
-        ]
-        ids = [engine.add_request(p, params) for p in prompts]
-        streamed = policy == args.policy
-        if streamed:
-            console.rule(f"[bold]{QUESTIONS[0]}")
-        printed, streaming = 0, streamed
-        progress = BatchProgress(len(ids), f"pagedkv demo, policy {policy}", "requests")
-        while engine.has_unfinished():
-            outputs = engine.step()
-            for out in outputs:
-                if streaming and out.request_id == ids[0]:
-                    text = out.outputs[0].text
-                    sys.stdout.write(text[printed:])
-                    sys.stdout.flush()
-                    printed = len(text)
-                    if out.finished:  # the answer's line is complete: progress may follow
-                        sys.stdout.write("\n")
-                        streaming = False
-            progress.update(outputs, quiet=streaming)  # never inside the streamed answer
-        results[policy] = (engine.stats(), engine.info)
-        engine.close()
-        print_stats(results[policy][0], title=f"{len(prompts)} chat requests — policy {policy}")
+        results[policy] = _run_batch(args, policy, config, loaded, params, console)
+    _print_savings(results, args.policy, console)
+    return 0
+
+
+def _run_batch(
+    args: argparse.Namespace,
+    policy: str,
+    config: EngineConfig,
+    loaded: tuple | None,
+    params: SamplingParams,
+    console: Console,
+) -> tuple[EngineStats, EngineInfo]:
+    """Run the chat batch on a fresh engine of ``config`` (streaming the first answer under
+    ``--policy``), print its stats; returns them with the engine's info."""
+    from pagedkv.engine import LLMEngine
+    from pagedkv.engine.startup import build_parts
+
+    engine = LLMEngine(config, parts=build_parts(config, loaded))
+    prompts = [
+        engine.tokenizer.encode_chat(
+            [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": q}]
+        )
+        for q in QUESTIONS[: args.num_requests]
+    ]
+    ids = [engine.add_request(p, params) for p in prompts]
+    streamed = policy == args.policy
+    if streamed:
+        console.rule(f"[bold]{QUESTIONS[0]}")
+    printed, streaming = 0, streamed
+    progress = BatchProgress(len(ids), f"pagedkv demo, policy {policy}", "requests")
+    while engine.has_unfinished():
+        outputs = engine.step()
+        for out in outputs:
+            if streaming and out.request_id == ids[0]:
+                text = out.outputs[0].text
+                sys.stdout.write(text[printed:])
+                sys.stdout.flush()
+                printed = len(text)
+                if out.finished:  # the answer's line is complete: progress may follow
+                    sys.stdout.write("\n")
+                    streaming = False
+        progress.update(outputs, quiet=streaming)  # never inside the streamed answer
+    stats = engine.stats()
+    engine.close()
+    print_stats(stats, title=f"{len(prompts)} chat requests — policy {policy}")
+    return stats, engine.info
+
+
+def _print_savings(
+    results: dict[str, tuple[EngineStats, EngineInfo]], policy: str, console: Console
+) -> None:
+    """The table of what ``policy`` saved against ``reserved`` on the same pool."""
+    from rich.table import Table
+
     table = Table(title="what paging saves on the same KV pool")
     table.add_column("metric")
-    for policy in results:
-        table.add_column(policy, justify="right")
-    (paged, paged_info), (reserved, _) = results[args.policy], results["reserved"]
+    for name in results:
+        table.add_column(name, justify="right")
+    (paged, paged_info), (reserved, _) = results[policy], results["reserved"]
     for label, get in [
         ("block size (tokens)", lambda s, info: f"{info.block_size}"),
         ("peak running sequences", lambda s, p: f"{s.peak_running}"),
@@ -119,7 +151,6 @@ def run(args: argparse.Namespace) -> int:
         table.add_row(label, *(get(s, p) for s, p in results.values()))
     console.print(table)
     console.print(
-        f"Same {paged_info.kv_cache_bytes / 2**20:.0f} MiB pool: {args.policy} ran "
+        f"Same {paged_info.kv_cache_bytes / 2**20:.0f} MiB pool: {policy} ran "
         f"{paged.peak_running} requests at once, reserved {reserved.peak_running}."
     )
-    return 0

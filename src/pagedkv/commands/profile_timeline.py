@@ -42,11 +42,7 @@ def run_timeline(args: argparse.Namespace, base) -> int:
 
 def _timeline(engine, args: argparse.Namespace, num_requests: int, max_prompt: int) -> int:
     """The timeline's requests run on ``engine``, and its report."""
-    from rich.console import Console
-    from rich.table import Table
-
-    from pagedkv.engine import SamplingParams
-    from pagedkv.engine.step.timeline import PHASES, StepTimeline, summarize
+    from pagedkv.engine.step.timeline import StepTimeline, summarize
 
     if max_prompt + MAX_NEW_TOKENS > engine.max_model_len:
         raise UsageError(
@@ -54,33 +50,14 @@ def _timeline(engine, args: argparse.Namespace, num_requests: int, max_prompt: i
             f"than the model's context ({engine.max_model_len} tokens)",
             "max_prompt",
         )
-    rng = random.Random(args.seed)
-    vocab = engine.info.vocab_size
-    prompts: list[list[int]] = []
-    for _ in range(num_requests):
-        length = rng.randrange(16, max_prompt + 1)
-        prompts.append([rng.randrange(vocab) for _ in range(length)])
-    new_tokens = [rng.randrange(8, MAX_NEW_TOKENS + 1) for _ in prompts]
-    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in new_tokens]
+    prompts, params = _workload(args.seed, num_requests, max_prompt, engine.info.vocab_size)
     engine.generate(prompts[:1], params[:1])  # warm-up: kernels compiled, caches touched
     timeline = StepTimeline(engine.runner.device)
     engine.attach_timeline(timeline)
     engine.generate(prompts, params)
     records = timeline.records()
     summary = summarize(records)
-    table = Table(title=f"pagedkv step timeline ({len(records)} steps; median ms)")
-    for column in ("kind", "steps", "wall", *PHASES, "GPU forward"):
-        table.add_column(column, justify="right")
-    for kind, row in summary.items():
-        gpu = row.get("gpu_forward_s")
-        table.add_row(
-            kind,
-            str(row["steps"]),
-            f"{row['wall_s'] * 1e3:.2f}",
-            *(f"{row['phases_s'][p] * 1e3:.2f}" for p in PHASES),
-            "-" if gpu is None else f"{gpu * 1e3:.2f}",
-        )
-    Console().print(table)
+    _print_summary(len(records), summary)
     Path(args.output).write_text(
         json.dumps(
             {
@@ -94,3 +71,40 @@ def _timeline(engine, args: argparse.Namespace, num_requests: int, max_prompt: i
     )
     print(f"wrote {args.output}")
     return 0
+
+
+def _workload(seed: int, num_requests: int, max_prompt: int, vocab: int) -> tuple[list, list]:
+    """Seeded random prompts of 16 to ``max_prompt`` ids, and 8 to ``MAX_NEW_TOKENS`` new
+    tokens each (EOS ignored): (prompts, their ``SamplingParams``)."""
+    from pagedkv.engine import SamplingParams
+
+    rng = random.Random(seed)
+    prompts: list[list[int]] = []
+    for _ in range(num_requests):
+        length = rng.randrange(16, max_prompt + 1)
+        prompts.append([rng.randrange(vocab) for _ in range(length)])
+    new_tokens = [rng.randrange(8, MAX_NEW_TOKENS + 1) for _ in prompts]
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in new_tokens]
+    return prompts, params
+
+
+def _print_summary(num_steps: int, summary: dict) -> None:
+    """One row per kind of step: median wall time, each phase's, the GPU forward's (ms)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from pagedkv.engine.step.timeline import PHASES
+
+    table = Table(title=f"pagedkv step timeline ({num_steps} steps; median ms)")
+    for column in ("kind", "steps", "wall", *PHASES, "GPU forward"):
+        table.add_column(column, justify="right")
+    for kind, row in summary.items():
+        gpu = row.get("gpu_forward_s")
+        table.add_row(
+            kind,
+            str(row["steps"]),
+            f"{row['wall_s'] * 1e3:.2f}",
+            *(f"{row['phases_s'][p] * 1e3:.2f}" for p in PHASES),
+            "-" if gpu is None else f"{gpu * 1e3:.2f}",
+        )
+    Console().print(table)

@@ -24,9 +24,10 @@ from pagedkv.engine.prompts import Prompt, check_params, check_request, tokenize
 from pagedkv.engine.registry import RequestRegistry
 from pagedkv.engine.requests import RequestState
 from pagedkv.engine.startup import EngineParts, build_parts
-from pagedkv.engine.stats import EngineInfo, EngineSnapshot, EngineStats, StatsRecorder
+from pagedkv.engine.stats import EngineInfo, EngineSnapshot, EngineStats
 from pagedkv.engine.step.loop import StepLoop
 from pagedkv.engine.step.record import StepRecord
+from pagedkv.engine.step.stats_recorder import StatsRecorder
 from pagedkv.engine.step.timeline import NullTimeline, StepTimeline
 from pagedkv.engine.structured.grammar import GrammarCache
 from pagedkv.errors import RankFailure, UsageError

@@ -38,6 +38,10 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+# (field, valid?, the rule in words): one check of ``SamplingParams``
+_Rule = tuple[str, bool, str]
+
+
 def _as_fp32(value: float) -> float:
     """``value`` rounded to fp32, as the sampler will see it (0.0 for what underflows)."""
     return struct.unpack("f", struct.pack("f", value))[0]
@@ -101,8 +105,12 @@ class SamplingParams:
                 value = getattr(self, param)
                 raise UsageError(f"{param} must be {rule}, got {value!r}", param=param)
 
-    def _rules(self) -> list[tuple[str, bool, str]]:
+    def _rules(self) -> list[_Rule]:
         """(field, valid?, the rule in words); checked in order, the first failure is raised."""
+        return [*self._draw_rules(), *self._output_rules(), *self._logit_rules()]
+
+    def _draw_rules(self) -> list[_Rule]:
+        """How many tokens, and how each is drawn."""
         top_p = self.top_p
         return [
             ("max_tokens", _is_int(self.max_tokens) and self.max_tokens >= 1, "an integer >= 1"),
@@ -123,6 +131,11 @@ class SamplingParams:
             ),
             ("n", _is_int(self.n) and 1 <= self.n <= MAX_N, f"an integer in [1, {MAX_N}]"),
             ("seed", self.seed is None or _is_int(self.seed), "an integer"),
+        ]
+
+    def _output_rules(self) -> list[_Rule]:
+        """What ends a sample, and what it reports beside its tokens."""
+        return [
             ("stop", all(isinstance(s, str) and s for s in self.stop), "non-empty strings"),
             (
                 "stop_token_ids",
@@ -142,6 +155,12 @@ class SamplingParams:
                 or (_is_int(self.prompt_logprobs) and 0 <= self.prompt_logprobs <= MAX_LOGPROBS),
                 f"an integer in [0, {MAX_LOGPROBS}]",
             ),
+        ]
+
+    def _logit_rules(self) -> list[_Rule]:
+        """The logit processing applied before the choice (penalties, biases, the structure,
+        ``min_tokens``)."""
+        return [
             *(
                 (
                     name,

@@ -210,7 +210,7 @@ class RadixAllocator(BlockTableAllocator):
                 if self.events is not None:  # under a tree page, or a root (no pages)
                     parent_page = node.pages[-1] if node.parent is not None else None
                     self.events.stored(seq, parent_page, first + i, pages)
-                node = self._add_run(node, keys[i:], pages)
+                node = self.tree.add_pages(node, keys[i:], pages)
                 i = len(keys)
                 break
             child, m = path[0]
@@ -230,16 +230,6 @@ class RadixAllocator(BlockTableAllocator):
         self._clock += 1
         node.last_access = self._clock
         st.tree_node, st.tree_depth = node, first + i
-
-    def _add_run(self, parent: RadixNode, keys: list, pages: list[int]) -> RadixNode:
-        """Add ``pages`` under ``parent`` as one node per run of equal reference count (pages
-        shared with forked siblings come first), so a node is locked or free as a whole."""
-        refs, start = self.ref_counts, 0
-        for end in range(1, len(pages) + 1):
-            if end == len(pages) or refs[pages[end]] != refs[pages[start]]:
-                parent = self.tree.add_child(parent, tuple(keys[start:end]), pages[start:end])
-                start = end
-        return parent
 
     def tokens_known(self, seq: SeqLike) -> None:
         st = self._seqs.get(seq.seq_id)

@@ -101,7 +101,19 @@ class RadixTree:
             self.node_of_page[p] = upper
         return upper
 
-    def add_child(self, parent: RadixNode, keys: tuple, pages: list[int]) -> RadixNode:
+    def add_pages(self, parent: RadixNode, keys: Sequence[PageKey], pages: list[int]) -> RadixNode:
+        """Add ``pages`` (keyed by ``keys``) under ``parent`` as one node per run of equal
+        reference count (pages shared with forked siblings come first), so that a node is locked
+        or free as a whole. Returns the deepest node added."""
+        refs, start = self._refs, 0
+        for end in range(1, len(pages) + 1):
+            if end == len(pages) or refs[pages[end]] != refs[pages[start]]:
+                parent = self._add_child(parent, tuple(keys[start:end]), pages[start:end])
+                start = end
+        return parent
+
+    def _add_child(self, parent: RadixNode, keys: tuple, pages: list[int]) -> RadixNode:
+        """One node of ``pages`` under ``parent``, mapped page by page."""
         node = RadixNode(keys, pages, parent)
         parent.children[keys[0]] = node
         for p in pages:

@@ -194,7 +194,7 @@ def gguf_shape_fields(
 
 def _tokens_and_name(metadata: dict[str, Any]) -> dict[str, Any]:
     eos = metadata.get("tokenizer.ggml.eos_token_id")
-    fields = {
+    fields: dict[str, Any] = {
         "bos_token_id": _opt_int(metadata.get("tokenizer.ggml.bos_token_id")),
         "eos_token_ids": () if eos is None else (int(eos),),
     }

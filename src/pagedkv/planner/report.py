@@ -10,6 +10,7 @@ of an MB, so they can differ from ``total_mb`` here by up to 0.01.
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pagedkv.planner import ledgers
@@ -74,58 +75,17 @@ def row_to_json(row: PlanRow, num_seqs: int) -> dict[str, Any]:
 
 def plan_to_json(plan: Plan, resolution_log: str | None = None) -> dict[str, Any]:
     """The whole plan as a JSON-ready dict (stable field names, ``schema_version`` 1)."""
-    layout, workload = plan.layout, plan.workload
-    prefixes = workload.prefix_lens_tokens
-    capacity = None
-    if plan.pool_bytes is not None:
-        capacity = {
-            "pool_bytes": plan.pool_bytes,
-            "max_len_tokens": workload.max_len_tokens,
-            "mean_len_tokens": workload.mean_len_tokens,
-            "reserved_capacity_seqs": plan.reserved_capacity_seqs,
-            "reserved_waste_rate": round(
-                ledgers.reserved_waste_rate(workload.mean_len_tokens, workload.max_len_tokens), 6
-            ),
-        }
     return {
         "schema_version": JSON_SCHEMA_VERSION,
         "clock": plan.clock_source,
         "prefix_match_unit": plan.prefix_match_unit,
-        "model": {
-            "name": layout.name,
-            "attention": layout.attention,
-            "num_layers": layout.num_layers,
-            "num_kv_heads": layout.num_kv_heads,
-            "head_dim": layout.head_dim,
-            "kv_lora_rank": layout.kv_lora_rank,
-            "qk_rope_head_dim": layout.qk_rope_head_dim,
-            "kv_dtype": layout.kv_dtype,
-            "layer_record_bytes": layout.layer_record_bytes,
-            "record_bytes": layout.record_bytes,
-            "num_params": layout.num_params,
-            "weight_bytes": layout.weight_bytes,
-        },
-        "workload": {
-            "source": workload.source,
-            "num_seqs": workload.num_seqs,
-            "mean_len_tokens": round(workload.mean_len_tokens, 2),
-            "max_len_tokens": workload.max_len_tokens,
-            "num_prefix_hits": workload.num_prefix_hits,
-            "prefix_len_tokens": None
-            if not prefixes
-            else {
-                "count": len(prefixes),
-                "total": sum(prefixes),
-                "min": min(prefixes),
-                "median": statistics.median(prefixes),
-                "max": max(prefixes),
-            },
-        },
+        "model": _model_json(plan),
+        "workload": _workload_json(plan),
         "backend": plan.backend,
         "alignment_bytes": plan.alignment_bytes,
         "swap_bytes": plan.swap_bytes,
-        "rows": [row_to_json(r, workload.num_seqs) for r in plan.rows],
-        "capacity": capacity,
+        "rows": [row_to_json(r, plan.workload.num_seqs) for r in plan.rows],
+        "capacity": _capacity_json(plan),
         "recommendation": {
             "block_size": plan.recommended_block_size,
             "reasons": list(plan.reasons),
@@ -133,6 +93,123 @@ def plan_to_json(plan: Plan, resolution_log: str | None = None) -> dict[str, Any
             "resolution": resolution_log,
         },
     }
+
+
+def _model_json(plan: Plan) -> dict[str, Any]:
+    """The model's KV layout: its shape, record bytes and weights."""
+    layout = plan.layout
+    return {
+        "name": layout.name,
+        "attention": layout.attention,
+        "num_layers": layout.num_layers,
+        "num_kv_heads": layout.num_kv_heads,
+        "head_dim": layout.head_dim,
+        "kv_lora_rank": layout.kv_lora_rank,
+        "qk_rope_head_dim": layout.qk_rope_head_dim,
+        "kv_dtype": layout.kv_dtype,
+        "layer_record_bytes": layout.layer_record_bytes,
+        "record_bytes": layout.record_bytes,
+        "num_params": layout.num_params,
+        "weight_bytes": layout.weight_bytes,
+    }
+
+
+def _workload_json(plan: Plan) -> dict[str, Any]:
+    """The workload's sequences and prefix hits (the prefixes' spread, None without any)."""
+    workload = plan.workload
+    prefixes = workload.prefix_lens_tokens
+    return {
+        "source": workload.source,
+        "num_seqs": workload.num_seqs,
+        "mean_len_tokens": round(workload.mean_len_tokens, 2),
+        "max_len_tokens": workload.max_len_tokens,
+        "num_prefix_hits": workload.num_prefix_hits,
+        "prefix_len_tokens": None
+        if not prefixes
+        else {
+            "count": len(prefixes),
+            "total": sum(prefixes),
+            "min": min(prefixes),
+            "median": statistics.median(prefixes),
+            "max": max(prefixes),
+        },
+    }
+
+
+def _capacity_json(plan: Plan) -> dict[str, Any] | None:
+    """What the pool holds when reserving max_len per sequence; None without a pool size."""
+    if plan.pool_bytes is None:
+        return None
+    workload = plan.workload
+    return {
+        "pool_bytes": plan.pool_bytes,
+        "max_len_tokens": workload.max_len_tokens,
+        "mean_len_tokens": workload.mean_len_tokens,
+        "reserved_capacity_seqs": plan.reserved_capacity_seqs,
+        "reserved_waste_rate": round(
+            ledgers.reserved_waste_rate(workload.mean_len_tokens, workload.max_len_tokens), 6
+        ),
+    }
+
+
+@dataclass(frozen=True)
+class _Columns:
+    """The table's optional columns, each shown when the plan has its numbers."""
+
+    capacity: bool  # paged sequences in the pool
+    time: bool  # the decode step's time on a clock
+    copy: bool  # partial-block reuse: bytes copied per hit, when not priced in time
+    copy_time: bool  # ... its copy against recomputing it, in time
+
+    @classmethod
+    def of(cls, plan: Plan) -> _Columns:
+        """The columns ``plan``'s numbers fill."""
+        copy_time = any(r.prefix_copy_s is not None for r in plan.rows)
+        return cls(
+            capacity=plan.pool_bytes is not None,
+            time=any(r.decode_step_s is not None for r in plan.rows),
+            copy=plan.prefix_match_unit is not None and not copy_time,
+            copy_time=copy_time,
+        )
+
+    def headers(self) -> list[str]:
+        """Every column's header, ``allowed`` last."""
+        headers = ["B", "block\nKiB", "table\nentries", "table\nKiB", "frag\nslots/seq"]
+        headers += ["frag\nMB", "prefix\nreuse", "prefix\nMB", "W(B)\nMB", "kernel\niters"]
+        headers += ["swap\nxfers"] + (["paged\nseqs"] if self.capacity else [])
+        headers += ["decode\nstep ms"] if self.time else []
+        headers += ["copy/hit\nKiB"] if self.copy else []
+        headers += ["copy/recomp\nus per hit"] if self.copy_time else []
+        return [*headers, "allowed"]
+
+    def cells(self, row: PlanRow, num_seqs: int) -> list[str]:
+        """One block size's cells, in the order of ``headers``."""
+        cells = [
+            str(row.block_size),
+            f"{row.block_bytes / 1024:.6g}",
+            f"{row.table_entries:.0f}",
+            f"{row.table_bytes / 1024:.6g}",
+            f"{row.internal_fragmentation_slots / num_seqs:.2f}",
+            f"{row.internal_fragmentation_bytes / 1e6:.2f}",
+            f"{100 * row.prefix_reuse_rate:.1f}%",
+            f"{row.prefix_waste_bytes / 1e6:.2f}",
+            f"{row.total_bytes / 1e6:.2f}",
+            str(row.kernel_block_iterations),
+            str(row.swap_transfers),
+        ]
+        cells += [str(row.paged_capacity_seqs)] if self.capacity else []
+        if self.time:
+            cells.append("" if row.decode_step_s is None else f"{row.decode_step_s * 1e3:.2f}")
+        if self.copy:
+            cells.append(f"{row.prefix_copy_bytes / 1024:.1f}")
+        if self.copy_time:
+            copy_s, recompute_s = row.prefix_copy_s, row.prefix_recompute_s
+            if copy_s is None or recompute_s is None:
+                cells.append("")
+            else:
+                cells.append(f"{copy_s * 1e6:.0f}/{recompute_s * 1e6:.0f}")
+        cells.append("yes" if row.allowed else "[red]no[/]")
+        return cells
 
 
 def render_plan(plan: Plan, console: Console, resolution_log: str | None = None) -> None:
@@ -149,51 +226,22 @@ def render_plan(plan: Plan, console: Console, resolution_log: str | None = None)
         + (f"; prefix match unit {unit} (partial blocks reused)" if unit is not None else "")
     )
     table = Table(title="What each block size costs (MB = 10^6 B, KiB = 1024 B)")
-    has_capacity = plan.pool_bytes is not None
-    headers = ["B", "block\nKiB", "table\nentries", "table\nKiB", "frag\nslots/seq"]
-    headers += ["frag\nMB", "prefix\nreuse", "prefix\nMB", "W(B)\nMB", "kernel\niters"]
-    headers += ["swap\nxfers"] + (["paged\nseqs"] if has_capacity else [])
-    has_time = any(r.decode_step_s is not None for r in plan.rows)
-    headers += ["decode\nstep ms"] if has_time else []
-    # Partial-block reuse: the copy per hit, in time against recomputing it when priced.
-    has_copy_time = any(r.prefix_copy_s is not None for r in plan.rows)
-    has_copy = plan.prefix_match_unit is not None and not has_copy_time
-    headers += ["copy/hit\nKiB"] if has_copy else []
-    headers += ["copy/recomp\nus per hit"] if has_copy_time else []
-    for header in [*headers, "allowed"]:
+    columns = _Columns.of(plan)
+    for header in columns.headers():
         table.add_column(header, justify="right")
     for row in plan.rows:
-        cells = [
-            str(row.block_size),
-            f"{row.block_bytes / 1024:.6g}",
-            f"{row.table_entries:.0f}",
-            f"{row.table_bytes / 1024:.6g}",
-            f"{row.internal_fragmentation_slots / workload.num_seqs:.2f}",
-            f"{row.internal_fragmentation_bytes / 1e6:.2f}",
-            f"{100 * row.prefix_reuse_rate:.1f}%",
-            f"{row.prefix_waste_bytes / 1e6:.2f}",
-            f"{row.total_bytes / 1e6:.2f}",
-            str(row.kernel_block_iterations),
-            str(row.swap_transfers),
-        ]
-        cells += [str(row.paged_capacity_seqs)] if has_capacity else []
-        if has_time:
-            cells.append("" if row.decode_step_s is None else f"{row.decode_step_s * 1e3:.2f}")
-        if has_copy:
-            cells.append(f"{row.prefix_copy_bytes / 1024:.1f}")
-        if has_copy_time:
-            copy_s, recompute_s = row.prefix_copy_s, row.prefix_recompute_s
-            if copy_s is None or recompute_s is None:
-                cells.append("")
-            else:
-                cells.append(f"{copy_s * 1e6:.0f}/{recompute_s * 1e6:.0f}")
-        cells.append("yes" if row.allowed else "[red]no[/]")
         style = "bold green" if row.block_size == plan.recommended_block_size else None
-        table.add_row(*cells, style=style)
+        table.add_row(*columns.cells(row, workload.num_seqs), style=style)
     console.print(table)
-    if has_time and plan.clock_source:
+    if columns.time and plan.clock_source:
         console.print(f"decode step ms: {plan.clock_source}", soft_wrap=True)
-    if plan.pool_bytes is not None:  # has_capacity, spelled so that the type narrows
+    _render_verdict(plan, console, resolution_log)
+
+
+def _render_verdict(plan: Plan, console: Console, resolution_log: str | None) -> None:
+    """What reserving would fit in the pool, the recommended block size and why."""
+    workload = plan.workload
+    if plan.pool_bytes is not None:  # the capacity column's, spelled so that the type narrows
         waste = ledgers.reserved_waste_rate(workload.mean_len_tokens, workload.max_len_tokens)
         console.print(
             f"capacity: KV pool {plan.pool_bytes / 2**30:.2f} GiB -> reserving max_len fits "

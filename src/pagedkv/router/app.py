@@ -23,10 +23,11 @@ from starlette.types import Receive, Scope, Send
 from pagedkv.model.tokenizer import Tokenizer
 from pagedkv.router.config import RouterConfig
 from pagedkv.router.edge import Edge, RoutedKind
-from pagedkv.router.forward import AnswerTooLarge, Forwarder, Opened, ReplicaTimeout, StreamRelay
+from pagedkv.router.forward import AnswerTooLarge, Forwarder, Opened, ReplicaTimeout
 from pagedkv.router.handshake import ReplicaInfo
 from pagedkv.router.health import HealthMonitor
 from pagedkv.router.metrics import NO_REPLICA, RouterMetrics
+from pagedkv.router.relay import StreamRelay
 from pagedkv.router.replicas import Chooser, IndexFeed, ReplicaState
 from pagedkv.server import protocol as p
 from pagedkv.server.errors import APIError, install_error_handlers

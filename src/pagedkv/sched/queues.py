@@ -1,8 +1,10 @@
 """``RequestQueues``: the scheduler's half that holds requests, not steps.
 
 The waiting queue, the running list, the swapped queue (sequences whose KV sits in the host swap
-space), each request's live sequences, the refusal rule at the door, abort and finishing. ``Scheduler`` (``sched/scheduler.py``) adds what one step does:
-``schedule`` (admission, chunking, preemption) and ``update`` (tokens, stops, forks).
+space), each request's live sequences, the refusal rule at the door, abort and finishing. What
+one step does comes on top, in two halves: ``StepRecorder`` (``sched/recorder.py``) records a
+step's results (``commit_ahead``; ``update``: tokens, stops, forks) and ``Scheduler``
+(``sched/scheduler.py``) plans the step (``schedule``: admission, chunking, preemption).
 """
 
 from __future__ import annotations

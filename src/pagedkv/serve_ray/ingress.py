@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from pagedkv.router.edge import Edge
-from pagedkv.router.forward import DONE_EVENT
+from pagedkv.router.relay import DONE_EVENT
 from pagedkv.serve_ray.call import AnswerHead, ReplicaCall
 from pagedkv.serve_ray.ranking import LIVE_RANKERS
 from pagedkv.server import protocol as p

@@ -1,9 +1,10 @@
 """The engine loop: one background thread owns the (not thread-safe) ``LLMEngine``.
 
-HTTP handlers never touch the engine. They put commands (submit, abort) on a thread-safe queue
-and receive their requests' outputs through the ``deliver`` callables they hand in (the app's
-wrap ``loop.call_soon_threadsafe``). The thread applies every queued command between two steps,
-so a request that arrives while others decode joins the running batch at the next step.
+HTTP handlers never touch the engine. They put commands (submit, abort) in a thread-safe
+mailbox (``server/mailbox.py``) and receive their requests' outputs through the ``deliver``
+callables they hand in (the app's wrap ``loop.call_soon_threadsafe``). The thread applies every
+queued command between two steps, so a request that arrives while others decode joins the
+running batch at the next step.
 
 Fair admission: one HTTP request may carry many prompts. They wait in the loop's own queue, and
 the loop hands the engine only enough to keep a short queue ahead of the running batch
@@ -23,7 +24,6 @@ After every iteration the thread publishes an immutable ``LoopSnapshot`` (the en
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -35,6 +35,7 @@ from pagedkv.errors import RankFailure, UsageError
 from pagedkv.server.delivery import Deliver, Delivery, Failure, Submission, failure_of
 from pagedkv.server.engine_call import EngineCall
 from pagedkv.server.fair_queue import FairQueue
+from pagedkv.server.mailbox import STOP, Abort, Mailbox, Submit
 
 __all__ = ["Deliver", "Delivery", "EngineLoop", "Failure", "LoopSnapshot", "Submission"]
 
@@ -59,19 +60,6 @@ class LoopSnapshot:
     num_requests_queued: int  # of which still in the loop's fair queue (not in the engine)
 
 
-@dataclass(frozen=True)
-class _Submit:
-    group: tuple[Submission, ...]
-
-
-@dataclass(frozen=True)
-class _Abort:
-    request_id: str
-
-
-_STOP = object()
-
-
 class EngineLoop:
     """Owns ``engine`` once ``start`` is called; thread-safe ``submit``/``abort``/``stop``.
 
@@ -92,7 +80,7 @@ class EngineLoop:
         self.engine = engine
         self._admit_ahead_seqs = admit_ahead_seqs
         self._max_step_failures = max_step_failures
-        self._commands: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._commands = Mailbox()  # closed by the engine thread when it ends
         # -- engine thread only --
         self._delivers: dict[str, Deliver] = {}  # requests inside the engine
         self._queued: FairQueue[Submission] = FairQueue()  # not yet in the engine
@@ -101,8 +89,6 @@ class EngineLoop:
         self._thread: threading.Thread | None = None
         self.failed: str | None = None  # set when the engine is no longer trusted
         self.on_fatal: Callable[[str], None] | None = None  # a rank failed: the server ends
-        self._stopped = False  # set by the engine thread when it ends; guarded by _lock
-        self._lock = threading.Lock()
         self.snapshot = LoopSnapshot(engine.snapshot(), 0, 0)
 
     # -- any thread ------------------------------------------------------------------------
@@ -117,7 +103,7 @@ class EngineLoop:
         """Fail every request still in flight with 503 and end the thread. Idempotent."""
         if self._thread is None or not self._thread.is_alive():
             return
-        self._commands.put(_STOP)
+        self._commands.put(STOP)
         self._thread.join(timeout_s)
 
     @property
@@ -126,10 +112,8 @@ class EngineLoop:
 
     def submit_group(self, group: Sequence[Submission]) -> None:
         """Queue the engine requests of one HTTP request; they are admitted fairly."""
-        with self._lock:
-            if not self._stopped:
-                self._commands.put(_Submit(tuple(group)))
-                return
+        if self._commands.offer(Submit(tuple(group))):
+            return
         for sub in group:
             sub.deliver(Failure("the server is shutting down", 503, "shutting_down"))
 
@@ -146,14 +130,12 @@ class EngineLoop:
     def abort(self, request_id: str) -> None:
         """Stop the request and free its blocks at the next command drain (before the next
         step); a no-op for a request that already finished."""
-        self._commands.put(_Abort(request_id))
+        self._commands.put(Abort(request_id))
 
     def call(self, call: EngineCall) -> None:
         """Run ``call`` on the engine thread between two steps (refused once stopped)."""
-        with self._lock:
-            if not self._stopped:
-                return self._commands.put(call)
-        call.refuse()
+        if not self._commands.offer(call):
+            call.refuse()
 
     # -- the engine thread -----------------------------------------------------------------
 
@@ -169,11 +151,11 @@ class EngineLoop:
     def _iterate(self) -> bool:
         """Apply the queued commands, admit fairly, run one step; True once stopped."""
         idle = self.failed is not None or not (self.engine.has_unfinished() or self._queued)
-        commands = self._drain(block=idle)
+        commands = self._commands.drain(block=idle, timeout_s=IDLE_WAKE_S)
         if idle and not commands and self.failed is None:
             self.engine.publish_kv_events()  # a woken idle loop: what a router is still owed
         for k, command in enumerate(commands):
-            if command is _STOP:
+            if command is STOP:
                 self._shut_down(commands[k + 1 :])
                 return True
             self._apply(command)
@@ -183,24 +165,11 @@ class EngineLoop:
                 self._step()
         return False
 
-    def _drain(self, block: bool) -> list[Any]:
-        """The queued commands; with ``block``, waits for one, at most ``IDLE_WAKE_S``."""
-        commands = []
-        if block:
-            try:
-                commands.append(self._commands.get(timeout=IDLE_WAKE_S))
-            except queue.Empty:
-                return commands
-        while True:
-            try:
-                commands.append(self._commands.get_nowait())
-            except queue.Empty:
-                return commands
-
-    def _apply(self, command: _Submit | _Abort | EngineCall) -> None:
+    def _apply(self, command: Submit | Abort | EngineCall) -> None:
+        """Run a call, abort a request, or queue a submission (answered at once if failed)."""
         if isinstance(command, EngineCall):
             return command.run(self.engine)
-        if isinstance(command, _Abort):
+        if isinstance(command, Abort):
             if self._queued.remove(command.request_id):
                 return
             if self._delivers.pop(command.request_id, None) is not None and self.failed is None:
@@ -279,13 +248,12 @@ class EngineLoop:
         )
 
     def _shut_down(self, pending: list[Any]) -> None:
-        with self._lock:  # no submit can queue behind us from now on
-            self._stopped = True
+        self._commands.close()  # no submit can queue behind us from now on
         self._fail_all("the server is shutting down", 503, "shutting_down")
-        for command in pending + self._drain(block=False):
+        for command in pending + self._commands.drain(block=False, timeout_s=0):
             if isinstance(command, EngineCall):
                 command.refuse()
-            elif isinstance(command, _Submit):
+            elif isinstance(command, Submit):
                 for sub in command.group:
                     sub.deliver(Failure("the server is shutting down", 503, "shutting_down"))
 

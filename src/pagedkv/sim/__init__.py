@@ -27,7 +27,9 @@ from pagedkv.sim.cost_model import (
 )
 from pagedkv.sim.costs.kernel import KERNELS, KernelCostModel, KernelSpec, kernel_for_policy
 from pagedkv.sim.gpus import GPUS, GPUSpec, get_gpu
-from pagedkv.sim.scenario import Scenario, SimulateConfig, load_scenario, simulate
+from pagedkv.sim.scenario import Scenario
+from pagedkv.sim.scenario_load import load_scenario, simulate
+from pagedkv.sim.simulate_config import SimulateConfig
 from pagedkv.sim.simulator import RunResult, Simulation
 from pagedkv.sim.summary import summarize
 from pagedkv.sim.vllm_class.clock import GPUClock

@@ -37,8 +37,8 @@ from pagedkv.routing import PrefixIndex, ReplicaLoad, build_policy, prompt_block
 from pagedkv.sched import SchedulerConfig
 from pagedkv.sim.cost_model import CostModel
 from pagedkv.sim.links import DeviceCopy, Link
-from pagedkv.sim.metrics import RequestRecord
-from pagedkv.sim.replica import ProgressFn, Replica, RunResult
+from pagedkv.sim.metrics import RequestRecord, RunResult
+from pagedkv.sim.replica import ProgressFn, Replica
 from pagedkv.traces import TraceRequest, segment_tokens
 
 
@@ -66,6 +66,32 @@ class ClusterResult:
         None when nothing ran)."""
         mean = sum(self.running_time) / len(self.running_time)
         return max(self.running_time) / mean if mean > 0 else None
+
+
+@dataclass
+class _Replay:
+    """A cluster run between two events: the requests routed to each replica and not yet
+    admitted, which replicas are busy, their next step boundaries, where each request went."""
+
+    pending: list[list[tuple[int, array]]]  # per replica: (request, prompt ids)
+    busy: list[bool]
+    heap: list[tuple[float, int]]  # (next step boundary, replica) of busy replicas
+    served_by: list[int]
+    decisions: Counter[str]
+    next_req: int = 0  # the next arrival to route
+    num_done: int = 0  # requests finished or refused
+    next_progress_s: float = 0.0
+
+    @classmethod
+    def start(cls, num_requests: int, num_replicas: int) -> _Replay:
+        """Before the first arrival: every replica idle, nothing routed."""
+        return cls(
+            pending=[[] for _ in range(num_replicas)],
+            busy=[False] * num_replicas,
+            heap=[],
+            served_by=[-1] * num_requests,
+            decisions=Counter(),
+        )
 
 
 class Cluster:
@@ -121,6 +147,8 @@ class Cluster:
             for _ in range(num_replicas)
         ]
         self.names = [f"r{r}" for r in range(num_replicas)]
+        self._slot = {name: r for r, name in enumerate(self.names)}
+        self.block_size = self.replicas[0].allocator.block_size
         self.index = PrefixIndex()
         self.progress = progress
         self.check_invariants = check_invariants
@@ -137,66 +165,68 @@ class Cluster:
     def run(self) -> ClusterResult:
         """Replay every request once (build a new ``Cluster`` for another run)."""
         wall_start = time.perf_counter()
-        reqs, reps, names, index = self.requests, self.replicas, self.names, self.index
-        router = self.router
-        block_size = reps[0].allocator.block_size
-        for name, rep in zip(names, reps, strict=True):  # the fresh engines' AllBlocksCleared
-            if rep.events is not None:
-                index.apply(name, rep.events.drain())
-        slot = {name: r for r, name in enumerate(names)}
-        pending: list[list[tuple[int, array]]] = [[] for _ in reps]  # (request, prompt ids)
-        busy = [False] * len(reps)
-        heap: list[tuple[float, int]] = []  # (next step boundary, replica) of busy replicas
-        served_by = [-1] * len(reqs)
-        decisions: Counter[str] = Counter()
-        num_reqs, next_req, num_done = len(reqs), 0, 0
-        next_progress_s = 0.0
+        for name, rep in zip(self.names, self.replicas, strict=True):
+            if rep.events is not None:  # the fresh engines' AllBlocksCleared
+                self.index.apply(name, rep.events.drain())
+        replay = _Replay.start(len(self.requests), len(self.replicas))
+        reqs, num_reqs = self.requests, len(self.requests)
         while True:
-            top = heap[0][0] if heap else math.inf
-            if next_req < num_reqs and reqs[next_req].arrival_time_s <= top:
-                i, req = next_req, reqs[next_req]
-                next_req += 1
-                tokens = segment_tokens(req.prompt)
-                matched = self._matched(tokens, block_size) if self.use_index else {}
-                loads = [
-                    ReplicaLoad(
-                        name, rep.scheduler.num_running + rep.scheduler.num_waiting + len(p)
-                    )
-                    for name, rep, p in zip(names, reps, pending, strict=True)
-                ]
-                decision = router.choose(loads, matched)
-                decisions[decision.reason] += 1
-                r = served_by[i] = slot[decision.replica]
-                pending[r].append((i, tokens))
-                if not busy[r]:
-                    busy[r] = True
-                    reps[r].now = max(reps[r].now, req.arrival_time_s)
-                    heapq.heappush(heap, (reps[r].now, r))
+            top = replay.heap[0][0] if replay.heap else math.inf
+            if replay.next_req < num_reqs and reqs[replay.next_req].arrival_time_s <= top:
+                self._route_next(replay)
                 continue
-            if not heap:
+            if not replay.heap:
                 break
-            _, r = heapq.heappop(heap)
-            rep = reps[r]
-            for i, tokens in pending[r]:
-                num_done += not rep.admit(i, reqs[i], tokens)
-            pending[r].clear()
-            if rep.scheduler.has_unfinished():
-                num_done += rep.step()
-                if rep.events is not None:
-                    index.apply(names[r], rep.events.drain())
-                if self.check_invariants:
-                    rep.scheduler.check_invariants()
-                    assert index.holds(names[r]) == rep.allocator.prefix_hashes(), names[r]
-            if rep.scheduler.has_unfinished():
-                heapq.heappush(heap, (rep.now, r))
-            else:
-                busy[r] = False
-            if self.progress is not None and rep.now >= next_progress_s:
-                self.progress(num_done, rep.now)
-                next_progress_s = rep.now + 1.0
+            self._step_next(replay)
         if self.progress is not None:
-            self.progress(num_done, max(rep.now for rep in reps))
-        return self._result(served_by, dict(decisions), time.perf_counter() - wall_start)
+            self.progress(replay.num_done, max(rep.now for rep in self.replicas))
+        wall_s = time.perf_counter() - wall_start
+        return self._result(replay.served_by, dict(replay.decisions), wall_s)
+
+    def _route_next(self, replay: _Replay) -> None:
+        """Route the next arrival by the router's choice over the replicas' loads and cached
+        prefixes; an idle replica wakes at the arrival time."""
+        i = replay.next_req
+        req = self.requests[i]
+        replay.next_req += 1
+        tokens = segment_tokens(req.prompt)
+        matched = self._matched(tokens, self.block_size) if self.use_index else {}
+        loads = [
+            ReplicaLoad(name, rep.scheduler.num_running + rep.scheduler.num_waiting + len(p))
+            for name, rep, p in zip(self.names, self.replicas, replay.pending, strict=True)
+        ]
+        decision = self.router.choose(loads, matched)
+        replay.decisions[decision.reason] += 1
+        r = replay.served_by[i] = self._slot[decision.replica]
+        replay.pending[r].append((i, tokens))
+        if not replay.busy[r]:
+            replay.busy[r] = True
+            rep = self.replicas[r]
+            rep.now = max(rep.now, req.arrival_time_s)
+            heapq.heappush(replay.heap, (rep.now, r))
+
+    def _step_next(self, replay: _Replay) -> None:
+        """The replica with the earliest step boundary admits what was routed to it and runs
+        one step (its KV events then feed the index); it idles once it has no work left."""
+        _, r = heapq.heappop(replay.heap)
+        rep, name = self.replicas[r], self.names[r]
+        for i, tokens in replay.pending[r]:
+            replay.num_done += not rep.admit(i, self.requests[i], tokens)
+        replay.pending[r].clear()
+        if rep.scheduler.has_unfinished():
+            replay.num_done += rep.step()
+            if rep.events is not None:
+                self.index.apply(name, rep.events.drain())
+            if self.check_invariants:
+                rep.scheduler.check_invariants()
+                assert self.index.holds(name) == rep.allocator.prefix_hashes(), name
+        if rep.scheduler.has_unfinished():
+            heapq.heappush(replay.heap, (rep.now, r))
+        else:
+            replay.busy[r] = False
+        if self.progress is not None and rep.now >= replay.next_progress_s:
+            self.progress(replay.num_done, rep.now)
+            replay.next_progress_s = rep.now + 1.0
 
     def _result(
         self, served_by: list[int], decisions: dict[str, int], wall_s: float

@@ -23,8 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pagedkv.sim.cluster import ClusterResult
-from pagedkv.sim.metrics import TimeSeries
-from pagedkv.sim.replica import RunResult
+from pagedkv.sim.metrics import RunResult, TimeSeries
 from pagedkv.sim.summary import ideal_hits, summarize
 from pagedkv.traces import TraceRequest
 

@@ -1,10 +1,13 @@
-"""Per-request timings and per-run time series of a simulation, and their summaries."""
+"""What a simulation measures: per-request timings, per-run time series, and ``RunResult``,
+everything one run (or one replica of a cluster run) produced."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from pagedkv.kvcache.policies import Policy
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -75,3 +78,38 @@ class TimeSeries:
     def mean(self, name: str) -> float:
         values = getattr(self, name)
         return sum(values) / len(values) if values else 0.0
+
+
+@dataclass
+class RunResult:
+    """Everything one run (or one replica of a cluster run) produced. ``records`` follow the
+    trace order (a replica's: the requests it served)."""
+
+    policy: Policy
+    block_size: int
+    num_kv_slots: int
+    records: list[RequestRecord]
+    series: TimeSeries
+    duration_s: float
+    num_steps: int
+    peak_running: int
+    mean_running: float  # time-weighted over steps
+    preemptions: int
+    recomputed_tokens: int
+    evictions: int
+    wall_time_s: float  # real seconds the replay took (not part of the simulated result)
+    # Swap preemption (all 0 under recompute): sequences and blocks moved, victims that found
+    # the swap space full and were recomputed, and the simulated seconds spent on transfers.
+    swap_outs: int = 0
+    swap_ins: int = 0
+    swapped_blocks_out: int = 0
+    swapped_blocks_in: int = 0
+    swap_fallbacks: int = 0
+    swap_time_s: float = 0.0
+    # Partial-block prefix reuse (kvcache/partial.py): hits ending inside a block, their tokens
+    # there, blocks claimed in place, and the copies of the others (bytes, simulated seconds).
+    partial_hits: int = 0
+    partial_hit_tokens: int = 0
+    partial_claims: int = 0
+    prefix_copy_bytes: int = 0
+    prefix_copy_time_s: float = 0.0

@@ -1,4 +1,5 @@
-"""``Replica``: one simulated engine, stepped one step at a time; ``RunResult``: what it did.
+"""``Replica``: one simulated engine, stepped one step at a time (``RunResult``, in
+``sim/metrics.py``: what it did).
 
 The one step loop of the simulator. ``Simulation`` (one engine) and ``Cluster`` (N engines
 behind a router) both drive replicas: ``admit`` queues a request at the replica's clock,
@@ -14,15 +15,15 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from pagedkv.errors import UsageError
 from pagedkv.kvcache.events import KVEventLog
 from pagedkv.kvcache.policies import Policy, build_allocator
 from pagedkv.sched import SchedulerConfig
+from pagedkv.sched.batch import ScheduledBatch
 from pagedkv.sim.cost_model import CostModel
 from pagedkv.sim.links import DeviceCopy, Link
-from pagedkv.sim.metrics import RequestRecord, TimeSeries
+from pagedkv.sim.metrics import RequestRecord, RunResult, TimeSeries
 from pagedkv.sim.pagedkv_triton.step_context import LongestShape
 from pagedkv.traces import TraceRequest, segment_tokens
 
@@ -30,41 +31,6 @@ from pagedkv.traces import TraceRequest, segment_tokens
 _FRESH_TOKEN_BASE = 2**31
 
 ProgressFn = Callable[[int, float], None]  # (requests done, simulated seconds)
-
-
-@dataclass
-class RunResult:
-    """Everything one run (or one replica of a cluster run) produced. ``records`` follow the
-    trace order (a replica's: the requests it served)."""
-
-    policy: Policy
-    block_size: int
-    num_kv_slots: int
-    records: list[RequestRecord]
-    series: TimeSeries
-    duration_s: float
-    num_steps: int
-    peak_running: int
-    mean_running: float  # time-weighted over steps
-    preemptions: int
-    recomputed_tokens: int
-    evictions: int
-    wall_time_s: float  # real seconds the replay took (not part of the simulated result)
-    # Swap preemption (all 0 under recompute): sequences and blocks moved, victims that found
-    # the swap space full and were recomputed, and the simulated seconds spent on transfers.
-    swap_outs: int = 0
-    swap_ins: int = 0
-    swapped_blocks_out: int = 0
-    swapped_blocks_in: int = 0
-    swap_fallbacks: int = 0
-    swap_time_s: float = 0.0
-    # Partial-block prefix reuse (kvcache/partial.py): hits ending inside a block, their tokens
-    # there, blocks claimed in place, and the copies of the others (bytes, simulated seconds).
-    partial_hits: int = 0
-    partial_hit_tokens: int = 0
-    partial_claims: int = 0
-    prefix_copy_bytes: int = 0
-    prefix_copy_time_s: float = 0.0
 
 
 class Replica:
@@ -89,21 +55,8 @@ class Replica:
         events: bool = False,
         device_copy: DeviceCopy | None = None,
     ) -> None:
-        if config.max_model_len is None:
-            raise UsageError("the simulator needs max_model_len")
-        if not isinstance(kv_record_bytes, int) or kv_record_bytes < 0:
-            raise UsageError(f"kv_record_bytes must be an integer >= 0, got {kv_record_bytes!r}")
-        if not isinstance(transfers_per_block, int) or transfers_per_block < 1:
-            raise UsageError(
-                f"transfers_per_block must be an integer >= 1, got {transfers_per_block!r}"
-            )
-        if config.preemption_mode == "swap" and (link is None or kv_record_bytes == 0):
-            raise UsageError(
-                "swap preemption needs a host link and kv_record_bytes > 0 to price its "
-                "transfers (see pagedkv.sim.links)"
-            )
-        if sample_interval_s <= 0:
-            raise UsageError(f"sample interval must be > 0 s, got {sample_interval_s}")
+        _check(config, link, kv_record_bytes, transfers_per_block, sample_interval_s)
+        assert config.max_model_len is not None  # checked
         self.policy = policy
         self.allocator = build_allocator(policy, num_kv_slots, config.max_model_len)
         self.events: KVEventLog | None = None
@@ -162,11 +115,41 @@ class Replica:
         """One step at ``now`` (the scheduler must have unfinished work); ``now`` moves to its
         end. Returns how many requests finished in it. Samples the time series when due
         (``sampled`` says whether this step did)."""
-        sched, records, index_of = self.scheduler, self.records, self._index_of
-        now = self.now
+        sched = self.scheduler
         batch = sched.schedule()
         if not batch.seqs and not batch.preempted:
-            raise RuntimeError(f"scheduler stalled at t={now:.3f}s with work waiting")
+            raise RuntimeError(f"scheduler stalled at t={self.now:.3f}s with work waiting")
+        transfer_s = self._moves_time_s(batch)
+        sampled, first_tokens = self._draw(batch)
+        shape = LongestShape.of(
+            ((start, n) for _, start, n, _, _ in batch.seqs), self.allocator.block_size
+        )
+        # A step that only swapped its last sequence out costs its transfers alone.
+        dt = transfer_s + (self.cost.step_time_s(shape) if batch.seqs else 0.0)
+        now = self.now = self.now + dt
+        self.num_steps += 1
+        num_running = len(sched.running)
+        if num_running > self.peak_running:
+            self.peak_running = num_running
+        self.running_time += num_running * dt
+        for rec in first_tokens:
+            rec.first_token_s = now
+        num_finished = 0
+        for seq in sched.update(batch, sampled).finished:
+            rec = self.records[self._index_of.pop(seq.seq_id)]
+            self._planned.pop(seq.seq_id, None)
+            rec.finish_s = now
+            rec.num_output_tokens = seq.num_output_tokens
+            num_finished += 1
+        self.sampled = now >= self.next_sample_s
+        if self.sampled:
+            self._sample(now)
+            self.next_sample_s = now + self.sample_interval_s
+        return num_finished
+
+    def _moves_time_s(self, batch: ScheduledBatch) -> float:
+        """Seconds of ``batch``'s swap transfers and partial hits' prefix copies, before the
+        forward pass (counted in ``swap_time``, ``copy_time`` and ``copy_bytes``)."""
         transfer_s = 0.0
         num_moved = len(batch.swap_out) + len(batch.swap_in)
         if num_moved and self.link is not None:
@@ -181,13 +164,19 @@ class Replica:
                 copy_s = self.device_copy.time_s(copied)
                 self.copy_time += copy_s
                 transfer_s += copy_s
+        return transfer_s
+
+    def _draw(self, batch: ScheduledBatch) -> tuple[list[list[int]], list[RequestRecord]]:
+        """The token each entry of ``batch`` samples (the trace's answer while it lasts, else a
+        fresh id), and the records whose first token it is; admissions are recorded at ``now``."""
+        records, index_of = self.records, self._index_of
         sampled: list[list[int]] = []
         first_tokens: list[RequestRecord] = []
         for seq, start, _, num_samples, hit in batch.seqs:
             if start == hit:  # an admission (decode steps always have start > hit == 0)
                 rec = records[index_of[seq.seq_id]]
                 if rec.admitted_s is None:
-                    rec.admitted_s = now
+                    rec.admitted_s = self.now
                     rec.prefix_hit_tokens = hit
             if not num_samples:
                 sampled.append([])
@@ -201,33 +190,7 @@ class Replica:
                 self._fresh_token += 1
             if k == 0:
                 first_tokens.append(records[index_of[seq.seq_id]])
-
-        shape = LongestShape.of(
-            ((start, n) for _, start, n, _, _ in batch.seqs), self.allocator.block_size
-        )
-        # A step that only swapped its last sequence out costs its transfers alone.
-        dt = transfer_s + (self.cost.step_time_s(shape) if batch.seqs else 0.0)
-        now += dt
-        self.now = now
-        self.num_steps += 1
-        num_running = len(sched.running)
-        if num_running > self.peak_running:
-            self.peak_running = num_running
-        self.running_time += num_running * dt
-        for rec in first_tokens:
-            rec.first_token_s = now
-        num_finished = 0
-        for seq in sched.update(batch, sampled).finished:
-            rec = records[index_of.pop(seq.seq_id)]
-            self._planned.pop(seq.seq_id, None)
-            rec.finish_s = now
-            rec.num_output_tokens = seq.num_output_tokens
-            num_finished += 1
-        self.sampled = now >= self.next_sample_s
-        if self.sampled:
-            self._sample(now)
-            self.next_sample_s = now + self.sample_interval_s
-        return num_finished
+        return sampled, first_tokens
 
     def _sample(self, now: float) -> None:
         s = self.allocator.stats()
@@ -284,3 +247,28 @@ def admit_due(replica: Replica, requests: Sequence[TraceRequest], start: int) ->
         refused += not replica.admit(start, requests[start])
         start += 1
     return start, refused
+
+
+def _check(
+    config: SchedulerConfig,
+    link: Link | None,
+    kv_record_bytes: int,
+    transfers_per_block: int,
+    sample_interval_s: float,
+) -> None:
+    """UsageError for what a replica cannot run or price with these settings."""
+    if config.max_model_len is None:
+        raise UsageError("the simulator needs max_model_len")
+    if not isinstance(kv_record_bytes, int) or kv_record_bytes < 0:
+        raise UsageError(f"kv_record_bytes must be an integer >= 0, got {kv_record_bytes!r}")
+    if not isinstance(transfers_per_block, int) or transfers_per_block < 1:
+        raise UsageError(
+            f"transfers_per_block must be an integer >= 1, got {transfers_per_block!r}"
+        )
+    if config.preemption_mode == "swap" and (link is None or kv_record_bytes == 0):
+        raise UsageError(
+            "swap preemption needs a host link and kv_record_bytes > 0 to price its "
+            "transfers (see pagedkv.sim.links)"
+        )
+    if sample_interval_s <= 0:
+        raise UsageError(f"sample interval must be > 0 s, got {sample_interval_s}")

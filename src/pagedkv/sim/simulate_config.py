@@ -1,5 +1,5 @@
 """``SimulateConfig``: everything a `pagedkv simulate` run depends on, validated on construction
-(frozen; every bad value is a ``UsageError`` naming the field). ``sim.scenario`` loads and runs
+(frozen; every bad value is a ``UsageError`` naming the field). ``sim.scenario_load`` loads and runs
 it."""
 
 from __future__ import annotations

@@ -27,8 +27,8 @@ from pagedkv.kvcache.policies import Policy
 from pagedkv.sched import SchedulerConfig
 from pagedkv.sim.cost_model import CostModel
 from pagedkv.sim.links import DeviceCopy, Link
-from pagedkv.sim.metrics import RequestRecord
-from pagedkv.sim.replica import ProgressFn, Replica, RunResult, admit_due
+from pagedkv.sim.metrics import RequestRecord, RunResult
+from pagedkv.sim.replica import ProgressFn, Replica, admit_due
 from pagedkv.traces import TraceRequest
 
 __all__ = ["ProgressFn", "RunResult", "Simulation"]

@@ -62,11 +62,22 @@ def _round(x: float) -> float | None:
 def summarize(result: RunResult, ideal_prefix_hit_tokens: int | None = None) -> dict[str, Any]:
     """The flat summary of ``result`` (see the module docstring for the fields)."""
     done = [r for r in result.records if r.finish_s is not None]
+    out = _tokens(result, done, ideal_prefix_hit_tokens)
+    out.update(_latencies(done))
+    out.update(_pool(result))
+    out.update(_partial_hits(result))
+    return out
+
+
+def _tokens(
+    result: RunResult, done: list[RequestRecord], ideal_prefix_hit_tokens: int | None
+) -> dict[str, Any]:
+    """The run, its requests, their tokens and prefix hits, and the throughput."""
     prompt = sum(r.prompt_tokens for r in done)
     output = sum(r.num_output_tokens for r in done)
     hit = sum(r.prefix_hit_tokens for r in done)
     dur = result.duration_s
-    out: dict[str, Any] = {
+    return {
         "policy": result.policy.name,
         "allocator": result.policy.allocator,
         "block_size": result.block_size,
@@ -85,6 +96,12 @@ def summarize(result: RunResult, ideal_prefix_hit_tokens: int | None = None) -> 
         "throughput_tokens_per_s": round(output / dur, 3) if dur > 0 else 0.0,
         "total_tokens_per_s": round((prompt + output) / dur, 3) if dur > 0 else 0.0,
     }
+
+
+def _latencies(done: list[RequestRecord]) -> dict[str, Any]:
+    """TTFT, TPOT and end-to-end percentiles of the finished requests, and the mean
+    normalized latency (end-to-end seconds per output token)."""
+    out: dict[str, Any] = {}
     for name in ("ttft", "tpot", "e2e"):
         values = [v for r in done if (v := getattr(r, f"{name}_s")) is not None]
         for q in (50, 90, 99):
@@ -93,8 +110,14 @@ def summarize(result: RunResult, ideal_prefix_hit_tokens: int | None = None) -> 
     out["normalized_latency_s_per_token"] = (
         round(sum(normalized) / len(normalized), 6) if normalized else None
     )
+    return out
+
+
+def _pool(result: RunResult) -> dict[str, Any]:
+    """The pool over the run (concurrency, utilization, waste) and what preemption and swap
+    cost."""
     s = result.series
-    out.update(
+    return dict(
         peak_running=result.peak_running,
         mean_running=round(result.mean_running, 3),
         kv_utilization_mean=round(s.mean("kv_utilization"), 6),
@@ -113,14 +136,18 @@ def summarize(result: RunResult, ideal_prefix_hit_tokens: int | None = None) -> 
         swap_time_s=round(result.swap_time_s, 6),
         wall_time_s=round(result.wall_time_s, 3),
     )
+
+
+def _partial_hits(result: RunResult) -> dict[str, Any]:
+    """Partial-block reuse's counts, only when the prefix match unit is below the block."""
     unit = result.policy.prefix_match_unit
-    if unit is not None and unit < result.block_size:
-        out.update(
-            prefix_match_unit=unit,
-            partial_hits=result.partial_hits,
-            partial_hit_tokens=result.partial_hit_tokens,
-            partial_claims=result.partial_claims,
-            prefix_copy_bytes=result.prefix_copy_bytes,
-            prefix_copy_time_s=round(result.prefix_copy_time_s, 6),
-        )
-    return out
+    if unit is None or unit >= result.block_size:
+        return {}
+    return dict(
+        prefix_match_unit=unit,
+        partial_hits=result.partial_hits,
+        partial_hit_tokens=result.partial_hit_tokens,
+        partial_claims=result.partial_claims,
+        prefix_copy_bytes=result.prefix_copy_bytes,
+        prefix_copy_time_s=round(result.prefix_copy_time_s, 6),
+    )

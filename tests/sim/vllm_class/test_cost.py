@@ -9,7 +9,8 @@ from pagedkv.pages.sources import load_shape
 from pagedkv.sched.step_shape import StepShape
 from pagedkv.sim.cost_model import ModelCost
 from pagedkv.sim.gpus import get_gpu
-from pagedkv.sim.scenario import SimulateConfig, load_scenario
+from pagedkv.sim.scenario_load import load_scenario
+from pagedkv.sim.simulate_config import SimulateConfig
 from pagedkv.sim.vllm_class import clock as gc
 from pagedkv.sim.vllm_class.cost import (
     PAGED_OVERHEAD_AT_16,

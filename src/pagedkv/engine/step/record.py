@@ -15,9 +15,9 @@ from pagedkv.engine.prompt_scoring import score_prompts
 from pagedkv.engine.registry import RequestRegistry
 from pagedkv.engine.requests import RequestState, partial_hit
 from pagedkv.engine.runner import ModelRunner, StepOutput
-from pagedkv.engine.stats import StatsRecorder
 from pagedkv.engine.step.containment import Failures
 from pagedkv.engine.step.draws import Draws
+from pagedkv.engine.step.stats_recorder import StatsRecorder
 from pagedkv.engine.step.timeline import NullTimeline, StepTimeline
 from pagedkv.engine.structured.grammar import GrammarCache, GrammarError
 from pagedkv.sched.batch import ScheduledBatch

@@ -117,7 +117,7 @@ def config_for(point: Point) -> SimulateConfig:
 
 def run_point(point: Point) -> dict[str, Any]:
     """One cluster run: the point's fields, the summary's ``_FIELDS`` and the wall time."""
-    from pagedkv.sim.scenario import load_scenario
+    from pagedkv.sim.scenario_load import load_scenario
 
     start = time.perf_counter()
     ((_, summary),) = load_scenario(config_for(point)).run_cluster()

@@ -29,7 +29,7 @@ from pagedkv.sim.pagedkv_triton.check import check_runs, workload_requests
 from pagedkv.sim.pagedkv_triton.check_data import GPUCheckData, read_gpu_check
 from pagedkv.sim.pagedkv_triton.clock import EngineClock
 from pagedkv.sim.pagedkv_triton.cost import EngineCostModel
-from pagedkv.sim.pagedkv_triton.decode_law import choose_law
+from pagedkv.sim.pagedkv_triton.decode_law import LawScore, choose_law
 from pagedkv.sim.pagedkv_triton.fit import STARTS, fit_host, fit_steps, host_report, step_report
 
 
@@ -95,6 +95,24 @@ def calibrate_engine(
     say = progress or (lambda _line: None)
     data = read_gpu_check(path, gpu, sections)
     model = model_cost(data)
+    clock, scores = _fit_clock(data, model, say)
+    meta: dict[str, Any] = {
+        "fitted_on": data.source,
+        "device": data.device_name,
+        "kernels": data.kernels,
+        "model": model.name,
+        "decode_laws": [asdict(s) for s in scores],
+        "steps": _step_reports(clock, model, data),
+    }
+    meta["runs"] = check_engine_runs(data, clock, model, trace, say)
+    return Calibration(clock, meta, data, model)
+
+
+def _fit_clock(
+    data: GPUCheckData, model: ModelCost, say: Callable[[str], None]
+) -> tuple[EngineClock, list[LawScore]]:
+    """The decode law (chosen by leave-one-context-out), then the host, then the steps, each
+    on what it is fitted to, with its sources saying so; and every law's scores."""
     say(f"fitting decode attention: {len(data.ledger)} ledger rows, laws by leave-one-context-out")
     chosen, scores = choose_law(data.ledger, data.gpu)
     clock = base_clock(data, chosen.law, chosen.params)
@@ -112,6 +130,11 @@ def calibrate_engine(
     clock = fit_steps(
         clock, model, data.gpu, data.eager_steps, data.graph_steps, host_fixed=bool(data.host_steps)
     )
+    return _with_step_sources(clock, data, host_note), scores
+
+
+def _with_step_sources(clock: EngineClock, data: GPUCheckData, host_note: str) -> EngineClock:
+    """``clock`` with the sources of what the timed steps fitted (or what was borrowed)."""
     steps_note = f"fitted on {len(data.eager_steps)} timed eager steps of {data.source}"
     graphs_note = (
         f"fitted on {len(data.graph_steps)} timed CUDA-graph steps of {data.source}"
@@ -119,7 +142,7 @@ def calibrate_engine(
         else "borrowed: no CUDA-graph step was timed; a replay assumed to remove exactly the eager "
         f"launches fitted above and cost {clock.graph_replay_s * 1e3:g} ms"
     )
-    clock = replace(
+    return replace(
         clock,
         sources={
             **clock.sources,
@@ -130,20 +153,16 @@ def calibrate_engine(
             "host_graphs": graphs_note,
         },
     )
-    meta: dict[str, Any] = {
-        "fitted_on": data.source,
-        "device": data.device_name,
-        "kernels": data.kernels,
-        "model": model.name,
-        "decode_laws": [asdict(s) for s in scores],
-        "steps": {"eager": step_report(clock, model, data.gpu, data.eager_steps, False)},
-    }
+
+
+def _step_reports(clock: EngineClock, model: ModelCost, data: GPUCheckData) -> dict[str, Any]:
+    """The fitted clock against the timed steps: eager, with CUDA graphs, host-only."""
+    steps = {"eager": step_report(clock, model, data.gpu, data.eager_steps, False)}
     if data.graph_steps:
-        meta["steps"]["cuda_graphs"] = step_report(clock, model, data.gpu, data.graph_steps, True)
+        steps["cuda_graphs"] = step_report(clock, model, data.gpu, data.graph_steps, True)
     if data.host_steps:
-        meta["steps"]["host_only"] = host_report(clock, model, data.gpu, data.host_steps)
-    meta["runs"] = check_engine_runs(data, clock, model, trace, say)
-    return Calibration(clock, meta, data, model)
+        steps["host_only"] = host_report(clock, model, data.gpu, data.host_steps)
+    return steps
 
 
 def check_engine_runs(

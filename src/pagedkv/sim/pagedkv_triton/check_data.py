@@ -30,18 +30,22 @@ the engine section names.
 from __future__ import annotations
 
 import json
-import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pagedkv.errors import UsageError, read_json
-from pagedkv.sched.step_shape import StepShape, TimedStep
+from pagedkv.sched.step_shape import TimedStep
 from pagedkv.sim.gpus import GPUSpec, get_gpu
-from pagedkv.sim.pagedkv_triton.decode_law import DecodeCall, LedgerRow
+from pagedkv.sim.pagedkv_triton.check_records import (
+    finite_number,
+    ledger_kernels,
+    ledger_rows,
+    timed_steps,
+)
+from pagedkv.sim.pagedkv_triton.decode_law import LedgerRow
 from pagedkv.sim.pagedkv_triton.step_context import LongestShape
 
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 # benchmarks/gpu_check_run.DEVICE_SIZES of the engine section before it recorded its workload
 ENGINE_SECTION_V1: dict[str, Any] = {
     "trace": "azure_llm_2023_conv.csv",
@@ -53,11 +57,6 @@ ENGINE_SECTION_V1: dict[str, Any] = {
     "policy": "vllm",
     "model_len_margin": 16,
 }
-_SHAPE_FIELDS = {f.name for f in fields(StepShape)}
-LAYOUTS = ("paged", "contiguous")
-# What a timed step of the clock section may carry beside its shape, for people reading the
-# JSON (the step's Triton compiles, its host phases): not read by the fit.
-STEP_NOTES = {"compiles", "compile_s", "host_phases_s"}
 
 
 @dataclass(frozen=True)
@@ -98,6 +97,7 @@ class GPUCheckData:
 
 
 def _section(data: dict, name: str) -> dict | None:
+    """The result of section ``name`` if it ran (``ok``), else None."""
     entry = data.get("sections", {}).get(name)
     if (
         not isinstance(entry, dict)
@@ -108,93 +108,9 @@ def _section(data: dict, name: str) -> dict | None:
     return entry["result"]
 
 
-def _num(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise UsageError(f"{where} must be a finite number, got {value!r}")
-    return float(value)
-
-
-BLOCK_WALK = (
-    "one block per loop iteration (the Triton kernels before commit cf28990; the tile kernels "
-    "main runs since walk tiles of T tokens: refit on a device check of those)"
-)
-
-
-def ledger_kernels(ledger: dict) -> str:
-    """What decode kernel a ledger timed, from what the ledger records: the tile kernels
-    (cf28990 on) write ``tile_tokens``; a ledger without it timed the block-walk kernels."""
-    tile = ledger.get("tile_tokens")
-    if isinstance(tile, int) and not isinstance(tile, bool) and tile > 0:
-        return f"tiles of {tile} tokens gathered through the block table (the tile is not the page)"
-    return BLOCK_WALK
-
-
-def ledger_rows(ledger: dict, where: str, layout: str = "paged") -> tuple[LedgerRow, ...]:
-    """The timed rows of ``layout`` (a row without one is paged)."""
-    shape = ledger.get("shape")
-    if not isinstance(shape, dict) or shape.get("dtype") not in DTYPE_BYTES:
-        raise UsageError(f"{where}: ledger.shape needs num_kv_heads, head_dim and a dtype")
-    kv, hd = (
-        int(_num(shape.get("num_kv_heads"), f"{where}: ledger.shape.num_kv_heads")),
-        int(_num(shape.get("head_dim"), f"{where}: ledger.shape.head_dim")),
-    )
-    rows = []
-    for i, row in enumerate(ledger.get("rows", [])):
-        if not isinstance(row, dict) or "median_ms" not in row:
-            continue  # refused, skipped or failed: nothing measured
-        at = f"{where}: ledger.rows[{i}]"
-        if row.get("layout", "paged") not in LAYOUTS:
-            raise UsageError(
-                f"{at}.layout must be one of {', '.join(LAYOUTS)}, got {row.get('layout')!r}"
-            )
-        if row.get("layout", "paged") != layout:
-            continue
-        ms = _num(row["median_ms"], f"{at}.median_ms")
-        b, ctx = (
-            int(_num(row.get("block_size"), f"{at}.block_size")),
-            _num(row.get("context_len"), f"{at}.context_len"),
-        )
-        n, s = int(_num(row.get("batch"), f"{at}.batch")), int(_num(row.get("num_splits", 1), at))
-        if ms <= 0 or b < 1 or n < 1 or s < 1 or ctx < 1:
-            raise UsageError(f"{at}: sizes and time must be > 0")
-        call = DecodeCall(n, ctx, b, s, kv, hd, DTYPE_BYTES[shape["dtype"]])
-        rows.append(LedgerRow(call, ms / 1e3))
-    return tuple(rows)
-
-
-def timed_steps(records: Any, where: str) -> tuple[TimedStep, ...]:
-    if not isinstance(records, list):
-        raise UsageError(f"{where} must be a list of timed steps")
-    out = []
-    for i, rec in enumerate(records):
-        if (
-            not isinstance(rec, dict)
-            or "seconds" not in rec
-            or not set(rec) - {"seconds", *STEP_NOTES} <= _SHAPE_FIELDS | {"max_context_tokens"}
-        ):
-            raise UsageError(
-                f"{where}[{i}]: a step is StepShape's fields, 'seconds' and "
-                "optionally 'max_context_tokens'"
-            )
-        kind = LongestShape if "max_context_tokens" in rec else StepShape
-        try:
-            shape = kind(
-                **{
-                    k: int(_num(v, f"{where}[{i}].{k}"))
-                    for k, v in rec.items()
-                    if k != "seconds" and k not in STEP_NOTES
-                }
-            )
-        except TypeError as exc:
-            raise UsageError(f"{where}[{i}]: {exc}") from None
-        seconds = _num(rec["seconds"], f"{where}[{i}].seconds")
-        if seconds <= 0:
-            raise UsageError(f"{where}[{i}].seconds must be > 0")
-        out.append(TimedStep(shape, seconds))
-    return tuple(out)
-
-
 def _workload(engine: dict, clock: dict | None, where: str) -> EngineWorkload | None:
+    """How the engine section ran (the clock section's record, else ``ENGINE_SECTION_V1``);
+    None when it ran nothing."""
     runs = engine.get("pagedkv", {})
     if not runs:
         return None
@@ -247,45 +163,22 @@ def read_gpu_check(
 
 
 def _read(path: Path, gpu: str | None, data: dict[str, Any], where: str) -> GPUCheckData:
-    meta = data.get("meta")
-    device = str((meta if isinstance(meta, dict) else {}).get("device_name", "?"))
-    try:
-        spec = get_gpu(gpu or device.removeprefix("NVIDIA ").strip())
-    except UsageError:
-        raise UsageError(
-            f"{where}: device {device!r} is no GPU preset; name one with --gpu"
-        ) from None
+    """The check's sections as ``GPUCheckData``: the GPU, the ledger, the timed steps, the
+    engine's runs; UsageError for what a clock cannot be fitted without."""
+    device, spec = _device(data, gpu, where)
     ledger = _section(data, "ledger")
     if ledger is None:
         raise UsageError(f"{where}: no ledger section that ran: nothing to fit decode attention to")
     clock = _section(data, "clock")
-    eager: tuple[TimedStep, ...] = ()
-    if clock is not None and "eager_steps" in clock:
-        eager = timed_steps(clock["eager_steps"], f"{where}: sections.clock.eager_steps")
-    profile = path.with_suffix(".cost_profile.json")
-    if profile.is_file():
-        try:
-            samples = json.loads(profile.read_text()).get("samples")
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as exc:
-            raise UsageError(f"cannot read cost profile {str(profile)!r}: {exc}") from None
-        eager += timed_steps(samples, f"{profile}: samples")
-    if not eager:
-        raise UsageError(
-            f"{where}: no timed eager steps (no {profile.name} beside it, no "
-            "clock section): nothing to fit the steps to"
-        )
-    graphs: tuple[TimedStep, ...] = ()
-    if clock is not None and "graph_steps" in clock:
-        graphs = timed_steps(clock["graph_steps"], f"{where}: sections.clock.graph_steps")
-    host: tuple[TimedStep, ...] = ()
-    if clock is not None and "host_steps" in clock:
+    eager = _eager_steps(path, clock, where)
+    graphs = _clock_steps(clock, "graph_steps", where)
+    host = _clock_steps(clock, "host_steps", where)
+    if any(not isinstance(s.shape, LongestShape) for s in host):
         at = f"{where}: sections.clock.host_steps"
-        host = timed_steps(clock["host_steps"], at)
-        if any(not isinstance(s.shape, LongestShape) for s in host):
-            raise UsageError(f"{at}: every host-only step needs its max_context_tokens")
+        raise UsageError(f"{at}: every host-only step needs its max_context_tokens")
     engine = _section(data, "engine") or {}
     runs = {
-        k: _num(v["seconds"], f"{where}: engine.pagedkv.{k}.seconds")
+        k: finite_number(v["seconds"], f"{where}: engine.pagedkv.{k}.seconds")
         for k, v in engine.get("pagedkv", {}).items()
     }
     run_steps = {k: int(v.get("steps", 0)) for k, v in engine.get("pagedkv", {}).items()}
@@ -313,3 +206,43 @@ def _read(path: Path, gpu: str | None, data: dict[str, Any], where: str) -> GPUC
         run_steps,
         _workload(engine, clock, where),
     )
+
+
+def _device(data: dict[str, Any], gpu: str | None, where: str) -> tuple[str, GPUSpec]:
+    """The device the check ran on (``meta.device_name``) and the GPU preset that prices it
+    (``gpu`` overrides the name)."""
+    meta = data.get("meta")
+    device = str((meta if isinstance(meta, dict) else {}).get("device_name", "?"))
+    try:
+        spec = get_gpu(gpu or device.removeprefix("NVIDIA ").strip())
+    except UsageError:
+        raise UsageError(
+            f"{where}: device {device!r} is no GPU preset; name one with --gpu"
+        ) from None
+    return device, spec
+
+
+def _clock_steps(clock: dict | None, key: str, where: str) -> tuple[TimedStep, ...]:
+    """The clock section's timed steps under ``key`` (none without the section or the key)."""
+    if clock is None or key not in clock:
+        return ()
+    return timed_steps(clock[key], f"{where}: sections.clock.{key}")
+
+
+def _eager_steps(path: Path, clock: dict | None, where: str) -> tuple[TimedStep, ...]:
+    """The eager steps: the clock section's, then the cost profile's beside the check; at
+    least one (UsageError)."""
+    eager = _clock_steps(clock, "eager_steps", where)
+    profile = path.with_suffix(".cost_profile.json")
+    if profile.is_file():
+        try:
+            samples = json.loads(profile.read_text()).get("samples")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as exc:
+            raise UsageError(f"cannot read cost profile {str(profile)!r}: {exc}") from None
+        eager += timed_steps(samples, f"{profile}: samples")
+    if not eager:
+        raise UsageError(
+            f"{where}: no timed eager steps (no {profile.name} beside it, no "
+            "clock section): nothing to fit the steps to"
+        )
+    return eager
