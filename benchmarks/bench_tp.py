@@ -43,8 +43,14 @@ def _engine(model: str | None, tp: int, threads: int):
     from pagedkv.engine import EngineConfig, LLMEngine
 
     torch.set_num_threads(threads)  # TP > 1: each rank its share of it (one here)
-    config = EngineConfig(model=model, tensor_parallel_size=tp, kv_cache_memory_bytes=128 << 20,
-                          adapt_threads=False, log_startup=False, max_model_len=512)  # fmt: skip
+    config = EngineConfig(
+        model=model,
+        tensor_parallel_size=tp,
+        kv_cache_memory_bytes=128 << 20,
+        adapt_threads=False,
+        log_startup=False,
+        max_model_len=512,
+    )
     return LLMEngine(config)
 
 
@@ -92,10 +98,18 @@ def measure(label: str, model: str | None, sizes: list[int], args) -> dict:
         for n, rs in runs.items()
         if "all_reduce_s" in rs[0]
     }
-    out = {"model": label, "tokens_per_s": rates, "vs_tp1": ratios(rates, "TP 1"),
-           "all_reduce_share_of_wall": share, "runs": runs}  # fmt: skip
-    print(f"{label}: tokens/s {({n: round(v, 1) for n, v in rates.items()})}; all-reduce share "
-          f"{({n: f'{v:.1%}' for n, v in share.items()})}", flush=True)  # fmt: skip
+    out = {
+        "model": label,
+        "tokens_per_s": rates,
+        "vs_tp1": ratios(rates, "TP 1"),
+        "all_reduce_share_of_wall": share,
+        "runs": runs,
+    }
+    print(
+        f"{label}: tokens/s { ({n: round(v, 1) for n, v in rates.items()}) }; all-reduce share "
+        f"{ ({n: f'{v:.1%}' for n, v in share.items()}) }",
+        flush=True,
+    )
     return out
 
 

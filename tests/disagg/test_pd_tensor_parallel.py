@@ -18,8 +18,9 @@ from tests.kvstore.redis_server import free_port
 
 @pytest.fixture(scope="module")
 def single_engine_text(tiny_folder):
-    ref = LLMEngine(EngineConfig(model=str(tiny_folder), kv_cache_memory_bytes=32 << 20,
-                                 log_startup=False))  # fmt: skip
+    ref = LLMEngine(
+        EngineConfig(model=str(tiny_folder), kv_cache_memory_bytes=32 << 20, log_startup=False)
+    )
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     return ref.generate([PROMPT], params)[0].outputs[0].text
 
@@ -29,14 +30,14 @@ def test_pair_of_different_tensor_parallel_sizes(
     tiny_folder, redis, single_engine_text, prefill_tp, decode_tp
 ):
     p_port, d_port = free_port(), free_port()
-    prefill = _serve(tiny_folder, p_port, "--role", "prefill", "--kv-store", redis.url,
-                     "--tensor-parallel-size", str(prefill_tp))  # fmt: skip
+    prefill_args = ["--role", "prefill", "--kv-store", redis.url]
+    prefill = _serve(tiny_folder, p_port, *prefill_args, "--tensor-parallel-size", str(prefill_tp))
     decode = None
     try:
         _wait_healthy(prefill, p_port)
-        decode = _serve(tiny_folder, d_port, "--role", "decode", "--kv-store", redis.url,
-                        "--prefill-url", f"http://127.0.0.1:{p_port}",
-                        "--tensor-parallel-size", str(decode_tp))  # fmt: skip
+        decode_args = ["--role", "decode", "--kv-store", redis.url]
+        decode_args += ["--prefill-url", f"http://127.0.0.1:{p_port}"]
+        decode = _serve(tiny_folder, d_port, *decode_args, "--tensor-parallel-size", str(decode_tp))
         _wait_healthy(decode, d_port)
         info = httpx.get(f"http://127.0.0.1:{d_port}/pagedkv/info").json()
         assert info["tensor_parallel"]["size"] == decode_tp

@@ -43,8 +43,15 @@ def test_vocab_rows_padded_on_the_last_rank():
     odd = RankShard.of(CONFIG, 1, 0)
     assert odd.slice("lm_head.weight", embed).shape == (300, 64)
     # Vocabulary 300 over 8 ranks would be 38 rows each: the last holds 34 and 4 zero rows.
-    config8 = tiny_model_config().__class__(**{**CONFIG.__dict__, "num_heads": 8, "num_kv_heads": 8,
-                                               "head_dim": 8, "intermediate_size": 96})  # fmt: skip
+    config8 = tiny_model_config().__class__(
+        **{
+            **CONFIG.__dict__,
+            "num_heads": 8,
+            "num_kv_heads": 8,
+            "head_dim": 8,
+            "intermediate_size": 96,
+        }
+    )
     last = RankShard.of(config8, 8, 7).slice("embed_tokens.weight", embed)
     assert last.shape == (38, 64) and torch.equal(last[:34], embed[266:]) and not last[34:].any()
 

@@ -18,10 +18,18 @@ def test_split_heads_divide_evenly():
     # Llama-3-8B: 32 query heads, 8 KV heads, at TP 4: ranks of 8 query heads and 2 KV heads.
     split = HeadSplit(4, 32, 8)
     assert (split.rank_heads, split.rank_kv_heads, split.kv_replicas) == (8, 2, 1)
-    assert [split.heads(r) for r in range(4)] == [range(0, 8), range(8, 16), range(16, 24),
-                                                  range(24, 32)]  # fmt: skip
-    assert [split.kv_heads(r) for r in range(4)] == [range(0, 2), range(2, 4), range(4, 6),
-                                                     range(6, 8)]  # fmt: skip
+    assert [split.heads(r) for r in range(4)] == [
+        range(0, 8),
+        range(8, 16),
+        range(16, 24),
+        range(24, 32),
+    ]
+    assert [split.kv_heads(r) for r in range(4)] == [
+        range(0, 2),
+        range(2, 4),
+        range(4, 6),
+        range(6, 8),
+    ]
     assert split.owners() == [0, 1, 2, 3]
 
 

@@ -7,8 +7,8 @@ import json
 
 from pagedkv.cli import main
 
-ARGS = ["plan", "--model", "llama-3-8b", "--num-seqs", "8", "--mean-len", "1000",
-        "--max-len", "2000", "--block-sizes", "16", "--json"]  # fmt: skip
+ARGS = "plan --model llama-3-8b --num-seqs 8 --mean-len 1000 --max-len 2000 --block-sizes 16 --json"
+ARGS = ARGS.split()
 
 
 def _plan(capsys, *extra: str) -> dict:

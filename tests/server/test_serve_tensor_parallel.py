@@ -26,8 +26,12 @@ LONG = "p" * 50
 
 
 def _sizes(record_bytes: int) -> dict:
-    return dict(kv_cache_memory_bytes=BLOCKS * 16 * record_bytes, preemption_mode="swap",
-                swap_space_bytes=1 << 20, log_startup=False)  # fmt: skip
+    return dict(
+        kv_cache_memory_bytes=BLOCKS * 16 * record_bytes,
+        preemption_mode="swap",
+        swap_space_bytes=1 << 20,
+        log_startup=False,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +56,7 @@ def reference(folder):
 @pytest.fixture(scope="module")
 def url(folder):
     engine = LLMEngine(EngineConfig(model=str(folder), tensor_parallel_size=2, **_sizes(256)))
-    config = ServerConfig(served_model_name=MODEL_NAME, host=LOOPBACK, port=0,
-                          log_level="warning")  # fmt: skip
+    config = ServerConfig(served_model_name=MODEL_NAME, host=LOOPBACK, port=0, log_level="warning")
     with start_in_background(create_app(engine, config), config) as server:
         yield server.url
     assert engine.parts.ranks.workers.procs[0].exitcode == 0  # stopped with the server
@@ -76,8 +79,12 @@ def test_chat_and_its_stream(url, reference):
     out = _post(url, "chat/completions", body)
     assert out["choices"][0]["message"]["content"] == reference[0]
     text = ""
-    with httpx.stream("POST", f"{url}/v1/chat/completions", timeout=120,
-                      json={"model": MODEL_NAME, **body, "stream": True}) as resp:  # fmt: skip
+    with httpx.stream(
+        "POST",
+        f"{url}/v1/chat/completions",
+        timeout=120,
+        json={"model": MODEL_NAME, **body, "stream": True},
+    ) as resp:
         for line in resp.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
                 delta = json.loads(line[6:])["choices"][0]["delta"]

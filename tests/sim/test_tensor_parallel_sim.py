@@ -8,7 +8,7 @@ import pytest
 
 from pagedkv.errors import UsageError
 from pagedkv.sched.step_shape import StepShape
-from pagedkv.sim.scenario import load_scenario
+from pagedkv.sim.scenario_load import load_scenario
 from pagedkv.sim.simulate_config import SimulateConfig
 from pagedkv.sim.vllm_class import clock as gc
 

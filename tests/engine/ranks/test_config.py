@@ -33,8 +33,16 @@ def test_quantized_blocks_a_split_would_cut_are_refused_before_the_load(tmp_path
     from pagedkv.cli import main
 
     make_tiny_model("llama", tmp_path)  # MLP rows 96: 48 a rank, not whole blocks of 32
-    argv = ["generate", "--model", str(tmp_path), "--tensor-parallel-size", "2",
-            "--weights", "int8", "hi"]  # fmt: skip
+    argv = [
+        "generate",
+        "--model",
+        str(tmp_path),
+        "--tensor-parallel-size",
+        "2",
+        "--weights",
+        "int8",
+        "hi",
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("error:") == 1 and "cut the quantized blocks of 32 in two" in err

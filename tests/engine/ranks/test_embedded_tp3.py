@@ -23,8 +23,9 @@ def test_tp3_greedy_tokens_equal_one_ranks(make_engine):
     prompts = [one.tokenizer.encode_chat([{"role": "user", "content": q}]) for q in QUESTIONS]
     params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
     want = [o.outputs[0].token_ids for o in one.generate(prompts, params)]
-    config = EngineConfig(kv_cache_memory_bytes=64 << 20, max_model_len=512, log_startup=False,
-                          tensor_parallel_size=3)  # fmt: skip
+    config = EngineConfig(
+        kv_cache_memory_bytes=64 << 20, max_model_len=512, log_startup=False, tensor_parallel_size=3
+    )
     three = LLMEngine(config)
     try:
         page = three.parts.page_format

@@ -33,8 +33,14 @@ def folder(tmp_path_factory):
 
 
 def _engine(folder) -> LLMEngine:
-    return LLMEngine(EngineConfig(model=str(folder), kv_cache_memory_bytes=8 << 20,
-                                  tensor_parallel_size=2, log_startup=False))  # fmt: skip
+    return LLMEngine(
+        EngineConfig(
+            model=str(folder),
+            kv_cache_memory_bytes=8 << 20,
+            tensor_parallel_size=2,
+            log_startup=False,
+        )
+    )
 
 
 def _run_until_failure(engine: LLMEngine) -> tuple[RankFailure, int]:
@@ -93,8 +99,9 @@ def test_one_tensor_parallel_engine_a_process_at_a_time(folder):
 
 
 def _pagedkv(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pagedkv", *argv], capture_output=True,
-                          text=True, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "pagedkv", *argv], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_heads_that_do_not_split_are_refused_in_one_line():
@@ -113,11 +120,10 @@ def _serving(folder) -> tuple[subprocess.Popen, int]:
     """``pagedkv serve --tensor-parallel-size 2`` answering, and its worker's pid."""
     port = free_port()
     env = {**os.environ, "PAGEDKV_API_KEY": ""}
-    serve = subprocess.Popen(
-        [sys.executable, "-m", "pagedkv", "serve", "--model", str(folder), "--port", str(port),
-         "--kv-cache-memory", "8MiB", "--tensor-parallel-size", "2"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
+    argv = ["serve", "--model", str(folder), "--port", str(port), "--kv-cache-memory", "8MiB"]
+    argv += ["--tensor-parallel-size", "2"]
+    pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    serve = subprocess.Popen([sys.executable, "-m", "pagedkv", *argv], **pipes)
     deadline = time.monotonic() + 90
     info = None
     while info is None and time.monotonic() < deadline and serve.poll() is None:

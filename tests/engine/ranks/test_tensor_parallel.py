@@ -28,8 +28,13 @@ CASES = {  # (family, the model's overrides, the TP 2 engine's)
 
 def _config(folder, tp: int, **extra) -> EngineConfig:
     # 16-token chunks: the 37-token prompt prefills in three steps beside the others' decode.
-    fields = dict(model=str(folder), log_startup=False, max_num_batched_tokens=16,
-                  kv_cache_memory_bytes=8 << 20, tensor_parallel_size=tp)  # fmt: skip
+    fields = dict(
+        model=str(folder),
+        log_startup=False,
+        max_num_batched_tokens=16,
+        kv_cache_memory_bytes=8 << 20,
+        tensor_parallel_size=tp,
+    )
     return EngineConfig(**{**fields, **extra})
 
 
@@ -41,8 +46,13 @@ def case(request, tmp_path_factory):
     with torch.no_grad():
         reference = []
         for prompt in PROMPTS:
-            out = hf.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False,
-                              eos_token_id=None, pad_token_id=0)  # fmt: skip
+            out = hf.generate(
+                torch.tensor([prompt]),
+                max_new_tokens=NEW_TOKENS,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
             reference.append(out[0, len(prompt) :].tolist())
     loaded = load_model(folder, progress=False)
     one = LLMEngine(_config(folder, 1), parts=build_parts(_config(folder, 1), loaded))
