@@ -5,6 +5,9 @@ tiny random Llama (4 query and 2 KV heads), TP 1 against TP 2, with the share of
 wall time spent in all-reduces (inside ``dist.all_reduce``: the transfer and the wait for the
 slower rank).
 
+Each engine's greedy ids are compared with TP 1's: how many of the batch's prompts match
+exactly, and where the others first differ.
+
 Every engine is built once; rounds alternate them (``common.alternate``, flipping the order),
 each round one batch of requests; medians of the repeats. Nothing is asserted:
 docs/tensor_parallel.md quotes a run.
@@ -56,7 +59,7 @@ def _engine(model: str | None, tp: int, threads: int):
 
 def _run(engine, threads: int, prompts, params) -> dict:
     """One batch on ``threads`` (torch's count is the process's, each engine sets its own):
-    tokens/s, and rank 0's all-reduce seconds and count (TP > 1)."""
+    tokens/s, and rank 0's all-reduce seconds and count (TP > 1), and each request's ids."""
     import torch
 
     group = engine.parts.ranks.group
@@ -68,6 +71,7 @@ def _run(engine, threads: int, prompts, params) -> dict:
     wall = time.perf_counter() - started
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     row = {"tokens_per_s": tokens / wall, "wall_s": wall, "steps": engine.stats().num_steps}
+    row["ids"] = [list(o.outputs[0].token_ids) for o in outs]
     if group is not None:
         row.update(all_reduce_s=group.reduce_s, num_all_reduces=group.num_reduces)
     return row
@@ -92,6 +96,7 @@ def measure(label: str, model: str | None, sizes: list[int], args) -> dict:
     finally:
         for engine in engines.values():
             engine.close()
+    greedy = _greedy_match({n: [r.pop("ids") for r in rs] for n, rs in runs.items()})
     rates = medians({n: [r["tokens_per_s"] for r in rs] for n, rs in runs.items()})
     share = {
         n: medians({n: [r["all_reduce_s"] / r["wall_s"] for r in rs]})[n]
@@ -103,14 +108,40 @@ def measure(label: str, model: str | None, sizes: list[int], args) -> dict:
         "tokens_per_s": rates,
         "vs_tp1": ratios(rates, "TP 1"),
         "all_reduce_share_of_wall": share,
+        "greedy_vs_tp1": greedy,
         "runs": runs,
     }
-    print(
-        f"{label}: tokens/s { ({n: round(v, 1) for n, v in rates.items()}) }; all-reduce share "
-        f"{ ({n: f'{v:.1%}' for n, v in share.items()}) }",
-        flush=True,
-    )
+    rounded = {n: round(v, 1) for n, v in rates.items()}
+    shares = {n: f"{v:.1%}" for n, v in share.items()}
+    exact = {n: f"{g['exact']}/{g['prompts']}" for n, g in greedy.items()}
+    print(f"{label}: tokens/s {rounded}; all-reduce share {shares}; greedy = TP 1's {exact}")
     return out
+
+
+def _greedy_match(ids: dict[str, list[list[list[int]]]]) -> dict[str, dict]:
+    """Each engine's greedy ids against TP 1's (fp32, the same batch): how many of the prompts
+    match exactly, and for each prompt the first new token that differs (None: equal); and
+    whether every round of the engine gave the same ids."""
+    want = ids["TP 1"][0]
+    out = {}
+    for name, rounds in ids.items():
+        got = rounds[0]
+        first = [_first_difference(g, w) for g, w in zip(got, want, strict=True)]
+        out[name] = {
+            "prompts": len(want),
+            "exact": sum(f is None for f in first),
+            "first_difference": first,
+            "repeatable": all(r == got for r in rounds),
+        }
+    return out
+
+
+def _first_difference(got: list[int], want: list[int]) -> int | None:
+    """The index of the first new token where ``got`` and ``want`` differ; None if equal."""
+    diff = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
+    if diff is None and len(got) != len(want):
+        return min(len(got), len(want))
+    return diff
 
 
 def main() -> int:
