@@ -66,11 +66,12 @@ def _run(engine, threads: int, prompts, params) -> dict:
     torch.set_num_threads(threads)
     if group is not None:
         group.timed, group.reduce_s, group.num_reduces = True, 0.0, 0
+    steps = engine.stats().num_steps  # the engine's count so far
     started = time.perf_counter()
     outs = engine.generate(prompts, params)
     wall = time.perf_counter() - started
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    row = {"tokens_per_s": tokens / wall, "wall_s": wall, "steps": engine.stats().num_steps}
+    row = {"tokens_per_s": tokens / wall, "wall_s": wall, "steps": engine.stats().num_steps - steps}
     row["ids"] = [list(o.outputs[0].token_ids) for o in outs]
     if group is not None:
         row.update(all_reduce_s=group.reduce_s, num_all_reduces=group.num_reduces)
