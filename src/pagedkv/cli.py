@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import rich.console
 
 from pagedkv import __version__
-from pagedkv.errors import UsageError
+from pagedkv.errors import RankFailure, UsageError
 
 # The order here is the order in `pagedkv --help`.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -99,6 +99,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141  # 128 + SIGPIPE, what a shell reports for a writer whose reader left
+    except RankFailure as exc:  # a tensor-parallel rank died or failed: every rank is stopped
+        print(f"pagedkv {args.command}: error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -2,8 +2,9 @@
 
 ``UsageError``: the user asked for something invalid (a flag, a file, a request field). Edges
 print it as one line (the CLI, exit 2) or answer it as a 400 (the server, ``param`` names the
-field). Any other exception is an internal error and is reported as one. ``read_json``: a
-file the user named, as JSON, or that UsageError.
+field). ``RankFailure``: a tensor-parallel rank died or failed, and the engine cannot go on:
+the edges end with that one line. Any other exception is an internal error and is reported as
+one. ``read_json``: a file the user named, as JSON, or that UsageError.
 """
 
 from __future__ import annotations
@@ -25,6 +26,12 @@ class UsageError(ValueError):
         super().__init__(message)
         self.param = param
         self.code = code  # a machine-readable kind, e.g. "context_length_exceeded"
+
+
+class RankFailure(RuntimeError):
+    """A rank of a tensor-parallel engine died, raised or stopped answering: its collectives
+    cannot complete, so the engine stops (every rank) instead of containing it to a request.
+    The message names the rank and what happened to it."""
 
 
 def read_json(path: str | Path, what: str) -> Any:

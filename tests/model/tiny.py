@@ -66,12 +66,13 @@ def tiny_model_config():
     )
 
 
-def hf_config(arch: str, context_len: int | None = None):
+def hf_config(arch: str, context_len: int | None = None, **overrides):
     """A transformers config of ``arch`` exercising that family's particulars (``context_len``
-    replaces the usual ``max_position_embeddings``)."""
+    replaces the usual ``max_position_embeddings``; ``overrides`` replace ``COMMON``'s
+    fields, e.g. ``num_key_value_heads=1``)."""
     import transformers
 
-    common = dict(COMMON)
+    common = {**COMMON, **overrides}
     if context_len is not None:
         common["max_position_embeddings"] = context_len
 
@@ -125,10 +126,16 @@ def _deepseek_config(arch: str, common: dict):
 
 
 def make_tiny_model(
-    arch: str, folder: Path, seed: int = 0, context_len: int | None = None, config=None
+    arch: str,
+    folder: Path,
+    seed: int = 0,
+    context_len: int | None = None,
+    config=None,
+    **overrides,
 ):
-    """Save a random ``arch`` model (of ``config``, a transformers config, when given) to
-    ``folder``; returns the transformers model (fp32, eval).
+    """Save a random ``arch`` model (of ``config``, a transformers config, when given; else
+    ``hf_config``'s with ``overrides``) to ``folder``; returns the transformers model (fp32,
+    eval).
 
     Every parameter (norms and biases too, which transformers initialises to 1 and 0) is drawn
     at random so that each one influences the logits.
@@ -136,7 +143,8 @@ def make_tiny_model(
     import transformers
 
     torch.manual_seed(seed)
-    config = hf_config(arch, context_len) if config is None else config
+    if config is None:
+        config = hf_config(arch, context_len, **overrides)
     model = transformers.AutoModelForCausalLM.from_config(config).float().eval()
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():

@@ -9,9 +9,23 @@ from pagedkv.pages.page_format import PageFormat
 from tests.kvstore.redis_server import RedisServer
 from tests.server.conftest import MODEL_NAME, running_server
 
-KEYS = {"instance_id", "model", "model_identity", "page_format", "allocator", "block_size",
-        "prefix_caching", "hash_algorithm", "max_model_len", "kv_events", "tokenizer", "device",
-        "dtype", "attention_backend"}  # fmt: skip
+KEYS = {
+    "instance_id",
+    "model",
+    "model_identity",
+    "page_format",
+    "allocator",
+    "block_size",
+    "prefix_caching",
+    "hash_algorithm",
+    "max_model_len",
+    "kv_events",
+    "tokenizer",
+    "device",
+    "dtype",
+    "attention_backend",
+    "tensor_parallel",
+}
 
 
 @pytest.mark.parametrize(

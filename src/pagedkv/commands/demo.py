@@ -73,7 +73,11 @@ def run(args: argparse.Namespace) -> int:
     }
     placement = engine_placement(configs[args.policy])
     warn_if_busy("demo", adapts=not args.fixed_threads, device=args.device)
-    loaded = load_model(args.model, placement.dtype, weights=args.weights, device=placement.device)
+    loaded = None  # under tensor parallelism each engine's ranks load their shares
+    if args.tensor_parallel_size == 1:
+        loaded = load_model(
+            args.model, placement.dtype, weights=args.weights, device=placement.device
+        )
     results = {}
     for policy, config in configs.items():
         results[policy] = _run_batch(args, policy, config, loaded, params, console)
@@ -85,7 +89,7 @@ def _run_batch(
     args: argparse.Namespace,
     policy: str,
     config: EngineConfig,
-    loaded: tuple,
+    loaded: tuple | None,
     params: SamplingParams,
     console: Console,
 ) -> tuple[EngineStats, EngineInfo]:
@@ -120,6 +124,7 @@ def _run_batch(
                     streaming = False
         progress.update(outputs, quiet=streaming)  # never inside the streamed answer
     stats = engine.stats()
+    engine.close()
     print_stats(stats, title=f"{len(prompts)} chat requests — policy {policy}")
     return stats, engine.info
 

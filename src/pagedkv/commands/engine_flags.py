@@ -22,6 +22,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model and KV cache")
     g.add_argument("--model", help="GGUF file or Hugging Face folder (default: embedded SmolLM2)")
     add_placement_args(g)
+    add_tensor_parallel_arg(g)
     g.add_argument(
         "--cuda-graphs",
         action=argparse.BooleanOptionalAction,
@@ -122,6 +123,21 @@ def add_prefix_match_unit_arg(g: argparse._ArgumentGroup | argparse.ArgumentPars
     )
 
 
+def add_tensor_parallel_arg(g: argparse._ArgumentGroup | argparse.ArgumentParser) -> None:
+    """``--tensor-parallel-size``: the engine's, the profiler's."""
+    g.add_argument(
+        "--tensor-parallel-size",
+        "--tp",
+        type=int,
+        default=1,
+        metavar="N",
+        help="split the model over N processes (rank 0 schedules and serves; N - 1 workers): "
+        "query and KV heads, MLP rows and vocabulary split; gloo on the CPU (each rank its "
+        "share of the cores), NCCL on GPUs (one a rank). N must divide the query heads and "
+        "divide or be a multiple of the KV heads (default 1; docs/tensor_parallel.md)",
+    )
+
+
 def add_placement_args(g: argparse._ArgumentGroup | argparse.ArgumentParser) -> None:
     """``--device``, ``--dtype`` and ``--attention-backend``: where and how the model runs."""
     g.add_argument(
@@ -210,6 +226,7 @@ def engine_config(args: argparse.Namespace, **overrides):
         kv_events_url=args.kv_events,
         preemption_mode=args.preemption_mode,
         swap_space_bytes=swap_space_bytes(args),
+        tensor_parallel_size=args.tensor_parallel_size,
     )
     fields.update(overrides)
     return EngineConfig(**fields)

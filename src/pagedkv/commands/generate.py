@@ -74,6 +74,15 @@ def run(args: argparse.Namespace) -> int:
 
     warn_if_busy("generate", adapts=not args.fixed_threads, device=args.device)
     engine = LLMEngine(config)
+    try:
+        return _generate(engine, args, prompts, params)
+    finally:
+        engine.close()  # the other tensor-parallel ranks, if any
+
+
+def _generate(engine, args: argparse.Namespace, prompts: list, params) -> int:
+    """The prompts run on ``engine``, printed (or as JSON lines), then the stats; the exit
+    code."""
     if args.chat:
         system = [{"role": "system", "content": args.system}] if args.system is not None else []
         prompts = [

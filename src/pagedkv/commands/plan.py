@@ -33,6 +33,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     model.add_argument("--model", help="preset name, config.json (or its folder), or .gguf")
     model.add_argument("--record-bytes", metavar="C", help="KV bytes per token, all layers")
     model.add_argument("--kv-dtype", help="fp32, fp16, bf16, fp8, mxfp8, fp4 (default: model's)")
+    model.add_argument(
+        "--tensor-parallel-size",
+        "--tp",
+        dest="tp",
+        default="1",
+        metavar="N",
+        help="plan one rank of N (tensor parallel): its KV heads' page bytes (replicated heads "
+        "as the engine holds them), its share of the weights against --gpu-memory, and with "
+        "--gpu its step with two all-reduces a layer (1)",
+    )
     work = p.add_argument_group("workload (parameters or --trace)")
     work.add_argument("--num-seqs", metavar="K", help="live sequences at once (required)")
     work.add_argument("--mean-len", metavar="L", help="mean sequence length, tokens (32k = 32768)")
@@ -202,13 +212,12 @@ def _pool_bytes(args: argparse.Namespace, layout) -> int | None:
 
 def run(args: argparse.Namespace) -> int:
     from pagedkv.planner.constraints import resolve_block_size
-    from pagedkv.planner.framework_pages import framework_pages, pages_to_json, render_pages
     from pagedkv.planner.plan import build_plan
-    from pagedkv.planner.report import plan_to_json, render_plan
 
     if args.plot:
         prepare_plot_path(args.plot, args.force)
-    layout = _layout(args)
+    args.tp = parse_count("--tensor-parallel-size", args.tp)
+    layout = _rank_layout(_layout(args), args.tp)
     workload = _workload(args)
     unit = None
     if args.prefix_match_unit is not None:
@@ -240,26 +249,49 @@ def run(args: argparse.Namespace) -> int:
         log_line = resolve_block_size(block_size, plan.backend, layout, num_blocks).log_line()
     if args.plot:
         _save_plot(plan, args.plot)
-    # An MLA model: each framework's page for it (the first article's thought experiment).
+    _report(args, plan, layout, log_line)
+    return 0
+
+
+def _report(args: argparse.Namespace, plan, layout, log_line: str | None) -> None:
+    """The plan as JSON or tables; for an MLA model, each framework's page for it too (the first
+    article's thought experiment)."""
+    from pagedkv.planner.framework_pages import framework_pages, pages_to_json, render_pages
+    from pagedkv.planner.report import plan_to_json, render_plan
+
     pages = framework_pages(layout, plan.pool_bytes) if layout.attention == "mla" else None
     if args.json:
-        out = plan_to_json(plan, log_line)
+        out = {**plan_to_json(plan, log_line), "tensor_parallel_size": args.tp}
         if pages is not None:
             out["framework_pages"] = pages_to_json(pages)
         json.dump(out, sys.stdout, indent=2, allow_nan=False)
         sys.stdout.write("\n")
-    else:
-        from rich.console import Console
+        return
+    from rich.console import Console
 
-        console = Console()
-        if not console.is_terminal:  # piped: do not squeeze the table into 80 columns
-            console = Console(width=132)
-        render_plan(plan, console, log_line)
-        if pages is not None:
-            render_pages(layout, pages, console)
-        if args.plot:
-            print(f"plot written to {args.plot}")
-    return 0
+    console = Console()
+    if not console.is_terminal:  # piped: do not squeeze the table into 80 columns
+        console = Console(width=132)
+    render_plan(plan, console, log_line)
+    if pages is not None:
+        render_pages(layout, pages, console)
+    if args.plot:
+        print(f"plot written to {args.plot}")
+
+
+def _rank_layout(layout, tp: int):
+    """One rank's layout at ``tp`` ranks (``pages/head_split.py``; ``UsageError`` in one line
+    for a size the heads refuse), named so; the layout itself at 1. ``args.tp`` becomes the
+    count."""
+    from dataclasses import replace
+
+    from pagedkv.pages.head_split import rank_layout
+
+    if tp < 1:
+        raise UsageError(f"--tensor-parallel-size must be >= 1, got {tp}", "tensor_parallel_size")
+    if tp == 1:
+        return layout
+    return replace(rank_layout(layout, tp), name=f"{layout.name}, one rank of TP {tp}")
 
 
 def _save_plot(plan, path: str) -> None:

@@ -34,15 +34,16 @@ def decode_clock(args: argparse.Namespace, layout, workload):
         gpu = get_gpu(args.gpu)
         clock, source = engine_clock_for(gpu)
         model = ModelCost.from_shape(load_shape(args.model), layout.kv_dtype)
-        engine = EngineCostModel(model, gpu, clock, cuda_graphs=True, source=source)
+        tp = args.tp  # at TP > 1 the engine captures no CUDA graphs
+        engine = EngineCostModel(model, gpu, clock, tp == 1, source, tp)
         return (
             (lambda b: engine.step_time_s(StepShape.of(batch, b))),
-            f"{source}, CUDA graphs",
+            f"{source}, " + ("CUDA graphs" if tp == 1 else f"eager, TP {tp}"),
             engine,
         )
     from pagedkv.sim.vllm_class.cost import fitted_cost_model
 
-    cost = fitted_cost_model(args.model, args.gpu, kv_dtype=layout.kv_dtype)
+    cost = fitted_cost_model(args.model, args.gpu, kv_dtype=layout.kv_dtype, tp=args.tp)
     return (lambda b: cost.step_time_s(StepShape.of(batch, b))), cost.source, cost
 
 

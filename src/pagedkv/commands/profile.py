@@ -20,7 +20,7 @@ import argparse
 from pathlib import Path
 
 from pagedkv.commands.busy_machine import warn_if_busy
-from pagedkv.commands.engine_flags import add_placement_args
+from pagedkv.commands.engine_flags import add_placement_args, add_tensor_parallel_arg
 from pagedkv.commands.progress import ProgressLines
 from pagedkv.errors import UsageError
 
@@ -55,6 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add = p.add_argument
     add("--model", help="GGUF file or Hugging Face folder (default: the embedded SmolLM2)")
     add_placement_args(p)
+    add_tensor_parallel_arg(p)
     add("-o", "--output", default="cost-profile.json", help="JSON to write (%(default)s)")
     # Grid flags default to None: the grid (DEFAULT_GRID, or QUICK_GRID with --quick) fills
     # only what the user did not give, so --quick never overrides an explicit value.
@@ -163,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         attention_backend=args.attention_backend,
         log_startup=False,
+        tensor_parallel_size=args.tensor_parallel_size,
     )
     if args.timeline:
         from pagedkv.commands.profile_timeline import run_timeline
@@ -204,7 +206,6 @@ def measure(
 
     from pagedkv.engine.pool_plan import engine_placement
     from pagedkv.engine.profiling import machine_meta, profile_engine
-    from pagedkv.model import load_model
     from pagedkv.sim.costs.profile_fit import build_profile
 
     if threads is not None:
@@ -213,7 +214,7 @@ def measure(
     base = dataclasses.replace(base, dtype=placement.dtype)  # the KV record size reads it
     given = loaded  # a model the caller built (no path to name it by)
     if loaded is None:
-        loaded = load_model(base.model, placement.dtype, progress=progress, device=placement.device)
+        loaded = _load(base, placement, progress)
     columns = (
         *rich.progress.Progress.get_default_columns(),
         rich.progress.TextColumn("{task.fields[what]}"),
@@ -242,6 +243,17 @@ def measure(
         "plan": dict(plan.__dict__),
     }
     return build_profile(samples, meta)
+
+
+def _load(base, placement, progress: bool):
+    """``(config, model, tokenizer)`` to profile; under tensor parallelism the config alone
+    (each engine's ranks load their shares)."""
+    from pagedkv.model.config import ModelConfig
+    from pagedkv.model.loader import load_model, read_model_shape
+
+    if base.tensor_parallel_size > 1:
+        return ModelConfig.from_shape(read_model_shape(base.model)), None, None
+    return load_model(base.model, placement.dtype, progress=progress, device=placement.device)
 
 
 def _report(profile, output: Path) -> None:

@@ -25,7 +25,6 @@ def run_timeline(args: argparse.Namespace, base) -> int:
     import dataclasses
 
     from pagedkv.engine import LLMEngine
-    from pagedkv.engine.step.timeline import StepTimeline, summarize
 
     num_requests = 32 if args.requests is None else args.requests
     max_prompt = 512 if args.max_prompt is None else args.max_prompt
@@ -35,6 +34,16 @@ def run_timeline(args: argparse.Namespace, base) -> int:
         raise UsageError(f"--max-prompt must be >= 16, got {max_prompt}", "max_prompt")
     config = dataclasses.replace(base, log_startup=False, async_scheduling=args.async_scheduling)
     engine = LLMEngine(config)
+    try:
+        return _timeline(engine, args, num_requests, max_prompt)
+    finally:
+        engine.close()
+
+
+def _timeline(engine, args: argparse.Namespace, num_requests: int, max_prompt: int) -> int:
+    """The timeline's requests run on ``engine``, and its report."""
+    from pagedkv.engine.step.timeline import StepTimeline, summarize
+
     if max_prompt + MAX_NEW_TOKENS > engine.max_model_len:
         raise UsageError(
             f"--max-prompt {max_prompt} + up to {MAX_NEW_TOKENS} new tokens is more "

@@ -21,6 +21,7 @@ from pathlib import Path
 from pagedkv.commands.busy_machine import warn_if_busy
 from pagedkv.commands.engine_flags import add_engine_args, engine_config
 from pagedkv.commands.serve_replicas import add_replica_args
+from pagedkv.errors import RankFailure
 
 # The cap's default, repeated here so that parsing flags needs no server import (FastAPI is
 # slow to import); tests check that the two agree.
@@ -214,10 +215,21 @@ def run(args: argparse.Namespace) -> int:
         pd = _pair_up(pd_cfg, engine, config)
     except BaseException:
         sock.close()
+        engine.close()
         raise
     app = create_app(engine, config, pd=pd, flush_store=pd_cfg.role == "prefill")
+    app.state.engine_loop.on_fatal = lambda why: _stop_serving(app, why)
     serve_forever(app, config, sock)
+    if (why := engine.ranks_failure) is not None:  # a rank died: serving ended, say why
+        raise RankFailure(why)
     return 0
+
+
+def _stop_serving(app, why: str) -> None:
+    """A tensor-parallel rank failed: the engine cannot serve; end this server as Ctrl-C
+    would (open requests get their error, the workers are stopped), then exit 1."""
+    print(f"pagedkv serve: {why}: shutting down", file=sys.stderr, flush=True)
+    app.state.uvicorn_server.should_exit = True
 
 
 def _pair_up(pd_cfg, engine, config):
@@ -234,7 +246,8 @@ def _pair_up(pd_cfg, engine, config):
         f"pagedkv: P/D role {pd_cfg.role}, group {pd_cfg.group!r}, store {pd_cfg.kv_store}"
         + (
             f"; prefill instance {pd_cfg.prefill_url} (pid {peer.pid} on {peer.host}, "
-            f"block_size={peer.page_format.block_size}, kv import {pd_cfg.kv_import})"
+            f"block_size={peer.page_format.block_size}, tp_size={peer.page_format.tp_size}, "
+            f"kv import {pd_cfg.kv_import})"
             if peer
             else ""
         ),

@@ -194,6 +194,12 @@ def run_replicas(
             "(docs/ray_serve.md, 'P/D as a Serve graph')",
             "role",
         )
+    if engine_cfg.tensor_parallel_size > 1:  # a replica's ranks would be processes Ray never sees
+        raise UsageError(
+            "--replicas with --tensor-parallel-size > 1 is not supported: run `pagedkv serve "
+            "--tensor-parallel-size N` replicas behind `pagedkv route` instead",
+            "tensor_parallel_size",
+        )
     check_ray_installed()
     from pagedkv.serve_ray.launch import run_on_ray
 

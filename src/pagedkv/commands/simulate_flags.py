@@ -47,10 +47,14 @@ def add_simulate_args(p: argparse.ArgumentParser) -> None:
         "H100-80GB (SXM), H100-PCIe, H200-141GB, B200 (datasheets: sim/gpus.py)",
     )
     hw.add_argument(
+        "--tensor-parallel-size",
         "--tp",
+        dest="tp",
         default="1",
         metavar="N",
-        help="GPUs per replica, tensor parallel (fitted clock; all-reduce over the GPU's link) (1)",
+        help="GPUs per replica, tensor parallel: each holds its KV heads of every token (the "
+        "engine's head split, replicated heads counted on each) and two all-reduces a layer "
+        "go over the GPU's link (fitted clocks: vllm-class or pagedkv-triton) (1)",
     )
     hw.add_argument(
         "--kv-memory", metavar="SIZE[,SIZE]", help="KV pool size(s), e.g. 58GiB; else derived"
@@ -222,7 +226,7 @@ def validate(a: argparse.Namespace) -> SimulateConfig:
         cost=a.cost,
         clock=a.clock,
         cuda_graphs=None if a.cuda_graphs is None else a.cuda_graphs == "on",
-        tensor_parallel=parse_count("--tp", a.tp),
+        tensor_parallel=parse_count("--tensor-parallel-size", a.tp),
         kernel=a.kernel,
         cost_profile=a.cost_profile,
         preemption_mode=a.preemption_mode,

@@ -5,7 +5,10 @@ means (``PageFormat``) and which model wrote it. A decode instance reads the pre
 record at start-up and refuses to start when they differ: a block read with another block
 size, dtype, layer count or head layout is silently wrong, so a warning is not enough.
 With ``--kv-import relayout`` the block size may differ (the decode side re-pages the
-prefill side's blocks on import); every other field must still match.
+prefill side's blocks on import); every other field must still match. The tensor-parallel
+sizes may differ: the store keeps whole blocks (every KV head), which each side's ranks join
+and split by head slices (``engine/ranks/kv_ranks.py``), so the pages are compared as the
+whole model's (``page_format.whole_of``).
 """
 
 from __future__ import annotations
@@ -102,12 +105,13 @@ def _named_differences(
     bridged: frozenset[str] = frozenset(),
 ) -> list[str]:
     """``(model, page format mapping, label)`` of each side -> ``"NAME MINE (LABEL) vs THEIRS
-    (LABEL)"`` for the model and every page-format field (``format_differences``) that differ."""
+    (LABEL)"`` for the model and every page-format field (``format_differences``, across
+    ranks: the whole model's pages) that differ."""
     (my_model, my_pages, me), (their_model, their_pages, them) = mine, theirs
     diffs = []
     if my_model != their_model:
         diffs.append(f"model {my_model!r} ({me}) vs {their_model!r} ({them})")
-    for name, a, b in format_differences(my_pages, their_pages, bridged):
+    for name, a, b in format_differences(my_pages, their_pages, bridged, across_ranks=True):
         diffs.append(f"{name} {a} ({me}) vs {b} ({them})")
     return diffs
 

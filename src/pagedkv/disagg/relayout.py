@@ -76,10 +76,11 @@ class RelayoutImporter:
         from pagedkv.kvstore.counters import StoreCounters
         from pagedkv.kvstore.namespace import store_namespace
 
-        ours = engine.parts.page_format
+        # The store keeps whole blocks (every KV head) whatever either side's tensor-parallel size.
+        ours, theirs = engine.parts.page_format.whole(), peer.page_format.whole()
         return cls(
             StoreClient(parse_store_url(url), StoreCounters()),
-            store_namespace(peer.page_format, peer.model, DEFAULT_HASH_ALGORITHM),
+            store_namespace(theirs, peer.model, DEFAULT_HASH_ALGORITHM),
             store_namespace(ours, model_id, DEFAULT_HASH_ALGORITHM),
             peer.page_format.block_size,
             ours.block_size,

@@ -64,6 +64,9 @@ class EngineConfig:
     # KV events (engine/kv/events.py): a redis://HOST:PORT[/DB] URL the engine publishes its
     # prefix cache's changes to (a stream per instance, for routers); None = off.
     kv_events_url: str | None = None
+    # Tensor parallelism (engine/ranks/): ranks, each a process with its share of the weights
+    # and its KV heads (rank 0 is this engine; on GPUs one device a rank, from --device's).
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         """Every check raises ``UsageError`` naming the field (these are the user's flags)."""
@@ -109,11 +112,28 @@ class EngineConfig:
                 "kv_cache_memory_bytes",
             )
         check_limits(self.max_num_seqs, self.max_num_batched_tokens, self.max_model_len)
+        self._check_tensor_parallel()
         # Host bytes here (whether one block fits is checked at start-up, once the block size
         # is known); the scheduler checks the token slots they become by the same rule.
         check_swap_space(
             self.preemption_mode, self.swap_space_bytes, "swap_space_bytes", "--swap-space"
         )
+
+    def _check_tensor_parallel(self) -> None:
+        """``--tensor-parallel-size``: a whole number >= 1 (whether the model's heads split is
+        the start-up's check, once its shape is read); CUDA graphs replay one rank's step."""
+        tp = self.tensor_parallel_size
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+            raise UsageError(
+                f"--tensor-parallel-size must be a whole number >= 1, got {tp!r}",
+                "tensor_parallel_size",
+            )
+        if tp > 1 and self.cuda_graphs:
+            raise UsageError(
+                "--cuda-graphs with --tensor-parallel-size > 1 is not supported (the ranks' "
+                "collectives are not captured): drop one",
+                "cuda_graphs",
+            )
 
     def engine_policy(self, block_size: int | None) -> Policy:
         """The policy with ``prefix_match_unit`` applied, checked at ``block_size`` (None: the

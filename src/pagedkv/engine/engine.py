@@ -30,7 +30,7 @@ from pagedkv.engine.step.record import StepRecord
 from pagedkv.engine.step.stats_recorder import StatsRecorder
 from pagedkv.engine.step.timeline import NullTimeline, StepTimeline
 from pagedkv.engine.structured.grammar import GrammarCache
-from pagedkv.errors import UsageError
+from pagedkv.errors import RankFailure, UsageError
 from pagedkv.kvcache.hashing import HashExtraKeys
 
 log = logging.getLogger("pagedkv.engine")
@@ -76,6 +76,19 @@ class LLMEngine(OfflineCalls):
     steps_ahead = property(lambda self: self.loop.ahead)
     # The requests a failure inside a step ended (the rest went on).
     num_failed_requests = property(lambda self: self.loop.record.num_failed_requests)
+
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks' processes (nothing at one rank); the engine
+        cannot step afterwards. Idempotent; also run at exit."""
+        if self.parts.ranks is not None:
+            self.parts.ranks.close()
+
+    @property
+    def ranks_failure(self) -> str | None:
+        """Why a tensor-parallel rank ended this engine (one line), or None. Any thread."""
+        ranks = self.parts.ranks
+        workers = ranks.workers if ranks is not None else None
+        return workers.failure if workers is not None else None
 
     def flush_kv_store(self, timeout_s: float = 30.0) -> bool:
         """Wait until every block written through to the KV store so far has been sent (True;
@@ -165,7 +178,10 @@ class LLMEngine(OfflineCalls):
         changed (finished ones for the last time: the engine forgets them afterwards), and the
         outputs ``generate`` / ``stream`` stepped past. Never raises because of one request: a
         failure in the forward pass or the sampler fails the requests it is traced to
-        (``error`` set, blocks freed) and the others go on."""
+        (``error`` set, blocks freed) and the others go on. ``RankFailure`` once a
+        tensor-parallel rank has failed: the engine is over."""
+        if (why := self.ranks_failure) is not None:  # its ranks are gone: it cannot step
+            raise RankFailure(why)
         outputs = self.loop.step()
         stashed, self._stash = list(self._stash.values()), {}
         return stashed + outputs
@@ -199,5 +215,9 @@ class LLMEngine(OfflineCalls):
 
     def publish_kv_events(self) -> None:
         """Publish the prefix cache's changes since the last call (each step calls it; an idle
-        server does too, so a snapshot owed after a Redis outage goes out). Engine thread only."""
+        server does too, so a snapshot owed after a Redis outage goes out). Engine thread only.
+        ``RankFailure`` when a tensor-parallel rank has failed meanwhile (an idle server learns
+        it here, within its idle wake)."""
+        if (why := self.ranks_failure) is not None:
+            raise RankFailure(why)
         self.loop.record.publish_kv_events()

@@ -22,7 +22,9 @@ from pagedkv.errors import UsageError
 from pagedkv.kvcache.policies import Policy, get_policy
 from pagedkv.model.config import ModelConfig
 from pagedkv.model.device import Placement, resolve_placement
+from pagedkv.model.shards import RankShard
 from pagedkv.pages.backends import RULES
+from pagedkv.pages.head_split import HeadSplit, rank_layout
 from pagedkv.pages.kv_dtypes import get_kv_dtype
 from pagedkv.pages.layout import KVLayout, layout_from_shape
 from pagedkv.pages.page_format import PageFormat
@@ -34,7 +36,9 @@ DEFAULT_MAX_MODEL_LEN = 2048
 @dataclass(frozen=True)
 class PoolPlan:
     """What the model's shape and the flags decide before the weights load. ``num_blocks``:
-    the pool's blocks, None where the card sizes it (a GPU without ``--kv-cache-memory``)."""
+    the pool's blocks, None where the card sizes it (a GPU without ``--kv-cache-memory``).
+    Under tensor parallelism every rank's pool has these blocks of its own heads: ``layout``
+    and ``page_format`` are rank 0's (``split`` says whose heads are whose)."""
 
     max_model_len: int
     policy: Policy
@@ -45,6 +49,7 @@ class PoolPlan:
     num_blocks: int | None
     num_host_kv_blocks: int
     lines: list[str]
+    split: HeadSplit
 
 
 def plan_pool(config: EngineConfig, model_config: ModelConfig) -> PoolPlan:
@@ -58,7 +63,9 @@ def plan_pool(config: EngineConfig, model_config: ModelConfig) -> PoolPlan:
             param="max_model_len",
         )
     policy, placement = get_policy(config.policy), engine_placement(config)
-    layout = layout_from_shape(model_config.model_shape(), get_kv_dtype(placement.dtype).name)
+    whole = layout_from_shape(model_config.model_shape(), get_kv_dtype(placement.dtype).name)
+    split = tensor_parallel_split(config, model_config, placement)
+    layout = rank_layout(whole, split.tp_size, model_config.num_heads)  # one rank's pages
     reserved = policy.allocator == "reserved"
     # Reserved: one region of max_model_len slots per sequence is the whole point of this
     # baseline, one block, which every backend reads (the Triton tiles gather through the table).
@@ -72,12 +79,14 @@ def plan_pool(config: EngineConfig, model_config: ModelConfig) -> PoolPlan:
         memory_bytes = config.kv_cache_memory_bytes or CPU_KV_CACHE_MEMORY_BYTES
         num_blocks = fixed_pool_blocks(memory_bytes, layout, block_size, reserved)
         pool_bytes = num_blocks * layout.block_bytes(block_size)
+        if placement.device.type == "cpu":  # every rank's pool is in this machine's memory
+            pool_bytes *= split.tp_size
         check_pool_fits(pool_bytes, free_memory_bytes(placement.device), placement.device.type)
     check_swap_holds_a_block(config.preemption_mode, config.swap_space_bytes, layout, block_size)
     num_host_kv_blocks = host_tier_blocks(config, policy, layout, block_size)
     check_store_policy(config, policy)
     lines = [placement.describe(), *([placement.backend_note] if placement.backend_note else [])]
-    page_format = PageFormat.from_layout(layout, block_size)
+    page_format = PageFormat.from_layout(whole, block_size).for_rank(split, 0)
     return PoolPlan(
         max_model_len,
         policy,
@@ -88,7 +97,31 @@ def plan_pool(config: EngineConfig, model_config: ModelConfig) -> PoolPlan:
         num_blocks,
         num_host_kv_blocks,
         lines,
+        split,
     )
+
+
+def tensor_parallel_split(
+    config: EngineConfig, model_config: ModelConfig, placement: Placement
+) -> HeadSplit:
+    """The model's heads over ``--tensor-parallel-size`` ranks, checked before the weights load
+    (one ``UsageError`` line: heads, MLP rows or quantized blocks that do not split, an MLA
+    model, GPUs too few)."""
+    tp = config.tensor_parallel_size
+    split = HeadSplit(tp, model_config.num_heads, model_config.num_kv_heads)
+    RankShard.of(model_config, tp, 0, config.weights)  # the MLP's rows, quantized blocks
+    device = placement.device
+    if tp > 1 and device.type == "cuda":
+        import torch
+
+        first = device.index or 0
+        if first + tp > torch.cuda.device_count():
+            raise UsageError(
+                f"--tensor-parallel-size {tp} from cuda:{first} needs {first + tp} GPUs, "
+                f"{torch.cuda.device_count()} visible",
+                "tensor_parallel_size",
+            )
+    return split
 
 
 def engine_placement(config: EngineConfig) -> Placement:
@@ -110,5 +143,8 @@ def graphs_possible(placement: Placement) -> bool:
 
 
 def graphs_wanted(config: EngineConfig, placement: Placement) -> bool:
-    """``config.cuda_graphs``, or by default on wherever they can run."""
+    """``config.cuda_graphs``, or by default on wherever they can run (never under tensor
+    parallelism: a graph would not hold the ranks' collectives)."""
+    if config.tensor_parallel_size > 1:
+        return False
     return graphs_possible(placement) if config.cuda_graphs is None else config.cuda_graphs

@@ -134,8 +134,9 @@ def profile_engine(
     clock: str = "wall",
 ) -> list[TimedStep]:
     """Time every step of ``plan`` on engines built from ``base`` (one per block size, the
-    model ``loaded`` once), timed on ``clock``; ``on_point(label)`` after each grid point.
-    Returns the samples."""
+    model ``loaded`` once; under tensor parallelism, whose ranks load their shares, each
+    engine loads its own and ``loaded`` holds the config alone), timed on ``clock``;
+    ``on_point(label)`` after each grid point. Returns the samples."""
     context = loaded[0].max_position_embeddings
     if plan.max_tokens_per_seq() > context:
         raise UsageError(
@@ -147,18 +148,36 @@ def profile_engine(
     samples: list[TimedStep] = []
     for block_size in plan.block_sizes:
         config = _engine_config(base, loaded[0], plan, block_size)
-        engine = LLMEngine(config, parts=build_parts(config, loaded))
-        rec = StepRecorder(engine, clock)
-        vocab = engine.info.vocab_size
-        engine.add_request(_prompt(rng, 8, vocab), _params(2))
-        _run_to_end(rec)  # warm-up: the first step of an engine pays one-time costs
-        for length in plan.prefill_lens:
-            engine.add_request(_prompt(rng, length, vocab), _params(1))
-            samples += _run_to_end(rec)
-            if on_point:
-                on_point(f"B={block_size} prefill {length}")
-        for context in plan.context_lens:
-            samples += _decode_points(rec, plan, context, rng, on_point)
+        own = config.tensor_parallel_size > 1
+        engine = LLMEngine(config, parts=build_parts(config, None if own else loaded))
+        try:
+            samples += _profile_one(engine, plan, block_size, rng, clock, on_point)
+        finally:
+            engine.close()
+    return samples
+
+
+def _profile_one(
+    engine: LLMEngine,
+    plan: ProfilePlan,
+    block_size: int,
+    rng: random.Random,
+    clock: str,
+    on_point: Callable[[str], None] | None,
+) -> list[TimedStep]:
+    """One engine's grid points (one block size)."""
+    samples: list[TimedStep] = []
+    rec = StepRecorder(engine, clock)
+    vocab = engine.info.vocab_size
+    engine.add_request(_prompt(rng, 8, vocab), _params(2))
+    _run_to_end(rec)  # warm-up: the first step of an engine pays one-time costs
+    for length in plan.prefill_lens:
+        engine.add_request(_prompt(rng, length, vocab), _params(1))
+        samples += _run_to_end(rec)
+        if on_point:
+            on_point(f"B={block_size} prefill {length}")
+    for context in plan.context_lens:
+        samples += _decode_points(rec, plan, context, rng, on_point)
     return samples
 
 

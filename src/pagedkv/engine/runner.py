@@ -225,7 +225,13 @@ class ModelRunner:
         draws, still on the device, when this step computes tokens scheduled before they were
         drawn (an asynchronous engine): their ids are read from there, on the device."""
         with self._step_threads():
-            return self._execute(batch, allocator, prev)
+            inputs = self.prepare(batch, allocator) if batch.seqs else None
+            self.timeline.mark("prepare")
+            return self.run_step(batch, inputs, prev)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """fp32 logits ``[N, vocab]`` of hidden rows outside a step (prompt scoring)."""
+        return self.model.compute_logits(hidden)
 
     @contextmanager
     def _step_threads(self) -> Iterator[None]:
@@ -244,12 +250,10 @@ class ModelRunner:
             keep_shards(1)
             torch.set_num_threads(full)
 
-    def _execute(
-        self, batch: ScheduledBatch, allocator: KVAllocator, prev: PendingDraws | None
+    def run_step(  # the step from its prepared inputs: what every tensor-parallel rank runs
+        self, batch: ScheduledBatch, inputs: StepInputs | None, prev: PendingDraws | None
     ) -> StepOutput:
         tl = self.timeline
-        inputs = self.prepare(batch, allocator) if batch.seqs else None
-        tl.mark("prepare")
         self.mover.before_forward(batch)
         tl.mark("kv_copies")
         if inputs is None:

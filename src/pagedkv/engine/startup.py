@@ -22,6 +22,7 @@ from pagedkv.engine.memory import (
     kv_bytes_from_card,
 )
 from pagedkv.engine.pool_plan import PoolPlan, graphs_wanted, plan_pool
+from pagedkv.engine.ranks.startup import Ranks
 from pagedkv.engine.runner import ModelRunner
 from pagedkv.engine.startup_report import startup_report
 from pagedkv.errors import UsageError
@@ -60,6 +61,7 @@ class EngineParts:
     instance_id: str = field(default_factory=new_instance_id)  # fresh per engine
     kv_store: StoreTier | None = None  # the shared store tier (``--kv-store``; None = off)
     placement: Placement | None = None  # device, dtype and attention backend (start-up's)
+    ranks: Ranks | None = None  # tensor parallelism's workers (``engine/ranks/``), if any
 
     @property
     def model_identity(self) -> str:
@@ -85,16 +87,43 @@ def build_parts(
     plan = plan_pool(config, model_config)
     make_current(plan.placement.device)
     start = card_start(plan.placement.device) if plan.num_blocks is None else None
+    if loaded is not None and plan.split.tp_size > 1:
+        raise UsageError(
+            "a model loaded already is one rank's: give --tensor-parallel-size 1, or let the "
+            "engine load the model",
+            "tensor_parallel_size",
+        )
+    ranks = Ranks(config, plan)  # the workers load their shares while rank 0 loads its own
+    try:
+        return _build(config, model_config, plan, loaded, start, ranks)
+    except BaseException:
+        ranks.close()
+        raise
+
+
+def _build(
+    config: EngineConfig,
+    model_config: ModelConfig,
+    plan: PoolPlan,
+    loaded: tuple[ModelConfig, CausalLM, Tokenizer] | None,
+    start: CardStart | None,
+    ranks: Ranks,
+) -> EngineParts:
+    """``build_parts`` once the plan is checked and the ranks started."""
     if loaded is None:
         p = plan.placement
-        loaded = load_model(config.model, p.dtype, weights=config.weights, device=p.device)
+        rank = ranks.rank(model_config)
+        loaded = load_model(
+            config.model, p.dtype, weights=config.weights, device=p.device, rank=rank
+        )
     _, model, tokenizer = loaded
     if model is not None and model.device != plan.placement.device:
         raise UsageError(f"the model is on {model.device}, the engine on {plan.placement.device}")
     backend = None if model is None else make_backend(plan.placement.backend, model, model.device)
-    num_blocks, card_lines = size_pool(config, plan, model, backend, start)
-    runtime = build_runtime(config, plan, model, backend, num_blocks)
-    extras = attach_extras(config, plan, runtime, model)
+    ranks.wait_loaded()
+    num_blocks, card_lines = size_pool(config, plan, model, backend, start, ranks)
+    runtime = build_runtime(config, plan, model_config, model, backend, num_blocks, ranks)
+    extras = attach_extras(config, plan, runtime, model, ranks)
     lines = [
         *startup_report(
             plan.policy,
@@ -105,6 +134,7 @@ def build_parts(
             plan.max_model_len,
         ),
         *plan.lines,
+        *ranks.lines(),
         *card_lines,
         *runtime.lines,
         *extras.lines,
@@ -127,15 +157,23 @@ def build_parts(
         instance_id=extras.instance_id,
         kv_store=extras.kv_store,
         placement=plan.placement,
+        ranks=ranks,
     )
 
 
 def size_pool(
-    config: EngineConfig, plan: PoolPlan, model, backend, start: CardStart | None
+    config: EngineConfig,
+    plan: PoolPlan,
+    model,
+    backend,
+    start: CardStart | None,
+    ranks: Ranks | None = None,
 ) -> tuple[int, list[str]]:
     """Section 2, the pool's size: the plan's blocks, or on a GPU without a given size what
     ``--gpu-memory-utilization`` of the card leaves once the weights and the largest step are
-    in (``engine/memory.py``), with the line that says whether one sequence fits."""
+    in (``engine/memory.py``; under tensor parallelism the least of every rank's card, each
+    measured at once: the largest step meets in its collectives), with the line that says
+    whether one sequence fits."""
     if plan.num_blocks is not None or start is None:
         assert plan.num_blocks is not None
         return plan.num_blocks, []
@@ -151,7 +189,11 @@ def size_pool(
         )
 
     device, block_size = plan.placement.device, plan.page_format.block_size
+    if ranks is not None:
+        ranks.start_sizing()
     size = kv_bytes_from_card(measure_card(device, start, peak), config.gpu_memory_utilization)
+    if ranks is not None:
+        size = ranks.least(size)
     num_blocks = size.kv_bytes // plan.layout.block_bytes(block_size)
     # The allocator keeps one block back (the null block that pads block tables).
     return num_blocks, [
@@ -167,9 +209,18 @@ class Runtime:
     lines: list[str]
 
 
-def build_runtime(config: EngineConfig, plan: PoolPlan, model, backend, num_blocks: int) -> Runtime:
+def build_runtime(
+    config: EngineConfig,
+    plan: PoolPlan,
+    model_config: ModelConfig,
+    model,
+    backend,
+    num_blocks: int,
+    ranks: Ranks | None = None,
+) -> Runtime:
     """Section 3, the runtime: the allocator over ``num_blocks``, the scheduler, the runner
-    with its pools (and host swap pool), CUDA graphs where wanted, the CPU threads."""
+    with its pools (and host swap pool), CUDA graphs where wanted, the CPU threads (under
+    tensor parallelism each rank's share, fixed: ``Ranks``)."""
     allocator = plan.policy.build(num_blocks, plan.max_model_len, plan.page_format.block_size)
     scheduler = SchedulerConfig(
         max_num_seqs=config.max_num_seqs,
@@ -181,9 +232,10 @@ def build_runtime(config: EngineConfig, plan: PoolPlan, model, backend, num_bloc
     ).build(allocator)
     # The scheduler's SwapSpace hands out host block ids: the host pool has exactly its blocks.
     num_host_blocks = scheduler.swap_space.num_blocks if scheduler.swap_space else 0
-    runner = ModelRunner(
+    make_runner = ModelRunner if ranks is None else ranks.runner_type()
+    runner = make_runner(
         model,
-        model.config if model is not None else None,
+        model_config,
         plan.page_format,
         num_blocks,
         num_host_blocks,
@@ -192,7 +244,8 @@ def build_runtime(config: EngineConfig, plan: PoolPlan, model, backend, num_bloc
     lines = []
     if graphs_wanted(config, plan.placement):
         lines.append(runner.capture_graphs(config.max_num_seqs, plan.max_model_len))
-    if threads_line := runner.share_cpu(config.adapt_threads):
+    one_rank = ranks is None or ranks.size == 1
+    if one_rank and (threads_line := runner.share_cpu(config.adapt_threads)):
         lines.append(threads_line)
     return Runtime(allocator, scheduler, runner, lines)
 
@@ -205,13 +258,19 @@ class Extras:
     lines: list[str]
 
 
-def attach_extras(config: EngineConfig, plan: PoolPlan, runtime: Runtime, model) -> Extras:
-    """Section 4, the extras: the host tier and the Redis store under the allocator, the KV
-    event stream (after the tiers: the allocator hands its log to a host tier too), and how
-    the projections compute (the loader's report)."""
+def attach_extras(
+    config: EngineConfig, plan: PoolPlan, runtime: Runtime, model, ranks: Ranks | None = None
+) -> Extras:
+    """Section 4, the extras: the host tier and the Redis store under the allocator (and the
+    other ranks' pools built to match), the KV event stream (after the tiers: the allocator
+    hands its log to a host tier too), and how the projections compute (the loader's report)."""
     runner, allocator = runtime.runner, runtime.allocator
     store = store_tiers(config, plan.page_format, model, runner.kv_caches)
+    if ranks is not None and store and (ranked := ranks.store_executor(runner, store[0][0])):
+        store = [(store[0][0], ranked)]
     lines = list(attach_tiers(allocator, runner, plan.num_host_kv_blocks, store))
+    if ranks is not None:
+        ranks.build(runner, plan.num_host_kv_blocks, store[0][0] if store else None)
     instance_id = new_instance_id()
     kv_events, event_lines = open_kv_events(config, allocator, instance_id)
     lines += event_lines

@@ -36,7 +36,9 @@ def startup_report(
         resolution.log_line(),
         f"KV pool {usable} usable blocks x {size} tokens = {usable * size} slots"
         f"{null if num_null else ''}, {runner.kv_cache_bytes / 2**20:.1f} MiB "
-        f"({layout.record_bytes} bytes per token); max_model_len {max_model_len}",
+        f"({layout.record_bytes} bytes per token"
+        f"{'' if runner.page.tp_size == 1 else ', each rank its KV heads'}); "
+        f"max_model_len {max_model_len}",
         *swap_report_lines(runner),
     ]
 

@@ -31,6 +31,7 @@ from pagedkv.model.kv_pool import KVCache
 from pagedkv.model.layers import RMSNorm, RotaryEmbedding
 from pagedkv.model.mla.rope import mla_rotary
 from pagedkv.model.native.projection import NativeProjection, native_factory
+from pagedkv.model.parallel import VocabShard
 from pagedkv.model.projection import Projection
 from pagedkv.model.weights import Load, ProjectionFactory, check_names, load_ends, load_layer
 from pagedkv.pages.backends import resolve_backend
@@ -65,6 +66,11 @@ class CausalLM(nn.Module):
         self.weights_report = ""  # how the projections compute, set by the loader
         self.kernels = None  # native.kernels() when load_weights put the weights on them (fp32)
         self._default: AttentionBackend | None = None  # ``default_backend``, built once loaded
+        # Tensor parallelism (``parallel.py``): this rank's vocabulary rows; None = all of them.
+        self.vocab_shard: VocabShard | None = None
+        # The digest of the weights as read, whatever the split (``shards.WeightsDigest``): the
+        # model identity where the loader set it.
+        self.weights_digest: str | None = None
         self.requires_grad_(False)
 
     @property
@@ -78,6 +84,12 @@ class CausalLM(nn.Module):
         return self.norm.weight.dtype
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.vocab_shard is not None:  # this rank's rows, summed over the ranks
+            return self.vocab_shard.embed(input_ids, self.embed_rows)
+        return self.embed_rows(input_ids)
+
+    def embed_rows(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """``[T, H]`` rows of the embedding held here (all of it at one rank)."""
         if self.embed_tokens is None and isinstance(self.lm_head, NativeProjection):
             return self.lm_head.tied_rows(input_ids)  # tied: row i of its [vocab, hidden]
         if self.embed_tokens is None:  # tied: column i of lm_head's [hidden, vocab] is row i
@@ -140,7 +152,10 @@ class CausalLM(nn.Module):
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """fp32 logits ``[N, vocab]`` of selected hidden rows (usually each sequence's last)."""
+        """fp32 logits ``[N, vocab]`` of selected hidden rows (usually each sequence's last); a
+        tensor-parallel rank's are gathered onto rank 0 (every rank must call it)."""
+        if self.vocab_shard is not None:
+            return self.vocab_shard.logits(hidden, self.lm_head)
         return self.lm_head(hidden).float()
 
     def load_weights(

@@ -17,8 +17,10 @@ from pagedkv.model.config import ARCHITECTURES, ModelConfig
 from pagedkv.model.embedded import embedded_model_path
 from pagedkv.model.gguf import gguf_metadata, iter_gguf_weights, read_gguf
 from pagedkv.model.llama import CausalLM, build_model
+from pagedkv.model.parallel import TensorRank, parallelize
 from pagedkv.model.quant import QuantizingFactory
 from pagedkv.model.safetensors import iter_hf_weights
+from pagedkv.model.shards import WeightsDigest
 from pagedkv.model.tokenizer import (
     Tokenizer,
     tokenizer_from_gguf_metadata,
@@ -104,12 +106,39 @@ def read_model_shape(path: str | os.PathLike[str] | None = None) -> ModelShape:
     return load_shape(resolved, architectures=ARCHITECTURES)
 
 
+def _read(
+    resolved: Path,
+    config: ModelConfig,
+    dtype: torch.dtype,
+    status: _StatusLine,
+    digest: WeightsDigest,
+    rank: TensorRank | None,
+) -> tuple[Tokenizer, dict[str, torch.Tensor]]:
+    """The tokenizer and the canonical tensors of ``resolved`` (each in ``digest`` as read;
+    only ``rank``'s share of it kept)."""
+
+    def kept(stream: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in stream:
+            digest.update(name, tensor)
+            yield name, tensor if rank is None else rank.shard.slice(name, tensor)
+
+    if resolved.is_dir():
+        tokenizer = tokenizer_from_hf_folder(resolved, config.eos_token_ids)
+        return tokenizer, dict(kept(iter_hf_weights(resolved, config, dtype, status)))
+    reader = read_gguf(resolved)
+    tokenizer = tokenizer_from_gguf_metadata(gguf_metadata(reader))
+    tensors = dict(kept(iter_gguf_weights(reader, config, dtype, status)))
+    del reader  # releases the memory map: every tensor is a copy now
+    return tokenizer, tensors
+
+
 def load_model(
     path: str | os.PathLike[str] | None = None,
     dtype: str = "float32",
     progress: bool = True,
     weights: str = "float",
     device: torch.device | str = "cpu",
+    rank: TensorRank | None = None,
 ) -> tuple[ModelConfig, CausalLM, Tokenizer]:
     """Load a model for inference (eval mode, no grads, activations in ``dtype``).
 
@@ -120,6 +149,10 @@ def load_model(
     The load time is printed when ``progress``; the engine's start-up report prints the choice.
     ``device``: where the weights go (read on the host, converted, moved); quantized weights
     run on the CPU only.
+    ``rank``: load tensor-parallel rank ``rank.group.rank``'s share only (``shards.py``: each
+    tensor sliced as it is read), made parallel (``parallel.py``); the config returned is the
+    whole model's, the model's own its share's. The model's ``weights_digest`` is of the weights
+    as read, the same at every split.
     Progress goes to stderr when ``progress``. Errors: ``FileNotFoundError`` for a missing
     path, ``UsageError`` for anything unreadable or unsupported (e.g. the architecture).
     """
@@ -134,21 +167,18 @@ def load_model(
     resolved = resolve_model_path(path)
     config = ModelConfig.from_shape(read_model_shape(resolved))
     status = _StatusLine(f"loading {resolved.name}", progress)
+    digest = WeightsDigest(torch_dtype, weights)
     with _one_thread():
-        if resolved.is_dir():
-            tokenizer = tokenizer_from_hf_folder(resolved, config.eos_token_ids)
-            tensors = dict(iter_hf_weights(resolved, config, torch_dtype, status))
-        else:
-            reader = read_gguf(resolved)
-            tokenizer = tokenizer_from_gguf_metadata(gguf_metadata(reader))
-            tensors = dict(iter_gguf_weights(reader, config, torch_dtype, status))
-            del reader  # releases the memory map: every tensor is a copy now
-        model = build_model(config)
+        tokenizer, tensors = _read(resolved, config, torch_dtype, status, digest, rank)
+        model = build_model(config if rank is None else rank.shard.local_config())
         try:
             model.load_weights(tensors, torch_dtype, factory, device)
         except ValueError as exc:  # the file's tensors do not fit its own config
             raise UsageError(f"{resolved}: {exc}") from None
         del tensors
+        if rank is not None:
+            parallelize(model, rank.group, rank.shard)
+    model.weights_digest = digest.hexdigest()
     model.eval()
     if factory is not None:
         model.weights_report = factory.report()

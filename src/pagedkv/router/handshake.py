@@ -132,7 +132,9 @@ def first_difference(new: ReplicaInfo, ref: ReplicaInfo) -> str | None:
     """``"block_size 32 (http://b) vs 16 (http://a)"`` for the first field in which ``new``
     differs from ``ref``; None when they may share a router."""
     pairs = [(name, getattr(new, name), getattr(ref, name)) for name in COMPARED_FIELDS]
-    diffs = format_differences(new.page_format, ref.page_format)
+    # Across ranks: replicas of one model at different tensor-parallel sizes compute the same
+    # KV for the same hashes (each speaks for all its ranks); the router's index holds.
+    diffs = format_differences(new.page_format, ref.page_format, across_ranks=True)
     pairs += [(f"page_format.{k}", mine, theirs) for k, mine, theirs in diffs]
     for name, mine, theirs in pairs:
         if mine != theirs:

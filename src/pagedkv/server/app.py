@@ -34,6 +34,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.engine_loop.start()
     yield
     await asyncio.to_thread(app.state.engine_loop.stop)
+    await asyncio.to_thread(app.state.engine_loop.engine.close)  # the other ranks, if any
     if app.state.pd is not None:
         await app.state.pd.aclose()
 

@@ -14,7 +14,8 @@ sent after a giant one therefore waits behind a few of its prompts, not all of t
 Failures: ``engine.step`` contains a failure it can trace (the request comes back finished with
 ``error`` set) and the loop answers that request alone with a 500. If a step still raises, the
 requests inside the engine fail (aborted, so their blocks are freed) and the loop goes on; only
-``max_step_failures`` failed steps in a row mark the engine failed (``/health`` 503).
+``max_step_failures`` failed steps in a row mark the engine failed (``/health`` 503); a
+tensor-parallel rank's failure (``RankFailure``) marks it failed at once and calls ``on_fatal``.
 
 After every iteration the thread publishes an immutable ``LoopSnapshot`` (the engine's own
 ``snapshot()`` plus the loop's counts): ``/metrics`` reads that, never the engine.
@@ -24,13 +25,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pagedkv.engine import LLMEngine, SamplingParams
 from pagedkv.engine.stats import EngineSnapshot
-from pagedkv.errors import UsageError
+from pagedkv.errors import RankFailure, UsageError
 from pagedkv.server.delivery import Deliver, Delivery, Failure, Submission, failure_of
 from pagedkv.server.engine_call import EngineCall
 from pagedkv.server.fair_queue import FairQueue
@@ -87,6 +88,7 @@ class EngineLoop:
         # --
         self._thread: threading.Thread | None = None
         self.failed: str | None = None  # set when the engine is no longer trusted
+        self.on_fatal: Callable[[str], None] | None = None  # a rank failed: the server ends
         self.snapshot = LoopSnapshot(engine.snapshot(), 0, 0)
 
     # -- any thread ------------------------------------------------------------------------
@@ -226,14 +228,17 @@ class EngineLoop:
         """Fail the requests inside the engine (their blocks are freed) and go on; after
         ``max_step_failures`` in a row the engine is marked failed."""
         self._step_failures += 1
-        if self._step_failures >= self._max_step_failures or self.failed is not None:
+        fatal = isinstance(exc, RankFailure)
+        if self._step_failures >= self._max_step_failures or self.failed is not None or fatal:
             log.error(
                 "the engine loop failed %d times in a row; failing every request",
                 self._step_failures,
-                exc_info=exc,
+                exc_info=None if fatal else exc,  # a rank's failure is its own one line
             )
             self.failed = f"{type(exc).__name__}: {exc}"
             self._fail_all(f"the engine failed: {self.failed}", 500, "engine_failed")
+            if fatal and self.on_fatal is not None:
+                self.on_fatal(str(exc))
             return
         log.error("an engine step failed; failing the requests inside the engine", exc_info=exc)
         self._fail_in_engine(

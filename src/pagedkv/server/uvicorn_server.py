@@ -61,8 +61,9 @@ class _Server(uvicorn.Server):
 
 
 def _uvicorn(app: FastAPI, config: ServerConfig) -> uvicorn.Server:
-    """``app`` comes from ``create_app`` (its ``state.engine_loop`` is stopped at shutdown)."""
-    return _Server(
+    """``app`` comes from ``create_app`` (its ``state.engine_loop`` is stopped at shutdown);
+    the server is ``app.state.uvicorn_server`` (``should_exit`` ends it from any thread)."""
+    server = _Server(
         uvicorn.Config(
             app,
             log_level=config.log_level,
@@ -72,6 +73,8 @@ def _uvicorn(app: FastAPI, config: ServerConfig) -> uvicorn.Server:
         ),
         app.state.engine_loop.stop,
     )
+    app.state.uvicorn_server = server
+    return server
 
 
 def url_of(sock: socket.socket) -> str:

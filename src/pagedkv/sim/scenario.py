@@ -83,8 +83,9 @@ class Scenario:
             return self.cost
         if self.engine_clock is not None:
             engine, source = self.engine_clock
-            graphs = self.config.cuda_graphs is not False
-            return EngineCostModel(self.model, self.gpu, engine, graphs, source)
+            tp = self.config.tensor_parallel  # no CUDA graphs at TP > 1: the engine's rule
+            graphs = self.config.cuda_graphs is not False and tp == 1
+            return EngineCostModel(self.model, self.gpu, engine, graphs, source, tp)
         if self.gpu_clock is not None:
             clock, source = self.gpu_clock
             tp = self.config.tensor_parallel
@@ -107,8 +108,10 @@ class Scenario:
         elif cfg.cost == "roofline":
             text = "roofline cost model"
         elif self.engine_clock is not None:
-            graphs = "eager" if cfg.cuda_graphs is False else "CUDA graphs"
-            text = f"pagedkv's engine ({graphs}): {self.engine_clock[1]}"
+            size = cfg.tensor_parallel
+            graphs = "eager" if cfg.cuda_graphs is False or size > 1 else "CUDA graphs"
+            ranks = f", TP {size}" if size > 1 else ""
+            text = f"pagedkv's engine ({graphs}{ranks}): {self.engine_clock[1]}"
         elif self.gpu_clock is not None:
             tp = f", TP {cfg.tensor_parallel}" if cfg.tensor_parallel > 1 else ""
             text = f"fitted GPU clock{tp}: {self.gpu_clock[1]}"

@@ -20,7 +20,8 @@ from typing import Any
 
 from pagedkv.errors import UsageError
 from pagedkv.kvcache.policies import Policy
-from pagedkv.pages.layout import layout_from_shape
+from pagedkv.pages.head_split import rank_layout
+from pagedkv.pages.layout import KVLayout, layout_from_shape
 from pagedkv.pages.sources import load_shape
 from pagedkv.sched import SchedulerConfig
 from pagedkv.sim.compare import expand_policies
@@ -67,7 +68,8 @@ def load_scenario(config: SimulateConfig) -> Scenario:
         pools_bytes = _pools_bytes(config, gpu, model)
         cost, gpu_clock, engine_clock = _clocks(config, model, gpu, policies)
         link = _swap_link(config, gpu)
-    pools_slots = _pools_slots(config, pools_bytes, model, policies)
+    rank = rank_layout(layout, config.tensor_parallel, shape.num_heads)  # a GPU's KV heads
+    pools_slots = _pools_slots(config, pools_bytes, rank, policies)
     skipped: list[UsageError] = []
     requests, source = _requests(config, skipped)
     if not requests:
@@ -148,10 +150,12 @@ def _swap_link(config: SimulateConfig, gpu: GPUSpec) -> Link | None:
 
 
 def _pools_slots(
-    config: SimulateConfig, pools_bytes: tuple[int, ...], model: ModelCost, policies: list[Policy]
+    config: SimulateConfig, pools_bytes: tuple[int, ...], rank: KVLayout, policies: list[Policy]
 ) -> tuple[int, ...]:
-    """Each pool in tokens, checked to hold what every policy needs (UsageError)."""
-    pools_slots = tuple(b // model.kv_record_bytes for b in pools_bytes)
+    """Each pool in tokens (``rank``: one GPU's record of a token, each GPU holding its share
+    of the pool), checked to hold what every policy needs (UsageError)."""
+    tp = config.tensor_parallel
+    pools_slots = tuple(b // tp // rank.record_bytes for b in pools_bytes)
     if min(pools_slots) < config.max_model_len and any(p.allocator == "reserved" for p in policies):
         raise UsageError(
             f"a KV pool of {min(pools_slots)} tokens cannot hold one max_model_len region "
@@ -189,9 +193,10 @@ def _fitted_clock(
     if isinstance(clock, GPUClock):
         return (clock, source), None
     assert isinstance(clock, EngineClock) and kind == "pagedkv-triton"
-    if config.tensor_parallel > 1:
+    if config.tensor_parallel > 1 and config.cuda_graphs:
         raise UsageError(
-            "a pagedkv-triton clock prices one GPU (pagedkv has no tensor parallelism)"
+            "--cuda-graphs with --tensor-parallel-size > 1: pagedkv captures no graphs at TP > 1",
+            "cuda_graphs",
         )
     if config.kernel is not None:
         raise UsageError(

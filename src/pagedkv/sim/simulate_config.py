@@ -111,9 +111,15 @@ class SimulateConfig:
             raise UsageError("--clock is the fitted clock's file: drop --cost " + self.cost)
         tp = self.tensor_parallel
         if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-            raise UsageError(f"--tp must be a whole number >= 1, got {tp!r}", "tp")
+            raise UsageError(
+                f"--tensor-parallel-size must be a whole number >= 1, got {tp!r}",
+                "tensor_parallel_size",
+            )
         if tp > 1 and (self.cost != "fitted" or self.cost_profile is not None):
-            raise UsageError("--tp > 1 is priced by the fitted clock only (--cost fitted)", "tp")
+            raise UsageError(
+                "--tensor-parallel-size > 1 is priced by the fitted clocks only (--cost fitted)",
+                "tensor_parallel_size",
+            )
         if self.cost_profile is not None and self.kernel is not None:
             raise UsageError("give --cost-profile or --kernel, not both")
         if self.swap_space_bytes < 0:

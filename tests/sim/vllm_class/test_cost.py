@@ -121,7 +121,7 @@ def test_simulate_prices_with_the_shipped_clock_and_tp() -> None:
     tp2 = load_scenario(SimulateConfig(**base, tensor_parallel=2))
     assert tp2.pools_slots[0] > 2 * one.pools_slots[0]  # half the weights per GPU, twice the GPUs
     assert "TP 2" in tp2.clock()
-    with pytest.raises(UsageError, match="--tp"):
+    with pytest.raises(UsageError, match="--tensor-parallel-size"):
         SimulateConfig(**base, tensor_parallel=2, cost="kernel")
     with pytest.raises(UsageError, match="--clock"):
         SimulateConfig(**base, clock="x.json", cost="roofline")

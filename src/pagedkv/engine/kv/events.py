@@ -139,4 +139,13 @@ def describe_replica(engine, served_model_name: str, model_identity: str | None)
         "max_model_len": parts.max_model_len,
         **engine.info.placement(),  # device, dtype, attention_backend
         "kv_events": None if events is None else {"url": events.url, "stream": events.stream},
+        "tensor_parallel": tensor_parallel(parts),
     }
+
+
+def tensor_parallel(parts) -> dict[str, int]:
+    """The engine's ranks and what each holds (``/pagedkv/info``): one replica whatever its
+    size (rank 0 speaks for all; its events and store keys are the whole engine's)."""
+    page = parts.page_format
+    heads = parts.model_config.num_heads // page.tp_size
+    return {"size": page.tp_size, "heads_per_rank": heads, "kv_heads_per_rank": page.num_kv_heads}

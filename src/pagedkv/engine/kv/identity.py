@@ -14,12 +14,18 @@ import weakref
 
 import torch
 
+from pagedkv.model.llama import CausalLM
+
 _SAMPLE_ELEMENTS = 4096  # elements of each weight tensor that go into the model identity
 _IDENTITIES: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
 
 
 def model_identity(model: torch.nn.Module) -> str:
-    """``_digest(model)``, computed on the first call for this model object only."""
+    """The digest the loader took of the weights as it read them (``model/shards.py``'s
+    ``WeightsDigest``: the same for every tensor-parallel split of one model), else
+    ``_digest(model)``, computed on the first call for this model object only."""
+    if isinstance(model, CausalLM) and model.weights_digest is not None:
+        return model.weights_digest
     identity = _IDENTITIES.get(model)
     if identity is None:
         identity = _IDENTITIES[model] = _digest(model)

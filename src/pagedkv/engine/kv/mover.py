@@ -117,6 +117,10 @@ class KVMover:
     def has_tiers(self) -> bool:
         return bool(self._executors)
 
+    def executor(self, name: str) -> TierExecutor | None:
+        """The executor attached for tier ``name``, or None."""
+        return self._executors.get(name)
+
     def attach(self, tier: KVTier, executor: TierExecutor) -> None:
         """Add the executor of ``tier`` (``ValueError`` when it cannot do what the tier
         declares, or a second tier accepts offloads: the allocator offers to one only)."""

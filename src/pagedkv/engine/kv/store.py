@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 
 from pagedkv.engine.config import EngineConfig
-from pagedkv.engine.kv.block_copy import block_body_bytes, read_blocks, write_blocks
+from pagedkv.engine.kv.block_copy import read_blocks, write_blocks
 from pagedkv.engine.kv.identity import model_identity
 from pagedkv.errors import UsageError
 from pagedkv.kvcache.hashing import DEFAULT_HASH_ALGORITHM, BlockHash
@@ -88,10 +88,14 @@ def open_store(
     url: str, page_format: PageFormat, model_id: str, kv_caches: list[KVCache]
 ) -> StoreExecutor:
     """The store tier at ``url`` (``UsageError`` for a malformed URL; a store that is down is
-    not an error: every lookup is a miss until it answers)."""
+    not an error: every lookup is a miss until it answers). The store keeps whole blocks, every
+    KV head (``page_format.whole()``): a tensor-parallel engine's ranks join their head slices
+    on the way there and split them on the way back (``engine/ranks/kv_ranks.py``), so engines
+    of one model at any size share its keys."""
     client = StoreClient(parse_store_url(url), StoreCounters())
-    namespace = store_namespace(page_format, model_id, DEFAULT_HASH_ALGORITHM)
-    body_bytes = block_body_bytes(kv_caches)
+    whole = page_format.whole()
+    namespace = store_namespace(whole, model_id, DEFAULT_HASH_ALGORITHM)
+    body_bytes = whole.record_bytes * whole.block_size
     tier = StoreTier(client, namespace, body_bytes, page_format.block_size)
     client.ping()  # logs once if the store is down
     return StoreExecutor(tier)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
+from pagedkv.errors import RankFailure
 from pagedkv.sched.batch import ScheduledBatch, ScheduledSeq
 
 T = TypeVar("T")
@@ -64,6 +65,9 @@ def split_failures(
 
 def device_fault(exc: BaseException) -> bool:
     """Whether ``exc`` is a CUDA error that poisons the device context (torch raises them as
-    ``AcceleratorError``, older releases as a ``RuntimeError`` saying "CUDA error"). Out of
-    memory is not one: it is contained like any other failure."""
+    ``AcceleratorError``, older releases as a ``RuntimeError`` saying "CUDA error"), or a
+    tensor-parallel rank's failure (``RankFailure``: the ranks' collectives are out of step).
+    Out of memory is not one: it is contained like any other failure."""
+    if isinstance(exc, RankFailure):
+        return True
     return type(exc).__name__ == "AcceleratorError" or "CUDA error" in str(exc)

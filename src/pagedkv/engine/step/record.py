@@ -58,7 +58,7 @@ class StepRecord:
 
     def score_prompts(self, batch: ScheduledBatch, out: StepOutput) -> None:
         """Prompt logprobs of the positions ``batch`` computed (``out``: its forward's)."""
-        logits = self.runner.model.compute_logits
+        logits = self.runner.compute_logits
         score_prompts(batch, out.prompt_hidden, logits, self.registry.find)
 
     def finish(

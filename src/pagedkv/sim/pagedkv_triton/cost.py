@@ -17,9 +17,13 @@ forward's kernels
     eager:                 host + (launch^p + gpu^p)^(1/p)         p = overlap_p
     decode, CUDA graphs:   host + graph_replay_s + gpu
 
-A step that computes nothing costs ``host``. The clock prices one GPU (pagedkv runs no tensor
-parallelism); ``model`` may differ from the model the clock was fitted on: rates come from the
-GPU's datasheet, shapes from the model.
+A step that computes nothing costs ``host``. ``tp`` > 1 prices one rank of a tensor-parallel
+engine (``engine/ranks/``): its share of the projections, heads and vocabulary, two ring
+all-reduces of the step's activations a layer over the GPU's link (``vllm_class/clock.py``'s
+``all_reduce_s``, the one owner), and no CUDA graphs (the engine captures none at TP > 1); the
+step message to the workers and the logits' gather are not priced (no measurement yet).
+``model`` may differ from the model the clock was fitted on: rates come from the GPU's
+datasheet, shapes from the model.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ class EngineCostModel:
     clock: EngineClock
     cuda_graphs: bool = True
     source: str = ""
+    tp: int = 1  # tensor-parallel ranks (each on a GPU of ``gpu``)
 
     @property
     def _gemm_clock(self) -> gc.GPUClock:
@@ -72,7 +77,7 @@ class EngineCostModel:
         """One layer's paged decode kernel over ``num_seqs`` sequences of mean context
         ``context_tokens``, the longest ``longest_tokens`` (0: the mean)."""
         md, c = self.model, self.clock
-        kv_heads = max(1, md.num_kv_heads)
+        kv_heads = max(1, md.num_kv_heads // self.tp)  # a rank's (replicated: one)
         longest = max(1, round(max(context_tokens, longest_tokens)))
         splits = decode_splits(num_seqs, kv_heads, longest, self.gpu.num_sms)
         call = DecodeCall(
@@ -90,7 +95,7 @@ class EngineCostModel:
     def prefill_attention_s(self, shape: StepShape) -> float:
         """One layer's prefill kernel over the step: its chunks' query-key pairs and its decode
         rows' KV tokens, per query head."""
-        c, heads = self.clock, max(1, self.model.num_query_heads)
+        c, heads = self.clock, max(1, self.model.num_query_heads // self.tp)
         b = max(1, shape.block_size)
         chunk_pairs = max(0, shape.attention_pairs - shape.decode_kv_tokens)
         work = shape.decode_kv_tokens * c.prefill_decode_token_s
@@ -112,10 +117,11 @@ class EngineCostModel:
             )
         else:
             attention = self.prefill_attention_s(shape)
-        layer = layer_gemms_s(md, gemm_clock, g, m) + c.gpu_per_token_s * m + attention
+        layer = layer_gemms_s(md, gemm_clock, g, m, self.tp) + c.gpu_per_token_s * m + attention
         h = md.hidden_size or 0
-        sampled = max(1, shape.num_seqs)
-        head = gc.gemm_s(gemm_clock, g, sampled, h, md.vocab_size) if h and md.vocab_size else 0.0
+        layer += 2 * gc.all_reduce_s(g, gc.ACT_BYTES * m * h, self.tp)  # o_proj's, down_proj's
+        sampled, vocab = max(1, shape.num_seqs), -(-md.vocab_size // self.tp)
+        head = gc.gemm_s(gemm_clock, g, sampled, h, vocab) if h and md.vocab_size else 0.0
         return max(1, md.num_layers) * layer + head
 
     def host_s(self, shape: StepShape) -> float:
@@ -135,6 +141,7 @@ class EngineCostModel:
         """Whether the engine replays this step from a CUDA graph (decode rows only)."""
         return (
             self.cuda_graphs
+            and self.tp == 1
             and shape.num_seqs > 0
             and shape.num_decode_seqs == shape.num_seqs == shape.num_batched_tokens
         )
