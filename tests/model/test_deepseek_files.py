@@ -108,3 +108,16 @@ def test_bad_checkpoints_are_one_line_naming_the_field(folder, tmp_path, capsys,
     assert cli.main(["generate", "--model", str(bad), "--max-tokens", "2", "hi"]) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
     assert len(errors) == 1 and errors[0].startswith("pagedkv generate: error:"), errors
+
+
+def test_tensor_parallel_mla_is_refused_in_one_line_before_any_worker_starts(folder, capsys):
+    """MLA's latent projections and experts have no rank shares: at --tensor-parallel-size 2 a
+    DeepSeek model is one line naming the flag, exit 2, before the weights load or a worker
+    process starts (start-up's checks run first)."""
+    import multiprocessing
+
+    args = ["generate", "--model", str(folder), "--max-tokens", "2"]
+    assert cli.main([*args, "--tensor-parallel-size", "2", "hi"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(errors) == 1 and "--tensor-parallel-size 2" in errors[0], errors
+    assert "MLA" in errors[0] and not multiprocessing.active_children()

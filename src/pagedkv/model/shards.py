@@ -59,7 +59,14 @@ class RankShard:
     @classmethod
     def of(cls, config: ModelConfig, tp_size: int, rank: int, weights: str = "float") -> RankShard:
         """``UsageError`` (one line, naming ``--tensor-parallel-size``) where the model does not
-        split: heads (``HeadSplit``), the MLP's rows, or quantized blocks cut in two."""
+        split: an MLA model (its latent projections and experts have no rank shares yet), heads
+        (``HeadSplit``), the MLP's rows, or quantized blocks cut in two."""
+        if tp_size > 1 and config.mla is not None:
+            raise UsageError(
+                f"--tensor-parallel-size {tp_size}: {config.architecture} (MLA attention, "
+                "experts) runs on one rank only; give --tensor-parallel-size 1",
+                PARAM,
+            )
         split = HeadSplit(tp_size, config.num_heads, config.num_kv_heads)
         inter = config.intermediate_size
         if inter % tp_size:
